@@ -77,7 +77,7 @@ def fit_step_model(measurements: Iterable[Measurement]) -> StepModel | None:
         return None
     bound = min(y / x for x, y in everything)
     sxx = sxy = 0.0
-    for points in groups.values():
+    for points in filter(None, groups.values()):
         mx = sum(x for x, _ in points) / len(points)
         my = sum(y for _, y in points) / len(points)
         sxx += sum((x - mx) ** 2 for x, _ in points)
@@ -139,7 +139,9 @@ class Traffic:
     slope: float
     intercept: float
     running: float
+    """Mean running requests measured (preempted ones that are recomputed included)."""
     concurrency_demand: float
+    """Requests decoding at once that the measured rate needs at the measured step time (Little's law)."""
     context: float
 
     @classmethod
@@ -147,10 +149,8 @@ class Traffic:
         itl_mean = base.itl_mean_seconds if base.itl_mean_seconds is not None else base.itl_seconds
         tokens_mean = base.step_tokens_mean if base.step_tokens_mean is not None else 1.0
         intercept = max(itl_mean - model.slope * tokens_mean, 1e-4)
-        running = (
-            base.running if base.running is not None else base.request_rate * base.mean_generation_tokens * itl_mean
-        )
-        demand = max(running, base.request_rate * base.mean_generation_tokens * itl_mean)
+        demand = base.request_rate * base.mean_generation_tokens * itl_mean
+        running = base.running if base.running is not None else demand
         return cls(
             base=base,
             slo=slo,
@@ -202,7 +202,7 @@ class Traffic:
         if usage is None or usage < 0.05 or self.running <= 0:
             return measured
         capacity = self.running * self.context / usage
-        usage_then = min(self.concurrency_demand, knobs.max_num_seqs) * self.context / capacity
+        usage_then = min(self.running, knobs.max_num_seqs) * self.context / capacity
         return measured if usage_then >= KV_FULL else 0.0
 
     def predict(self, knobs: Knobs) -> Prediction:
@@ -214,7 +214,8 @@ class Traffic:
         )
         rho_old, rho_new = min(self.utilisation(old), SATURATED), self.utilisation(knobs)
         queue = base.queue_seconds if base.queue_seconds is not None else 0.0
-        if rho_new >= SATURATED:
+        saturated = rho_new >= SATURATED
+        if saturated:
             queue_new = max(queue, 1.0) * 10 + 10 * self.slo.ttft.seconds
         else:
             queue_new = queue * (rho_new / (1 - rho_new)) / (rho_old / (1 - rho_old))
@@ -222,6 +223,8 @@ class Traffic:
             base.ttft_seconds + self.prefill_seconds(knobs) - self.prefill_seconds(old) + queue_new - queue, 1e-3
         )
         share_ttft = share_within(self.slo.ttft, base.ttft_seconds, base.ttft_within_slo, ttft, "ttft")
+        if saturated:  # the queue grows without bound: over the regime's life, no request meets TTFT
+            share_ttft = 0.0
         share_itl = share_within(self.slo.itl, base.itl_seconds, base.itl_within_slo, itl, "itl")
         preempted = self.preempted_share(old)
         kept = (1 - self.preempted_share(knobs)) / (1 - preempted)

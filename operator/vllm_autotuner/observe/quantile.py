@@ -54,3 +54,34 @@ def histogram_quantile(q: float, upper_bounds: Sequence[float], cumulative_count
         count -= counts[b - 1]
         rank -= counts[b - 1]
     return start + (end - start) * (rank / count)
+
+
+def histogram_fraction(upper: float, upper_bounds: Sequence[float], cumulative_counts: Sequence[float]) -> float:
+    """The share of observations at or below ``upper``: how many requests met a latency target.
+
+    The inverse of ``histogram_quantile`` on the same buckets, with the same
+    assumption (observations spread evenly inside a bucket, the first bucket
+    starting at 0), so ``histogram_fraction(histogram_quantile(q, ...))`` is
+    ``q`` wherever the quantile falls inside a finite bucket. Past the
+    highest finite bound nothing can be interpolated: the share counted up to
+    that bound is returned. NaN without observations.
+    """
+    counts = []
+    running = -math.inf
+    for count in cumulative_counts:
+        if math.isnan(count):
+            return math.nan
+        running = max(running, count)
+        counts.append(running)
+    if not counts or counts[-1] <= 0 or len(upper_bounds) != len(counts) or math.isnan(upper):
+        return math.nan
+    total = counts[-1]
+    b = bisect.bisect_left(upper_bounds, upper)
+    if b >= len(counts) - 1:
+        return counts[-2] / total if len(counts) > 1 else 1.0
+    start = upper_bounds[b - 1] if b > 0 else 0.0
+    below = counts[b - 1] if b > 0 else 0.0
+    end = upper_bounds[b]
+    if upper <= start:
+        return below / total
+    return (below + (counts[b] - below) * (upper - start) / (end - start)) / total

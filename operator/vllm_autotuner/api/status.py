@@ -185,7 +185,9 @@ class Rollout(StatusModel):
     baseline_attainment: float | None = Field(default=None, ge=0, le=1)
     """Estimated share of requests within the SLO in the window before the change: the regression check's baseline."""
     verified_at: str | None = None
-    """When the first settled window after the rollout was compared with the baseline (RFC 3339)."""
+    """When a settled window after the rollout was compared with the baseline (RFC 3339)."""
+    lost_seconds: float = Field(default=0.0, ge=0)
+    """SLO goodput lost while the pods restarted and their queue drained, in seconds of the whole target's goodput: the baseline attainment minus what the windows showed, over time."""
 
 
 class DecisionAction(StrEnum):
@@ -256,15 +258,17 @@ class Measurement(StatusModel):
     mean_generation_tokens: float = Field(ge=0)
     """Mean output length."""
     attainment: float = Field(ge=0, le=1)
-    """Estimated share of requests within both latency targets."""
+    """Estimated share of requests within both latency targets (TTFT, and time per output token against ITL)."""
     ttft_within_slo: float | None = Field(default=None, ge=0, le=1)
-    """Measured share of TTFT samples within the target."""
-    itl_within_slo: float | None = Field(default=None, ge=0, le=1)
-    """Measured share of ITL samples within the target."""
+    """Measured share of requests whose TTFT is within the target."""
+    tpot_within_slo: float | None = Field(default=None, ge=0, le=1)
+    """Measured share of requests whose time per output token is within the ITL target."""
     ttft_seconds: float = Field(ge=0)
     """TTFT at the SLO quantile."""
     itl_seconds: float = Field(ge=0)
     """Inter-token latency at the SLO quantile."""
+    tpot_seconds: float | None = Field(default=None, ge=0)
+    """A request's time per output token at the ITL quantile."""
     queue_seconds: float | None = Field(default=None, ge=0)
     """Queue time at the TTFT quantile."""
     itl_mean_seconds: float | None = Field(default=None, ge=0)
@@ -328,6 +332,8 @@ class VllmTuningStatus(StatusModel):
     """Numbers from the last usable observation."""
     last_rollout: Rollout | None = None
     """The latest rollout."""
+    restart_cost_seconds: float | None = Field(default=None, ge=0)
+    """What a rollout of this target costs, in seconds of its whole SLO goodput: the mean lostSeconds of the measured rollouts (none yet: estimated from the load)."""
     rollout_times: list[str] = Field(default_factory=list, max_length=300)
     """Start times of rollouts in the last 24 hours (the daily rollout budget)."""
     history: list[DecisionRecord] = Field(default_factory=list, max_length=HISTORY_LIMIT)

@@ -2,19 +2,23 @@
 
 Each usable window becomes a ``Measurement`` of (regime, config). The
 strategy predicts, for every config on a grid of values people would pick
-(powers of two and their midpoints, within the bounds, one vLLM accepts,
-never one that failed, within ``maxStepFactor`` of the current config),
-what it would do under the traffic just measured (``model``), and picks
-the one with the highest expected SLO attainment; ties go to the one with
-the most headroom to the targets. Configs already measured in this regime
-are taken at their measured value and may be reached in one jump, so a
-returning regime goes straight back to what it liked. The physics the
-grid search follows: a smaller budget when ITL breaches (big prefill
-chunks stall decodes), a larger one when TTFT or queueing breaches and
-steps are full, more sequences when requests wait for a slot, fewer when
-the KV cache fills and requests are preempted. The proposal is a change
-only when its expected gain, discounted while it is only predicted, pays
-for the restart over the regime's expected life.
+(powers of two and their midpoints for the budget, powers of two for
+``max_num_seqs``; within the bounds, accepted by vLLM, never one that
+failed), what it would do under the traffic just measured (``model``), and
+makes the one with the highest expected SLO attainment its goal; ties go
+to the one with the most headroom to the targets, then to the smallest
+move. Configs already measured in this regime count at their measured
+value and are reached in one jump, so a returning regime goes straight
+back to what it liked. A predicted goal is approached through the config
+within ``maxStepFactor`` closest to it, measured before the next step: a
+goal four times away pays for two restarts, and each step re-plans from
+fresh data. The physics the search follows: a smaller budget when ITL
+breaches (big prefill chunks stall decodes), a larger one when TTFT or
+queueing breaches and steps are full, more sequences when requests wait
+for a slot, fewer when the KV cache fills and requests are preempted. The
+proposal is a change only when the goal's expected gain, discounted while
+it is only predicted, pays for the restarts on the way over the regime's
+expected life.
 """
 
 from __future__ import annotations
@@ -35,38 +39,42 @@ SLACK_WEIGHT = 0.02
 ATTAINMENT_FLOOR = 0.1
 
 _TOKEN_GRID = tuple(sorted({int(2**e * m) for e in range(4, 20) for m in (1, 1.5)}))
-_SEQ_GRID = tuple(sorted({int(2**e * m) for e in range(0, 15) for m in (1, 1.5)}))
+_SEQ_GRID = tuple(2**e for e in range(0, 15))
 
 
 @dataclass(frozen=True)
 class Proposal:
-    """The config the strategy prefers, with what it expects of it."""
+    """Where the strategy wants to go, the step it takes now, and what it expects of them."""
 
-    best: Prediction
+    goal: Prediction
+    """The best config in the bounds: measured in this regime, or predicted."""
+    step: Prediction | None
+    """The config to roll out now: the goal, or the config within maxStepFactor closest to it; None when every
+    such config is predicted worse than the current one."""
     now: Prediction
     model: StepModel
     gain_percent: float
-    """Expected relative SLO-goodput gain over the current config, after the trust discount."""
+    """Expected relative SLO-goodput gain of the goal over the current config, after the trust discount."""
+    rollouts: int
+    """Rollouts to reach the goal (one when it is within a step, or measured)."""
 
 
 def _values(grid: tuple[int, ...], low: int, high: int, current: int) -> list[int]:
     return sorted({v for v in grid if low <= v <= high} | {low, high, current})
 
 
-def candidates(bounds: Bounds, current: CurrentKnobs, step_factor: float, excluded: set[Knobs]) -> list[Knobs]:
-    """Grid configs within the bounds and the step limit that vLLM accepts, minus ``excluded``."""
+def candidates(bounds: Bounds, current: CurrentKnobs, excluded: set[Knobs]) -> list[Knobs]:
+    """Grid configs within the bounds that vLLM accepts, minus ``excluded``."""
     here = current.knobs
-    out = []
-    for tokens in _values(
-        _TOKEN_GRID, bounds.max_num_batched_tokens.min, bounds.max_num_batched_tokens.max, here.max_num_batched_tokens
-    ):
-        for seqs in _values(_SEQ_GRID, bounds.max_num_seqs.min, bounds.max_num_seqs.max, here.max_num_seqs):
-            if seqs > tokens:
-                continue
-            knobs = Knobs(max_num_batched_tokens=tokens, max_num_seqs=seqs)
-            if knobs not in excluded and within_step(knobs, here, step_factor) and acceptable(knobs, bounds, current):
-                out.append(knobs)
-    return out
+    tokens_range, seqs_range = bounds.max_num_batched_tokens, bounds.max_num_seqs
+    return [
+        knobs
+        for tokens in _values(_TOKEN_GRID, tokens_range.min, tokens_range.max, here.max_num_batched_tokens)
+        for seqs in _values(_SEQ_GRID, seqs_range.min, seqs_range.max, here.max_num_seqs)
+        if seqs <= tokens
+        and (knobs := Knobs(max_num_batched_tokens=tokens, max_num_seqs=seqs)) not in excluded
+        and acceptable(knobs, bounds, current)
+    ]
 
 
 def _distance(a: Knobs, b: Knobs) -> float:
@@ -76,9 +84,21 @@ def _distance(a: Knobs, b: Knobs) -> float:
     )
 
 
+def _expected(p: Prediction, now: Prediction) -> float:
+    """Attainment counted on: a measurement as measured, a prediction only in part."""
+    return p.attainment if p.measured else now.attainment + MODEL_TRUST * (p.attainment - now.attainment)
+
+
 def _utility(p: Prediction, now: Prediction, slo: SLO) -> float:
-    expected = p.attainment if p.measured else now.attainment + MODEL_TRUST * (p.attainment - now.attainment)
-    return expected + SLACK_WEIGHT * max(-1.0, min(1.0, p.slack(slo)))
+    return _expected(p, now) + SLACK_WEIGHT * max(-1.0, min(1.0, p.slack(slo)))
+
+
+def _rollouts(goal: Knobs, here: Knobs, step_factor: float) -> int:
+    ratio = max(
+        _distance(goal, Knobs(max_num_batched_tokens=goal.max_num_batched_tokens, max_num_seqs=here.max_num_seqs)),
+        _distance(goal, Knobs(max_num_batched_tokens=here.max_num_batched_tokens, max_num_seqs=goal.max_num_seqs)),
+    )
+    return max(1, math.ceil(ratio / math.log2(step_factor) - 1e-9))
 
 
 def propose(
@@ -90,27 +110,36 @@ def propose(
     step_factor: float,
     excluded: set[Knobs],
 ) -> Proposal | None:
-    """The best config for the regime of ``base`` (the window just measured), or None without a model or a choice.
+    """The goal for the regime of ``base`` (the window just measured) and the step toward it.
 
     ``measurements`` are all the status remembers, ``base`` among them;
     ``excluded`` are configs that must not be proposed (failed to start).
+    A goal measured in this regime is reached in one step; a predicted one
+    through the configs within ``step_factor`` closest to it, each measured
+    before the next. None without a model.
     """
     measurements = list(measurements)
     model = fit_step_model(measurements)
     if model is None:
         return None
     traffic = Traffic.of(base, slo, model)
-    measured = {m.knobs: m for m in measurements if m.regime == base.regime}
+    here = current.knobs
     now = measured_prediction(base, traffic)
-    options = {k: traffic.predict(k) for k in candidates(bounds, current, step_factor, excluded)}
-    for knobs, m in measured.items():
-        if knobs not in excluded and acceptable(knobs, bounds, current):
-            options[knobs] = measured_prediction(m, traffic)
+    options = {k: traffic.predict(k) for k in candidates(bounds, current, excluded)}
+    for m in measurements:
+        if m.regime == base.regime and m.knobs not in excluded and acceptable(m.knobs, bounds, current):
+            options[m.knobs] = measured_prediction(m, traffic)
     if acceptable(base.knobs, bounds, current):
         options[base.knobs] = now
     if not options:
         return None
-    best = max(options.values(), key=lambda p: (_utility(p, now, slo), -_distance(p.knobs, base.knobs)))
-    expected = best.attainment if best.measured else now.attainment + MODEL_TRUST * (best.attainment - now.attainment)
-    gain = 100.0 * (expected - now.attainment) / max(now.attainment, ATTAINMENT_FLOOR)
-    return Proposal(best=best, now=now, model=model, gain_percent=gain)
+    goal = max(options.values(), key=lambda p: (_utility(p, now, slo), -_distance(p.knobs, here)))
+    step: Prediction | None = goal
+    if not goal.measured and not within_step(goal.knobs, here, step_factor):
+        near = [p for p in options.values() if within_step(p.knobs, here, step_factor) and p.knobs != here]
+        step = min(near, key=lambda p: (_distance(p.knobs, goal.knobs), -_utility(p, now, slo)), default=None)
+        if step is not None and _utility(step, now, slo) < _utility(now, now, slo):
+            step = None
+    gain = 100.0 * (_expected(goal, now) - now.attainment) / max(now.attainment, ATTAINMENT_FLOOR)
+    rollouts = 1 if step is goal else _rollouts(goal.knobs, here, step_factor)
+    return Proposal(goal=goal, step=step, now=now, model=model, gain_percent=gain, rollouts=rollouts)

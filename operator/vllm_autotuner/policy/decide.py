@@ -19,7 +19,8 @@ make and holds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from vllm_autotuner.api import (
@@ -101,7 +102,8 @@ def _measurement(observation: Observation, regime: str, slo: SLO) -> Measurement
         return (value or 0.0) / pods
 
     ttft, itl = observation.ttft_seconds or 0.0, observation.itl_seconds or 0.0
-    share = attainment(slo, ttft, itl, observation.ttft_within_slo, observation.itl_within_slo)
+    tpot = observation.tpot_seconds if observation.tpot_seconds is not None else itl
+    share = attainment(slo, ttft, tpot, observation.ttft_within_slo, observation.tpot_within_slo)
     return Measurement(
         regime=regime,
         max_num_batched_tokens=observation.config.max_num_batched_tokens,
@@ -114,7 +116,8 @@ def _measurement(observation: Observation, regime: str, slo: SLO) -> Measurement
         mean_generation_tokens=observation.mean_generation_tokens or 0.0,
         attainment=min(max(share, 0.0), 1.0),
         ttft_within_slo=observation.ttft_within_slo,
-        itl_within_slo=observation.itl_within_slo,
+        tpot_within_slo=observation.tpot_within_slo,
+        tpot_seconds=observation.tpot_seconds,
         ttft_seconds=ttft,
         itl_seconds=itl,
         queue_seconds=observation.queue_seconds,
@@ -249,6 +252,7 @@ class _Change:
     gain: float | None = None
     regime: str | None = None
     baseline: float | None = None
+    """Attainment of the window before the change: what the regression check and the restart's cost compare with."""
     resume: Knobs | None = None
     """resume_knobs to persist with the change (schedule presets remember what to go back to)."""
 
@@ -373,29 +377,36 @@ def _traffic_change(
         failed_configs(state),
     )
     if proposal is None:
-        return HoldReason.NO_DATA, "not enough step-token and ITL data to model a change yet"
-    best, here = proposal.best, proposal.now
+        return HoldReason.NO_DATA, "no window with step tokens and ITL to fit the step-time model yet"
+    goal, step, here = proposal.goal, proposal.step, proposal.now
     summary = (
         f"regime {base.regime}: now TTFT p{_pct(settings.slo.ttft.quantile)} {here.ttft_seconds:.2f}s, "
-        f"ITL p{_pct(settings.slo.itl.quantile)} {here.itl_seconds * 1000:.0f}ms, attainment {here.attainment:.0%}"
+        f"ITL p{_pct(settings.slo.itl.quantile)} {here.itl_seconds * 1000:.0f}ms (per request "
+        f"{here.tpot_seconds * 1000:.0f}ms), attainment {here.attainment:.0%}"
     )
-    if best.knobs == current.knobs:
+    if goal.knobs == current.knobs:
         return HoldReason.NO_BETTER_CONFIG, f"{summary}; no config expected to do better than {current.knobs}"
-    basis = "measured" if best.measured else f"predicted ({proposal.model.slope * 1e6:.1f}us per batched token)"
-    cost = restart_cost_percent(state, _pods(state), now)
+    basis = "measured" if goal.measured else f"predicted ({proposal.model.slope * 1e6:.1f}us per batched token)"
+    cost = proposal.rollouts * restart_cost_percent(
+        state, _pods(state), here.utilisation, settings.slo.ttft.seconds, now
+    )
     net = proposal.gain_percent - cost
+    way = "" if step is goal else f", {proposal.rollouts} rollouts away: first {step.knobs if step else 'nothing'}"
     reason = (
-        f"{summary}; {best.knobs} {basis}: TTFT {best.ttft_seconds:.2f}s, ITL {best.itl_seconds * 1000:.0f}ms, "
-        f"attainment {best.attainment:.0%}; gain {proposal.gain_percent:+.1f}% minus restart {cost:.1f}%"
+        f"{summary}; {goal.knobs} {basis}: TTFT {goal.ttft_seconds:.2f}s, ITL {goal.itl_seconds * 1000:.0f}ms "
+        f"({goal.tpot_seconds * 1000:.0f}ms), "
+        f"attainment {goal.attainment:.0%}{way}; gain {proposal.gain_percent:+.1f}% minus restarts {cost:.1f}%"
     )
     if net < spec.rollout.min_improvement_percent:
         return (
             HoldReason.SMALL_GAIN,
             f"{reason} is below minImprovementPercent {spec.rollout.min_improvement_percent:g}",
         )
+    if step is None:
+        return HoldReason.NO_BETTER_CONFIG, f"{reason}, but every step toward it is predicted worse than now"
     if young > 0:
         return HoldReason.DWELL, f"{reason}; regime must last {young:.0f}s more"
-    return _Change(best.knobs, KnobSource.TRAFFIC, reason, gain=net, regime=base.regime, baseline=here.attainment)
+    return _Change(step.knobs, KnobSource.TRAFFIC, reason, gain=net, regime=base.regime, baseline=here.attainment)
 
 
 def _pct(quantile: float) -> str:
@@ -406,14 +417,53 @@ def _pods(state: VllmTuningStatus) -> int:
     return state.observed.pods if state.observed else 1
 
 
-def _regression(
-    spec: VllmTuningSpec, state: VllmTuningStatus, base: Measurement, now: datetime
+def _restart_loss(
+    spec: VllmTuningSpec, slo: SLO, state: VllmTuningStatus, observation: Observation | None
+) -> VllmTuningStatus:
+    """Add what this window fell short of the rollout's baseline to the rollout's lost seconds.
+
+    Counted from the start of a rollout until it is verified, on whatever the
+    windows show (they are not usable for decisions meanwhile), each
+    evaluation adding its window's shortfall times the evaluation interval.
+    """
+    rollout = state.last_rollout
+    if rollout is None or rollout.baseline_attainment is None or rollout.verified_at is not None:
+        return state
+    if rollout.phase not in (RolloutPhase.IN_PROGRESS, RolloutPhase.SUCCEEDED) or observation is None:
+        return state
+    ttft = observation.ttft_seconds
+    tpot = observation.tpot_seconds if observation.tpot_seconds is not None else observation.itl_seconds
+    shares = (observation.ttft_within_slo, observation.tpot_within_slo)
+    numbers = [ttft, tpot, *(x for x in shares if x is not None)]
+    if ttft is None or tpot is None or not all(x is not None and math.isfinite(x) and x >= 0 for x in numbers):
+        return state
+    shortfall = max(0.0, rollout.baseline_attainment - attainment(slo, ttft, tpot, *shares))
+    lost = rollout.lost_seconds + shortfall * duration_seconds(spec.traffic.evaluation_interval)
+    return state.model_copy(update={"last_rollout": rollout.model_copy(update={"lost_seconds": lost})})
+
+
+def _verify(
+    spec: VllmTuningSpec, state: VllmTuningStatus, base: Measurement, window_start: datetime, now: datetime
 ) -> Decision | VllmTuningStatus:
-    """Compare the first settled window after a traffic change with the window before it."""
+    """Judge the last rollout once its restart has settled: record its cost, roll back a regression.
+
+    The window judged starts one full window after the settle time: the
+    queue that built up while pods restarted has drained by then, and what
+    is left is the config's doing. Only traffic-driven changes are rolled
+    back; schedule presets are the user's.
+    """
     rollout = state.last_rollout
     if rollout is None or rollout.phase != RolloutPhase.SUCCEEDED or rollout.verified_at is not None:
         return state
-    state = state.model_copy(update={"last_rollout": rollout.model_copy(update={"verified_at": utc_timestamp(now)})})
+    assert state.current is not None
+    grace = duration_seconds(spec.rollout.settle_time) + duration_seconds(spec.traffic.window)
+    if window_start < datetime.fromisoformat(state.current.since) + timedelta(seconds=grace):
+        return state
+    update: dict[str, object] = {"last_rollout": rollout.model_copy(update={"verified_at": utc_timestamp(now)})}
+    if rollout.baseline_attainment is not None:
+        before = state.restart_cost_seconds
+        update["restart_cost_seconds"] = rollout.lost_seconds if before is None else (before + rollout.lost_seconds) / 2
+    state = state.model_copy(update=update)
     if rollout.source != KnobSource.TRAFFIC or rollout.baseline_attainment is None or rollout.regime != base.regime:
         return state
     floor = rollout.baseline_attainment * (1 - spec.rollout.regression_tolerance_percent / 100)
@@ -436,6 +486,7 @@ def decide(spec: VllmTuningSpec, state: VllmTuningStatus, observation: Observati
     """
     settings = settings_at(spec, state, now)
     state = state.model_copy(update={"active_schedule": settings.window.schedule.name if settings.window else None})
+    state = _restart_loss(spec, settings.slo, state, observation)
     if state.current is None:
         return _hold(state, now, HoldReason.UNKNOWN_CONFIG, "the target's current knobs are not known yet", settings)
     if rollout_active(state, observation):
@@ -445,13 +496,14 @@ def decide(spec: VllmTuningSpec, state: VllmTuningStatus, observation: Observati
     if problem is None:
         assert observation is not None
         state, base = _learn(spec, settings, state, observation, now)
-        checked = _regression(spec, state, base, now)
+        checked = _verify(spec, state, base, observation.window_start, now)
         if isinstance(checked, Decision):
             return checked
         state = checked
     scheduled = _schedule_change(spec, settings, state, now)
     if isinstance(scheduled, _Change):
-        return _apply(spec, settings, state, now, scheduled)
+        baseline = base.attainment if base is not None else None  # to measure what the restart costs
+        return _apply(spec, settings, state, now, replace(scheduled, baseline=baseline))
     if isinstance(scheduled, str):
         return _hold(state, now, HoldReason.SCHEDULE, scheduled, settings)
     if state.resume_knobs is not None:

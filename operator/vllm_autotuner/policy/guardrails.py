@@ -102,11 +102,33 @@ def regime_life_seconds(state: VllmTuningStatus, now: datetime) -> float:
     return min(max(lasted, MIN_REGIME_LIFE_SECONDS), MAX_REGIME_LIFE_SECONDS)
 
 
-def restart_cost_percent(state: VllmTuningStatus, pods: int, now: datetime) -> float:
-    """Goodput a rolling restart costs, in percent of the regime's expected remaining goodput.
+def restart_cost_seconds(state: VllmTuningStatus, pods: int, utilisation: float, ttft_target: float) -> float:
+    """What one rolling restart costs, in seconds of the target's whole SLO goodput.
 
-    Each of the ``pods`` pods is out for the restart time in turn, so the
-    fleet loses one pod's goodput for ``pods`` restart times: the whole
-    fleet's goodput for one restart time.
+    Measured on the rollouts so far (``status.restartCostSeconds``) once there
+    are any. Before that, estimated: the pods restart one at a time, each out
+    for the restart time ``d``; at ``utilisation`` of the fleet's capacity,
+    the ``(pods - 1) / pods`` left carry what they can and the rest queues,
+    to drain with the spare capacity once the pod is back. Requests that
+    arrive while the queue holds more than the TTFT target's worth of work
+    miss it. A fleet that absorbs the missing pod still loses what the killed
+    pod had in flight and answers slower: a tenth of the pod's share of ``d``.
     """
-    return 100.0 * restart_seconds(state, pods) / regime_life_seconds(state, now)
+    if state.restart_cost_seconds is not None:
+        return state.restart_cost_seconds
+    d = restart_seconds(state, pods)
+    excess = utilisation - (pods - 1) / pods
+    per_pod = 0.1 * d / pods
+    if utilisation >= 1:
+        per_pod += 4 * d
+    elif excess > 0:
+        peak = excess * d
+        per_pod += max(0.0, d - ttft_target / excess) + max(0.0, peak - ttft_target) / (1 - utilisation)
+    return pods * per_pod
+
+
+def restart_cost_percent(
+    state: VllmTuningStatus, pods: int, utilisation: float, ttft_target: float, now: datetime
+) -> float:
+    """One rolling restart's cost in percent of the SLO goodput the regime is expected to bring."""
+    return 100.0 * restart_cost_seconds(state, pods, utilisation, ttft_target) / regime_life_seconds(state, now)

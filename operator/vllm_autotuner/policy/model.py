@@ -7,12 +7,12 @@ and numbers Prometheus gives:
 
 * **Step time is linear in the tokens of the step**: ``t = a + b * T``.
   Every decoding request gets one token per step, so the inter-token
-  latency *is* the step time; ``b`` (seconds per batched token) is fitted
-  by least squares from (mean tokens per step, mean ITL) and (tokens per
-  step, ITL) at the SLO quantile across windows, with one intercept per
-  regime (attention and overhead depend on context length and
-  concurrency), shrunk toward the tightest upper bound ``min(ITL/T)`` when
-  the points do not spread. The ITL quantile of a candidate token budget
+  latency *is* the step time; ``b`` (seconds per batched token) comes from
+  the two points each window gives, (mean tokens per step, mean ITL) and
+  (tokens per step, ITL) at the SLO quantile, so each regime's intercept
+  (attention and overhead depend on context length and concurrency)
+  cancels; the median over windows resists windows that mix two
+  regimes. The ITL quantile of a candidate token budget
   then moves by ``b`` times the change of the step tokens at that quantile:
   when the quantile steps are full (prefill backlog), they are as big as the
   budget; when not, a larger budget does not change them.
@@ -24,9 +24,12 @@ and numbers Prometheus gives:
 * **KV cache**: usage is proportional to running requests times context,
   which gives the pod's KV capacity in tokens; a candidate whose
   concurrency would fill it is charged the preemptions measured now.
-* **SLO attainment**: a latency distribution is taken as log-normal through
-  the measured quantile and the measured share within the target, and
-  shifted to the predicted quantile.
+* **SLO attainment**: the share of requests within the TTFT target and
+  within the ITL target per request (time per output token). Each is a
+  log-normal through the measured quantile and the measured share within
+  the target, shifted to the predicted quantile. A request's time per
+  output token is the mean of the steps it decoded through, so its excess
+  over the mean step time follows the token-level ITL quantile's.
 
 The model is deliberately simple: it only has to rank candidates and
 estimate the gain; every change is measured afterwards, measured configs
@@ -36,7 +39,9 @@ are preferred to predicted ones, and a measured regression is rolled back.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Iterable
+from itertools import accumulate
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -44,9 +49,9 @@ from vllm_autotuner.api import SLO, Knobs, LatencyTarget, Measurement
 
 _NORMAL = NormalDist()
 #: Log-normal spread assumed when the measured share within target cannot fix it.
-DEFAULT_SPREAD = {"ttft": 0.8, "itl": 0.5}
-#: Shrinkage of the step-time slope toward its upper bound, in tokens squared.
-SLOPE_PRIOR_WEIGHT = 1.0e4
+DEFAULT_SPREAD = {"ttft": 0.8, "tpot": 0.5}
+#: Least spread of step tokens within a window (quantile over mean) that gives a usable slope.
+MIN_SPREAD_TOKENS = 100.0
 #: Utilisation at and above which the queue is taken to grow without bound.
 SATURATED = 0.98
 #: KV-cache usage above which vLLM starts to preempt.
@@ -66,24 +71,34 @@ class StepModel:
 
 
 def fit_step_model(measurements: Iterable[Measurement]) -> StepModel | None:
-    """Least-squares slope of step time against step tokens with one intercept per regime; None without data."""
-    groups: dict[str, list[tuple[float, float]]] = {}
+    """Seconds per batched token, from the spread of step tokens and ITL within each measured window.
+
+    Each window gives a slope from two points of the same step-time line,
+    (mean tokens per step, mean ITL) and (tokens per step, ITL) at the SLO
+    quantile, so each regime's own intercept (attention, overhead) cancels;
+    it is capped by ITL over tokens at either point (the intercept is not
+    negative). The estimate is the median of those slopes weighted by how
+    many windows and how wide a spread of tokens stand behind each: a window
+    that mixes two traffic regimes pairs quantiles of different populations
+    and is an outlier a median ignores. Without any spread, the smallest cap.
+    None without data.
+    """
+    slopes, caps = [], []
     for m in measurements:
-        pairs = [(m.step_tokens_mean, m.itl_mean_seconds), (m.step_tokens_quantile, m.itl_seconds)]
-        points = [(x, y) for x, y in pairs if x is not None and y is not None and x >= 1 and y > 0]
-        groups.setdefault(m.regime, []).extend(points)
-    everything = [p for points in groups.values() for p in points]
-    if not everything:
-        return None
-    bound = min(y / x for x, y in everything)
-    sxx = sxy = 0.0
-    for points in filter(None, groups.values()):
-        mx = sum(x for x, _ in points) / len(points)
-        my = sum(y for _, y in points) / len(points)
-        sxx += sum((x - mx) ** 2 for x, _ in points)
-        sxy += sum((x - mx) * (y - my) for x, y in points)
-    slope = (sxy + SLOPE_PRIOR_WEIGHT * bound) / (sxx + SLOPE_PRIOR_WEIGHT)
-    return StepModel(slope=min(max(slope, 0.05 * bound), bound), points=len(everything))
+        x_mean, y_mean, x_q, y_q = m.step_tokens_mean, m.itl_mean_seconds, m.step_tokens_quantile, m.itl_seconds
+        if x_mean is None or y_mean is None or x_q is None or min(x_mean, x_q) < 1 or min(y_mean, y_q) <= 0:
+            continue
+        cap = min(y_mean / x_mean, y_q / x_q)
+        caps.append(cap)
+        spread = x_q - x_mean
+        if spread >= MIN_SPREAD_TOKENS:
+            slopes.append((min(max((y_q - y_mean) / spread, 0.05 * cap), cap), m.windows * spread))
+    if not slopes:
+        return StepModel(slope=min(caps), points=len(caps)) if caps else None
+    slopes.sort()
+    cumulative = list(accumulate(weight for _, weight in slopes))
+    median = slopes[bisect_left(cumulative, cumulative[-1] / 2)][0]
+    return StepModel(slope=median, points=len(caps))
 
 
 def share_within(target: LatencyTarget, measured: float, share: float | None, predicted: float, kind: str) -> float:
@@ -104,11 +119,16 @@ def share_within(target: LatencyTarget, measured: float, share: float | None, pr
     return _NORMAL.cdf(z_q + math.log(target.seconds / max(predicted, 1e-6)) / spread)
 
 
-def attainment(slo: SLO, ttft: float, itl: float, ttft_share: float | None, itl_share: float | None) -> float:
-    """Estimated share of requests within both targets, from the quantiles and measured shares of one window."""
+def attainment(slo: SLO, ttft: float, tpot: float, ttft_share: float | None, tpot_share: float | None) -> float:
+    """Estimated share of requests within both targets, from the quantiles and measured shares of one window.
+
+    A request is within the ITL target when its time per output token (its
+    mean inter-token latency) is: the per-request goodput of vLLM's
+    benchmark (``--goodput tpot:``) and of DistServe.
+    """
     ttft_ok = ttft_share if ttft_share is not None else share_within(slo.ttft, ttft, None, ttft, "ttft")
-    itl_ok = itl_share if itl_share is not None else share_within(slo.itl, itl, None, itl, "itl")
-    return ttft_ok * itl_ok
+    tpot_ok = tpot_share if tpot_share is not None else share_within(slo.itl, tpot, None, tpot, "tpot")
+    return ttft_ok * tpot_ok
 
 
 @dataclass(frozen=True)
@@ -119,14 +139,15 @@ class Prediction:
     attainment: float
     ttft_seconds: float
     itl_seconds: float
+    tpot_seconds: float
     utilisation: float
     measured: bool
     """True when the numbers are a measurement of this config in this regime, not the model's."""
 
     def slack(self, slo: SLO) -> float:
-        """Smallest relative headroom to the TTFT target, the ITL target and full utilisation."""
+        """Smallest relative headroom to the TTFT target, the ITL target (per request) and full utilisation."""
         return min(
-            1 - self.ttft_seconds / slo.ttft.seconds, 1 - self.itl_seconds / slo.itl.seconds, 1 - self.utilisation
+            1 - self.ttft_seconds / slo.ttft.seconds, 1 - self.tpot_seconds / slo.itl.seconds, 1 - self.utilisation
         )
 
 
@@ -160,6 +181,26 @@ class Traffic:
             concurrency_demand=demand,
             context=base.mean_prompt_tokens + base.mean_generation_tokens / 2,
         )
+
+    @property
+    def base_tpot(self) -> float:
+        """The measured per-request time per output token at the ITL quantile (the token-level ITL if unknown)."""
+        return self.base.tpot_seconds if self.base.tpot_seconds is not None else self.base.itl_seconds
+
+    def request_tpot(self, itl: float) -> float:
+        """A request's time per output token at the ITL quantile when the token-level quantile moves to ``itl``.
+
+        A request's TPOT is the mean of the steps it decoded through, so its
+        excess over the mean step time follows the excess of the token-level
+        quantile over the mean: both come from the long prefill steps a
+        smaller budget cuts short.
+        """
+        base = self.base
+        mean = base.itl_mean_seconds if base.itl_mean_seconds is not None else self.intercept
+        excess = base.itl_seconds - mean
+        if excess <= 1e-3:
+            return max(self.base_tpot + itl - base.itl_seconds, 1e-4)
+        return max(mean + (self.base_tpot - mean) * (itl - mean) / excess, 1e-4)
 
     def step_seconds(self, tokens: float) -> float:
         return self.intercept + self.slope * tokens
@@ -225,14 +266,16 @@ class Traffic:
         share_ttft = share_within(self.slo.ttft, base.ttft_seconds, base.ttft_within_slo, ttft, "ttft")
         if saturated:  # the queue grows without bound: over the regime's life, no request meets TTFT
             share_ttft = 0.0
-        share_itl = share_within(self.slo.itl, base.itl_seconds, base.itl_within_slo, itl, "itl")
+        tpot = self.request_tpot(itl)
+        share_tpot = share_within(self.slo.itl, self.base_tpot, base.tpot_within_slo, tpot, "tpot")
         preempted = self.preempted_share(old)
         kept = (1 - self.preempted_share(knobs)) / (1 - preempted)
         return Prediction(
             knobs=knobs,
-            attainment=min(share_ttft * share_itl * kept, 1.0),
+            attainment=min(share_ttft * share_tpot * kept, 1.0),
             ttft_seconds=ttft,
             itl_seconds=itl,
+            tpot_seconds=tpot,
             utilisation=rho_new,
             measured=False,
         )
@@ -245,6 +288,7 @@ def measured_prediction(m: Measurement, traffic: Traffic) -> Prediction:
         attainment=m.attainment,
         ttft_seconds=m.ttft_seconds,
         itl_seconds=m.itl_seconds,
+        tpot_seconds=m.tpot_seconds if m.tpot_seconds is not None else m.itl_seconds,
         utilisation=traffic.utilisation(m.knobs),
         measured=True,
     )

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from datetime import datetime, timedelta
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vllm_autotuner.api import DecisionAction, FailedConfig, KnobSource
@@ -42,11 +43,12 @@ def windows(draw, state, the_spec, now, nan=True):
         generation_tokens_rate=rate * draw(st.floats(1, 4000)),
         ttft_seconds=draw(LATENCY),
         itl_seconds=draw(st.floats(0.001, 2.0)),
+        tpot_seconds=draw(maybe(st.floats(0.001, 2.0))),
         e2e_seconds=draw(maybe(LATENCY)),
         queue_seconds=draw(maybe(LATENCY)),
         itl_mean_seconds=draw(maybe(st.floats(0.001, 2.0))),
         ttft_within_slo=draw(maybe(SHARE)),
-        itl_within_slo=draw(maybe(SHARE)),
+        tpot_within_slo=draw(maybe(SHARE)),
         running=draw(maybe(st.floats(0, 2048))),
         waiting=draw(maybe(st.floats(0, 5000))),
         kv_cache_usage=draw(maybe(SHARE)),
@@ -169,3 +171,15 @@ def test_a_day_of_random_traffic_respects_cooldown_budget_and_failures(setup, da
         state = decision.state
         now += timedelta(minutes=2)
     assert decision.action in (DecisionAction.HOLD, DecisionAction.CHANGE, DecisionAction.ROLLBACK)
+
+
+def test_restart_cost_grows_with_the_load_the_other_pods_must_carry():
+    from vllm_autotuner.policy.guardrails import DEFAULT_RESTART_SECONDS, restart_cost_seconds
+
+    state = status()
+    light, busy, over = (restart_cost_seconds(state, 4, u, 2.0) for u in (0.5, 0.9, 1.0))
+    assert light == pytest.approx(4 * 0.1 * DEFAULT_RESTART_SECONDS / 4)  # the other three absorb the load
+    assert busy > 10 * light and over > busy
+    assert restart_cost_seconds(state, 2, 0.9, 2.0) > busy  # one of two pods out hurts more than one of four
+    measured = state.model_copy(update={"restart_cost_seconds": 123.0})
+    assert restart_cost_seconds(measured, 4, 0.9, 2.0) == 123.0

@@ -26,9 +26,10 @@ def measurement(regime="r", tokens=8192, seqs=1024, **fields):
         mean_generation_tokens=128,
         attainment=0.6,
         ttft_within_slo=0.99,
-        itl_within_slo=0.6,
+        tpot_within_slo=0.6,
         ttft_seconds=0.9,
         itl_seconds=0.19,
+        tpot_seconds=0.12,
         queue_seconds=0.1,
         itl_mean_seconds=0.09,
         step_tokens_mean=3200,
@@ -71,15 +72,15 @@ TARGET = LatencyTarget(quantile=0.95, seconds=0.1)
 
 
 def test_share_within_reproduces_the_measurement_and_falls_as_latency_rises():
-    assert share_within(TARGET, 0.19, 0.62, 0.19, "itl") == pytest.approx(0.62)
-    assert share_within(TARGET, 0.1, None, 0.1, "itl") == pytest.approx(0.95)
+    assert share_within(TARGET, 0.19, 0.62, 0.19, "tpot") == pytest.approx(0.62)
+    assert share_within(TARGET, 0.1, None, 0.1, "tpot") == pytest.approx(0.95)
 
 
 @given(st.floats(0.01, 1.0), st.floats(0.01, 0.99), st.floats(0.01, 1.0), st.floats(0.01, 1.0))
 def test_share_within_is_a_probability_that_falls_with_latency(measured, share, a, b):
     low, high = sorted((a, b))
-    s_low = share_within(TARGET, measured, share, low, "itl")
-    s_high = share_within(TARGET, measured, share, high, "itl")
+    s_low = share_within(TARGET, measured, share, low, "tpot")
+    s_high = share_within(TARGET, measured, share, high, "tpot")
     assert 0 <= s_high <= s_low <= 1
 
 
@@ -114,7 +115,7 @@ def test_larger_budget_cuts_queueing_when_utilisation_is_high():
         itl_mean_seconds=0.02,
         step_tokens_mean=480,
         step_tokens_quantile=512,
-        itl_within_slo=1.0,
+        tpot_within_slo=1.0,
     )
     t = traffic(busy)
     assert t.utilisation(knobs(512, 256)) > t.utilisation(knobs(1024, 256))

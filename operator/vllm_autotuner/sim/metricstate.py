@@ -1,0 +1,312 @@
+"""Cumulative metric state of one simulated engine, and PromQL's arithmetic
+over it.
+
+The engine counts exactly what a vLLM server exports (counters, histograms
+with vLLM's bucket bounds, gauges). Histograms keep per-bucket counts so an
+observation costs one ``bisect`` and one addition; :meth:`MetricState.snapshot`
+turns them into Prometheus's cumulative form. A caller diffs two snapshots to
+get a window's increase (``increase()`` / ``rate()`` without counter resets)
+and feeds the buckets to :func:`histogram_quantile`, which is Prometheus's own
+algorithm, so the benchmark sees the same numbers the operator gets from
+PromQL.
+
+Pure Python: no numpy, so the operator could reuse :func:`histogram_quantile`.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# vLLM 0.32's bucket bounds (vllm/v1/metrics/loggers.py), as served in
+# vllm-metrics.txt.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+    5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+
+
+def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
+    """vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to
+    ``max_value`` (its ``max_model_len``)."""
+    buckets: list[int] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_value:
+                return tuple(buckets)
+            buckets.append(value)
+        exponent += 1
+
+
+class Histogram:
+    """A Prometheus histogram: per-bucket counts (last = +Inf), sum, count."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds: tuple[float, ...] = tuple(float(b) for b in bounds)
+        self.counts: list[float] = [0.0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float, weight: float = 1.0) -> None:
+        """Record ``weight`` observations of ``value`` (``le`` is inclusive)."""
+        self.counts[bisect_left(self.bounds, value)] += weight
+        self.sum += value * weight
+
+    def observe_linear(self, first: float, step: float, n: int, weight: float) -> None:
+        """Record ``weight`` observations of each of ``first + step*i`` for
+        ``i`` in ``range(n)``, in O(buckets) instead of O(n)."""
+        if n <= 0:
+            return
+        counts = self.counts
+        if step <= 0.0:
+            counts[bisect_left(self.bounds, first)] += weight * n
+        else:
+            placed = 0
+            for i, bound in enumerate(self.bounds):
+                # values <= bound: i < (bound - first) / step, floored
+                upto = min(n, max(0, math.floor((bound - first) / step) + 1))
+                if upto > placed:
+                    counts[i] += weight * (upto - placed)
+                    placed = upto
+                    if placed == n:
+                        break
+            if placed < n:
+                counts[-1] += weight * (n - placed)
+        self.sum += weight * (n * first + step * n * (n - 1) / 2)
+
+    def snapshot(self) -> HistogramSnapshot:
+        cumulative = []
+        running = 0.0
+        for c in self.counts:
+            running += c
+            cumulative.append(running)
+        return HistogramSnapshot(self.bounds + (math.inf,), tuple(cumulative), self.sum)
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramSnapshot:
+    """Cumulative bucket counts, as Prometheus stores them (``le`` = bounds,
+    the last bound ``+Inf``)."""
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[float, ...]
+    sum: float
+
+    @property
+    def count(self) -> float:
+        return self.cumulative[-1]
+
+    def __sub__(self, earlier: HistogramSnapshot) -> HistogramSnapshot:
+        return HistogramSnapshot(
+            self.bounds,
+            tuple(a - b for a, b in zip(self.cumulative, earlier.cumulative, strict=True)),
+            self.sum - earlier.sum,
+        )
+
+    def quantile(self, q: float) -> float:
+        return histogram_quantile(self.bounds, self.cumulative, q)
+
+    def mean(self) -> float:
+        """``rate(x_sum) / rate(x_count)``: NaN without observations."""
+        return self.sum / self.count if self.count else math.nan
+
+
+COUNTERS = (
+    "prompt_tokens",
+    "prompt_tokens_cached",
+    "generation_tokens",
+    "num_preemptions",
+    "request_success",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "estimated_flops_per_gpu",
+    "estimated_read_bytes_per_gpu",
+    "estimated_write_bytes_per_gpu",
+)
+
+
+class MetricState:
+    """Everything an engine has counted since it started.
+
+    Counter and histogram attributes are public so the engine's hot loop can
+    update them without call overhead; everyone else reads a snapshot.
+    """
+
+    def __init__(self, max_model_len: int) -> None:
+        token_buckets = build_1_2_5_buckets(max_model_len)
+        self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.tpot_request = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(REQUEST_LATENCY_BUCKETS)
+        self.queue_time = Histogram(REQUEST_LATENCY_BUCKETS)
+        self.inference_time = Histogram(REQUEST_LATENCY_BUCKETS)
+        self.prefill_time = Histogram(REQUEST_LATENCY_BUCKETS)
+        self.decode_time = Histogram(REQUEST_LATENCY_BUCKETS)
+        self.prompt_tokens = Histogram(token_buckets)
+        self.generation_tokens = Histogram(token_buckets)
+        self.max_num_generation_tokens = Histogram(token_buckets)
+        self.params_max_tokens = Histogram(token_buckets)
+        self.prefill_kv_computed = Histogram(token_buckets)
+        self.params_n = Histogram(PARAMS_N_BUCKETS)
+        self.num_preemptions = Histogram(NUM_PREEMPTIONS_BUCKETS)
+        self.iteration_tokens = Histogram(ITERATION_TOKENS_BUCKETS)
+
+    def histograms(self) -> dict[str, Histogram]:
+        """Histograms by their vLLM metric name."""
+        return {
+            "vllm:time_to_first_token_seconds": self.ttft,
+            "vllm:inter_token_latency_seconds": self.itl,
+            "vllm:request_time_per_output_token_seconds": self.tpot_request,
+            "vllm:e2e_request_latency_seconds": self.e2e,
+            "vllm:request_queue_time_seconds": self.queue_time,
+            "vllm:request_inference_time_seconds": self.inference_time,
+            "vllm:request_prefill_time_seconds": self.prefill_time,
+            "vllm:request_decode_time_seconds": self.decode_time,
+            "vllm:request_prompt_tokens": self.prompt_tokens,
+            "vllm:request_generation_tokens": self.generation_tokens,
+            "vllm:request_max_num_generation_tokens": self.max_num_generation_tokens,
+            "vllm:request_params_max_tokens": self.params_max_tokens,
+            "vllm:request_params_n": self.params_n,
+            "vllm:request_num_preemptions": self.num_preemptions,
+            "vllm:request_prefill_kv_computed_tokens": self.prefill_kv_computed,
+            "vllm:iteration_tokens_total": self.iteration_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Gauges:
+    """The engine's instantaneous state, as vLLM's gauges report it."""
+
+    num_requests_running: int
+    num_requests_waiting: int
+    kv_cache_usage_perc: float
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """All metrics of one engine at simulated time ``time``.
+
+    ``later - earlier`` gives the increase of every counter and histogram over
+    the window and the gauges at its end, like ``increase(x[w])`` in PromQL;
+    divide by :attr:`time` difference for ``rate``.
+    """
+
+    time: float
+    counters: dict[str, float]
+    histograms: dict[str, HistogramSnapshot]
+    gauges: Gauges
+
+    def __sub__(self, earlier: MetricsSnapshot) -> MetricsSnapshot:
+        return MetricsSnapshot(
+            self.time - earlier.time,
+            {k: v - earlier.counters[k] for k, v in self.counters.items()},
+            {k: h - earlier.histograms[k] for k, h in self.histograms.items()},
+            self.gauges,
+        )
+
+
+def snapshot(state: MetricState, time: float, gauges: Gauges) -> MetricsSnapshot:
+    """Freeze ``state``: a few hundred numbers, cheap to take every scrape."""
+    return MetricsSnapshot(
+        time,
+        dict(state.counters),
+        {name: h.snapshot() for name, h in state.histograms().items()},
+        gauges,
+    )
+
+
+def histogram_quantile(bounds: Sequence[float], cumulative: Sequence[float], q: float) -> float:
+    """Prometheus's ``histogram_quantile`` over classic buckets
+    (``promql/quantile.go``, ``BucketQuantile``).
+
+    ``bounds`` are the ``le`` values (the last must be +Inf) and
+    ``cumulative`` the bucket counts. Linear interpolation inside the bucket
+    holding the rank, 0 as the lower edge of the first bucket (unless its
+    bound is <= 0), and the second-highest bound when the rank falls in the
+    +Inf bucket. NaN without observations, fewer than two buckets, or no +Inf
+    bucket; -Inf/+Inf for q < 0 / q > 1. Equal bounds are merged and
+    non-monotonic counts are flattened, as Prometheus does.
+    """
+    if math.isnan(q):
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    buckets = sorted(zip(bounds, cumulative, strict=True), key=lambda b: b[0])
+    if not buckets or buckets[-1][0] != math.inf:
+        return math.nan
+    merged: list[list[float]] = []
+    for bound, count in buckets:
+        if merged and merged[-1][0] == bound:
+            merged[-1][1] += count
+        else:
+            merged.append([bound, count])
+    _ensure_monotonic(merged)
+    if len(merged) < 2:
+        return math.nan
+    observations = merged[-1][1]
+    if observations == 0:
+        return math.nan
+    rank = q * observations
+    b = len(merged) - 1  # Go's sort.Search over all but the +Inf bucket
+    for i in range(len(merged) - 1):
+        if merged[i][1] >= rank:
+            b = i
+            break
+    if b == len(merged) - 1:
+        return merged[-2][0]
+    if b == 0 and merged[0][0] <= 0:
+        return merged[0][0]
+    start, end, count = 0.0, merged[b][0], merged[b][1]
+    if b > 0:
+        start = merged[b - 1][0]
+        count -= merged[b - 1][1]
+        rank -= merged[b - 1][1]
+    return start + (end - start) * (rank / count)
+
+
+_SMALL_DELTA_TOLERANCE = 1e-12
+_MIN_NORMAL = 2.2250738585072014e-308
+
+
+def _almost_equal(a: float, b: float, epsilon: float) -> bool:
+    """Prometheus ``util/almost.Equal``."""
+    if a == b:
+        return True
+    abs_sum = abs(a) + abs(b)
+    diff = abs(a - b)
+    if a == 0 or b == 0 or abs_sum < _MIN_NORMAL:
+        return diff < epsilon * _MIN_NORMAL
+    return diff / min(abs_sum, 1.7976931348623157e308) < epsilon
+
+
+def _ensure_monotonic(buckets: list[list[float]]) -> None:
+    """Prometheus ``ensureMonotonicAndIgnoreSmallDeltas``: a bucket lower than
+    the one before (or within float noise of it) takes its count."""
+    prev = buckets[0][1]
+    for bucket in buckets[1:]:
+        curr = bucket[1]
+        if curr == prev:
+            continue
+        if _almost_equal(prev, curr, _SMALL_DELTA_TOLERANCE) or curr < prev:
+            bucket[1] = prev
+            continue
+        prev = curr

@@ -297,6 +297,9 @@ class Engine:
         self._stack_seg: list[int] = []
         self._stack_max: list[float] = []
         self._finished: list[FinishedRequest] = []
+        # Work done so far, for vLLM's estimated FLOPs / bytes counters.
+        self._attention_units = 0.0
+        self._kv_read = 0.0
 
     # ------------------------------------------------------------------ API
 
@@ -362,7 +365,10 @@ class Engine:
                 break
             if now >= until:
                 break
-            jitter = self._next_jitter()
+            if self._jitter_at == len(self._jitter):
+                self._refill_jitter()
+            jitter = self._jitter[self._jitter_at]
+            self._jitter_at += 1
             if self._partial is None and self._running and not self._head_admissible():
                 steps = self._span_length(until, jitter)
                 if steps > 1:
@@ -376,7 +382,19 @@ class Engine:
         while self._pending and self._pending[0].arrival <= self._now:
             self._waiting.append(self._pending.popleft())
         gauges = Gauges(len(self._running), len(self._waiting), self._used / self.num_gpu_blocks)
-        return snapshot(self.metrics, self._now, gauges)
+        snap = snapshot(self.metrics, self._now, gauges)
+        cost, counters = self.cost, snap.counters
+        tokens = snap.histograms["vllm:iteration_tokens_total"]
+        counters["estimated_flops_per_gpu"] = (
+            cost.flops_per_token * tokens.sum
+            + cost.flops_per_sample * counters["generation_tokens"]
+            + cost.flops_per_attention_unit * self._attention_units
+        )
+        counters["estimated_read_bytes_per_gpu"] = (
+            cost.weight_bytes * tokens.count + cost.kv_bytes_per_token * self._kv_read
+        )
+        counters["estimated_write_bytes_per_gpu"] = cost.kv_bytes_per_token * tokens.sum
+        return snap
 
     def unfinished(self) -> list[Request]:
         """Every submitted request that has not finished (running, waiting or
@@ -387,13 +405,10 @@ class Engine:
 
     # ------------------------------------------------------------ internals
 
-    def _next_jitter(self) -> float:
-        """The step-time noise factor of the next segment, drawn in batches."""
-        if self._jitter_at == len(self._jitter):
-            self._jitter = self._rng.lognormal(0.0, self._jitter_sigma, _JITTER_BATCH).tolist()
-            self._jitter_at = 0
-        self._jitter_at += 1
-        return self._jitter[self._jitter_at - 1]
+    def _refill_jitter(self) -> None:
+        """Draw the next batch of per-segment step-time noise factors."""
+        self._jitter = self._rng.lognormal(0.0, self._jitter_sigma, _JITTER_BATCH).tolist()
+        self._jitter_at = 0
 
     def _admission(self, seq: _Seq, budget: int) -> tuple[int, int, int, int] | None:
         """What admitting ``seq`` with ``budget`` tokens left would take:
@@ -484,15 +499,11 @@ class Engine:
         growth = cost.per_decode_context * n * jitter
         self._now += steps * first + growth * steps * (steps - 1) / 2
         metrics.itl.observe_linear(first, growth, steps, n)
-        metrics.iteration_tokens.observe(n, steps)
-        counters = metrics.counters
-        counters["generation_tokens"] += n * steps
+        metrics.iteration_tokens.observe_weighted(n, steps)
+        metrics.counters["generation_tokens"] += n * steps
         context_sum = steps * context + n * steps * (steps - 1) / 2
-        counters["estimated_flops_per_gpu"] += (
-            steps * n * (cost.flops_per_token + cost.flops_per_sample) + cost.flops_per_attention_unit * context_sum
-        )
-        counters["estimated_read_bytes_per_gpu"] += steps * cost.weight_bytes + cost.kv_bytes_per_token * context_sum
-        counters["estimated_write_bytes_per_gpu"] += cost.kv_bytes_per_token * n * steps
+        self._attention_units += context_sum
+        self._kv_read += context_sum
         self._used += self._blocks_for_steps(steps)
         self._evict_if_needed()
         self._g = g + steps
@@ -548,23 +559,18 @@ class Engine:
             kv_read += done + chunk
             if done + chunk == seq.target:
                 sampled += 1
-        requests = n + len(items)
-        cost = self.cost
-        seconds = cost.seconds(tokens, requests, sampled, units, kv_read) * jitter
+        seconds = self.cost.seconds(tokens, n + len(items), sampled, units, kv_read) * jitter
         now += seconds
         self._now = now
+        self._attention_units += units
+        self._kv_read += kv_read
 
         metrics = self.metrics
-        metrics.iteration_tokens.observe(tokens)
+        metrics.iteration_tokens.values.append(tokens)
         if n:
-            metrics.itl.observe(seconds, n)
-        counters = metrics.counters
-        counters["generation_tokens"] += sampled
-        counters["estimated_flops_per_gpu"] += (
-            cost.flops_per_token * tokens + cost.flops_per_sample * sampled + cost.flops_per_attention_unit * units
-        )
-        counters["estimated_read_bytes_per_gpu"] += cost.weight_bytes + cost.kv_bytes_per_token * kv_read
-        counters["estimated_write_bytes_per_gpu"] += cost.kv_bytes_per_token * tokens
+            metrics.itl.weighted_values.append(seconds)
+            metrics.itl.weights.append(n)
+        metrics.counters["generation_tokens"] += sampled
         self._end_segment(seconds)
 
         self._partial = part  # unless it completes below; a new one may start
@@ -576,7 +582,8 @@ class Engine:
                 if seq is self._partial:
                     self._partial = None
                 self._prefill_done(seq, g, now)
-        self._finish_decodes(g)
+        if self._fin_heap and self._fin_heap[0][0] <= g:
+            self._finish_decodes(g)
         self._g = g + 1
 
     def _admit(self, seq: _Seq, cached: int, blocks: int, growth: int, now: float) -> None:
@@ -712,21 +719,20 @@ class Engine:
         self._release(seq, blocks)
         decode_time = now - seq.first_token_at
         mean_itl = decode_time / (seq.output - 1) if seq.output > 1 else 0.0
-        m = self.metrics
-        m.counters["request_success"] += 1
-        m.e2e.observe(now - seq.arrival)
-        m.queue_time.observe(seq.scheduled_at - seq.arrival)
-        m.prefill_time.observe(seq.first_token_at - seq.scheduled_at)
-        m.decode_time.observe(decode_time)
-        m.inference_time.observe(now - seq.scheduled_at)
-        m.tpot_request.observe(mean_itl)
-        m.prompt_tokens.observe(seq.prompt)
-        m.generation_tokens.observe(seq.output)
-        m.max_num_generation_tokens.observe(seq.output)
-        m.params_max_tokens.observe(seq.output)
-        m.params_n.observe(1)
-        m.num_preemptions.observe(seq.preemptions)
-        m.prefill_kv_computed.observe(seq.prompt - seq.cached)
+        self.metrics.finished.append(
+            (
+                now - seq.arrival,
+                seq.scheduled_at - seq.arrival,
+                seq.first_token_at - seq.scheduled_at,
+                decode_time,
+                now - seq.scheduled_at,
+                mean_itl,
+                seq.prompt,
+                seq.output,
+                seq.preemptions,
+                seq.prompt - seq.cached,
+            )
+        )
         self._finished.append(
             FinishedRequest(
                 rid=seq.rid,

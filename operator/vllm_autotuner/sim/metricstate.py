@@ -2,23 +2,23 @@
 over it.
 
 The engine counts exactly what a vLLM server exports (counters, histograms
-with vLLM's bucket bounds, gauges). Histograms keep per-bucket counts so an
-observation costs one ``bisect`` and one addition; :meth:`MetricState.snapshot`
-turns them into Prometheus's cumulative form. A caller diffs two snapshots to
+with vLLM's bucket bounds, gauges). Histograms buffer observations and bin
+them in bulk when read; a snapshot gives Prometheus's cumulative form. A caller diffs two snapshots to
 get a window's increase (``increase()`` / ``rate()`` without counter resets)
 and feeds the buckets to :func:`histogram_quantile`, which is Prometheus's own
 algorithm, so the benchmark sees the same numbers the operator gets from
 PromQL.
 
-Pure Python: no numpy, so the operator could reuse :func:`histogram_quantile`.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 # vLLM 0.32's bucket bounds (vllm/v1/metrics/loggers.py), as served in
 # vllm-metrics.txt.
@@ -54,49 +54,79 @@ def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
 
 
 class Histogram:
-    """A Prometheus histogram: per-bucket counts (last = +Inf), sum, count."""
+    """A Prometheus histogram: per-bucket counts (last = +Inf), sum, count.
 
-    __slots__ = ("bounds", "counts", "sum")
+    Observations are buffered and binned in bulk (``numpy.searchsorted``) when
+    the histogram is read: a simulated engine makes millions of them, and a
+    list append is the cheapest thing Python can do per observation.
+    """
+
+    __slots__ = ("bounds", "_edges", "_counts", "_sum", "values", "weighted_values", "weights")
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds: tuple[float, ...] = tuple(float(b) for b in bounds)
-        self.counts: list[float] = [0.0] * (len(self.bounds) + 1)
-        self.sum = 0.0
+        self._edges = np.asarray(self.bounds)
+        self._counts: list[float] = [0.0] * (len(self.bounds) + 1)
+        self._sum = 0.0
+        self.values: list[float] = []
+        """Unbinned observations: append to observe."""
+        self.weighted_values: list[float] = []
+        """Unbinned observations that count ``weights[i]`` times each."""
+        self.weights: list[float] = []
 
-    def observe(self, value: float, weight: float = 1.0) -> None:
-        """Record ``weight`` observations of ``value`` (``le`` is inclusive)."""
-        self.counts[bisect_left(self.bounds, value)] += weight
-        self.sum += value * weight
+    def observe(self, value: float) -> None:
+        self.values.append(value)
+
+    def observe_weighted(self, value: float, weight: float) -> None:
+        """Record ``weight`` observations of ``value``."""
+        self.weighted_values.append(value)
+        self.weights.append(weight)
 
     def observe_linear(self, first: float, step: float, n: int, weight: float) -> None:
         """Record ``weight`` observations of each of ``first + step*i`` for
-        ``i`` in ``range(n)``, in O(buckets) instead of O(n)."""
+        ``i`` in ``range(n)``, in O(buckets) instead of O(n) (plain Python:
+        called once per fast-forwarded span, where numpy's call overhead would
+        cost more than the loop)."""
         if n <= 0:
             return
-        counts = self.counts
-        if step <= 0.0:
-            counts[bisect_left(self.bounds, first)] += weight * n
-        else:
-            placed = 0
-            for i, bound in enumerate(self.bounds):
-                # values <= bound: i < (bound - first) / step, floored
-                upto = min(n, max(0, math.floor((bound - first) / step) + 1))
-                if upto > placed:
-                    counts[i] += weight * (upto - placed)
-                    placed = upto
-                    if placed == n:
-                        break
-            if placed < n:
-                counts[-1] += weight * (n - placed)
-        self.sum += weight * (n * first + step * n * (n - 1) / 2)
+        counts = self._counts
+        placed = 0
+        for i, bound in enumerate(self.bounds):
+            if step > 0.0:
+                upto = min(n, max(0, math.floor((bound - first) / step) + 1))  # values <= bound
+            else:
+                upto = n if first <= bound else 0
+            if upto > placed:
+                counts[i] += weight * (upto - placed)
+                placed = upto
+                if placed == n:
+                    break
+        if placed < n:
+            counts[-1] += weight * (n - placed)
+        self._sum += weight * (n * first + step * n * (n - 1) / 2)
+
+    def observe_array(self, values: np.ndarray, weights: np.ndarray | None = None) -> None:
+        """Bin many observations at once."""
+        binned = np.bincount(
+            np.searchsorted(self._edges, values, side="left"), weights=weights, minlength=len(self._counts)
+        )
+        self._counts = [a + b for a, b in zip(self._counts, binned.tolist(), strict=True)]
+        self._sum += float(values.sum() if weights is None else values @ weights)
+
+    def _flush(self) -> None:
+        if self.values:
+            self.observe_array(np.asarray(self.values))
+            self.values.clear()
+        if self.weights:
+            self.observe_array(np.asarray(self.weighted_values), np.asarray(self.weights))
+            self.weighted_values.clear()
+            self.weights.clear()
 
     def snapshot(self) -> HistogramSnapshot:
-        cumulative = []
-        running = 0.0
-        for c in self.counts:
-            running += c
-            cumulative.append(running)
-        return HistogramSnapshot(self.bounds + (math.inf,), tuple(cumulative), self.sum)
+        self._flush()
+        return HistogramSnapshot(
+            self.bounds + (math.inf,), tuple(itertools.accumulate(self._counts)), self._sum
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,16 +171,34 @@ COUNTERS = (
 )
 
 
+REQUEST_FIELDS = (
+    "e2e",
+    "queue_time",
+    "prefill_time",
+    "decode_time",
+    "inference_time",
+    "tpot_request",
+    "prompt_tokens",
+    "generation_tokens",
+    "num_preemptions",
+    "prefill_kv_computed",
+)
+"""What :attr:`MetricState.finished` records per finished request, in order."""
+
+
 class MetricState:
     """Everything an engine has counted since it started.
 
-    Counter and histogram attributes are public so the engine's hot loop can
-    update them without call overhead; everyone else reads a snapshot.
+    The engine's hot loop appends to the attributes directly: counters are a
+    dict, histograms buffer (:class:`Histogram`), and a finished request is
+    one tuple of :data:`REQUEST_FIELDS` in :attr:`finished`, spread over its
+    ten histograms (and ``request_success``) when the state is read.
     """
 
     def __init__(self, max_model_len: int) -> None:
         token_buckets = build_1_2_5_buckets(max_model_len)
         self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
+        self.finished: list[tuple[float, ...]] = []
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.tpot_request = Histogram(ITL_BUCKETS)
@@ -167,6 +215,20 @@ class MetricState:
         self.params_n = Histogram(PARAMS_N_BUCKETS)
         self.num_preemptions = Histogram(NUM_PREEMPTIONS_BUCKETS)
         self.iteration_tokens = Histogram(ITERATION_TOKENS_BUCKETS)
+
+    def flush_finished(self) -> None:
+        """Spread the buffered finished requests over their histograms."""
+        if not self.finished:
+            return
+        columns = dict(zip(REQUEST_FIELDS, np.asarray(self.finished).T, strict=True))
+        for name, values in columns.items():
+            getattr(self, name).observe_array(values)
+        # vLLM observes max_tokens twice more; every request has n = 1.
+        self.max_num_generation_tokens.observe_array(columns["generation_tokens"])
+        self.params_max_tokens.observe_array(columns["generation_tokens"])
+        self.params_n.observe_array(np.ones(len(self.finished)))
+        self.counters["request_success"] += len(self.finished)
+        self.finished.clear()
 
     def histograms(self) -> dict[str, Histogram]:
         """Histograms by their vLLM metric name."""
@@ -224,6 +286,7 @@ class MetricsSnapshot:
 
 def snapshot(state: MetricState, time: float, gauges: Gauges) -> MetricsSnapshot:
     """Freeze ``state``: a few hundred numbers, cheap to take every scrape."""
+    state.flush_finished()
     return MetricsSnapshot(
         time,
         dict(state.counters),

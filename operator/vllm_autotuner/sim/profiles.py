@@ -298,7 +298,7 @@ _EFF_SINGLE_GPU = Efficiency(
     attention=0.45,
     memory=0.80,
     step_overhead_s=0.6e-3,
-    per_seq_overhead_s=20e-6,
+    per_seq_overhead_s=30e-6,
 )
 # Fitted on the 70B tp=4 H100 measurement.
 _EFF_TP4 = Efficiency(
@@ -311,45 +311,62 @@ _EFF_TP4 = Efficiency(
 )
 
 
-def _single_gpu_8b(name: str, gpu: GpuSpec, startup: StartupTimes, notes: str) -> Profile:
+def _replica(
+    name: str,
+    gpu: GpuSpec,
+    model: ModelSpec,
+    tp: int,
+    efficiency: Efficiency,
+    startup: StartupTimes,
+    *,
+    non_torch_gib: float,
+    cudagraph_gib: float,
+    notes: str,
+) -> Profile:
     return Profile(
         name=name,
         gpu=gpu,
-        model=LLAMA3_8B,
-        tp=1,
-        efficiency=_EFF_SINGLE_GPU,
+        model=model,
+        tp=tp,
+        efficiency=efficiency,
         startup=startup,
-        served_model_name=LLAMA3_8B.name,
-        non_torch_bytes=int(0.6 * GiB),
-        cudagraph_bytes=int(0.5 * GiB),
-        activation_bytes_per_token=_activation_bytes_per_token(LLAMA3_8B, 1),
-        sampler_bytes_per_seq=_sampler_bytes_per_seq(LLAMA3_8B),
+        served_model_name=model.name,
+        non_torch_bytes=int(non_torch_gib * GiB),
+        cudagraph_bytes=int(cudagraph_gib * GiB),
+        activation_bytes_per_token=_activation_bytes_per_token(model, tp),
+        sampler_bytes_per_seq=_sampler_bytes_per_seq(model),
         notes=notes,
+    )
+
+
+def _llama3_8b(name: str, gpu: GpuSpec, startup: StartupTimes, notes: str) -> Profile:
+    return _replica(
+        name, gpu, LLAMA3_8B, 1, _EFF_SINGLE_GPU, startup, non_torch_gib=0.6, cudagraph_gib=0.5, notes=notes
     )
 
 
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
-        _single_gpu_8b(
+        _llama3_8b(
             "llama3-8b-h100",
             H100_SXM,
             StartupTimes(process_s=15, load_s=20, compile_cold_s=45, compile_warm_s=10, profile_s=5, graph_capture_s=15),
             "Efficiencies fitted on the Lambda H100 measurements.",
         ),
-        _single_gpu_8b(
+        _llama3_8b(
             "llama3-8b-a100",
             A100_80GB,
             StartupTimes(process_s=15, load_s=22, compile_cold_s=60, compile_warm_s=12, profile_s=6, graph_capture_s=20),
             "Efficiencies fitted on the Lambda A100-80GB and the A100-40GB sweep.",
         ),
-        _single_gpu_8b(
+        _llama3_8b(
             "llama3-8b-l40s",
             L40S,
             StartupTimes(process_s=15, load_s=25, compile_cold_s=60, compile_warm_s=12, profile_s=8, graph_capture_s=20),
             "No L40S measurement: A100/H100 efficiencies applied to the L40S datasheet.",
         ),
-        _single_gpu_8b(
+        _llama3_8b(
             "llama3-8b-l4",
             L4,
             StartupTimes(process_s=15, load_s=30, compile_cold_s=70, compile_warm_s=15, profile_s=10, graph_capture_s=25),
@@ -357,20 +374,15 @@ PROFILES: dict[str, Profile] = {
             "16k tokens leave no room for one 8192-token sequence and fail start-up. "
             "No L4 measurement: A100/H100 efficiencies applied to the L4 datasheet.",
         ),
-        Profile(
-            name="llama3-70b-h100-tp4",
-            gpu=H100_SXM,
-            model=LLAMA3_70B,
-            tp=4,
-            efficiency=_EFF_TP4,
-            startup=StartupTimes(
-                process_s=25, load_s=60, compile_cold_s=90, compile_warm_s=20, profile_s=10, graph_capture_s=30
-            ),
-            served_model_name=LLAMA3_70B.name,
-            non_torch_bytes=int(1.5 * GiB),
-            cudagraph_bytes=int(0.8 * GiB),
-            activation_bytes_per_token=_activation_bytes_per_token(LLAMA3_70B, 4),
-            sampler_bytes_per_seq=_sampler_bytes_per_seq(LLAMA3_70B),
+        _replica(
+            "llama3-70b-h100-tp4",
+            H100_SXM,
+            LLAMA3_70B,
+            4,
+            _EFF_TP4,
+            StartupTimes(process_s=25, load_s=60, compile_cold_s=90, compile_warm_s=20, profile_s=10, graph_capture_s=30),
+            non_torch_gib=1.5,
+            cudagraph_gib=0.8,
             notes="Efficiencies fitted on the Lambda 70B tp=4 H100 measurement.",
         ),
     )

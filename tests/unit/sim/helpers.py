@@ -17,11 +17,18 @@ def noiseless(name: str) -> Profile:
 
 
 def random_requests(
-    n: int, rate: float, seed: int, *, prompt: float = 512, output: float = 128, max_prompt: int = 3000
+    n: int,
+    rate: float,
+    seed: int,
+    *,
+    prompt: float = 512,
+    output: float = 128,
+    max_prompt: int = 3000,
+    max_output: int = 1000,
 ) -> list[Request]:
     """Poisson arrivals with log-normal prompt and output lengths."""
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1 / rate, n))
     prompts = np.clip(rng.lognormal(np.log(prompt), 0.8, n), 1, max_prompt).astype(int)
-    outputs = np.clip(rng.lognormal(np.log(output), 0.8, n), 1, 1000).astype(int)
+    outputs = np.clip(rng.lognormal(np.log(output), 0.8, n), 1, max_output).astype(int)
     return [Request(float(a), int(p), int(o)) for a, p, o in zip(arrivals, prompts, outputs, strict=True)]

@@ -463,6 +463,8 @@ class Engine:
             and self._pending[0].arrival < bound
         ):
             bound = self._pending[0].arrival  # an arrival would be admitted at the next step start
+        if bound == math.inf:
+            return steps
         cost = self.cost
         first = (cost.decode_fixed(n) + cost.per_decode_context * (self._sum_base + n * g)) * jitter
         growth = cost.per_decode_context * n * jitter

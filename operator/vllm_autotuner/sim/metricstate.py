@@ -3,12 +3,11 @@ over it.
 
 The engine counts exactly what a vLLM server exports (counters, histograms
 with vLLM's bucket bounds, gauges). Histograms buffer observations and bin
-them in bulk when read; a snapshot gives Prometheus's cumulative form. A caller diffs two snapshots to
-get a window's increase (``increase()`` / ``rate()`` without counter resets)
-and feeds the buckets to :func:`histogram_quantile`, which is Prometheus's own
-algorithm, so the benchmark sees the same numbers the operator gets from
-PromQL.
-
+them in bulk when read; a snapshot gives Prometheus's cumulative form. A
+caller diffs two snapshots to get a window's increase (``increase()`` /
+``rate()`` without counter resets) and reads quantiles with the operator's
+Prometheus-exact ``histogram_quantile``, so the benchmark sees the numbers the
+operator sees.
 """
 
 from __future__ import annotations
@@ -19,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from vllm_autotuner.observe.quantile import histogram_quantile
 
 # vLLM 0.32's bucket bounds (vllm/v1/metrics/loggers.py), as served in
 # vllm-metrics.txt.
@@ -150,7 +151,9 @@ class HistogramSnapshot:
         )
 
     def quantile(self, q: float) -> float:
-        return histogram_quantile(self.bounds, self.cumulative, q)
+        """``histogram_quantile(q, ...)`` as Prometheus (and the operator,
+        :mod:`vllm_autotuner.observe.quantile`) computes it."""
+        return histogram_quantile(q, self.bounds, self.cumulative)
 
     def mean(self) -> float:
         """``rate(x_sum) / rate(x_count)``: NaN without observations."""
@@ -293,83 +296,3 @@ def snapshot(state: MetricState, time: float, gauges: Gauges) -> MetricsSnapshot
         {name: h.snapshot() for name, h in state.histograms().items()},
         gauges,
     )
-
-
-def histogram_quantile(bounds: Sequence[float], cumulative: Sequence[float], q: float) -> float:
-    """Prometheus's ``histogram_quantile`` over classic buckets
-    (``promql/quantile.go``, ``BucketQuantile``).
-
-    ``bounds`` are the ``le`` values (the last must be +Inf) and
-    ``cumulative`` the bucket counts. Linear interpolation inside the bucket
-    holding the rank, 0 as the lower edge of the first bucket (unless its
-    bound is <= 0), and the second-highest bound when the rank falls in the
-    +Inf bucket. NaN without observations, fewer than two buckets, or no +Inf
-    bucket; -Inf/+Inf for q < 0 / q > 1. Equal bounds are merged and
-    non-monotonic counts are flattened, as Prometheus does.
-    """
-    if math.isnan(q):
-        return math.nan
-    if q < 0:
-        return -math.inf
-    if q > 1:
-        return math.inf
-    buckets = sorted(zip(bounds, cumulative, strict=True), key=lambda b: b[0])
-    if not buckets or buckets[-1][0] != math.inf:
-        return math.nan
-    merged: list[list[float]] = []
-    for bound, count in buckets:
-        if merged and merged[-1][0] == bound:
-            merged[-1][1] += count
-        else:
-            merged.append([bound, count])
-    _ensure_monotonic(merged)
-    if len(merged) < 2:
-        return math.nan
-    observations = merged[-1][1]
-    if observations == 0:
-        return math.nan
-    rank = q * observations
-    b = len(merged) - 1  # Go's sort.Search over all but the +Inf bucket
-    for i in range(len(merged) - 1):
-        if merged[i][1] >= rank:
-            b = i
-            break
-    if b == len(merged) - 1:
-        return merged[-2][0]
-    if b == 0 and merged[0][0] <= 0:
-        return merged[0][0]
-    start, end, count = 0.0, merged[b][0], merged[b][1]
-    if b > 0:
-        start = merged[b - 1][0]
-        count -= merged[b - 1][1]
-        rank -= merged[b - 1][1]
-    return start + (end - start) * (rank / count)
-
-
-_SMALL_DELTA_TOLERANCE = 1e-12
-_MIN_NORMAL = 2.2250738585072014e-308
-
-
-def _almost_equal(a: float, b: float, epsilon: float) -> bool:
-    """Prometheus ``util/almost.Equal``."""
-    if a == b:
-        return True
-    abs_sum = abs(a) + abs(b)
-    diff = abs(a - b)
-    if a == 0 or b == 0 or abs_sum < _MIN_NORMAL:
-        return diff < epsilon * _MIN_NORMAL
-    return diff / min(abs_sum, 1.7976931348623157e308) < epsilon
-
-
-def _ensure_monotonic(buckets: list[list[float]]) -> None:
-    """Prometheus ``ensureMonotonicAndIgnoreSmallDeltas``: a bucket lower than
-    the one before (or within float noise of it) takes its count."""
-    prev = buckets[0][1]
-    for bucket in buckets[1:]:
-        curr = bucket[1]
-        if curr == prev:
-            continue
-        if _almost_equal(prev, curr, _SMALL_DELTA_TOLERANCE) or curr < prev:
-            bucket[1] = prev
-            continue
-        prev = curr

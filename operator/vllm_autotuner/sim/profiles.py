@@ -49,6 +49,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vllm_autotuner.knobs.defaults import Hardware
+
 GiB = 1024**3
 
 
@@ -187,26 +189,11 @@ class Profile:
         """KV heads are split across tensor-parallel ranks."""
         return self.model.kv_bytes_per_token / self.tp
 
-
-@dataclass(frozen=True, slots=True)
-class KnobDefaults:
-    """The values vLLM uses when ``--max-num-batched-tokens`` /
-    ``--max-num-seqs`` are absent from an OpenAI API server's command line."""
-
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    rule: str
-    """Which row of vLLM's table applied, for status messages."""
-
-
-def vllm_default_knobs(profile: Profile) -> KnobDefaults:
-    """vLLM's ``EngineArgs._set_default_args`` for the API server (vLLM
-    ~0.11-0.32): GPUs with at least 70 GiB that are not A100 get 8192 tokens
-    and 1024 sequences; every other GPU gets 2048 and 256."""
-    big = profile.gpu.memory_bytes >= 70 * GiB and "A100" not in profile.gpu.name
-    if big:
-        return KnobDefaults(8192, 1024, ">=70 GiB non-A100 GPU: 8192 tokens / 1024 seqs")
-    return KnobDefaults(2048, 256, "other GPU: 2048 tokens / 256 seqs")
+    @property
+    def hardware(self) -> Hardware:
+        """The replica's GPUs as the operator describes hardware (what vLLM's
+        default knobs depend on)."""
+        return Hardware(gpus=self.tp, memory_gib=self.gpu.memory_bytes / GiB, product=self.gpu.name)
 
 
 H100_SXM = GpuSpec(

@@ -21,8 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_autotuner.sim.profiles import GiB, Profile, vllm_default_knobs
+from vllm_autotuner.api.spec import Knobs
+from vllm_autotuner.knobs import AssumedDefaults, startup_errors, startup_warnings, vllm_defaults
+from vllm_autotuner.sim.profiles import GiB, Profile
 
+SIMULATED_VLLM_VERSION = "0.32.0"
 DOCS_URL = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
 ENGINE_CORE_FAILED = "RuntimeError: Engine core initialization failed."
 SCHEDULER_CONFIG_ERROR = "pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig"
@@ -48,11 +51,11 @@ class EngineConfig:
     def resolve(self, profile: Profile) -> ResolvedConfig:
         """The effective values vLLM would run with on ``profile``.
 
-        Absent knobs take the GPU class defaults (:func:`vllm_default_knobs`);
+        Absent knobs take the GPU class defaults (:func:`default_knobs`);
         with chunked prefill off an absent budget becomes at least
         ``max_model_len``, so that every admissible prompt fits one step.
         """
-        defaults = vllm_default_knobs(profile)
+        defaults = default_knobs(profile).knobs
         max_model_len = self.max_model_len or profile.model.max_position_embeddings
         tokens = self.max_num_batched_tokens
         if tokens is None:
@@ -136,11 +139,19 @@ def format_gib(num_bytes: float) -> str:
     return str(round(num_bytes / GiB, 2))
 
 
+def default_knobs(profile: Profile) -> AssumedDefaults:
+    """vLLM's knob values when the flags are absent, for this replica's GPUs
+    (the operator's own table, for the vLLM version the simulator models)."""
+    return vllm_defaults(SIMULATED_VLLM_VERSION, profile.hardware)
+
+
 def validate_flags(profile: Profile, cfg: ResolvedConfig) -> tuple[str | None, tuple[str, ...]]:
-    """vLLM's ``ModelConfig`` / ``SchedulerConfig`` checks, in vLLM's order.
+    """vLLM's ``ModelConfig`` and ``SchedulerConfig`` checks.
 
     Returns the error text (``None`` when the flags are valid) and the
-    warnings vLLM logs for valid but odd flags.
+    warnings vLLM logs for valid but odd flags. The knob rules are the
+    operator's (:mod:`vllm_autotuner.knobs.feasibility`), so the simulator
+    refuses exactly what the operator avoids.
     """
     mpe = profile.model.max_position_embeddings
     if cfg.max_model_len > mpe:
@@ -154,28 +165,11 @@ def validate_flags(profile: Profile, cfg: ResolvedConfig) -> tuple[str | None, t
             "derived_max_model_len will cause a CUDA array out-of-bounds error.",
             (),
         )
-    tokens, seqs = cfg.max_num_batched_tokens, cfg.max_num_seqs
-    if tokens < cfg.max_model_len and not cfg.enable_chunked_prefill:
-        return (
-            f"{SCHEDULER_CONFIG_ERROR}\n  Value error, max_num_batched_tokens ({tokens}) is smaller than "
-            f"max_model_len ({cfg.max_model_len}). This effectively limits the maximum sequence length to "
-            "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
-            "max_num_batched_tokens or decrease max_model_len.",
-            (),
-        )
-    if tokens < seqs:
-        return (
-            f"{SCHEDULER_CONFIG_ERROR}\n  Value error, max_num_batched_tokens ({tokens}) must be greater than "
-            f"or equal to max_num_seqs ({seqs}).",
-            (),
-        )
-    warnings = []
-    if tokens > seqs * cfg.max_model_len:
-        warnings.append(
-            f"max_num_batched_tokens ({tokens}) exceeds max_num_seqs * max_model_len "
-            f"({seqs * cfg.max_model_len}). This may lead to unexpected behavior."
-        )
-    return None, tuple(warnings)
+    knobs = Knobs(max_num_batched_tokens=cfg.max_num_batched_tokens, max_num_seqs=cfg.max_num_seqs)
+    errors = startup_errors(knobs, cfg.max_model_len, cfg.enable_chunked_prefill)
+    if errors:
+        return f"{SCHEDULER_CONFIG_ERROR}\n  {errors[0]}", ()
+    return None, tuple(startup_warnings(knobs, cfg.max_model_len))
 
 
 def plan_memory(profile: Profile, cfg: ResolvedConfig) -> MemoryPlan:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from vllm_autotuner.sim.engine import Engine
-from vllm_autotuner.sim.profiles import PROFILES, get_profile, vllm_default_knobs
-from vllm_autotuner.sim.startup import EngineConfig, StartupError, check_startup, format_gib
+from vllm_autotuner.sim.profiles import PROFILES, get_profile
+from vllm_autotuner.sim.startup import EngineConfig, StartupError, check_startup, default_knobs, format_gib
 
 ERRORS_MD = Path(__file__).resolve().parents[3].parent / "shared" / "vllm-startup-errors.md"
 
@@ -148,7 +148,7 @@ def test_h100_8b_kv_cache_size_is_plausible() -> None:
 )
 def test_default_knobs_follow_vllms_gpu_classes(name: str, tokens: int, seqs: int) -> None:
     profile = get_profile(name)
-    defaults = vllm_default_knobs(profile)
+    defaults = default_knobs(profile).knobs
     assert (defaults.max_num_batched_tokens, defaults.max_num_seqs) == (tokens, seqs)
     resolved = EngineConfig().resolve(profile)
     assert (resolved.max_num_batched_tokens, resolved.max_num_seqs) == (tokens, seqs)

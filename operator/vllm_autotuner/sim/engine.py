@@ -49,8 +49,9 @@ real time on one core):
 * Histograms keep per-bucket counts; a linear run of step times is binned in
   O(buckets) (:meth:`.Histogram.observe_linear`).
 
-Numpy is used only to draw the seeded random factors in bulk: the per-step
-work is scalar, and scalar Python beats numpy's per-call overhead there.
+Numpy draws the seeded random factors and bins buffered histogram
+observations in bulk; the per-step work is scalar Python, which beats numpy's
+per-call overhead on a handful of numbers.
 
 Determinism: given the same profile, config, seed and submitted requests, the
 results are identical. The seed draws the replica's speed factor (GPUs of one
@@ -383,6 +384,7 @@ class Engine:
             self._waiting.append(self._pending.popleft())
         gauges = Gauges(len(self._running), len(self._waiting), self._used / self.num_gpu_blocks)
         snap = snapshot(self.metrics, self._now, gauges)
+        # vLLM's MFU counters, from the work done (kept as totals, not per step)
         cost, counters = self.cost, snap.counters
         tokens = snap.histograms["vllm:iteration_tokens_total"]
         counters["estimated_flops_per_gpu"] = (

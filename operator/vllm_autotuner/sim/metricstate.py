@@ -168,9 +168,6 @@ COUNTERS = (
     "request_success",
     "prefix_cache_queries",
     "prefix_cache_hits",
-    "estimated_flops_per_gpu",
-    "estimated_read_bytes_per_gpu",
-    "estimated_write_bytes_per_gpu",
 )
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -234,7 +234,6 @@ class Scenario:
     streams: tuple[Stream, ...]
     phases: tuple[Phase, ...]
     duration: float = DAY
-    notes: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         bounds = [(p.start, p.end) for p in self.phases]

@@ -243,6 +243,7 @@ class _Seq:
 
 
 _JITTER_BATCH = 4096
+_MAX_BUFFERED = 500_000  # histogram observations kept unbinned between snapshots
 
 
 class Engine:
@@ -376,6 +377,8 @@ class Engine:
                     self._span(steps, jitter)
                     continue
             self._step(jitter)
+        if self.metrics.buffered() > _MAX_BUFFERED:
+            self.metrics.flush()
         return finished
 
     def snapshot(self) -> MetricsSnapshot:

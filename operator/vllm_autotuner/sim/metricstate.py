@@ -114,7 +114,8 @@ class Histogram:
         self._counts = [a + b for a, b in zip(self._counts, binned.tolist(), strict=True)]
         self._sum += float(values.sum() if weights is None else values @ weights)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Bin the buffered observations."""
         if self.values:
             self.observe_array(np.asarray(self.values))
             self.values.clear()
@@ -124,7 +125,7 @@ class Histogram:
             self.weights.clear()
 
     def snapshot(self) -> HistogramSnapshot:
-        self._flush()
+        self.flush()
         return HistogramSnapshot(
             self.bounds + (math.inf,), tuple(itertools.accumulate(self._counts)), self._sum
         )
@@ -229,6 +230,16 @@ class MetricState:
         self.params_n.observe_array(np.ones(len(self.finished)))
         self.counters["request_success"] += len(self.finished)
         self.finished.clear()
+
+    def buffered(self) -> int:
+        """Observations waiting to be binned (bounds the buffers' memory)."""
+        return len(self.finished) + sum(len(h.values) + len(h.weights) for h in self.histograms().values())
+
+    def flush(self) -> None:
+        """Bin everything buffered."""
+        self.flush_finished()
+        for hist in self.histograms().values():
+            hist.flush()
 
     def histograms(self) -> dict[str, Histogram]:
         """Histograms by their vLLM metric name."""

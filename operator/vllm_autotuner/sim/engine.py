@@ -450,8 +450,8 @@ class Engine:
     def _span_length(self, until: float, jitter: float) -> int:
         """How many decode-only steps can run before the next event."""
         heap, running = self._fin_heap, self._running
-        while heap and running.get(heap[0][1]) is None:
-            heapq.heappop(heap)  # stale: preempted
+        while heap and getattr(running.get(heap[0][1]), "fin", None) != heap[0][0]:
+            heapq.heappop(heap)  # stale: preempted (and maybe readmitted with a new finish step)
         g, n = self._g, self._n_dec
         steps = heap[0][0] - g + 1
         free = self.num_gpu_blocks - self._used

@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: help setup test unit crd
+.PHONY: help setup test unit crd bench-sim
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -30,3 +30,6 @@ unit: setup ## Unit tests only (no cluster, no Prometheus)
 
 test: setup ## Everything: unit, integration and e2e tests against real servers
 	@$(PY) -m pytest
+
+bench-sim: setup ## Real-time factor of the engine simulator per profile (prints figures)
+	@$(PY) bench/sim_speed.py

@@ -1,4 +1,4 @@
-"""Prometheus's ``histogram_quantile``, exactly, in pure Python.
+"""Prometheus's ``histogram_quantile`` exactly, and its inverse, in pure Python.
 
 The operator fetches per-pod bucket rates in one query for all tunings and
 computes each tuning's quantile itself (a PromQL ``histogram_quantile`` per
@@ -53,35 +53,29 @@ def histogram_quantile(q: float, upper_bounds: Sequence[float], cumulative_count
         start = upper_bounds[b - 1]
         count -= counts[b - 1]
         rank -= counts[b - 1]
+    if count == 0:  # q = 0 with empty leading buckets: Go's 0/0 gives NaN here
+        return math.nan
     return start + (end - start) * (rank / count)
 
 
-def histogram_fraction(upper: float, upper_bounds: Sequence[float], cumulative_counts: Sequence[float]) -> float:
-    """The share of observations at or below ``upper``: how many requests met a latency target.
+def histogram_fraction_below(value: float, upper_bounds: Sequence[float], cumulative_counts: Sequence[float]) -> float:
+    """Share of observations at or below ``value``: the inverse of ``histogram_quantile``.
 
-    The inverse of ``histogram_quantile`` on the same buckets, with the same
-    assumption (observations spread evenly inside a bucket, the first bucket
-    starting at 0), so ``histogram_fraction(histogram_quantile(q, ...))`` is
-    ``q`` wherever the quantile falls inside a finite bucket. Past the
-    highest finite bound nothing can be interpolated: the share counted up to
-    that bound is returned. NaN without observations.
+    Interpolates linearly inside the bucket holding ``value`` (the same
+    assumption histogram_quantile makes), so for any q,
+    ``histogram_fraction_below(histogram_quantile(q, b, c), b, c) == q`` up to
+    rounding. NaN when there are no observations.
     """
-    counts = []
-    running = -math.inf
-    for count in cumulative_counts:
-        if math.isnan(count):
-            return math.nan
-        running = max(running, count)
-        counts.append(running)
-    if not counts or counts[-1] <= 0 or len(upper_bounds) != len(counts) or math.isnan(upper):
+    total = cumulative_counts[-1] if cumulative_counts else 0.0
+    if not total or math.isnan(total):
         return math.nan
-    total = counts[-1]
-    b = bisect.bisect_left(upper_bounds, upper)
-    if b >= len(counts) - 1:
-        return counts[-2] / total if len(counts) > 1 else 1.0
-    start = upper_bounds[b - 1] if b > 0 else 0.0
-    below = counts[b - 1] if b > 0 else 0.0
-    end = upper_bounds[b]
-    if upper <= start:
-        return below / total
-    return (below + (counts[b] - below) * (upper - start) / (end - start)) / total
+    previous_bound, previous_count = 0.0, 0.0
+    for bound, count in zip(upper_bounds, cumulative_counts, strict=True):
+        if value <= bound:
+            if math.isinf(bound):
+                return previous_count / total
+            span = bound - previous_bound
+            fraction = (value - previous_bound) / span if span > 0 else 1.0
+            return (previous_count + (count - previous_count) * max(0.0, fraction)) / total
+        previous_bound, previous_count = bound, count
+    return 1.0

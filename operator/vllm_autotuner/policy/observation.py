@@ -30,7 +30,7 @@ class Observation:
     and per-request time per output token at the ITL quantile) with
     ``histogram_quantile`` over the rate of the vLLM histograms;
     ``*_within_slo`` are the shares of requests at or under the targets, read
-    from the same buckets (``histogram_fraction``).
+    from the same buckets (``histogram_fraction_below``).
     """
 
     window_start: datetime

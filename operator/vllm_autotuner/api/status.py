@@ -247,6 +247,10 @@ class Measurement(StatusModel):
     """End of the window (RFC 3339)."""
     windows: int = Field(default=1, ge=1)
     """Evaluations that measured this config in this regime."""
+    abandoned: int = Field(default=0, ge=0)
+    """Times the policy changed away from this config in this regime. Its measurement then counts only at a
+    prediction's discount, and after the second time it is not returned to: traffic that drifts while
+    configs are compared must not make the policy oscillate."""
     request_rate: float = Field(ge=0)
     """Completed requests per second per pod."""
     generation_tokens_per_second: float = Field(ge=0)

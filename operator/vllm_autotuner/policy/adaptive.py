@@ -9,7 +9,9 @@ makes the one with the highest expected SLO attainment its goal; ties go
 to the one with the most headroom to the targets, then to the smallest
 move. Configs already measured in this regime count at their measured
 value and are reached in one jump, so a returning regime goes straight
-back to what it liked. A predicted goal is approached through the config
+back to what it liked; a config the policy left in this regime counts only
+at a prediction's discount, and one it left twice not at all, so traffic
+that drifts while configs are compared cannot make it oscillate. A predicted goal is approached through the config
 within ``maxStepFactor`` closest to it, measured before the next step: a
 goal four times away pays for two restarts, and each step re-plans from
 fresh data. The physics the search follows: a smaller budget when ITL
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vllm_autotuner.api import SLO, Bounds, CurrentKnobs, Knobs, Measurement
 from vllm_autotuner.policy.guardrails import acceptable, within_step
@@ -127,8 +129,14 @@ def propose(
     now = measured_prediction(base, traffic)
     options = {k: traffic.predict(k) for k in candidates(bounds, current, excluded)}
     for m in measurements:
-        if m.regime == base.regime and m.knobs not in excluded and acceptable(m.knobs, bounds, current):
+        if m.regime != base.regime or m.knobs in excluded or not acceptable(m.knobs, bounds, current):
+            continue
+        if m.knobs == here or m.abandoned == 0:
             options[m.knobs] = measured_prediction(m, traffic)
+        elif m.abandoned == 1:
+            options[m.knobs] = replace(measured_prediction(m, traffic), measured=False)
+        else:
+            options.pop(m.knobs, None)
     if acceptable(base.knobs, bounds, current):
         options[base.knobs] = now
     if not options:

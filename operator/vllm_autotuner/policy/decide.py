@@ -287,6 +287,8 @@ def _apply(
     if spec.mode == Mode.RECOMMEND:
         reason = f"Recommend mode: change to {change.knobs} recommended ({change.reason})"
         return _hold(state, now, HoldReason.RECOMMEND_ONLY, reason, settings, change.knobs, change.gain)
+    if change.source == KnobSource.TRAFFIC:
+        state = _abandon(state, change.regime, state.current.knobs)
     state = with_rollout(state, now, change.knobs, change.source, change.reason, change.regime, change.baseline)
     state = with_history(state, now, DecisionAction.CHANGE, change.knobs, change.reason)
     recommendation = _recommendation(change.knobs, change.reason, change.gain, now)
@@ -301,6 +303,15 @@ def _apply(
         recommendation=change.knobs,
         warnings=settings.warnings,
     )
+
+
+def _abandon(state: VllmTuningStatus, regime: str | None, knobs: Knobs) -> VllmTuningStatus:
+    """Count a traffic change away from ``knobs`` in ``regime`` on its measurement."""
+    measurements = [
+        m.model_copy(update={"abandoned": m.abandoned + 1}) if (m.regime, m.knobs) == (regime, knobs) else m
+        for m in state.measurements
+    ]
+    return state.model_copy(update={"measurements": measurements})
 
 
 def _schedule_change(

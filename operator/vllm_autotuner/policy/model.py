@@ -16,9 +16,11 @@ and numbers Prometheus gives:
   then moves by ``b`` times the change of the step tokens at that quantile:
   when the quantile steps are full (prefill backlog), they are as big as the
   budget; when not, a larger budget does not change them.
-* **Queueing follows utilisation**: a step of ``B`` tokens takes
-  ``a + b * B``, so a pod serves at most ``B / (a + b * B)`` tokens per
-  second, and at most ``max_num_seqs`` requests at once. The measured queue
+* **Queueing follows utilisation**: a pod serves at most ``min(B / a,
+  1 / b)`` tokens per second (the roofline: a budget too small to hide the
+  step's fixed cost loses capacity, a larger one gains none), and at most
+  ``max_num_seqs`` requests at once; recomputing preempted requests is
+  demand too. The measured queue
   time is scaled by ``rho / (1 - rho)``, the M/M/1 shape, from the measured
   utilisation to the candidate's; prefill time by the number of chunks.
 * **KV cache**: usage is proportional to running requests times context,
@@ -52,6 +54,8 @@ _NORMAL = NormalDist()
 DEFAULT_SPREAD = {"ttft": 0.8, "tpot": 0.5}
 #: Least spread of step tokens within a window (quantile over mean) that gives a usable slope.
 MIN_SPREAD_TOKENS = 100.0
+#: Preemptions per completed request above which a window's ITL says nothing about step times.
+PREEMPTED_WINDOW = 0.01
 #: Utilisation at and above which the queue is taken to grow without bound.
 SATURATED = 0.98
 #: KV-cache usage above which vLLM starts to preempt.
@@ -80,8 +84,9 @@ def fit_step_model(measurements: Iterable[Measurement]) -> StepModel | None:
     negative). The estimate is the median of those slopes weighted by how
     many windows and how wide a spread of tokens stand behind each: a window
     that mixes two traffic regimes pairs quantiles of different populations
-    and is an outlier a median ignores. Without any spread, the smallest cap.
-    None without data.
+    and is an outlier a median ignores. Windows with preemptions are left
+    out of the median: there the slowest inter-token gaps are recomputations,
+    not steps. Without any usable spread, the smallest cap. None without data.
     """
     slopes, caps = [], []
     for m in measurements:
@@ -91,7 +96,9 @@ def fit_step_model(measurements: Iterable[Measurement]) -> StepModel | None:
         cap = min(y_mean / x_mean, y_q / x_q)
         caps.append(cap)
         spread = x_q - x_mean
-        if spread >= MIN_SPREAD_TOKENS:
+        # a preempted request's next token waits for its recomputation, not for one step: no slope from there
+        preempted = (m.preemptions_per_second or 0.0) > PREEMPTED_WINDOW * m.request_rate
+        if spread >= MIN_SPREAD_TOKENS and not preempted:
             slopes.append((min(max((y_q - y_mean) / spread, 0.05 * cap), cap), m.windows * spread))
     if not slopes:
         return StepModel(slope=min(caps), points=len(caps)) if caps else None
@@ -161,8 +168,6 @@ class Traffic:
     intercept: float
     running: float
     """Mean running requests measured (preempted ones that are recomputed included)."""
-    concurrency_demand: float
-    """Requests decoding at once that the measured rate needs at the measured step time (Little's law)."""
     context: float
 
     @classmethod
@@ -170,15 +175,15 @@ class Traffic:
         itl_mean = base.itl_mean_seconds if base.itl_mean_seconds is not None else base.itl_seconds
         tokens_mean = base.step_tokens_mean if base.step_tokens_mean is not None else 1.0
         intercept = max(itl_mean - model.slope * tokens_mean, 1e-4)
-        demand = base.request_rate * base.mean_generation_tokens * itl_mean
-        running = base.running if base.running is not None else demand
+        running = (
+            base.running if base.running is not None else base.request_rate * base.mean_generation_tokens * itl_mean
+        )
         return cls(
             base=base,
             slo=slo,
             slope=model.slope,
             intercept=intercept,
             running=running,
-            concurrency_demand=demand,
             context=base.mean_prompt_tokens + base.mean_generation_tokens / 2,
         )
 
@@ -205,11 +210,30 @@ class Traffic:
     def step_seconds(self, tokens: float) -> float:
         return self.intercept + self.slope * tokens
 
+    def token_demand(self, knobs: Knobs) -> float:
+        """Tokens per second the pod must compute: the measured rate, less the recomputation of preempted
+        requests that these knobs avoid (or plus what they add)."""
+        base = self.base
+        measured = base.prompt_tokens_per_second + base.generation_tokens_per_second
+        per_preemption = self.context * base.request_rate
+        return max(measured + per_preemption * (self.preempted_share(knobs) - self.preempted_share(base.knobs)), 1.0)
+
     def utilisation(self, knobs: Knobs) -> float:
-        """Demand over capacity: tokens per second against full steps, requests against max_num_seqs."""
-        tokens = self.base.prompt_tokens_per_second + self.base.generation_tokens_per_second
-        capacity = knobs.max_num_batched_tokens / self.step_seconds(knobs.max_num_batched_tokens)
-        return max(tokens / capacity, self.concurrency_demand / knobs.max_num_seqs)
+        """Demand over capacity: tokens per second against full steps, decoding requests against max_num_seqs.
+
+        A step reads the weights once and computes its tokens, whichever is
+        slower (the roofline): a budget too small to hide the weight reads
+        (``intercept``) loses capacity, a larger one gains none past
+        ``1 / slope`` tokens per second.
+        Requests decoding at once follow Little's law at the mean step time,
+        which shrinks with the tokens a step must carry (less recomputation).
+        """
+        base = self.base
+        tokens = self.token_demand(knobs)
+        capacity = min(knobs.max_num_batched_tokens / self.intercept, 1 / self.slope)
+        mean_tokens = (base.step_tokens_mean or 0.0) * tokens / self.token_demand(base.knobs)
+        decoding = base.request_rate * base.mean_generation_tokens * self.step_seconds(mean_tokens)
+        return max(tokens / capacity, decoding / knobs.max_num_seqs)
 
     def quantile_step_tokens(self, knobs: Knobs) -> float:
         """Tokens of a step at the ITL quantile under these knobs."""
@@ -234,7 +258,14 @@ class Traffic:
         return steps * self.step_seconds(min(knobs.max_num_batched_tokens, decodes + prompt))
 
     def preempted_share(self, knobs: Knobs) -> float:
-        """Share of requests preempted under these knobs: the measured share while the KV cache stays full."""
+        """Share of requests preempted under these knobs.
+
+        The KV cache holds ``running * context / usage`` tokens, so about that
+        over a request's full length of requests fit at once. With
+        ``max_num_seqs`` at nine tenths of that, no request is preempted; at the
+        concurrency the pods reached (running plus waiting), as many as
+        measured; in between, in proportion.
+        """
         base = self.base
         if not base.preemptions_per_second or base.request_rate <= 0:
             return 0.0
@@ -242,9 +273,9 @@ class Traffic:
         usage = base.kv_cache_usage
         if usage is None or usage < 0.05 or self.running <= 0:
             return measured
-        capacity = self.running * self.context / usage
-        usage_then = min(self.running, knobs.max_num_seqs) * self.context / capacity
-        return measured if usage_then >= KV_FULL else 0.0
+        fits = 0.9 * self.running * self.context / usage / (base.mean_prompt_tokens + base.mean_generation_tokens)
+        peak = max(self.running + (base.waiting or 0.0), fits + 1)
+        return measured * min(max((knobs.max_num_seqs - fits) / (peak - fits), 0.0), 1.0)
 
     def predict(self, knobs: Knobs) -> Prediction:
         base = self.base
@@ -264,15 +295,16 @@ class Traffic:
             base.ttft_seconds + self.prefill_seconds(knobs) - self.prefill_seconds(old) + queue_new - queue, 1e-3
         )
         share_ttft = share_within(self.slo.ttft, base.ttft_seconds, base.ttft_within_slo, ttft, "ttft")
-        if saturated:  # the queue grows without bound: over the regime's life, no request meets TTFT
-            share_ttft = 0.0
         tpot = self.request_tpot(itl)
         share_tpot = share_within(self.slo.itl, self.base_tpot, base.tpot_within_slo, tpot, "tpot")
-        preempted = self.preempted_share(old)
-        kept = (1 - self.preempted_share(knobs)) / (1 - preempted)
+        within = share_ttft * share_tpot
+        # requests no longer preempted are no longer stalled by their recomputation
+        within += max(self.preempted_share(old) - self.preempted_share(knobs), 0.0) * (1 - within)
+        if saturated:  # the queue grows without bound: over the regime's life, no request meets TTFT
+            within = 0.0
         return Prediction(
             knobs=knobs,
-            attainment=min(share_ttft * share_tpot * kept, 1.0),
+            attainment=min(within, 1.0),
             ttft_seconds=ttft,
             itl_seconds=itl,
             tpot_seconds=tpot,

@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: help setup test unit crd bench-sim
+.PHONY: help setup test unit crd bench-sim bench-tuning
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -33,3 +33,6 @@ test: setup ## Everything: unit, integration and e2e tests against real servers
 
 bench-sim: setup ## Real-time factor of the engine simulator per profile (prints figures)
 	@$(PY) bench/sim_speed.py
+
+bench-tuning: setup ## Tuning quality of the decision core on simulated fleets (QUICK=1: a reduced run under 3 minutes)
+	@nice -n 10 $(PY) -m bench.tuning $(if $(QUICK),--quick)

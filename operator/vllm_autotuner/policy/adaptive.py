@@ -121,7 +121,7 @@ def propose(
     before the next. None without a model.
     """
     measurements = list(measurements)
-    model = fit_step_model(measurements)
+    model = fit_step_model([base, *(m for m in measurements if (m.regime, m.knobs) != (base.regime, base.knobs))])
     if model is None:
         return None
     traffic = Traffic.of(base, slo, model)

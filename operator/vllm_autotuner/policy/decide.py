@@ -57,6 +57,8 @@ from vllm_autotuner.policy.observation import HoldReason, Observation, hold_reas
 from vllm_autotuner.policy.regime import classify, matching_tier
 from vllm_autotuner.policy.schedule import ActiveWindow, preset_boundaries, window_in_force
 
+#: Windows a rollout's first settled window may stay short of its baseline before the change counts as a regression.
+REGRESSION_PATIENCE = 3
 #: Regime name of traffic no tier matches (not a valid tier name, so it never collides with one).
 NO_TIER = "(no tier)"
 
@@ -168,15 +170,33 @@ def _regime_name(spec: VllmTuningSpec, settings: Settings, state: VllmTuningStat
     ).name
 
 
-def _learn(
+def _observe(
     spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, observation: Observation, now: datetime
 ) -> tuple[VllmTuningStatus, Measurement]:
-    """The status after a usable window: observed numbers, regime, measurement and learned optimum."""
+    """The status after a usable window (observed numbers, regime and since when), and the window as a measurement."""
     regime = _regime_name(spec, settings, state, observation)
-    m = _measurement(observation, regime, settings.slo)
+    since = state.regime_since if regime == state.regime and state.regime_since else utc_timestamp(now)
+    state = state.model_copy(update={"observed": _observed(observation), "regime": regime, "regime_since": since})
+    return state, _measurement(observation, regime, settings.slo)
+
+
+def _remember(state: VllmTuningStatus, observation: Observation, m: Measurement) -> VllmTuningStatus:
+    """The status with the measurement remembered, and the regime's learned optimum updated.
+
+    Only a window that shows the config in a steady state counts: the regime
+    was already in force when the window opened (a window across a change of
+    traffic mixes two regimes) and the last rollout was judged (until then
+    the queue the restart built is still draining). Otherwise a config
+    measured in calm would look better than one measured in a storm.
+    """
+    rollout = state.last_rollout
+    assert state.regime_since is not None
+    if observation.window_start < datetime.fromisoformat(state.regime_since) or (rollout and not rollout.verified_at):
+        return state
+    regime = m.regime
     before = next((x for x in state.measurements if x.regime == regime and x.knobs == m.knobs), None)
     if before is not None:
-        m = m.model_copy(update={"windows": before.windows + 1})
+        m = m.model_copy(update={"windows": before.windows + 1, "abandoned": before.abandoned})
     measurements = [m, *(x for x in state.measurements if x is not before)][:MEASUREMENT_LIMIT]
     learned = list(state.learned)
     best = next((x for x in learned if x.regime == regime), None)
@@ -194,17 +214,7 @@ def _learn(
             measured_at=m.measured_at,
         )
         learned = [optimum, *(x for x in learned if x is not best)][:LEARNED_LIMIT]
-    since = state.regime_since if regime == state.regime and state.regime_since else utc_timestamp(now)
-    state = state.model_copy(
-        update={
-            "observed": _observed(observation),
-            "regime": regime,
-            "regime_since": since,
-            "measurements": measurements,
-            "learned": learned,
-        }
-    )
-    return state, m
+    return state.model_copy(update={"measurements": measurements, "learned": learned})
 
 
 def _recommendation(knobs: Knobs, reason: str, gain: float | None, now: datetime) -> Recommendation:
@@ -368,6 +378,8 @@ def _traffic_change(
             return HoldReason.NO_BETTER_CONFIG, "the bounds hold no config vLLM accepts"
         return _Change(target, KnobSource.TRAFFIC, f"{current.knobs} is outside spec.bounds", regime=base.regime)
     young = _regime_age_ok(spec, state, now)
+    last = state.last_rollout
+    judging = last is not None and last.source == KnobSource.TRAFFIC and last.verified_at is None
     if spec.traffic.strategy == Strategy.TIERS:
         tier = next((t for t in spec.traffic.tiers if t.name == base.regime), None)
         if tier is None:
@@ -415,6 +427,8 @@ def _traffic_change(
         )
     if step is None:
         return HoldReason.NO_BETTER_CONFIG, f"{reason}, but every step toward it is predicted worse than now"
+    if judging:
+        return HoldReason.NOT_SETTLED, f"{reason}; the last change is not judged yet"
     if young > 0:
         return HoldReason.DWELL, f"{reason}; regime must last {young:.0f}s more"
     return _Change(step.knobs, KnobSource.TRAFFIC, reason, gain=net, regime=base.regime, baseline=here.attainment)
@@ -458,17 +472,24 @@ def _verify(
 ) -> Decision | VllmTuningStatus:
     """Judge the last rollout once its restart has settled: record its cost, roll back a regression.
 
-    The window judged starts one full window after the settle time: the
-    queue that built up while pods restarted has drained by then, and what
-    is left is the config's doing. Only traffic-driven changes are rolled
-    back; schedule presets are the user's.
+    The window judged starts one full window after the settle time, when
+    the queue that built up while pods restarted has usually drained. A
+    window still short of the baseline is given up to REGRESSION_PATIENCE
+    more windows to recover (a busy fleet drains slowly) before the change
+    counts as a regression. Only traffic-driven changes are rolled back;
+    schedule presets are the user's.
     """
     rollout = state.last_rollout
     if rollout is None or rollout.phase != RolloutPhase.SUCCEEDED or rollout.verified_at is not None:
         return state
     assert state.current is not None
     grace = duration_seconds(spec.rollout.settle_time) + duration_seconds(spec.traffic.window)
-    if window_start < datetime.fromisoformat(state.current.since) + timedelta(seconds=grace):
+    since = datetime.fromisoformat(state.current.since)
+    if window_start < since + timedelta(seconds=grace):
+        return state
+    floor = (rollout.baseline_attainment or 0.0) * (1 - spec.rollout.regression_tolerance_percent / 100)
+    patience = grace + REGRESSION_PATIENCE * duration_seconds(spec.traffic.window)
+    if base.attainment < floor and window_start < since + timedelta(seconds=patience):
         return state
     update: dict[str, object] = {"last_rollout": rollout.model_copy(update={"verified_at": utc_timestamp(now)})}
     if rollout.baseline_attainment is not None:
@@ -477,7 +498,6 @@ def _verify(
     state = state.model_copy(update=update)
     if rollout.source != KnobSource.TRAFFIC or rollout.baseline_attainment is None or rollout.regime != base.regime:
         return state
-    floor = rollout.baseline_attainment * (1 - spec.rollout.regression_tolerance_percent / 100)
     if not spec.rollout.rollback_on_regression or base.attainment >= floor or spec.mode != Mode.AUTO:
         return state
     reason = (
@@ -506,11 +526,11 @@ def decide(spec: VllmTuningSpec, state: VllmTuningStatus, observation: Observati
     base = None
     if problem is None:
         assert observation is not None
-        state, base = _learn(spec, settings, state, observation, now)
+        state, base = _observe(spec, settings, state, observation, now)
         checked = _verify(spec, state, base, observation.window_start, now)
         if isinstance(checked, Decision):
             return checked
-        state = checked
+        state = _remember(checked, observation, base)
     scheduled = _schedule_change(spec, settings, state, now)
     if isinstance(scheduled, _Change):
         baseline = base.attainment if base is not None else None  # to measure what the restart costs

@@ -22,6 +22,8 @@ DEFAULT_RESTART_SECONDS = 180.0
 #: Bounds of the expected life of a regime: how long it has lasted so far (it is likely to last as long again).
 MIN_REGIME_LIFE_SECONDS = 1800.0
 MAX_REGIME_LIFE_SECONDS = 6 * 3600.0
+#: Utilisation a fleet is assumed to run at, at least, before a rollout's cost was measured.
+ASSUMED_UTILISATION = 0.85
 
 
 def in_bounds(knobs: Knobs, bounds: Bounds) -> bool:
@@ -113,9 +115,14 @@ def restart_cost_seconds(state: VllmTuningStatus, pods: int, utilisation: float,
     arrive while the queue holds more than the TTFT target's worth of work
     miss it. A fleet that absorbs the missing pod still loses what the killed
     pod had in flight and answers slower: a tenth of the pod's share of ``d``.
+    The model's utilisation misses attention and half-full steps, so until a
+    rollout was measured the fleet is taken to be at least ASSUMED_UTILISATION
+    busy: guessing high costs a change not made, guessing low a fleet that
+    queues for half an hour.
     """
     if state.restart_cost_seconds is not None:
         return state.restart_cost_seconds
+    utilisation = max(utilisation, ASSUMED_UTILISATION)
     d = restart_seconds(state, pods)
     excess = utilisation - (pods - 1) / pods
     per_pod = 0.1 * d / pods

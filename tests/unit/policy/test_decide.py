@@ -98,9 +98,12 @@ def test_cooldown_after_a_rollout():
     # at 4096 tokens ITL still breaches: p95 steps are full at the new budget
     still = {"itl_seconds": 0.107, "itl_mean_seconds": 0.063, "tpot_within_slo": 0.85, "step_tokens_quantile": 4000.0,
              "step_tokens_mean": 2000.0}  # fmt: skip
-    at = done + timedelta(minutes=8)  # settle 2m + window 5m after the rollout, inside the 15m cooldown
+    at = done + timedelta(minutes=8)  # the change is not judged yet: settle 2m + one window 5m + a window
     decision = decide(SPEC, state, long_prompt_window(state, SPEC, now=at, **still), at)
-    assert decision.hold == HoldReason.COOLDOWN and "420s left" in decision.reason
+    assert decision.hold == HoldReason.NOT_SETTLED and "not judged yet" in decision.reason
+    at = done + timedelta(minutes=13)  # judged (no regression), but inside the 15m cooldown
+    decision = decide(SPEC, decision.state, long_prompt_window(state, SPEC, now=at, **still), at)
+    assert decision.hold == HoldReason.COOLDOWN and "120s left" in decision.reason
     later = done + timedelta(minutes=15)
     decision = decide(SPEC, decision.state, long_prompt_window(state, SPEC, now=later, **still), later)
     assert decision.action == DecisionAction.CHANGE and decision.knobs.max_num_batched_tokens < 4096
@@ -138,7 +141,7 @@ def test_schedule_preset_is_pre_rolled_without_traffic_data_and_restored_at_the_
     during = decide(
         the_spec, state, long_prompt_window(state, the_spec, now=opens + timedelta(hours=2)), opens + timedelta(hours=2)
     )
-    assert during.hold == HoldReason.SCHEDULE and during.state.measurements
+    assert during.hold == HoldReason.SCHEDULE and during.state.observed is not None and during.state.regime
     closes = opens + timedelta(hours=8)
     after = decide(the_spec, during.state, None, closes)
     assert after.action == DecisionAction.CHANGE and after.knobs == knobs(8192, 1024)
@@ -168,18 +171,20 @@ def test_override_window_runs_the_traffic_policy_inside_its_bounds():
     assert "outside its bounds" in decision.reason
 
 
-def test_measured_regression_rolls_back_once_the_restart_backlog_has_drained():
+def test_measured_regression_rolls_back_once_the_restart_backlog_has_had_time_to_drain():
     state = warmed()
     change = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
     done = T0 + timedelta(minutes=4)
     state = succeed(change, done)
     worse = {"tpot_within_slo": 0.3, "itl_seconds": 0.3}
-    # the first settled window (settle 2m + window 5m) may still hold the restart's queue: not judged yet
-    at = done + timedelta(minutes=7, seconds=1)
-    early = decide(SPEC, state, long_prompt_window(state, SPEC, now=at, **worse), at)
-    assert early.action == DecisionAction.HOLD and early.state.last_rollout.verified_at is None
-    at = done + timedelta(minutes=12)  # the window starts one window after the settle time
-    decision = decide(SPEC, early.state, long_prompt_window(state, SPEC, now=at, **worse), at)
+    # settle 2m + one window 5m: the restart's queue may still stand; then up to three more windows to recover
+    for minutes in (7, 12, 26):
+        at = done + timedelta(minutes=minutes, seconds=1)
+        early = decide(SPEC, state, long_prompt_window(state, SPEC, now=at, **worse), at)
+        assert early.action == DecisionAction.HOLD and early.state.last_rollout.verified_at is None, minutes
+        state = early.state
+    at = done + timedelta(minutes=27, seconds=1)
+    decision = decide(SPEC, state, long_prompt_window(state, SPEC, now=at, **worse), at)
     assert decision.action == DecisionAction.ROLLBACK and decision.knobs == knobs(8192, 1024)
     assert decision.source == KnobSource.ROLLBACK and "regression" in decision.reason
     assert decision.state.last_rollout.to_knobs == knobs(8192, 1024)
@@ -221,7 +226,9 @@ def test_manual_change_is_adopted_and_respected_for_a_cooldown():
 
 def test_a_returning_regime_goes_straight_back_to_its_learned_optimum():
     """Measured 2048 for long prompts earlier; back at 8192 with long prompts again, one jump past maxStepFactor."""
-    state = status(tokens=2048, since=T0 - timedelta(hours=5))
+    state = status(
+        tokens=2048, since=T0 - timedelta(hours=5), regime="r4/p4k/o128", regime_since="2024-05-01T08:00:00Z"
+    )
     good = long_prompt_window(
         state,
         SPEC,
@@ -260,7 +267,9 @@ def test_same_inputs_same_decision():
 
 
 def test_a_rollouts_cost_is_measured_on_the_windows_while_it_runs():
-    state = warmed()
+    # no rollout measured yet: a regime six hours old pays for the estimated restart
+    old = status(restart_cost_seconds=None, regime="r4/p4k/o128", regime_since="2024-05-01T06:00:00Z")
+    state = warmed(state=old)
     change = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
     baseline = change.state.last_rollout.baseline_attainment
     state = change.state

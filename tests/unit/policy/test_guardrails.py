@@ -174,12 +174,14 @@ def test_a_day_of_random_traffic_respects_cooldown_budget_and_failures(setup, da
 
 
 def test_restart_cost_grows_with_the_load_the_other_pods_must_carry():
-    from vllm_autotuner.policy.guardrails import DEFAULT_RESTART_SECONDS, restart_cost_seconds
+    from vllm_autotuner.policy.guardrails import ASSUMED_UTILISATION, DEFAULT_RESTART_SECONDS, restart_cost_seconds
 
-    state = status()
-    light, busy, over = (restart_cost_seconds(state, 4, u, 2.0) for u in (0.5, 0.9, 1.0))
-    assert light == pytest.approx(4 * 0.1 * DEFAULT_RESTART_SECONDS / 4)  # the other three absorb the load
+    state = status(restart_cost_seconds=None)
+    light, busy, over = (restart_cost_seconds(state, 8, u, 2.0) for u in (0.5, 0.95, 1.0))
+    assert light == pytest.approx(8 * 0.1 * DEFAULT_RESTART_SECONDS / 8)  # the other seven absorb the load
     assert busy > 10 * light and over > busy
-    assert restart_cost_seconds(state, 2, 0.9, 2.0) > busy  # one of two pods out hurts more than one of four
+    assert restart_cost_seconds(state, 2, 0.95, 2.0) > busy  # one of two pods out hurts more than one of eight
+    # before any rollout was measured the fleet counts as busy
+    assert restart_cost_seconds(state, 4, 0.3, 2.0) == restart_cost_seconds(state, 4, ASSUMED_UTILISATION, 2.0)
     measured = state.model_copy(update={"restart_cost_seconds": 123.0})
     assert restart_cost_seconds(measured, 4, 0.9, 2.0) == 123.0

@@ -1,0 +1,10 @@
+"""The tuning-quality benchmark: does the decision core find better knobs than vLLM's defaults and a static tuning?
+
+An in-process loop runs the real ``decide`` against simulated vLLM replicas
+(the simulator's engine) in simulated time: ``fleet`` (replicas, rolling
+restarts, the Observation as the operator builds it), ``runner`` (a static
+config or the adaptive loop, every request scored against the SLO in force),
+``scenarios`` (traffic, fleet size and spec per profile) and ``report``
+(best_static and phase_oracle from the grid, targets, JSON, Markdown and
+timelines). ``python -m bench.tuning`` runs it; ``make bench-tuning``.
+"""

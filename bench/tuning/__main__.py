@@ -1,0 +1,116 @@
+"""``python -m bench.tuning [--quick]``: run every policy on every scenario, score them, write the report.
+
+    make bench-tuning            # the full run: every scenario, 24 simulated hours each
+    make bench-tuning QUICK=1    # two shortened scenarios on a small grid, in under 3 minutes
+
+Runs go to a process pool (one per core): every grid config of every
+scenario as a static run, and the adaptive run. Progress is printed as runs
+finish. Outputs (``--out``, default ``bench/results``, ``bench/results/quick``
+for the quick run): ``tuning.json``, ``tuning.md`` and one
+``tuning-<scenario>-<profile>.png`` timeline per scenario.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from multiprocessing import Pool
+from pathlib import Path
+
+from vllm_autotuner.api import Knobs
+from vllm_autotuner.sim.profiles import get_profile
+
+from bench.tuning import report, scenarios
+from bench.tuning.runner import RunResult, default_config, run_adaptive, run_static
+from bench.tuning.scenarios import BenchScenario
+
+GRID_TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+GRID_SEQS = (1 / 16, 1 / 4, 1)
+QUICK_TOKENS = (512, 1024, 2048, 8192)
+QUICK_SEQS = (1 / 4, 1)
+
+
+def grid(scenario: BenchScenario, tokens: Sequence[int], seqs: Sequence[float]) -> list[Knobs]:
+    """The static configs searched for best_static and phase_oracle: token budgets times fractions of vLLM's
+    default max_num_seqs for the GPU (1024 on an H100, 256 on an A100 or L4), the defaults included."""
+    default = default_config(scenario)
+    counts = [max(1, int(default.max_num_seqs * f)) for f in seqs]
+    configs = {Knobs(max_num_batched_tokens=t, max_num_seqs=s) for t in tokens for s in counts if s <= t}
+    configs.add(default)
+    return sorted(configs, key=lambda k: (k.max_num_batched_tokens, k.max_num_seqs))
+
+
+def _work(task: tuple[int, BenchScenario, Knobs | None]) -> tuple[int, RunResult, float]:
+    index, scenario, knobs = task
+    start = time.perf_counter()
+    result = run_adaptive(scenario) if knobs is None else run_static(scenario, knobs)
+    return index, result, time.perf_counter() - start
+
+
+def _describe(result: RunResult) -> str:
+    if not result.started:
+        return "does not start on this GPU"
+    total = report._total(result.phases)
+    text = f"attainment {total.met / total.requests:.3f}" if total.requests else "no requests"
+    if result.policy == "adaptive":
+        text += f", {result.rollouts} rollouts ({result.failed_rollouts} failed)"
+    return text
+
+
+def run(
+    chosen: list[BenchScenario], tokens: Sequence[int], seqs: Sequence[int], jobs: int, out: Path, command: str
+) -> dict:
+    """Run, score and write everything; returns the JSON document."""
+    started = time.perf_counter()
+    tasks: list[tuple[int, BenchScenario, Knobs | None]] = []
+    for i, scenario in enumerate(chosen):
+        tasks.append((i, scenario, None))
+        tasks.extend((i, scenario, knobs) for knobs in grid(scenario, tokens, seqs))
+    print(f"{len(tasks)} runs over {len(chosen)} scenarios on {jobs} processes", flush=True)
+    results: dict[int, list[RunResult]] = {i: [] for i in range(len(chosen))}
+    with Pool(jobs) as pool:
+        for done, (i, result, wall) in enumerate(pool.imap_unordered(_work, tasks), 1):
+            results[i].append(result)
+            what = "adaptive" if result.policy == "adaptive" else str(result.knobs)
+            print(f"[{done}/{len(tasks)}] {chosen[i].key} {what}: {_describe(result)} ({wall:.0f}s)", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, scenario in enumerate(chosen):
+        adaptive = next(r for r in results[i] if r.policy == "adaptive")
+        static = [r for r in results[i] if r.policy == "static"]
+        default = next(r for r in static if r.knobs == default_config(scenario))
+        hours = report.gpu_hours(scenario, get_profile(scenario.profile).tp)
+        scores = report.score_scenario(scenario, default, static, adaptive, hours)
+        rows.append((scenario, scores, adaptive))
+        best = next(r for r in static if str(r.knobs) == scores["best_static"].config)
+        runs = {"vllm_default": default, "best_static": best, "adaptive": adaptive}
+        report.plot(out / f"tuning-{scenario.name}-{scenario.profile}.png", scenario, runs)
+    document = report.write_json(out / "tuning.json", rows, command)
+    report.write_markdown(out / "tuning.md", rows, command, time.perf_counter() - started)
+    for target in report.targets(rows):
+        print(f"{'met ' if target.met else 'MISS'}  {target.text}: {target.value}")
+    print(f"wrote {out}/tuning.json, tuning.md and {len(rows)} timelines in {time.perf_counter() - started:.0f}s")
+    return document
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.tuning", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="two shortened scenarios on a small grid (< 3 min)")
+    parser.add_argument("--only", default="", help="only scenarios whose name/profile contains this text")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
+    parser.add_argument("--out", type=Path, default=None, help="output folder")
+    args = parser.parse_args(argv)
+    chosen = scenarios.quick() if args.quick else scenarios.full()
+    chosen = [s for s in chosen if args.only in s.key]
+    out = args.out or Path("bench/results") / ("quick" if args.quick else "")
+    tokens, seqs = (QUICK_TOKENS, QUICK_SEQS) if args.quick else (GRID_TOKENS, GRID_SEQS)
+    command = " ".join(["python -m bench.tuning", *(argv if argv is not None else sys.argv[1:])])
+    run(chosen, tokens, seqs, args.jobs, out, command)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""A simulated vLLM Deployment: replicas behind a Service, rolling restarts, and what Prometheus would see.
+
+Each replica is the simulator's ``Engine``. Requests go round-robin to the
+Ready pods, as a Service spreads connections. A change of the knobs is a
+rolling update with ``maxSurge: 0, maxUnavailable: 1`` (a GPU pod cannot
+surge without a spare GPU): one pod at a time stops receiving traffic, is
+killed after a grace period (what it had not finished is lost), and its
+replacement becomes Ready after the profile's start-up time (``torch.compile``
+cold for a token budget the pod never ran) or crash-loops when the simulator's
+start-up model refuses the config. ``observe`` builds the ``Observation``
+the operator builds from PromQL: increases of counters and histograms over
+the window summed over the current pods, quantiles with Prometheus's own
+``histogram_quantile``, shares within target with ``histogram_fraction_below``,
+gauges averaged over the scrapes in the window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import Enum
+
+import numpy as np
+
+from vllm_autotuner.api import SLO, Knobs
+from vllm_autotuner.observe.quantile import histogram_fraction_below
+from vllm_autotuner.policy import Observation
+from vllm_autotuner.sim.engine import Engine, EngineConfig, Request
+from vllm_autotuner.sim.metricstate import HistogramSnapshot, MetricsSnapshot
+from vllm_autotuner.sim.profiles import Profile
+from vllm_autotuner.sim.startup import check_startup
+from vllm_autotuner.sim.workload import Workload
+
+#: Seconds a terminating pod keeps serving what it has before it is killed (terminationGracePeriodSeconds).
+GRACE_SECONDS = 30.0
+#: Age of the newest sample when the operator queries: about half a scrape interval.
+SCRAPE_LAG_SECONDS = 7.5
+
+
+class PodState(Enum):
+    READY = "ready"
+    TERMINATING = "terminating"
+    STARTING = "starting"
+    CRASHING = "crashing"
+
+
+@dataclass
+class Pod:
+    """One replica: its knobs, its engine while it runs, and the scrapes of its metrics."""
+
+    index: int
+    knobs: Knobs
+    state: PodState
+    until: float = 0.0
+    """When the current state ends (terminating, starting)."""
+    engine: Engine | None = None
+    offset: float = 0.0
+    """Fleet time at which the engine's clock started."""
+    compiled: set[int] = field(default_factory=set)
+    """Token budgets this pod's node has compiled (a warm torch.compile cache)."""
+    in_flight: dict[int, int] = field(default_factory=dict)
+    """Engine request id -> workload index of what it has not finished."""
+    scrapes: deque[tuple[float, MetricsSnapshot]] = field(default_factory=deque)
+
+
+@dataclass
+class Outcomes:
+    """What happened to every request of the workload."""
+
+    ttft: np.ndarray
+    tpot: np.ndarray
+    """Mean inter-token latency of the request (time per output token)."""
+    finished: np.ndarray
+    lost: np.ndarray
+    """Killed with its pod during a rolling restart."""
+
+
+@dataclass(frozen=True)
+class RolloutProgress:
+    target: Knobs
+    started: float
+    progressed: float
+    """When a new pod last became Ready (or the rollout started): the Deployment's progress deadline counts from it."""
+    complete: bool
+    crashing: str | None
+    """The vLLM error of a crash-looping new pod, if any."""
+
+
+def _sum(histograms: list[HistogramSnapshot]) -> HistogramSnapshot:
+    first = histograms[0]
+    cumulative = [sum(values) for values in zip(*(h.cumulative for h in histograms), strict=True)]
+    return HistogramSnapshot(first.bounds, tuple(cumulative), sum(h.sum for h in histograms))
+
+
+def _mean(h: HistogramSnapshot) -> float | None:
+    return h.sum / h.count if h.count else None
+
+
+class Fleet:
+    """The replicas of one Deployment running a workload under simulated time."""
+
+    def __init__(self, profile: Profile, knobs: Knobs, replicas: int, workload: Workload, seed: int, keep: int) -> None:
+        self.profile = profile
+        self.workload = workload
+        self.seed = seed
+        self.keep = keep
+        """Scrapes kept per pod (enough for the observation window)."""
+        self.now = 0.0
+        self.target = knobs
+        self.rollout_started: float | None = None
+        self.progressed = 0.0
+        self.restarts = 0
+        self.down_pod_seconds = 0.0
+        """Pod-seconds out of service (terminating, starting or crash-looping): capacity lost to restarts."""
+        n = len(workload)
+        self.outcomes = Outcomes(
+            ttft=np.full(n, math.nan), tpot=np.full(n, math.nan), finished=np.zeros(n, bool), lost=np.zeros(n, bool)
+        )
+        self._next = 0  # next workload index to route
+        self._rr = 0
+        self._arrival = workload.arrival
+        self.pods = [Pod(i, knobs, PodState.STARTING, compiled={knobs.max_num_batched_tokens}) for i in range(replicas)]
+        for pod in self.pods:
+            self._start_engine(pod, 0.0)
+
+    # ------------------------------------------------------------- rollouts
+
+    def start_rollout(self, knobs: Knobs) -> None:
+        """Patch the Deployment to ``knobs``: pods not running them are replaced one at a time."""
+        self.target = knobs
+        self.rollout_started = self.progressed = self.now
+
+    def progress(self) -> RolloutProgress | None:
+        """The rolling update in progress, or None when every pod runs the target and is Ready."""
+        if self.rollout_started is None:
+            return None
+        complete = all(p.state == PodState.READY and p.knobs == self.target for p in self.pods)
+        crashing = next((p for p in self.pods if p.state == PodState.CRASHING), None)
+        error = None
+        if crashing is not None:
+            error = check_startup(self.profile, self._config(crashing.knobs)).error
+        return RolloutProgress(self.target, self.rollout_started, self.progressed, complete, error)
+
+    def finish_rollout(self) -> None:
+        self.rollout_started = None
+
+    def _config(self, knobs: Knobs) -> EngineConfig:
+        return EngineConfig(max_num_batched_tokens=knobs.max_num_batched_tokens, max_num_seqs=knobs.max_num_seqs)
+
+    def _start_engine(self, pod: Pod, at: float) -> None:
+        pod.engine = Engine(
+            self.profile, self._config(pod.knobs), seed=self.seed * 1000 + pod.index + 17 * self.restarts
+        )
+        pod.offset = at
+        pod.state = PodState.READY
+        pod.scrapes.clear()
+
+    def _kill(self, pod: Pod) -> None:
+        for index in pod.in_flight.values():
+            self.outcomes.lost[index] = True
+        pod.in_flight.clear()
+        pod.engine = None
+        pod.scrapes.clear()
+
+    def _transitions(self) -> None:
+        """Move the rolling update along at ``now``: one pod out of service at a time."""
+        now = self.now
+        for pod in self.pods:
+            if pod.state == PodState.CRASHING and pod.knobs != self.target:
+                # rolled back: the crash-looping pod is replaced at once, it has nothing to drain
+                pod.state, pod.until = PodState.TERMINATING, now
+        for pod in self.pods:
+            if pod.state == PodState.TERMINATING and now >= pod.until:
+                self._kill(pod)
+                pod.knobs = self.target
+                outcome = check_startup(
+                    self.profile,
+                    self._config(pod.knobs),
+                    compile_cached=pod.knobs.max_num_batched_tokens in pod.compiled,
+                )
+                pod.state = PodState.STARTING if outcome.ok else PodState.CRASHING
+                pod.until = now + outcome.seconds
+                self.restarts += 1
+            elif pod.state == PodState.STARTING and now >= pod.until:
+                pod.compiled.add(pod.knobs.max_num_batched_tokens)
+                self._start_engine(pod, pod.until)
+                self.progressed = pod.until
+        if any(p.state != PodState.READY for p in self.pods):
+            return
+        stale = next((p for p in self.pods if p.knobs != self.target), None)
+        if stale is not None:
+            stale.state, stale.until = PodState.TERMINATING, now + GRACE_SECONDS
+
+    # -------------------------------------------------------------- serving
+
+    def advance(self, until: float) -> None:
+        """Route the arrivals before ``until`` to Ready pods and run every engine to ``until``."""
+        self._transitions()
+        serving = [p for p in self.pods if p.state == PodState.READY]
+        end = int(np.searchsorted(self._arrival, until, side="left"))
+        w = self.workload
+        if serving:
+            arrival, prompt, output = w.arrival, w.prompt_tokens, w.output_tokens
+            for index in range(self._next, end):
+                pod = serving[self._rr % len(serving)]
+                self._rr += 1
+                assert pod.engine is not None
+                rid = pod.engine.submit(
+                    Request(float(arrival[index]) - pod.offset, int(prompt[index]), int(output[index]))
+                )
+                pod.in_flight[rid] = index
+            self._next = end
+        outcomes = self.outcomes
+        self.down_pod_seconds += (until - self.now) * (len(self.pods) - len(serving))
+        for pod in self.pods:
+            if pod.engine is None:
+                continue
+            for done in pod.engine.advance(until - pod.offset):
+                index = pod.in_flight.pop(done.rid)
+                outcomes.ttft[index] = done.ttft
+                outcomes.tpot[index] = done.mean_itl
+                outcomes.finished[index] = True
+            pod.scrapes.append((until, pod.engine.snapshot()))
+            while len(pod.scrapes) > self.keep:
+                pod.scrapes.popleft()
+        self.now = until
+
+    # ------------------------------------------------------------ observing
+
+    def current_pods(self) -> list[Pod]:
+        return [p for p in self.pods if p.engine is not None]
+
+    def observe(self, start: float, end: float, slo: SLO, t0: datetime) -> Observation | None:
+        """The Observation for ``[start, end]`` over the pods running now, or None without scrapes."""
+        pods = self.current_pods()
+        deltas = []
+        for pod in pods:
+            first = next((s for t, s in pod.scrapes if t >= start - 1e-6), None)
+            if first is None or not pod.scrapes or pod.scrapes[-1][0] < end - 1e-6:
+                continue
+            deltas.append((pod, pod.scrapes[-1][1] - first, [s for t, s in pod.scrapes if t >= start - 1e-6]))
+        if not deltas:
+            return None
+        seconds = end - start
+        histograms = {name: _sum([d.histograms[name] for _, d, _ in deltas]) for name in deltas[0][1].histograms}
+        counters = {name: sum(d.counters[name] for _, d, _ in deltas) for name in deltas[0][1].counters}
+        scrapes = [s for _, _, series in deltas for s in series]
+        ttft, itl = histograms["vllm:time_to_first_token_seconds"], histograms["vllm:inter_token_latency_seconds"]
+        steps = histograms["vllm:iteration_tokens_total"]
+        tpot = histograms["vllm:request_time_per_output_token_seconds"]
+        knobs = {pod.knobs for pod, _, _ in deltas}
+
+        def quantile(h: HistogramSnapshot, q: float) -> float | None:
+            return h.quantile(q) if h.count else None
+
+        def share(h: HistogramSnapshot, target: float) -> float | None:
+            return histogram_fraction_below(target, h.bounds, h.cumulative) if h.count else None
+
+        return Observation(
+            window_start=t0 + timedelta(seconds=start),
+            window_end=t0 + timedelta(seconds=end),
+            config=knobs.pop() if len(knobs) == 1 else None,
+            pods=len(deltas),
+            rollout_in_progress=self.rollout_started is not None,
+            data_age_seconds=SCRAPE_LAG_SECONDS,
+            slo=slo,
+            requests=counters["request_success"],
+            request_rate=counters["request_success"] / seconds,
+            prompt_tokens_rate=counters["prompt_tokens"] / seconds,
+            generation_tokens_rate=counters["generation_tokens"] / seconds,
+            ttft_seconds=quantile(ttft, slo.ttft.quantile),
+            itl_seconds=quantile(itl, slo.itl.quantile),
+            e2e_seconds=quantile(histograms["vllm:e2e_request_latency_seconds"], slo.ttft.quantile),
+            queue_seconds=quantile(histograms["vllm:request_queue_time_seconds"], slo.ttft.quantile),
+            itl_mean_seconds=_mean(itl),
+            tpot_seconds=quantile(tpot, slo.itl.quantile),
+            ttft_within_slo=share(ttft, slo.ttft.seconds),
+            tpot_within_slo=share(tpot, slo.itl.seconds),
+            running=float(np.mean([s.gauges.num_requests_running for s in scrapes])),
+            waiting=float(np.mean([s.gauges.num_requests_waiting for s in scrapes])),
+            kv_cache_usage=float(np.mean([s.gauges.kv_cache_usage_perc for s in scrapes])),
+            preemption_rate=counters["num_preemptions"] / seconds,
+            mean_prompt_tokens=_mean(histograms["vllm:request_prompt_tokens"]),
+            mean_generation_tokens=_mean(histograms["vllm:request_generation_tokens"]),
+            step_tokens_mean=_mean(steps),
+            step_tokens_quantile=quantile(steps, slo.itl.quantile),
+            steps_per_second=steps.count / seconds,
+        )

@@ -1,0 +1,241 @@
+"""Scores of the four policies per scenario, the targets they are held to, and the files the benchmark writes.
+
+``vllm_default`` and every grid config are static runs; ``best_static`` is
+the grid config with the most SLO goodput over the whole scenario (an
+offline tuning run with hindsight); ``phase_oracle`` takes, for every phase,
+the grid config with the most SLO goodput in that phase, switched instantly
+and for free (an upper bound no real policy reaches); ``adaptive`` is the
+decide loop starting from vLLM's defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.tuning.runner import PhaseScore, RunResult
+from bench.tuning.scenarios import BenchScenario
+
+POLICIES = ("vllm_default", "best_static", "phase_oracle", "adaptive")
+
+
+@dataclass
+class PolicyScore:
+    """One policy on one scenario."""
+
+    slo_goodput: float
+    """Output tokens per GPU-hour of requests within both targets."""
+    slo_attainment: float
+    """Share of requests within both targets."""
+    rollouts: int = 0
+    failed_rollouts: int = 0
+    capacity_lost_pod_hours: float = 0.0
+    config: str = ""
+    """The static config, or what the adaptive policy did."""
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "slo_goodput": round(self.slo_goodput, 1),
+            "slo_attainment": round(self.slo_attainment, 4),
+            "rollouts": self.rollouts,
+            "failed_rollouts": self.failed_rollouts,
+            "capacity_lost_pod_hours": round(self.capacity_lost_pod_hours, 3),
+            "config": self.config,
+        }
+
+
+def _total(phases: dict[str, PhaseScore]) -> PhaseScore:
+    return PhaseScore(
+        sum(p.requests for p in phases.values()),
+        sum(p.met for p in phases.values()),
+        sum(p.good_tokens for p in phases.values()),
+    )
+
+
+def _score(phases: dict[str, PhaseScore], gpu_hours: float) -> tuple[float, float]:
+    total = _total(phases)
+    return total.good_tokens / gpu_hours, total.met / total.requests if total.requests else math.nan
+
+
+def gpu_hours(scenario: BenchScenario, tp: int) -> float:
+    return scenario.replicas * tp * scenario.hours
+
+
+def score_scenario(
+    scenario: BenchScenario, default: RunResult, grid: list[RunResult], adaptive: RunResult, hours: float
+) -> dict[str, PolicyScore]:
+    """The four policies' scores from the static runs and the adaptive run (``hours``: GPU-hours of the fleet)."""
+    started = [r for r in grid if r.started]
+    best = max(started, key=lambda r: _total(r.phases).good_tokens)
+    oracle_phases = {}
+    oracle_configs = []
+    for phase in scenario.traffic.phases:
+        top = max(started, key=lambda r: r.phases[phase.name].good_tokens)
+        oracle_phases[phase.name] = top.phases[phase.name]
+        oracle_configs.append(f"{phase.name}: {top.knobs}")
+    scores = {}
+    for name, phases, config in (
+        ("vllm_default", default.phases, str(default.knobs)),
+        ("best_static", best.phases, str(best.knobs)),
+        ("phase_oracle", oracle_phases, "; ".join(oracle_configs)),
+    ):
+        goodput, attainment = _score(phases, hours)
+        scores[name] = PolicyScore(goodput, attainment, config=config)
+    goodput, attainment = _score(adaptive.phases, hours)
+    scores["adaptive"] = PolicyScore(
+        goodput,
+        attainment,
+        rollouts=adaptive.rollouts,
+        failed_rollouts=adaptive.failed_rollouts,
+        capacity_lost_pod_hours=adaptive.down_pod_seconds / 3600,
+        config="; ".join(f"{t / 3600:.2f}h {knobs}" for t, knobs, _ in adaptive.changes) or "no change",
+    )
+    return scores
+
+
+@dataclass(frozen=True)
+class Target:
+    """A target of issue 5 and whether the run meets it."""
+
+    text: str
+    value: str
+    met: bool
+
+
+def ratio(scores: dict[str, PolicyScore], other: str) -> float:
+    base = scores[other].slo_goodput
+    return scores["adaptive"].slo_goodput / base if base > 0 else math.inf
+
+
+def targets(rows: list[tuple[BenchScenario, dict[str, PolicyScore], RunResult]]) -> list[Target]:
+    """Issue 5's targets, evaluated on this run (on the scenarios it ran)."""
+    out = []
+    oracle = [ratio(s, "phase_oracle") for _, s, _ in rows]
+    mean = sum(oracle) / len(oracle)
+    out.append(Target("adaptive >= 0.95x phase_oracle on average", f"{mean:.3f}", mean >= 0.95))
+    worst = min(zip(oracle, rows, strict=True), key=lambda x: x[0])
+    out.append(Target("adaptive >= 0.90x phase_oracle on every scenario", f"{worst[0]:.3f} ({worst[1][0].key})",
+                      worst[0] >= 0.90))  # fmt: skip
+    static = [(ratio(s, "best_static"), sc) for sc, s, _ in rows]
+    low = min(static, key=lambda x: x[0])
+    out.append(Target("adaptive >= 1.0x best_static on every scenario", f"{low[0]:.3f} ({low[1].key})", low[0] >= 1.0))
+    for name, bound, kinds in (
+        ("shift and time-of-day", 1.10, ("shift", "diurnal-batch")),
+        ("long-prompt and shift", 1.5, ("long-prompt", "shift")),
+    ):
+        other = "best_static" if bound == 1.10 else "vllm_default"
+        picked = [(ratio(s, other), sc) for sc, s, _ in rows if sc.name in kinds]
+        if picked:
+            low = min(picked, key=lambda x: x[0])
+            out.append(Target(f"adaptive >= {bound:.2f}x {other} on {name}", f"{low[0]:.3f} ({low[1].key})",
+                              low[0] >= bound))  # fmt: skip
+    per_day = max(_most_in_a_day([t for t, _, _ in r.changes]) for _, _, r in rows)
+    out.append(Target("<= 8 rollouts in any 24 simulated hours", f"max {per_day}", per_day <= 8))
+    retried = sum(r.failed_retried for _, _, r in rows)
+    out.append(Target("no failed config tried twice", f"{retried} retries", retried == 0))
+    held = sum(r.changes_on_held for _, _, r in rows)
+    out.append(Target("zero changes on held observations", f"{held} changes", held == 0))
+    return out
+
+
+def _most_in_a_day(times: list[float]) -> int:
+    return max((sum(1 for u in times if t <= u < t + 86400) for t in times), default=0)
+
+
+def write_json(path: Path, rows: list[tuple[BenchScenario, dict[str, PolicyScore], RunResult]], command: str) -> dict:
+    doc = {
+        "command": command,
+        "scenarios": [
+            {
+                "name": sc.name,
+                "profile": sc.profile,
+                "hours": sc.hours,
+                "replicas": sc.replicas,
+                "policies": {name: scores[name].as_json() for name in POLICIES},
+                "adaptive_lost_requests": result.lost_requests,
+            }
+            for sc, scores, result in rows
+        ],
+        "targets": [{"target": t.text, "value": t.value, "met": t.met} for t in targets(rows)],
+    }
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def write_markdown(
+    path: Path, rows: list[tuple[BenchScenario, dict[str, PolicyScore], RunResult]], command: str, wall: float
+) -> None:
+    lines = [
+        "# Tuning benchmark",
+        "",
+        f"Made by `{command}` in {wall / 60:.1f} minutes. SLO goodput: output tokens per GPU-hour of requests",
+        "within both the TTFT target and the ITL target per request (time per output token); attainment: their",
+        "share of all requests. Ratios are adaptive's SLO goodput over the policy named.",
+        "",
+        "| scenario | profile | h | vllm_default | best_static | phase_oracle | adaptive | /oracle | /static "
+        "| /default | rollouts | failed | pod-h lost |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for sc, s, _ in rows:
+        cells = " | ".join(f"{s[p].slo_goodput:,.0f} ({s[p].slo_attainment:.1%})" for p in POLICIES)
+        a = s["adaptive"]
+        lines.append(
+            f"| {sc.name} | {sc.profile} | {sc.hours:g} | {cells} | {ratio(s, 'phase_oracle'):.3f} "
+            f"| {ratio(s, 'best_static'):.3f} | {ratio(s, 'vllm_default'):.3f} | {a.rollouts} | {a.failed_rollouts} "
+            f"| {a.capacity_lost_pod_hours:.2f} |"
+        )
+    lines += ["", "## Targets", "", "| target | this run | met |", "|---|---|---|"]
+    lines += [f"| {t.text} | {t.value} | {'yes' if t.met else '**no**'} |" for t in targets(rows)]
+    lines += ["", "## What each policy ran", ""]
+    for sc, s, result in rows:
+        lines.append(f"**{sc.key}** ({sc.replicas} replicas): best_static {s['best_static'].config}; "
+                     f"phase_oracle {s['phase_oracle'].config}; vllm_default {s['vllm_default'].config}.")  # fmt: skip
+        for t, knobs, reason in result.changes:
+            lines.append(f"- {t / 3600:5.2f} h -> {knobs}: {reason}")
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(path: Path, scenario: BenchScenario, runs: dict[str, RunResult]) -> None:
+    """Traffic, knobs and TTFT/ITL p95 against the SLO over the scenario, for the policies in ``runs``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(4, 1, figsize=(11, 10), sharex=True)
+    colors = {"vllm_default": "tab:gray", "best_static": "tab:blue", "adaptive": "tab:red"}
+    for name, run in runs.items():
+        hours = [s.t / 3600 for s in run.timeline]
+        style = {"color": colors[name], "label": f"{name} ({run.knobs})" if run.knobs else name, "lw": 1}
+        if name == "adaptive":
+            axes[0].plot(hours, [s.request_rate for s in run.timeline], color="black", lw=1)
+        axes[1].step(hours, [s.tokens for s in run.timeline], where="post", **style)
+        axes[2].plot(hours, [s.ttft_p95 for s in run.timeline], **style)
+        axes[3].plot(hours, [s.itl_p95 * 1000 for s in run.timeline], **style)
+        if name == "adaptive":
+            twin = axes[1].twinx()
+            twin.step(hours, [s.seqs for s in run.timeline], where="post", color="tab:red", ls=":", lw=1)
+            twin.set_ylabel("max_num_seqs (dotted)")
+            twin.set_yscale("log", base=2)
+    slo = scenario.spec.slo
+    axes[2].axhline(slo.ttft.seconds, color="green", ls="--", lw=1, label=f"TTFT target {slo.ttft.seconds:g}s")
+    axes[3].axhline(
+        slo.itl.seconds * 1000, color="green", ls="--", lw=1, label=f"ITL target {slo.itl.seconds * 1000:g}ms"
+    )
+    axes[0].set_ylabel("requests/s (fleet)")
+    axes[1].set_ylabel("max_num_batched_tokens")
+    axes[1].set_yscale("log", base=2)
+    axes[2].set_ylabel("TTFT p95 (s)")
+    axes[2].set_yscale("log")
+    axes[3].set_ylabel("ITL p95 (ms)")
+    axes[3].set_yscale("log")
+    axes[3].set_xlabel("hour of the scenario")
+    for ax in axes[1:]:
+        ax.legend(fontsize=7, loc="upper right")
+    axes[0].set_title(f"{scenario.key}: {scenario.replicas} replicas, SLO targets per the spec (schedules aside)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -25,6 +25,14 @@ Stable API
     None or NaN. ``hold_reason`` (used by ``decide``) says whether it is
     usable: data present, fresh, numbers finite, enough requests, all taken
     under the current config after the settle time, no rollout running.
+    Pass windows during rollouts too (``rollout_in_progress=True``, ``config``
+    None when pods differ): they never drive a change, but what they fell
+    short of the pre-change window is the rollout's measured cost
+    (``status.restartCostSeconds``), which prices the next change. A request
+    meets the SLO when its TTFT is within the TTFT target and its time per
+    output token (``vllm:request_time_per_output_token_seconds``) within the
+    ITL target, as vLLM's benchmark counts goodput; the token-level ITL
+    quantile drives the step-time model and the reasons.
 
 ``effective_slo(spec, state, now) -> SLO``
     The SLO (quantiles and targets) the observation must be computed for: a
@@ -50,16 +58,22 @@ What it does
 2. **Traffic** (``regime``, ``adaptive``, ``model``): the regime (load and
    length mix, or the user's ``Tiers``); the Adaptive strategy predicts
    every candidate config with a model fitted online from the windows (step
-   time linear in batched tokens, queueing against utilisation, KV cache
-   against concurrency) and moves to the best, preferring configs already
-   measured in the regime and going straight back to a regime's learned
-   optimum.
+   time linear in batched tokens, roofline capacity and queueing against
+   utilisation, KV cache against concurrency, recomputation of preempted
+   requests) and heads for the best, within ``maxStepFactor`` per rollout,
+   preferring configs measured in the regime (in a steady state: not across
+   a change of traffic, not while a restart's queue drains) and going
+   straight back to a regime's learned optimum; a config it left twice in a
+   regime it does not return to.
 3. **Guardrails** (``guardrails``): bounds and vLLM's start-up rules; never a
    config that failed to start under this spec; at most ``maxStepFactor`` per
    step into unmeasured territory; cooldown; a daily rollout budget that keeps
-   room for the day's schedule windows; a regime must last one window; an
-   expected gain, net of the restart's cost over the regime's expected life,
-   of at least ``minImprovementPercent``; every hold with a reason.
+   room for the day's schedule windows; a regime must last one window; no
+   traffic change before the last one is judged (and rolled back if it made
+   things measurably worse once the restart's queue drained); an expected
+   gain, net of the restarts' cost (measured, or estimated from the load the
+   other pods must carry) over the regime's expected life (as long as it has
+   lasted), of at least ``minImprovementPercent``; every hold with a reason.
 """
 
 from vllm_autotuner.policy.decide import decide, effective_slo

@@ -1,0 +1,42 @@
+"""The tuning benchmark at toy size: it runs end to end and writes the documented files (not a timing test)."""
+
+from __future__ import annotations
+
+import json
+
+from bench.tuning.__main__ import run
+from bench.tuning.report import POLICIES
+from bench.tuning.scenarios import RAG_SLO, BenchScenario, _spec
+from vllm_autotuner.sim.workload import CHAT, HOUR, RAG, Phase, Poisson, Scenario, Stream
+
+
+def toy() -> BenchScenario:
+    """Twenty simulated minutes of an A100 pair: chat, then long prompts."""
+    half = HOUR / 6
+    traffic = Scenario(
+        "toy",
+        (Stream(Poisson(8.0), CHAT, 0, half), Stream(Poisson(1.5), RAG, half, 2 * half)),
+        (Phase("chat", 0, half), Phase("rag", half, 2 * half)),
+        2 * half,
+    )
+    return BenchScenario("toy-shift", "llama3-8b-a100", 2, traffic, _spec(RAG_SLO))
+
+
+def test_toy_run_writes_json_markdown_and_a_timeline(tmp_path):
+    document = run([toy()], tokens=(512, 2048), seqs=(1,), jobs=1, out=tmp_path, command="pytest toy")
+    on_disk = json.loads((tmp_path / "tuning.json").read_text())
+    assert on_disk == json.loads(json.dumps(document))
+    (scenario,) = on_disk["scenarios"]
+    assert (scenario["name"], scenario["profile"], scenario["hours"]) == ("toy-shift", "llama3-8b-a100", 1 / 3)
+    assert set(scenario["policies"]) == set(POLICIES)
+    for policy in scenario["policies"].values():
+        assert {"slo_goodput", "slo_attainment", "rollouts", "failed_rollouts"} <= set(policy)
+        assert policy["slo_goodput"] >= 0 and 0 <= policy["slo_attainment"] <= 1
+    # the oracle picks per phase among the same grid runs best_static picks from: never below it
+    policies = scenario["policies"]
+    assert policies["phase_oracle"]["slo_goodput"] >= policies["best_static"]["slo_goodput"]
+    assert policies["best_static"]["slo_goodput"] >= policies["vllm_default"]["slo_goodput"]
+    assert {t["target"] for t in on_disk["targets"]} >= {"no failed config tried twice"}
+    markdown = (tmp_path / "tuning.md").read_text()
+    assert "`pytest toy`" in markdown and "| toy-shift | llama3-8b-a100 |" in markdown
+    assert (tmp_path / "tuning-toy-shift-llama3-8b-a100.png").stat().st_size > 10_000

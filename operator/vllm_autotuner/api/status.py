@@ -339,7 +339,7 @@ class VllmTuningStatus(StatusModel):
     last_rollout: Rollout | None = None
     """The latest rollout."""
     restart_cost_seconds: float | None = Field(default=None, ge=0)
-    """What a rollout of this target costs, in seconds of its whole SLO goodput: the mean lostSeconds of the measured rollouts (none yet: estimated from the load)."""
+    """What a rollout of this target costs, in seconds of its whole SLO goodput: lostSeconds over the baseline attainment, averaged over the measured rollouts (none yet: estimated from the load)."""
     rollout_times: list[str] = Field(default_factory=list, max_length=300)
     """Start times of rollouts in the last 24 hours (the daily rollout budget)."""
     history: list[DecisionRecord] = Field(default_factory=list, max_length=HISTORY_LIMIT)

@@ -41,6 +41,7 @@ from vllm_autotuner.api import (
 from vllm_autotuner.api.status import LEARNED_LIMIT, MEASUREMENT_LIMIT, RolloutPhase
 from vllm_autotuner.api.types import duration_seconds, utc_timestamp
 from vllm_autotuner.policy import adaptive
+from vllm_autotuner.policy.adaptive import ATTAINMENT_FLOOR
 from vllm_autotuner.policy.decision import Decision, with_history, with_rollout
 from vllm_autotuner.policy.guardrails import (
     DAY_SECONDS,
@@ -493,8 +494,10 @@ def _verify(
         return state
     update: dict[str, object] = {"last_rollout": rollout.model_copy(update={"verified_at": utc_timestamp(now)})}
     if rollout.baseline_attainment is not None:
+        # lost attainment-seconds over the attainment there was to lose: seconds of the target's whole goodput
+        cost = rollout.lost_seconds / max(rollout.baseline_attainment, ATTAINMENT_FLOOR)
         before = state.restart_cost_seconds
-        update["restart_cost_seconds"] = rollout.lost_seconds if before is None else (before + rollout.lost_seconds) / 2
+        update["restart_cost_seconds"] = cost if before is None else (before + cost) / 2
     state = state.model_copy(update=update)
     if rollout.source != KnobSource.TRAFFIC or rollout.baseline_attainment is None or rollout.regime != base.regime:
         return state

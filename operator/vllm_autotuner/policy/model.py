@@ -43,8 +43,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Iterable
-from itertools import accumulate
 from dataclasses import dataclass
+from itertools import accumulate
 from statistics import NormalDist
 
 from vllm_autotuner.api import SLO, Knobs, LatencyTarget, Measurement

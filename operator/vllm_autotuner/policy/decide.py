@@ -2,16 +2,21 @@
 
 The order of the questions is the order of precedence:
 
-1. Is the config known, and is a rollout (ours or anyone's) in progress? Then hold.
-2. Is the window usable? If so, learn from it: regime, measurement, learned optimum.
-3. Did the last traffic-driven change make things measurably worse? Roll it back.
+1. While a rollout is unjudged, add what this window fell short of the
+   window before it to the rollout's cost. Is the config known, and is a
+   rollout (ours or anyone's) in progress? Then hold.
+2. Is the window usable? Then note the regime, and remember the window as
+   the config's measurement when it shows a steady state.
+3. Has the last rollout settled? Judge it: record what it cost, and roll
+   back a traffic-driven change that left things measurably worse.
 4. Does a schedule window want a preset, or did a preset window just close?
    Clock-driven: this needs no traffic data (a nightly batch window starts
    on time even when the night is quiet), only rollout budget.
 5. Otherwise the traffic policy (Tiers or Adaptive), which needs a usable
-   window, a regime that has lasted one window, the cooldown, rollout
-   budget beyond what the day's schedule windows will need, and, for
-   Adaptive, an expected gain that pays for the restart.
+   window, a regime that has lasted one window, the last change judged,
+   the cooldown, rollout budget beyond what the day's schedule windows
+   will need, and, for Adaptive, an expected gain that pays for the
+   restarts.
 
 ``Paused`` stops after learning; ``Recommend`` reports the change it would
 make and holds.
@@ -362,7 +367,7 @@ def _schedule_change(
     return None
 
 
-def _regime_age_ok(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) -> float:
+def _regime_wait_seconds(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) -> float:
     """Seconds the regime must still last before the traffic policy acts on it (one full window)."""
     since = datetime.fromisoformat(state.regime_since) if state.regime_since else now
     return max(0.0, (since + timedelta(seconds=duration_seconds(spec.traffic.window)) - now).total_seconds())
@@ -378,7 +383,7 @@ def _traffic_change(
         if target is None:
             return HoldReason.NO_BETTER_CONFIG, "the bounds hold no config vLLM accepts"
         return _Change(target, KnobSource.TRAFFIC, f"{current.knobs} is outside spec.bounds", regime=base.regime)
-    young = _regime_age_ok(spec, state, now)
+    young = _regime_wait_seconds(spec, state, now)
     last = state.last_rollout
     judging = last is not None and last.source == KnobSource.TRAFFIC and last.verified_at is None
     if spec.traffic.strategy == Strategy.TIERS:

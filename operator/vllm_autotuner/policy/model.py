@@ -58,8 +58,6 @@ MIN_SPREAD_TOKENS = 100.0
 PREEMPTED_WINDOW = 0.01
 #: Utilisation at and above which the queue is taken to grow without bound.
 SATURATED = 0.98
-#: KV-cache usage above which vLLM starts to preempt.
-KV_FULL = 0.92
 #: Quantile steps count as full when they use this share of the budget.
 FULL_STEP = 0.8
 #: Ratio of a quantile prompt to the mean prompt, for prefill time at the TTFT quantile.

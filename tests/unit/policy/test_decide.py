@@ -286,3 +286,25 @@ def test_a_rollouts_cost_is_measured_on_the_windows_while_it_runs():
     state = decide(SPEC, state, long_prompt_window(state, SPEC, now=at, tpot_within_slo=0.97), at).state
     assert state.last_rollout.verified_at is not None
     assert state.restart_cost_seconds == pytest.approx(lost / baseline)  # seconds of the whole goodput
+
+
+def test_only_steady_windows_become_measurements():
+    # a window that opened before its regime began mixes two kinds of traffic
+    fresh = decide(SPEC, status(), long_prompt_window(status(), SPEC), T0)
+    assert fresh.state.regime == "r4/p4k/o128" and fresh.state.measurements == []
+    state = warmed()
+    assert [m.knobs for m in state.measurements] == [] and state.regime_since is not None
+    later = T0 + timedelta(minutes=6)
+    change = decide(SPEC, state, long_prompt_window(state, SPEC, now=later), later)
+    assert change.action == DecisionAction.CHANGE
+    assert [m.knobs for m in change.state.measurements] == [knobs(8192, 1024)]
+    # while a restart's queue drains (rollout done, not judged yet), windows are not the new config's measure
+    state = succeed(change, later + timedelta(minutes=4))
+    at = later + timedelta(minutes=11, seconds=1)
+    draining = decide(SPEC, state, long_prompt_window(state, SPEC, now=at), at).state
+    assert knobs(4096, 1024) not in [m.knobs for m in draining.measurements]
+    at = later + timedelta(minutes=16)
+    judged = decide(SPEC, draining, long_prompt_window(state, SPEC, now=at, tpot_within_slo=0.9), at).state
+    assert judged.last_rollout.verified_at is not None
+    assert knobs(4096, 1024) in [m.knobs for m in judged.measurements]
+    assert next(m for m in judged.measurements if m.knobs == knobs(8192, 1024)).abandoned == 1

@@ -5,7 +5,11 @@
 
 Runs go to a process pool (one per core): every grid config of every
 scenario as a static run, and the adaptive run. Progress is printed as runs
-finish. Outputs (``--out``, default ``bench/results``, ``bench/results/quick``
+finish. A static run does not depend on the decision core, so its result is
+kept in ``.cache/bench-tuning/``, keyed by the scenario, the config and the
+source of the simulator and of the benchmark's fleet and runner: a rerun
+after a policy change simulates only the adaptive runs (``--no-cache`` to
+simulate and keep nothing). Outputs (``--out``, default ``bench/results``, ``bench/results/quick``
 for the quick run): ``tuning.json``, ``tuning.md`` and one
 ``tuning-<scenario>-<profile>.png`` timeline per scenario.
 """
@@ -13,22 +17,26 @@ for the quick run): ``tuning.json``, ``tuning.md`` and one
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import pickle
 import sys
 import time
 from collections.abc import Sequence
 from multiprocessing import Pool
 from pathlib import Path
 
+from vllm_autotuner import sim
 from vllm_autotuner.api import Knobs
 from vllm_autotuner.sim.profiles import get_profile
 
-from bench.tuning import report, scenarios
+from bench.tuning import fleet, report, runner, scenarios
 from bench.tuning.runner import RunResult, default_config, run_adaptive, run_static
 from bench.tuning.scenarios import BenchScenario
 
 GRID_TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 GRID_SEQS = (1 / 16, 1 / 4, 1)
+"""Fractions of vLLM's default max_num_seqs: 64, 256 and 1024 on an H100; 16, 64 and 256 on an A100 or L4."""
 QUICK_TOKENS = (512, 1024, 2048, 8192)
 QUICK_SEQS = (1 / 4, 1)
 
@@ -43,11 +51,33 @@ def grid(scenario: BenchScenario, tokens: Sequence[int], seqs: Sequence[float]) 
     return sorted(configs, key=lambda k: (k.max_num_batched_tokens, k.max_num_seqs))
 
 
-def _work(task: tuple[int, BenchScenario, Knobs | None]) -> tuple[int, RunResult, float]:
-    index, scenario, knobs = task
+CACHE = Path(".cache/bench-tuning")
+_SOURCES = (Path(sim.__file__).parent, Path(fleet.__file__), Path(runner.__file__), Path(scenarios.__file__))
+
+
+def _cache_key(scenario: BenchScenario, knobs: Knobs) -> str:
+    """What a static run's result depends on: the scenario, the config, and the code that simulates it."""
+    digest = hashlib.sha256(repr((scenario, knobs)).encode())
+    for source in _SOURCES:
+        for path in sorted(source.glob("*.py")) if source.is_dir() else [source]:
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+def _work(task: tuple[int, BenchScenario, Knobs | None, bool]) -> tuple[int, RunResult, float, bool]:
+    index, scenario, knobs, use_cache = task
     start = time.perf_counter()
-    result = run_adaptive(scenario) if knobs is None else run_static(scenario, knobs)
-    return index, result, time.perf_counter() - start
+    if knobs is None:
+        return index, run_adaptive(scenario), time.perf_counter() - start, False
+    if not use_cache:
+        return index, run_static(scenario, knobs), time.perf_counter() - start, False
+    path = CACHE / f"{_cache_key(scenario, knobs)}.pickle"
+    if path.exists():
+        return index, pickle.loads(path.read_bytes()), time.perf_counter() - start, True
+    result = run_static(scenario, knobs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(result))
+    return index, result, time.perf_counter() - start, False
 
 
 def _describe(result: RunResult) -> str:
@@ -61,21 +91,28 @@ def _describe(result: RunResult) -> str:
 
 
 def run(
-    chosen: list[BenchScenario], tokens: Sequence[int], seqs: Sequence[int], jobs: int, out: Path, command: str
+    chosen: list[BenchScenario],
+    tokens: Sequence[int],
+    seqs: Sequence[float],
+    jobs: int,
+    out: Path,
+    command: str,
+    use_cache: bool = True,
 ) -> dict:
     """Run, score and write everything; returns the JSON document."""
     started = time.perf_counter()
-    tasks: list[tuple[int, BenchScenario, Knobs | None]] = []
+    tasks: list[tuple[int, BenchScenario, Knobs | None, bool]] = []
     for i, scenario in enumerate(chosen):
-        tasks.append((i, scenario, None))
-        tasks.extend((i, scenario, knobs) for knobs in grid(scenario, tokens, seqs))
+        tasks.append((i, scenario, None, use_cache))
+        tasks.extend((i, scenario, knobs, use_cache) for knobs in grid(scenario, tokens, seqs))
     print(f"{len(tasks)} runs over {len(chosen)} scenarios on {jobs} processes", flush=True)
     results: dict[int, list[RunResult]] = {i: [] for i in range(len(chosen))}
     with Pool(jobs) as pool:
-        for done, (i, result, wall) in enumerate(pool.imap_unordered(_work, tasks), 1):
+        for done, (i, result, wall, cached) in enumerate(pool.imap_unordered(_work, tasks), 1):
             results[i].append(result)
             what = "adaptive" if result.policy == "adaptive" else str(result.knobs)
-            print(f"[{done}/{len(tasks)}] {chosen[i].key} {what}: {_describe(result)} ({wall:.0f}s)", flush=True)
+            took = "cached" if cached else f"{wall:.0f}s"
+            print(f"[{done}/{len(tasks)}] {chosen[i].key} {what}: {_describe(result)} ({took})", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for i, scenario in enumerate(chosen):
@@ -102,13 +139,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="only scenarios whose name/profile contains this text")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
     parser.add_argument("--out", type=Path, default=None, help="output folder")
+    parser.add_argument("--no-cache", action="store_true", help="simulate static runs even when cached")
     args = parser.parse_args(argv)
     chosen = scenarios.quick() if args.quick else scenarios.full()
     chosen = [s for s in chosen if args.only in s.key]
     out = args.out or Path("bench/results") / ("quick" if args.quick else "")
     tokens, seqs = (QUICK_TOKENS, QUICK_SEQS) if args.quick else (GRID_TOKENS, GRID_SEQS)
     command = " ".join(["python -m bench.tuning", *(argv if argv is not None else sys.argv[1:])])
-    run(chosen, tokens, seqs, args.jobs, out, command)
+    run(chosen, tokens, seqs, args.jobs, out, command, use_cache=not args.no_cache)
     return 0
 
 

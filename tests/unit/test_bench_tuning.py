@@ -23,7 +23,7 @@ def toy() -> BenchScenario:
 
 
 def test_toy_run_writes_json_markdown_and_a_timeline(tmp_path):
-    document = run([toy()], tokens=(512, 2048), seqs=(1,), jobs=1, out=tmp_path, command="pytest toy")
+    document = run([toy()], tokens=(512, 2048), seqs=(1,), jobs=1, out=tmp_path, command="pytest toy", use_cache=False)
     on_disk = json.loads((tmp_path / "tuning.json").read_text())
     assert on_disk == json.loads(json.dumps(document))
     (scenario,) = on_disk["scenarios"]

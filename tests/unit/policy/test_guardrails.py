@@ -185,3 +185,12 @@ def test_restart_cost_grows_with_the_load_the_other_pods_must_carry():
     assert restart_cost_seconds(state, 4, 0.3, 2.0) == restart_cost_seconds(state, 4, ASSUMED_UTILISATION, 2.0)
     measured = state.model_copy(update={"restart_cost_seconds": 123.0})
     assert restart_cost_seconds(measured, 4, 0.9, 2.0) == 123.0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(setup=setups(), data=st.data())
+def test_same_inputs_same_decision(setup, data):
+    the_spec, state = setup
+    window = data.draw(windows(state, the_spec, T0))
+    first, second = decide(the_spec, state, window, T0), decide(the_spec, state, window, T0)
+    assert first == second

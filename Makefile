@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: help setup test unit crd bench-sim
+.PHONY: help setup test unit crd manifests bench-sim
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -22,8 +22,13 @@ $(SETUP_STAMP): pyproject.toml
 	@$(PY) -m pip install -q -e '.[test]'
 	@touch $@
 
-crd: setup ## Regenerate crds/ from the pydantic models
-	@$(VENV)/bin/vllm-autotuner crd > crds/vllmtunings.autotuner.vllm-tuning.io.yaml
+CRD := vllmtunings.autotuner.vllm-tuning.io.yaml
+
+crd: setup ## Regenerate crds/ (and its copies in the chart and deploy/) from the pydantic models
+	@$(VENV)/bin/vllm-autotuner crd | tee charts/vllm-autotuner/crds/$(CRD) deploy/crds/$(CRD) > crds/$(CRD)
+
+manifests: bin/helm ## Regenerate deploy/vllm-autotuner.yaml from the chart's default values
+	@hack/render-manifests.sh
 
 unit: setup ## Unit tests only (no cluster, no Prometheus)
 	@$(PY) -m pytest tests/unit

@@ -77,6 +77,10 @@ def registry_for(cache: ClusterCache) -> kopf.OperatorRegistry:
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.enabled = False  # Events are ours, with named reasons; not kopf's handler chatter
+        # No watching of CRDs (cluster-wide) or namespaces: the operator's RBAC grants neither.
+        # kopf then resolves the VllmTuning resource once at start-up (API discovery) and
+        # takes watched namespaces as exact names. The CRD is installed before the operator.
+        settings.scanning.disabled = True
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
 

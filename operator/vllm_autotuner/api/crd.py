@@ -1,0 +1,194 @@
+"""Generate the VllmTuning CustomResourceDefinition from the pydantic models.
+
+Pydantic emits JSON Schema (draft 2020-12); a CRD needs a *structural*
+OpenAPI v3.0 schema: no ``$ref``, no ``anyOf`` for optional fields, boolean
+``exclusiveMinimum``, no ``additionalProperties: false`` (unknown fields are
+pruned by the API server instead), no titles. This module does that
+translation and adds what only a CRD has: printer columns, the status
+subresource, names and categories. ``crds/`` holds its output and a test keeps
+the two equal, so the models stay the single source of truth.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from vllm_autotuner.api import resource
+from vllm_autotuner.api.resource import VllmTuning
+from vllm_autotuner.api.spec import VllmTuningSpec
+from vllm_autotuner.api.status import VllmTuningStatus
+
+PRINTER_COLUMNS = [
+    {"name": "Target", "type": "string", "jsonPath": ".spec.targetRef.name", "description": "Deployment being tuned"},
+    {"name": "Mode", "type": "string", "jsonPath": ".spec.mode", "description": "Auto, Recommend or Paused"},
+    {
+        "name": "Tokens",
+        "type": "integer",
+        "jsonPath": ".status.current.maxNumBatchedTokens",
+        "description": "--max-num-batched-tokens in effect",
+    },
+    {
+        "name": "Seqs",
+        "type": "integer",
+        "jsonPath": ".status.current.maxNumSeqs",
+        "description": "--max-num-seqs in effect",
+    },
+    {
+        "name": "Schedule",
+        "type": "string",
+        "jsonPath": ".status.activeSchedule",
+        "description": "Time-of-day schedule in force",
+    },
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+        "description": "Ready condition",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+# JSON Schema keywords with no place in a structural CRD schema.
+_DROPPED_KEYWORDS = {"title", "examples", "$defs"}
+
+
+def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Inline a ``$ref``, keeping sibling keywords (pydantic puts description and default beside it)."""
+    if "$ref" not in schema:
+        return schema
+    target = defs[schema["$ref"].rsplit("/", 1)[-1]]
+    merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+    return _resolve(merged, defs)
+
+
+def _strip_optional(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """``anyOf: [X, {type: null}]`` -> X: an absent field is how Kubernetes says None."""
+    options = schema.get("anyOf")
+    if options is None:
+        return schema
+    non_null = [o for o in options if o.get("type") != "null"]
+    if len(non_null) != 1:
+        raise ValueError(f"cannot express a union in a structural schema: {schema}")
+    merged = {**_resolve(non_null[0], defs), **{k: v for k, v in schema.items() if k != "anyOf"}}
+    if merged.get("default", 0) is None:
+        del merged["default"]
+    return merged
+
+
+def _minimal_default(value: Any, schema: dict[str, Any]) -> Any:
+    """Drop keys of an object default that the nested schema would default to anyway."""
+    if not isinstance(value, dict) or "properties" not in schema:
+        return value
+    out = {}
+    for key, item in value.items():
+        sub = schema["properties"].get(key, {})
+        item = _minimal_default(item, sub)
+        if item is None or item in ([], {}) or sub.get("default") == item:
+            continue
+        out[key] = item
+    return out
+
+
+def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Translate one pydantic JSON Schema node into a structural OpenAPI v3.0 node."""
+    schema = _strip_optional(_resolve(schema, defs), defs)
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _DROPPED_KEYWORDS:
+            continue
+        if key == "properties":
+            out[key] = {name: structural(sub, defs) for name, sub in value.items()}
+        elif key == "items":
+            out[key] = structural(value, defs)
+        elif key == "additionalProperties":
+            if isinstance(value, dict):
+                out[key] = structural(value, defs)
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            out[key.replace("exclusive", "").lower()] = value
+            out[key] = True
+        else:
+            out[key] = value
+    if "default" in out:
+        out["default"] = _minimal_default(out["default"], out)
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    return _ordered(out)
+
+
+# Keywords first in this order (then any other, then the nested ones), so the
+# committed YAML reads like a hand-written CRD: type and description on top.
+_KEY_ORDER = ["type", "description", "default", "enum", "format", "pattern", "minLength", "maxLength",
+              "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "minItems", "maxItems"]
+_NESTED_LAST = ["properties", "additionalProperties", "items", "required"]
+
+
+def _ordered(node: dict[str, Any]) -> dict[str, Any]:
+    rank = {k: i for i, k in enumerate(_KEY_ORDER)}
+    last = {k: i for i, k in enumerate(_NESTED_LAST)}
+    return dict(sorted(node.items(), key=lambda kv: (kv[0] in last, last.get(kv[0], rank.get(kv[0], len(rank))))))
+
+
+def _model_schema(model: type) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation", ref_template="#/$defs/{model}")
+    return structural(raw, raw.get("$defs", {}))
+
+
+def crd() -> dict[str, Any]:
+    """The CustomResourceDefinition object."""
+    spec_schema = _model_schema(VllmTuningSpec)
+    status_schema = _model_schema(VllmTuningStatus)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": resource.CRD_NAME},
+        "spec": {
+            "group": resource.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": resource.KIND,
+                "listKind": f"{resource.KIND}List",
+                "plural": resource.PLURAL,
+                "singular": resource.SINGULAR,
+                "shortNames": resource.SHORT_NAMES,
+                "categories": resource.CATEGORIES,
+            },
+            "versions": [
+                {
+                    "name": resource.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": VllmTuning.__doc__,
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string", "description": "APIVersion of this object."},
+                                "kind": {"type": "string", "description": "Kind of this object: VllmTuning."},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Writes repeated sub-trees in full: a CRD with YAML anchors is valid but unreadable."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def crd_yaml() -> str:
+    """The CRD as the YAML committed under crds/."""
+    header = "# Generated by `vllm-autotuner crd` from operator/vllm_autotuner/api; do not edit.\n"
+    return header + yaml.dump(crd(), Dumper=_NoAliasDumper, sort_keys=False, width=120)

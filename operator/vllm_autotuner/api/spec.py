@@ -1,0 +1,337 @@
+"""The VllmTuning spec: what a platform team asks the operator to do.
+
+Every field has a description because the CRD (and so ``kubectl explain``) is
+generated from these models. Rules that one field cannot express (min <= max,
+a preset that vLLM would refuse) are CEL rules attached to the model that owns
+both fields, so the API server rejects the object at admission.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from vllm_autotuner.api.types import CronExpression, Duration, TimeZoneName
+
+#: Largest values the API accepts; far above any GPU's real limits, they only
+#: catch typos (an extra zero) before they reach a Deployment.
+MAX_BATCHED_TOKENS = 1_048_576
+MAX_SEQS = 16_384
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Any]:
+    """One ``x-kubernetes-validations`` entry."""
+    entry: dict[str, Any] = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+class SpecModel(BaseModel):
+    """Base of spec models: camelCase in the resource, snake_case in Python, no unknown fields."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+    )
+
+
+BatchedTokens = Annotated[int, Field(ge=1, le=MAX_BATCHED_TOKENS)]
+NumSeqs = Annotated[int, Field(ge=1, le=MAX_SEQS)]
+
+
+class Knobs(SpecModel):
+    """A value for each of vLLM's two batching knobs."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.maxNumBatchedTokens >= self.maxNumSeqs",
+                    "maxNumBatchedTokens must be >= maxNumSeqs (vLLM refuses to start otherwise)",
+                )
+            ]
+        }
+    )
+
+    max_num_batched_tokens: BatchedTokens
+    """--max-num-batched-tokens: the token budget of one engine step (decodes plus prefill chunks)."""
+    max_num_seqs: NumSeqs
+    """--max-num-seqs: the most requests the engine runs at once."""
+
+    def __str__(self) -> str:
+        return f"tokens={self.max_num_batched_tokens} seqs={self.max_num_seqs}"
+
+
+class TargetKind(StrEnum):
+    DEPLOYMENT = "Deployment"
+
+
+class TargetRef(SpecModel):
+    """The workload that runs vLLM, in the VllmTuning's namespace."""
+
+    api_version: str = "apps/v1"
+    """API version of the target; apps/v1 for Deployments."""
+    kind: TargetKind = TargetKind.DEPLOYMENT
+    """Kind of the target. Only Deployment is supported."""
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    """Name of the Deployment."""
+    container: str | None = Field(default=None, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Container that runs vLLM. Default: the container whose command runs vLLM (vllm serve or the OpenAI api_server module)."""
+
+
+class Mode(StrEnum):
+    AUTO = "Auto"
+    RECOMMEND = "Recommend"
+    PAUSED = "Paused"
+
+
+class SecretKeyRef(SpecModel):
+    """A key of a Secret in the VllmTuning's namespace."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """Name of the Secret."""
+    key: str = Field(min_length=1, max_length=253)
+    """Key within the Secret."""
+
+
+class PrometheusSpec(SpecModel):
+    """Where the vLLM metrics are, and how to select the target's series."""
+
+    url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    """Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090. Default: the operator's --prometheus-url setting."""
+    label_matchers: dict[str, str] = Field(default_factory=dict)
+    """Extra exact-match label matchers added to every query, e.g. {cluster: prod}, for a Prometheus that holds several clusters."""
+    namespace_label: str = Field(default="namespace", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+    """Name of the label that carries the pod's namespace on the vLLM series."""
+    pod_label: str = Field(default="pod", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+    """Name of the label that carries the pod name on the vLLM series."""
+    bearer_token_secret_ref: SecretKeyRef | None = None
+    """Secret holding a bearer token sent as 'Authorization: Bearer ...' (e.g. for a managed Prometheus)."""
+    ca_secret_ref: SecretKeyRef | None = None
+    """Secret holding the PEM CA bundle that signs the Prometheus server certificate."""
+    timeout: Duration = "10s"
+    """Timeout of one Prometheus query."""
+
+
+class LatencyTarget(SpecModel):
+    """A latency objective: the given quantile must stay at or below the given seconds."""
+
+    quantile: float = Field(default=0.95, gt=0, lt=1)
+    """Quantile of the latency distribution over the observation window, e.g. 0.95 for p95."""
+    seconds: float = Field(gt=0, le=3600)
+    """Target for that quantile, in seconds."""
+
+
+class SLO(SpecModel):
+    """Latency objectives. The operator maximises throughput only among configs that meet them."""
+
+    ttft: LatencyTarget = LatencyTarget(quantile=0.95, seconds=2.0)
+    """Time to first token (vllm:time_to_first_token_seconds), queueing included."""
+    itl: LatencyTarget = LatencyTarget(quantile=0.95, seconds=0.1)
+    """Inter-token latency (vllm:inter_token_latency_seconds) while a response streams."""
+
+
+class IntRange(SpecModel):
+    """An inclusive range."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [cel("self.min <= self.max", "min must be <= max")]}
+    )
+
+
+class TokenBounds(IntRange):
+    """Inclusive range for --max-num-batched-tokens."""
+
+    min: BatchedTokens = 256
+    """Smallest token budget the operator may set."""
+    max: BatchedTokens = 32_768
+    """Largest token budget the operator may set."""
+
+
+class SeqBounds(IntRange):
+    """Inclusive range for --max-num-seqs."""
+
+    min: NumSeqs = 8
+    """Smallest max-num-seqs the operator may set."""
+    max: NumSeqs = 1024
+    """Largest max-num-seqs the operator may set."""
+
+
+class Bounds(SpecModel):
+    """The box the operator searches in; it never sets a value outside it."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.maxNumBatchedTokens.min >= self.maxNumSeqs.min",
+                    "maxNumBatchedTokens.min must be >= maxNumSeqs.min: vLLM needs max_num_batched_tokens >= max_num_seqs",
+                    ".maxNumBatchedTokens.min",
+                )
+            ]
+        }
+    )
+
+    max_num_batched_tokens: TokenBounds = TokenBounds()
+    """Range for --max-num-batched-tokens."""
+    max_num_seqs: SeqBounds = SeqBounds()
+    """Range for --max-num-seqs."""
+
+
+class Strategy(StrEnum):
+    ADAPTIVE = "Adaptive"
+    TIERS = "Tiers"
+
+
+class TierMatch(SpecModel):
+    """Conditions on the observed traffic, all of which must hold (an absent bound always holds)."""
+
+    min_request_rate: float | None = Field(default=None, ge=0)
+    """Requests per second (all pods of the target) at or above this."""
+    max_request_rate: float | None = Field(default=None, ge=0)
+    """Requests per second below this."""
+    min_concurrency: float | None = Field(default=None, ge=0)
+    """Mean running plus waiting requests per pod at or above this."""
+    max_concurrency: float | None = Field(default=None, ge=0)
+    """Mean running plus waiting requests per pod below this."""
+    min_prompt_tokens: float | None = Field(default=None, ge=0)
+    """Mean prompt length in tokens at or above this."""
+    max_prompt_tokens: float | None = Field(default=None, ge=0)
+    """Mean prompt length in tokens below this."""
+
+
+class Tier(SpecModel):
+    """A user-defined traffic tier: when its conditions match, use its knobs."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Name of the tier, shown in status as the regime."""
+    match: TierMatch = TierMatch()
+    """Conditions on the observed traffic; tiers are tried in order and the first match wins."""
+    knobs: Knobs
+    """Knob values for this tier."""
+
+
+class TrafficSpec(SpecModel):
+    """How the operator reads traffic and picks knobs outside schedule windows."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.strategy != 'Tiers' || (has(self.tiers) && size(self.tiers) > 0)",
+                    "strategy Tiers needs at least one entry in tiers",
+                    ".tiers",
+                )
+            ]
+        }
+    )
+
+    strategy: Strategy = Strategy.ADAPTIVE
+    """Adaptive: search online for the best knobs under the SLO. Tiers: map observed traffic to the knobs of the first matching tier."""
+    window: Duration = "5m"
+    """Observation window: metrics are aggregated over this much time, taken only under the current config."""
+    evaluation_interval: Duration = "30s"
+    """How often the operator observes and decides."""
+    min_requests: int = Field(default=50, ge=1, le=1_000_000)
+    """Fewest completed requests in the window for an observation to count; fewer means hold."""
+    tiers: list[Tier] = Field(default_factory=list, max_length=32)
+    """Tiers for the Tiers strategy, tried in order."""
+
+
+class Schedule(SpecModel):
+    """A time-of-day policy: between start and end, use a fixed preset or tighter bounds and SLOs."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.knobs) != (has(self.bounds) || has(self.slo))",
+                    "a schedule sets either knobs (a fixed preset) or overrides of bounds/slo, not both and not neither",
+                ),
+                cel("self.start != self.end", "start and end must differ", ".end"),
+            ]
+        }
+    )
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Name of the schedule, shown in status.activeSchedule."""
+    time_zone: TimeZoneName = "UTC"
+    """IANA time zone the cron expressions are read in, e.g. Europe/Berlin; daylight saving time is followed."""
+    start: CronExpression
+    """Cron expression (minute hour day-of-month month day-of-week) at which the window opens, e.g. '0 22 * * *'."""
+    end: CronExpression
+    """Cron expression at which the window closes, e.g. '0 6 * * *'; windows may cross midnight."""
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    """When windows overlap, the highest priority wins; on a tie, the earlier entry in the list."""
+    knobs: Knobs | None = None
+    """A fixed preset used for the whole window."""
+    bounds: Bounds | None = None
+    """Bounds that replace spec.bounds during the window (the traffic policy keeps running inside them)."""
+    slo: SLO | None = None
+    """SLO that replaces spec.slo during the window."""
+    pre_roll: Duration | None = None
+    """How long before the window start the change begins, so new pods are Ready when it opens. Default: the last measured rollout duration plus a margin, or 5m before any rollout was measured."""
+
+
+class RolloutSpec(SpecModel):
+    """Guardrails on changes: each change is a rolling restart of the vLLM pods and costs capacity."""
+
+    cooldown: Duration = "15m"
+    """Least time between the end of one rollout and the start of the next traffic-driven change."""
+    max_rollouts_per_day: int = Field(default=8, ge=0, le=288)
+    """Most rollouts in any 24 hours (schedule changes included); 0 forbids changes."""
+    min_improvement_percent: float = Field(default=5.0, ge=0, le=1000)
+    """Least expected SLO-goodput gain, net of the capacity a rolling restart costs, for a traffic-driven change."""
+    max_step_factor: float = Field(default=2.0, ge=1.1, le=16)
+    """Largest factor by which one traffic-driven change may raise or lower a knob."""
+    settle_time: Duration = "2m"
+    """Time after a rollout before metrics of the new config count (warm-up, queue drain)."""
+    progress_deadline: Duration = "10m"
+    """A rollout not complete by then (pods not Ready, crash loops) is rolled back and its config recorded as failed."""
+    rollback_on_regression: bool = True
+    """After settling, compare with the window before the change and roll back a measured regression."""
+    regression_tolerance_percent: float = Field(default=10.0, ge=0, le=100)
+    """How much worse SLO goodput may be after a change before it counts as a regression."""
+
+
+class EngineSpec(SpecModel):
+    """Facts about the vLLM engine the operator cannot always read from the pod spec."""
+
+    vllm_version: str | None = Field(default=None, pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([-.+][0-9A-Za-z.]+)?$")
+    """vLLM version, used to pick the table of default knob values when the flags are absent. Default: read from the image tag, else the newest table."""
+    gpu_memory_gib: int | None = Field(default=None, ge=1, le=4096)
+    """Memory of one GPU in GiB, used to pick vLLM's default knob values when the flags are absent. Default: read from the node label nvidia.com/gpu.memory, else assumed >= 70 GiB."""
+
+
+class VllmTuningSpec(SpecModel):
+    """Desired tuning of one vLLM Deployment."""
+
+    target_ref: TargetRef
+    """The Deployment that runs vLLM, in this namespace."""
+    mode: Mode = Mode.AUTO
+    """Auto: apply changes. Recommend: compute and report only (status and Events), never patch. Paused: observe and report only."""
+    prometheus: PrometheusSpec = PrometheusSpec()
+    """Prometheus that scrapes the vLLM pods."""
+    slo: SLO = SLO()
+    """Latency objectives the tuned config must meet."""
+    bounds: Bounds = Bounds()
+    """Range each knob may take."""
+    traffic: TrafficSpec = TrafficSpec()
+    """Traffic observation and the traffic-driven policy."""
+    schedules: list[Schedule] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """Time-of-day policies; outside every window the traffic policy applies."""
+    rollout: RolloutSpec = RolloutSpec()
+    """Guardrails on rollouts."""
+    engine: EngineSpec = EngineSpec()
+    """Facts about the engine used when the knobs are not set on the command line."""

@@ -1,0 +1,259 @@
+"""The VllmTuning status: what the operator saw, decided and did.
+
+The status is also the operator's memory: everything needed to resume after a
+restart (the rollout in flight, the rollout budget, what each traffic regime
+liked, which configs failed to start) lives here, so the operator itself is
+stateless and a restarted replica never repeats a rollout.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from vllm_autotuner.api.spec import BatchedTokens, Knobs, NumSeqs
+
+#: How many decisions status.history keeps, newest first.
+HISTORY_LIMIT = 20
+#: How many learned regimes and failed configs status keeps.
+LEARNED_LIMIT = 32
+FAILED_LIMIT = 32
+
+
+class StatusModel(BaseModel):
+    """Base of status models. Unknown fields are ignored so an older operator can read a newer status."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="ignore",
+        use_attribute_docstrings=True,
+    )
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class ConditionType(StrEnum):
+    READY = "Ready"
+    METRICS_AVAILABLE = "MetricsAvailable"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+
+
+class Condition(StatusModel):
+    """A condition in the shape of metav1.Condition."""
+
+    type: str = Field(max_length=316)
+    """Type of the condition: Ready, MetricsAvailable, Progressing or Degraded."""
+    status: ConditionStatus
+    """True, False or Unknown."""
+    reason: str = Field(max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    """A CamelCase word saying why the condition is in its status."""
+    message: str = Field(default="", max_length=32768)
+    """What happened, for a person, and what to do about it."""
+    observed_generation: int | None = Field(default=None, ge=0)
+    """The .metadata.generation the condition was set for."""
+    last_transition_time: str
+    """When the condition last changed status (RFC 3339)."""
+
+
+class KnobSource(StrEnum):
+    INITIAL = "Initial"
+    TRAFFIC = "Traffic"
+    SCHEDULE = "Schedule"
+    MANUAL = "Manual"
+    ROLLBACK = "Rollback"
+
+
+class CurrentKnobs(StatusModel):
+    """The knobs the target's pods run with now, read from the pod template."""
+
+    max_num_batched_tokens: BatchedTokens
+    """--max-num-batched-tokens in effect."""
+    max_num_seqs: NumSeqs
+    """--max-num-seqs in effect."""
+    since: str
+    """When this config went live (RFC 3339)."""
+    source: KnobSource
+    """Who chose it: Initial (found at adoption), Traffic or Schedule (this operator), Manual (a person), Rollback."""
+    from_defaults: bool = False
+    """True when a flag is absent and vLLM's default applies; defaultsTable names the table assumed."""
+    defaults_table: str | None = None
+    """The vLLM default table assumed for absent flags."""
+
+    @property
+    def knobs(self) -> Knobs:
+        return Knobs(max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.max_num_seqs)
+
+
+class Recommendation(StatusModel):
+    """The latest decision's preferred config, applied or not (Recommend mode never applies it)."""
+
+    max_num_batched_tokens: BatchedTokens
+    """Recommended --max-num-batched-tokens."""
+    max_num_seqs: NumSeqs
+    """Recommended --max-num-seqs."""
+    reason: str
+    """Why, in words."""
+    expected_gain_percent: float | None = None
+    """Expected SLO-goodput gain over the current config, in percent, when one can be estimated."""
+    time: str
+    """When it was made (RFC 3339)."""
+
+
+class ObservedTraffic(StatusModel):
+    """Numbers from the last usable observation window, all pods of the target together."""
+
+    window_start: str
+    """Start of the window (RFC 3339)."""
+    window_end: str
+    """End of the window (RFC 3339)."""
+    pods: int = Field(ge=0)
+    """Pods whose series were in the window."""
+    request_rate: float
+    """Completed requests per second."""
+    prompt_tokens_per_second: float
+    """Prefill tokens per second."""
+    generation_tokens_per_second: float
+    """Generated tokens per second."""
+    ttft_seconds: float | None = None
+    """TTFT at the SLO's quantile."""
+    itl_seconds: float | None = None
+    """Inter-token latency at the SLO's quantile."""
+    e2e_seconds: float | None = None
+    """End-to-end request latency at the SLO's TTFT quantile."""
+    queue_seconds: float | None = None
+    """Queue time at the SLO's TTFT quantile."""
+    running: float | None = None
+    """Mean running requests per pod."""
+    waiting: float | None = None
+    """Mean waiting requests per pod."""
+    kv_cache_usage: float | None = None
+    """Mean KV-cache usage, 0 to 1."""
+    preemptions_per_second: float | None = None
+    """Preemptions per second."""
+    mean_prompt_tokens: float | None = None
+    """Mean prompt length of completed requests."""
+    mean_generation_tokens: float | None = None
+    """Mean output length of completed requests."""
+    step_tokens_mean: float | None = None
+    """Mean tokens per engine step (vllm:iteration_tokens_total): how much of the budget is used."""
+
+
+class RolloutPhase(StrEnum):
+    IN_PROGRESS = "InProgress"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    ROLLED_BACK = "RolledBack"
+
+
+class Rollout(StatusModel):
+    """One change of the knobs applied to the target, and how it went."""
+
+    from_knobs: Knobs = Field(alias="from")
+    """Knobs before the change."""
+    to_knobs: Knobs = Field(alias="to")
+    """Knobs after the change."""
+    source: KnobSource
+    """What asked for it."""
+    reason: str
+    """Why, in words."""
+    started_at: str
+    """When the Deployment was patched (RFC 3339)."""
+    finished_at: str | None = None
+    """When the rollout completed, failed or was rolled back (RFC 3339)."""
+    phase: RolloutPhase
+    """InProgress, Succeeded, Failed (did not become Ready; rolled back) or RolledBack (measured regression)."""
+    deployment_generation: int | None = None
+    """metadata.generation of the Deployment after the patch; the rollout is complete when status.observedGeneration reaches it and all replicas are updated and available."""
+    message: str = ""
+    """Details, e.g. the vLLM error of a crash-looping pod."""
+
+
+class DecisionAction(StrEnum):
+    HOLD = "Hold"
+    CHANGE = "Change"
+    ROLLBACK = "Rollback"
+
+
+class DecisionRecord(StatusModel):
+    """One decision, for the bounded history."""
+
+    time: str
+    """When it was made (RFC 3339)."""
+    action: DecisionAction
+    """Hold, Change or Rollback."""
+    max_num_batched_tokens: BatchedTokens
+    """Token budget decided on (the current one for Hold)."""
+    max_num_seqs: NumSeqs
+    """max-num-seqs decided on (the current one for Hold)."""
+    reason: str
+    """Why, in words."""
+
+
+class LearnedOptimum(StatusModel):
+    """The best config measured so far for one traffic regime."""
+
+    regime: str
+    """Regime name, e.g. 'high/long-prompt'."""
+    max_num_batched_tokens: BatchedTokens
+    """Best --max-num-batched-tokens measured for the regime."""
+    max_num_seqs: NumSeqs
+    """Best --max-num-seqs measured for the regime."""
+    goodput: float
+    """SLO goodput measured with it: output tokens per second of requests within the SLO."""
+    measured_at: str
+    """When (RFC 3339)."""
+
+
+class FailedConfig(StatusModel):
+    """A config that did not start (or crash-looped); never tried again until the spec changes."""
+
+    max_num_batched_tokens: BatchedTokens
+    """--max-num-batched-tokens of the failed config."""
+    max_num_seqs: NumSeqs
+    """--max-num-seqs of the failed config."""
+    reason: str
+    """What went wrong, e.g. the vLLM start-up error."""
+    at: str
+    """When (RFC 3339)."""
+    generation: int = Field(ge=0)
+    """metadata.generation of the VllmTuning when it failed; a spec change (new generation) forgets it."""
+
+
+class VllmTuningStatus(StatusModel):
+    """Observed state of a VllmTuning."""
+
+    observed_generation: int | None = None
+    """The .metadata.generation last acted upon."""
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    """Ready, MetricsAvailable, Progressing and Degraded."""
+    current: CurrentKnobs | None = None
+    """Knobs the target runs with now."""
+    recommendation: Recommendation | None = None
+    """The latest recommendation."""
+    active_schedule: str | None = None
+    """Name of the schedule window in force, if any."""
+    regime: str | None = None
+    """Traffic regime of the last observation (load level and length mix, or the matching tier)."""
+    observed: ObservedTraffic | None = None
+    """Numbers from the last usable observation."""
+    last_rollout: Rollout | None = None
+    """The latest rollout."""
+    rollout_times: list[str] = Field(default_factory=list, max_length=300)
+    """Start times of rollouts in the last 24 hours (the daily rollout budget)."""
+    history: list[DecisionRecord] = Field(default_factory=list, max_length=HISTORY_LIMIT)
+    """The latest decisions, newest first."""
+    learned: list[LearnedOptimum] = Field(default_factory=list, max_length=LEARNED_LIMIT)
+    """Best measured config per traffic regime, so a returning regime goes straight back to it."""
+    failed_configs: list[FailedConfig] = Field(default_factory=list, max_length=FAILED_LIMIT)
+    """Configs that failed to start; never tried again until the spec changes."""

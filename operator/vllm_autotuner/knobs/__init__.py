@@ -1,0 +1,67 @@
+"""The two knobs as vLLM sees them: command-line flags, defaults and start-up rules.
+
+Shared by the operator (read the knobs from a Deployment, write new ones),
+the decision core (feasibility) and the simulated fleet (parse a pod's
+command exactly as vLLM would), so each rule about vLLM's flags exists once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_autotuner.api.spec import Knobs
+from vllm_autotuner.knobs.cmdline import CommandLine, CommandLineError, find_vllm_container, with_container_command
+from vllm_autotuner.knobs.defaults import AssumedDefaults, Hardware, vllm_defaults
+from vllm_autotuner.knobs.feasibility import startup_errors, startup_warnings
+
+TOKENS_FLAG = "max-num-batched-tokens"
+SEQS_FLAG = "max-num-seqs"
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """What a container's command line says about the engine, flags absent as None."""
+
+    max_num_batched_tokens: int | None
+    max_num_seqs: int | None
+    max_model_len: int | None
+    chunked_prefill: bool | None  # None: vLLM's default (always on in the V1 engine)
+    performance_mode: str | None
+    config_file: str | None  # --config YAML: flags in it are not visible to the operator
+
+    @classmethod
+    def from_container(cls, container: dict[str, Any]) -> EngineArgs:
+        """Read a container's command and args. Raises CommandLineError for unreadable values."""
+        cmd = CommandLine.parse(container)
+        mode = cmd.get("performance-mode")
+        config = cmd.get("config")
+        return cls(
+            max_num_batched_tokens=cmd.get_int(TOKENS_FLAG),
+            max_num_seqs=cmd.get_int(SEQS_FLAG),
+            max_model_len=cmd.get_int("max-model-len"),
+            chunked_prefill=cmd.get_bool("enable-chunked-prefill"),
+            performance_mode=mode.value if mode else None,
+            config_file=config.value if config else None,
+        )
+
+    def effective(self, defaults: AssumedDefaults) -> tuple[Knobs, bool]:
+        """The knobs vLLM runs with, and whether any came from its defaults."""
+        tokens = self.max_num_batched_tokens or defaults.knobs.max_num_batched_tokens
+        seqs = self.max_num_seqs or defaults.knobs.max_num_seqs
+        from_defaults = self.max_num_batched_tokens is None or self.max_num_seqs is None
+        return Knobs(max_num_batched_tokens=tokens, max_num_seqs=seqs), from_defaults
+
+
+def set_knobs(container: dict[str, Any], knobs: Knobs) -> dict[str, Any]:
+    """A copy of the container whose command line sets these knobs; every other token unchanged."""
+    fields = CommandLine.parse(container).with_flags(
+        {TOKENS_FLAG: knobs.max_num_batched_tokens, SEQS_FLAG: knobs.max_num_seqs}
+    )
+    return with_container_command(container, fields)
+
+
+__all__ = [
+    "TOKENS_FLAG", "SEQS_FLAG", "EngineArgs", "set_knobs", "CommandLine", "CommandLineError",
+    "find_vllm_container", "AssumedDefaults", "Hardware", "vllm_defaults", "startup_errors", "startup_warnings",
+]

@@ -1,0 +1,127 @@
+"""The one place the operator talks to Prometheus.
+
+Wraps ``prometheus-api-client`` with what a production caller needs: a
+timeout per query, retries with backoff (tenacity) for transient failures
+only, bearer-token and private-CA support, and errors sorted into kinds that
+say what to fix (unreachable, TLS, auth, bad query). Callers never see a
+half-answer: a query either returns its samples or raises ``PrometheusError``,
+which the controller turns into ``MetricsAvailable=False`` and a hold.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import requests
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+
+class ErrorKind(StrEnum):
+    UNREACHABLE = "PrometheusUnreachable"
+    TLS = "PrometheusTLSError"
+    AUTH = "PrometheusAuthError"
+    QUERY = "PrometheusQueryError"
+
+
+class PrometheusError(Exception):
+    """A query failed; ``kind`` is a condition reason and the message says what to do."""
+
+    def __init__(self, kind: ErrorKind, message: str, transient: bool) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.transient = transient
+
+
+@dataclass(frozen=True)
+class Sample:
+    labels: dict[str, str]
+    value: float
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How to reach one Prometheus; equal connections share a client (and a batch of queries)."""
+
+    url: str
+    bearer_token: str | None = field(default=None, repr=False)
+    ca_pem: str | None = field(default=None, repr=False)
+    timeout_seconds: float = 10.0
+
+
+def _classify(exc: Exception, url: str) -> PrometheusError:
+    if isinstance(exc, PrometheusError):
+        return exc
+    if isinstance(exc, requests.exceptions.SSLError):
+        return PrometheusError(
+            ErrorKind.TLS,
+            f"TLS handshake with {url} failed ({exc.__class__.__name__}); check spec.prometheus.caSecretRef "
+            "holds the CA that signed the server certificate",
+            transient=False,
+        )
+    if isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout)):
+        return PrometheusError(
+            ErrorKind.UNREACHABLE,
+            f"Prometheus at {url} does not answer ({exc.__class__.__name__}); check spec.prometheus.url or the "
+            "operator's --prometheus-url, and that Prometheus is running",
+            transient=True,
+        )
+    text = str(exc)
+    if isinstance(exc, PrometheusApiClientException) and ("401" in text[:30] or "403" in text[:30]):
+        return PrometheusError(
+            ErrorKind.AUTH,
+            f"Prometheus at {url} refused the request ({text[:120]}); check spec.prometheus.bearerTokenSecretRef",
+            transient=False,
+        )
+    if isinstance(exc, PrometheusApiClientException) and "HTTP Status Code 5" in text:
+        return PrometheusError(ErrorKind.UNREACHABLE, f"Prometheus at {url} failed: {text[:200]}", transient=True)
+    return PrometheusError(ErrorKind.QUERY, f"query to {url} failed: {text[:300]}", transient=False)
+
+
+class PrometheusClient:
+    """Instant queries against one Prometheus, retried on transient errors."""
+
+    ATTEMPTS = 3
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.queries = 0  # queries sent, for the operator's metrics and the scale benchmark
+        session = requests.Session()
+        headers = {"Authorization": f"Bearer {connection.bearer_token}"} if connection.bearer_token else None
+        if connection.ca_pem:
+            fd, path = tempfile.mkstemp(prefix="prometheus-ca-", suffix=".pem")
+            with os.fdopen(fd, "w") as handle:
+                handle.write(connection.ca_pem)
+            session.verify = path
+        self._prom = PrometheusConnect(url=connection.url, headers=headers, session=session,
+                                       timeout=connection.timeout_seconds)
+
+    def query(self, promql: str, at: float) -> list[Sample]:
+        """Evaluate ``promql`` at Unix time ``at``. Raises PrometheusError."""
+
+        @retry(
+            retry=retry_if_exception(lambda e: _classify(e, self.connection.url).transient),
+            stop=stop_after_attempt(self.ATTEMPTS),
+            wait=wait_exponential(multiplier=0.2, max=2.0),
+            reraise=True,
+        )
+        def attempt() -> list[dict]:
+            self.queries += 1
+            return self._prom.custom_query(promql, params={"time": f"{at:.3f}"})
+
+        try:
+            rows = attempt()
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a classified PrometheusError
+            raise _classify(exc, self.connection.url) from exc
+        return [Sample(labels=row.get("metric", {}), value=_number(row["value"][1])) for row in rows]
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan

@@ -1,0 +1,56 @@
+"""Prometheus's ``histogram_quantile``, exactly, in pure Python.
+
+The operator fetches per-pod bucket rates in one query for all tunings and
+computes each tuning's quantile itself (a PromQL ``histogram_quantile`` per
+tuning would be one query per tuning). The benchmark and the simulator compute
+quantiles from simulated buckets. Both must get the number Prometheus would
+return for the same buckets, so this follows Prometheus's algorithm
+(promql/quantile.go, classic buckets): linear interpolation inside the bucket
+that holds the rank, the +Inf bucket answered with the highest finite bound,
+non-monotonic cumulative counts repaired by carrying the maximum forward.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+
+
+def histogram_quantile(q: float, upper_bounds: Sequence[float], cumulative_counts: Sequence[float]) -> float:
+    """The q-quantile of a classic histogram given as cumulative counts per upper bound.
+
+    ``upper_bounds`` must be sorted ascending and end with ``math.inf``, like
+    the ``le`` labels of a Prometheus histogram. Returns NaN where Prometheus
+    does (no observations, no +Inf bucket, fewer than two buckets).
+    """
+    if math.isnan(q):
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    if len(upper_bounds) < 2 or upper_bounds[-1] != math.inf or len(upper_bounds) != len(cumulative_counts):
+        return math.nan
+    counts = []
+    running = -math.inf
+    for count in cumulative_counts:
+        if math.isnan(count):
+            return math.nan
+        running = max(running, count)
+        counts.append(running)
+    observations = counts[-1]
+    if observations == 0:
+        return math.nan
+    rank = q * observations
+    b = bisect.bisect_left(counts, rank)
+    if b == len(counts) - 1:
+        return upper_bounds[-2]
+    if b == 0 and upper_bounds[0] <= 0:
+        return upper_bounds[0]
+    start, end, count = 0.0, upper_bounds[b], counts[b]
+    if b > 0:
+        start = upper_bounds[b - 1]
+        count -= counts[b - 1]
+        rank -= counts[b - 1]
+    return start + (end - start) * (rank / count)

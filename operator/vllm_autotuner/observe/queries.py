@@ -1,0 +1,142 @@
+"""PromQL for the vLLM metric families the decision core reads.
+
+Two ways to ask, one vocabulary:
+
+* **batched** (what the operator runs): one query per family for *all*
+  tunings that share a Prometheus, label set and window, grouped by
+  namespace and pod (and ``le`` for histograms). Each tuning then keeps the
+  rows of its own current pods. The query count is independent of the number
+  of tunings; quantiles are computed from the summed bucket rates with
+  Prometheus's own algorithm (``observe.quantile``).
+* **per target** (the baseline the scale benchmark compares against, and the
+  way a person would write it): one query per family per tuning, filtered to
+  that tuning's pods, quantiles by ``histogram_quantile`` in PromQL.
+
+Every family names its older vLLM spelling as a fallback (``or``), so a
+Prometheus scraping vLLM releases before the V1 renames still answers.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Kind(StrEnum):
+    RATE = "rate"  # counter: per-second rate over the window
+    AVERAGE = "average"  # gauge: mean over the window
+    BUCKETS = "buckets"  # histogram: per-second rate of each bucket
+    SAMPLES = "samples"  # gauge: number of samples in the window (coverage)
+    LAST_SEEN = "last_seen"  # gauge: timestamp of the newest sample (freshness)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One thing to fetch: a key the aggregation uses, how to aggregate, metric names newest first."""
+
+    key: str
+    kind: Kind
+    metrics: tuple[str, ...]
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("requests", Kind.RATE, ("vllm:request_success_total",)),
+    Family("prompt_tokens", Kind.RATE, ("vllm:prompt_tokens_total",)),
+    Family("generation_tokens", Kind.RATE, ("vllm:generation_tokens_total",)),
+    Family("preemptions", Kind.RATE, ("vllm:num_preemptions_total",)),
+    Family("prompt_len_sum", Kind.RATE, ("vllm:request_prompt_tokens_sum",)),
+    Family("prompt_len_count", Kind.RATE, ("vllm:request_prompt_tokens_count",)),
+    Family("output_len_sum", Kind.RATE, ("vllm:request_generation_tokens_sum",)),
+    Family("output_len_count", Kind.RATE, ("vllm:request_generation_tokens_count",)),
+    Family("step_tokens_sum", Kind.RATE, ("vllm:iteration_tokens_total_sum",)),
+    Family("steps", Kind.RATE, ("vllm:iteration_tokens_total_count",)),
+    Family("running", Kind.AVERAGE, ("vllm:num_requests_running",)),
+    Family("waiting", Kind.AVERAGE, ("vllm:num_requests_waiting",)),
+    Family("kv_usage", Kind.AVERAGE, ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
+    Family("ttft", Kind.BUCKETS, ("vllm:time_to_first_token_seconds_bucket",)),
+    Family("itl", Kind.BUCKETS, ("vllm:inter_token_latency_seconds_bucket", "vllm:time_per_output_token_seconds_bucket")),
+    Family("e2e", Kind.BUCKETS, ("vllm:e2e_request_latency_seconds_bucket",)),
+    Family("queue", Kind.BUCKETS, ("vllm:request_queue_time_seconds_bucket",)),
+    Family("samples", Kind.SAMPLES, ("vllm:num_requests_running",)),
+    Family("last_seen", Kind.LAST_SEEN, ("vllm:num_requests_running",)),
+)
+FAMILY = {f.key: f for f in FAMILIES}
+
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Which series: exact label matchers, plus the label names that carry namespace and pod."""
+
+    matchers: tuple[tuple[str, str], ...] = ()
+    namespace_label: str = "namespace"
+    pod_label: str = "pod"
+
+    def __post_init__(self) -> None:
+        for name in (self.namespace_label, self.pod_label, *(k for k, _ in self.matchers)):
+            if not _LABEL_NAME.match(name):
+                raise ValueError(f"invalid Prometheus label name {name!r}")
+
+
+def quote(value: str) -> str:
+    """A PromQL string literal."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _braces(matchers: list[str]) -> str:
+    return "{" + ",".join(matchers) + "}" if matchers else ""
+
+
+def _window(seconds: float) -> str:
+    return f"{int(round(seconds))}s"
+
+
+def _expr(family: Family, metric: str, labels: str, window: float, by: str) -> str:
+    sel = f"{metric}{labels}"
+    w = _window(window)
+    match family.kind:
+        case Kind.RATE | Kind.BUCKETS:
+            return f"sum by ({by}) (rate({sel}[{w}]))"
+        case Kind.AVERAGE:
+            return f"sum by ({by}) (avg_over_time({sel}[{w}]))"
+        case Kind.SAMPLES:
+            return f"min by ({by}) (count_over_time({sel}[{w}]))"
+        case Kind.LAST_SEEN:
+            return f"max by ({by}) (timestamp({sel}))"
+    raise AssertionError(family.kind)
+
+
+def batched_query(family: Family, selector: Selector, window_seconds: float) -> str:
+    """The one query for a family across all tunings: grouped by namespace and pod (and le)."""
+    by = f"{selector.namespace_label}, {selector.pod_label}"
+    if family.kind is Kind.BUCKETS:
+        by += ", le"
+    labels = _braces([f"{k}={quote(v)}" for k, v in selector.matchers])
+    return " or ".join(f"({_expr(family, m, labels, window_seconds, by)})" for m in family.metrics)
+
+
+def target_query(family: Family, selector: Selector, window_seconds: float, namespace: str, pod_prefix: str,
+                 quantile: float | None = None) -> str:
+    """One family for one tuning's pods (``pod_prefix`` is the current ReplicaSet's name plus '-').
+
+    Histograms come back as a single ``histogram_quantile`` value when a
+    quantile is given; the other kinds are summed over the pods, except
+    ``samples`` and ``last_seen`` which stay per pod.
+    """
+    pod_regex = pod_prefix.replace(".", "\\.") + ".*"  # pod names are DNS labels: only '.' is special
+    matchers = [f"{k}={quote(v)}" for k, v in selector.matchers]
+    matchers += [f"{selector.namespace_label}={quote(namespace)}", f"{selector.pod_label}=~{quote(pod_regex)}"]
+    labels = _braces(matchers)
+    per_pod = f"{selector.namespace_label}, {selector.pod_label}"
+    parts = []
+    for metric in family.metrics:
+        if family.kind is Kind.BUCKETS and quantile is not None:
+            parts.append(f"histogram_quantile({quantile:g}, sum by (le) (rate({metric}{labels}[{_window(window_seconds)}])))")
+        elif family.kind in (Kind.SAMPLES, Kind.LAST_SEEN):
+            parts.append(_expr(family, metric, labels, window_seconds, per_pod))
+        else:
+            by = "le" if family.kind is Kind.BUCKETS else ""
+            parts.append(_expr(family, metric, labels, window_seconds, by))
+    return " or ".join(f"({p})" for p in parts)

@@ -1,0 +1,103 @@
+"""Where a rolling update stands, read from Deployment and Pod objects (pure).
+
+Kubernetes' own notion of "complete" is the Deployment controller's: status
+has caught up with the spec generation, and every replica is updated and
+available with no old replica left. Failure has two faces an operator must
+catch sooner than the controller's progressDeadlineSeconds: a new pod whose
+vLLM exits at start-up (CrashLoopBackOff, the error in the container's last
+termination message) and our own deadline from the VllmTuning spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+#: Restarts of a new pod after which its crash is taken as the config's fault.
+CRASH_RESTARTS = 2
+_CRASH_REASONS = {"CrashLoopBackOff", "Error", "OOMKilled", "RunContainerError", "CreateContainerError"}
+
+
+class Progress(StrEnum):
+    IN_PROGRESS = "InProgress"
+    COMPLETE = "Complete"
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    progress: Progress
+    message: str
+
+
+def _new_pods_failure(pods: list[dict[str, Any]], container: str | None) -> str | None:
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            if container is not None and status.get("name") != container:
+                continue
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            terminated = (status.get("lastState") or {}).get("terminated") or {}
+            crashed = waiting.get("reason") in _CRASH_REASONS or terminated.get("exitCode", 0) != 0
+            if crashed and status.get("restartCount", 0) >= CRASH_RESTARTS:
+                detail = terminated.get("message") or waiting.get("message") or waiting.get("reason", "")
+                name = pod["metadata"]["name"]
+                return (
+                    f"pod {name} is crash-looping ({status.get('restartCount')} restarts, "
+                    f"{waiting.get('reason') or 'Error'}): {detail.strip()}"
+                )
+    return None
+
+
+def rollout_state(
+    deployment: dict[str, Any],
+    target_generation: int,
+    new_pods: list[dict[str, Any]],
+    container: str | None,
+    elapsed_seconds: float,
+    deadline_seconds: float,
+) -> RolloutState:
+    """Evaluate a rollout started by a patch that produced ``target_generation``.
+
+    ``new_pods`` are the pods of the Deployment's newest ReplicaSet. A
+    Deployment at a *later* generation (someone else changed it too) is
+    judged the same way: the question is whether the newest template runs.
+    """
+    if _complete(deployment, target_generation):
+        return RolloutState(Progress.COMPLETE, "all replicas updated and available")
+    status = deployment.get("status") or {}
+    spec_replicas = deployment["spec"].get("replicas", 1)
+    updated = status.get("updatedReplicas", 0)
+    available = status.get("availableReplicas", 0)
+    crash = _new_pods_failure(new_pods, container)
+    if crash:
+        return RolloutState(Progress.FAILED, crash)
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
+            return RolloutState(Progress.FAILED, f"Deployment progress deadline exceeded: {condition.get('message', '')}")
+    if elapsed_seconds > deadline_seconds:
+        return RolloutState(
+            Progress.FAILED,
+            f"not complete after {elapsed_seconds:.0f}s (progressDeadline {deadline_seconds:.0f}s): "
+            f"{updated}/{spec_replicas} updated, {available} available",
+        )
+    return RolloutState(
+        Progress.IN_PROGRESS, f"{updated}/{spec_replicas} replicas updated, {available}/{spec_replicas} available"
+    )
+
+
+def _complete(deployment: dict[str, Any], generation: int = 0) -> bool:
+    """The Deployment controller's own test: caught up, all replicas updated and available, none old."""
+    spec_replicas = deployment["spec"].get("replicas", 1)
+    status = deployment.get("status") or {}
+    return (
+        status.get("observedGeneration", 0) >= max(generation, deployment["metadata"].get("generation", 0))
+        and status.get("updatedReplicas", 0) == spec_replicas
+        and status.get("replicas", 0) == spec_replicas
+        and status.get("availableReplicas", 0) >= spec_replicas
+    )
+
+
+def rollout_in_progress(deployment: dict[str, Any]) -> bool:
+    """True while the Deployment controller is still rolling (started by anyone)."""
+    return not _complete(deployment)

@@ -1,0 +1,129 @@
+"""The VllmTuning models and the CRD generated from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from vllm_autotuner.api import VllmTuning, VllmTuningSpec
+from vllm_autotuner.api.crd import crd, crd_yaml
+from vllm_autotuner.api.types import duration_seconds, format_duration, time_zone
+from vllm_autotuner.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_FILE = ROOT / "crds" / "vllmtunings.autotuner.vllm-tuning.io.yaml"
+
+
+def _version(doc):
+    return doc["spec"]["versions"][0]
+
+
+def test_committed_crd_is_the_generated_one(capsys):
+    assert main(["crd"]) == 0
+    out = capsys.readouterr().out
+    assert out == CRD_FILE.read_text(), "crds/ is stale: run `make crd` and commit the result"
+    assert out == crd_yaml()
+
+
+def test_crd_identity_subresource_and_columns():
+    doc = yaml.safe_load(CRD_FILE.read_text())
+    assert doc["metadata"]["name"] == "vllmtunings.autotuner.vllm-tuning.io"
+    names = doc["spec"]["names"]
+    assert (names["kind"], names["plural"], names["shortNames"], names["categories"]) == (
+        "VllmTuning", "vllmtunings", ["vlt"], ["all", "vllm"])
+    version = _version(doc)
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Target", "Mode", "Tokens", "Seqs", "Schedule", "Ready", "Age"]
+
+
+def _walk(node, path="spec"):
+    yield path, node
+    for name, sub in node.get("properties", {}).items():
+        yield from _walk(sub, f"{path}.{name}")
+    if "items" in node:
+        yield from _walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _walk(node["additionalProperties"], f"{path}{{}}")
+
+
+def test_schema_is_structural_and_every_spec_field_is_described():
+    spec = _version(crd())["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for path, node in _walk(spec):
+        assert "$ref" not in node and "anyOf" not in node and "title" not in node, path
+        assert "type" in node, f"{path} has no type"
+        assert node.get("additionalProperties") is not False, path
+        if not path.endswith("{}"):
+            assert node.get("description"), f"{path} has no description"
+
+
+def _rules(node):
+    return [v["rule"] for v in node.get("x-kubernetes-validations", [])]
+
+
+def test_cel_rules_cover_what_one_field_cannot_say():
+    spec = _version(crd())["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    bounds = spec["bounds"]
+    assert "self.maxNumBatchedTokens.min >= self.maxNumSeqs.min" in _rules(bounds)
+    assert "self.min <= self.max" in _rules(bounds["properties"]["maxNumBatchedTokens"])
+    assert "self.min <= self.max" in _rules(bounds["properties"]["maxNumSeqs"])
+    assert any("Tiers" in r for r in _rules(spec["traffic"]))
+    schedule = spec["schedules"]["items"]
+    assert any("has(self.knobs)" in r for r in _rules(schedule))
+    assert "self.start != self.end" in _rules(schedule)
+    assert spec["schedules"]["x-kubernetes-list-map-keys"] == ["name"]
+    assert "pattern" in schedule["properties"]["timeZone"] and "pattern" in schedule["properties"]["start"]
+    assert "pattern" in spec["traffic"]["properties"]["window"]
+
+
+def test_crd_defaults_fill_nested_objects():
+    spec = _version(crd())["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert spec["rollout"]["default"] == {}
+    assert spec["rollout"]["properties"]["cooldown"]["default"] == "15m"
+    assert spec["slo"]["properties"]["ttft"]["default"] == {"seconds": 2.0}
+    assert spec["mode"]["enum"] == ["Auto", "Recommend", "Paused"]
+
+
+MINIMAL = {
+    "apiVersion": "autotuner.vllm-tuning.io/v1alpha1",
+    "kind": "VllmTuning",
+    "metadata": {"name": "chat", "namespace": "llm"},
+    "spec": {"targetRef": {"name": "llama"}},
+}
+
+
+def test_minimal_object_gets_documented_defaults():
+    obj = VllmTuning.from_object(MINIMAL)
+    spec = obj.spec
+    assert spec.mode == "Auto" and spec.traffic.strategy == "Adaptive"
+    assert (spec.bounds.max_num_batched_tokens.min, spec.bounds.max_num_batched_tokens.max) == (256, 32768)
+    assert spec.slo.itl.seconds == 0.1 and spec.slo.ttft.quantile == 0.95
+    assert obj.to_object()["spec"]["targetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"}
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"mode": "Sometimes"},
+        {"traffic": {"window": "five minutes"}},
+        {"bounds": {"maxNumSeqs": {"min": 0}}},
+        {"schedules": [{"name": "night", "start": "0 22 * *", "end": "0 6 * * *", "knobs": {"maxNumBatchedTokens": 8, "maxNumSeqs": 4}}]},
+        {"unknownField": 1},
+    ],
+)
+def test_bad_specs_are_rejected_by_the_models(patch):
+    with pytest.raises(ValidationError):
+        VllmTuningSpec.model_validate({"targetRef": {"name": "llama"}, **patch})
+
+
+def test_durations_and_zones():
+    assert duration_seconds("1h30m") == 5400 and duration_seconds("250ms") == 0.25
+    assert format_duration(5400) == "1h30m" and format_duration(0) == "0s"
+    with pytest.raises(ValueError, match="e.g. 30s"):
+        duration_seconds("5 minutes")
+    assert str(time_zone("Europe/Berlin")) == "Europe/Berlin"
+    with pytest.raises(ValueError, match="IANA"):
+        time_zone("Mars/Olympus_Mons")

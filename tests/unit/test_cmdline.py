@@ -1,0 +1,184 @@
+"""Reading and rewriting the knobs in every command-line form vLLM accepts."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_autotuner.api import Knobs
+from vllm_autotuner.knobs import (
+    CommandLine,
+    CommandLineError,
+    EngineArgs,
+    Hardware,
+    find_vllm_container,
+    set_knobs,
+    vllm_defaults,
+)
+from vllm_autotuner.knobs.cmdline import split_shell
+
+NEW = Knobs(max_num_batched_tokens=3072, max_num_seqs=96)
+
+
+@pytest.mark.parametrize(
+    ("container", "tokens", "seqs"),
+    [
+        ({"command": ["vllm", "serve", "M", "--max-num-batched-tokens", "8192", "--max-num-seqs", "64"]}, 8192, 64),
+        ({"args": ["--model", "M", "--max-num-batched-tokens=4096", "--max-num-seqs=32"]}, 4096, 32),
+        ({"args": ["--max_num_batched_tokens", "2048", "--max_num_seqs=16"]}, 2048, 16),
+        ({"command": ["/bin/sh", "-c", "vllm serve M --max-num-seqs 64"]}, None, 64),
+        ({"command": ["bash", "-c"], "args": ["exec vllm serve M --max-num-batched-tokens='1024' 2>&1 | tee /l"]}, 1024, None),
+        ({"command": ["/usr/bin/env", "sh", "-ec", "vllm serve M --max_num_seqs=8 && echo done"]}, None, 8),
+        ({"command": ["python3", "-m", "vllm.entrypoints.openai.api_server"], "args": ["--max-num-seqs", "7"]}, None, 7),
+        # argparse semantics: the last occurrence wins
+        ({"args": ["--max-num-seqs", "1", "--max-num-seqs", "2"]}, None, 2),
+        ({"args": ["--model", "M"]}, None, None),
+    ],
+)
+def test_reads_every_spelling(container, tokens, seqs):
+    args = EngineArgs.from_container(container)
+    assert (args.max_num_batched_tokens, args.max_num_seqs) == (tokens, seqs)
+
+
+def test_write_changes_only_the_knob_tokens_in_a_shell_string():
+    script = "pip list >/dev/null && exec vllm serve 'my model' --max-num-seqs=64 --port 8000 2>&1 | tee /log"
+    out = set_knobs({"command": ["/bin/sh", "-c", script]}, NEW)
+    assert out["command"][2] == (
+        "pip list >/dev/null && exec vllm serve 'my model' --max-num-seqs=96 --port 8000"
+        " --max-num-batched-tokens 3072 2>&1 | tee /log"
+    )
+
+
+def test_write_keeps_style_and_spelling_in_lists():
+    out = set_knobs({"name": "vllm", "args": ["--max_num_seqs=5", "--model=M"]}, NEW)
+    assert out == {"name": "vllm", "args": ["--max_num_seqs=96", "--model=M", "--max-num-batched-tokens=3072"]}
+
+
+def test_write_rewrites_every_occurrence():
+    out = set_knobs({"args": ["--max-num-seqs", "1", "--max-num-seqs", "2"]}, NEW)
+    assert out["args"][:4] == ["--max-num-seqs", "96", "--max-num-seqs", "96"]
+
+
+def test_boolean_flags_do_not_swallow_the_next_flag():
+    c = {"args": ["--enable-chunked-prefill", "--max-num-seqs", "4", "--no-enable-prefix-caching"]}
+    args = EngineArgs.from_container(c)
+    assert args.max_num_seqs == 4 and args.chunked_prefill is True
+    assert EngineArgs.from_container({"args": ["--no-enable-chunked-prefill"]}).chunked_prefill is False
+
+
+def test_non_integer_value_is_a_clear_error():
+    with pytest.raises(CommandLineError, match="--max-num-seqs has value '\\$SEQS'"):
+        EngineArgs.from_container({"command": ["sh", "-c", "vllm serve M --max-num-seqs $SEQS"]})
+
+
+def test_unbalanced_quote_is_a_clear_error():
+    with pytest.raises(CommandLineError, match="unbalanced"):
+        CommandLine.parse({"command": ["sh", "-c", "vllm serve 'M --max-num-seqs 4"]})
+
+
+def test_shell_tokenizer_spans_and_redirections():
+    words = split_shell("a 'b c'\\ d 2>&1|e")
+    assert [(w, op) for w, _, op in words] == [("a", False), ("b c d", False), ("2>&1", True), ("|", True), ("e", False)]
+    assert words[1][1] == (2, 10)
+
+
+def test_find_container():
+    pod = {
+        "containers": [
+            {"name": "proxy", "image": "envoy", "args": ["--port", "1"]},
+            {"name": "engine", "image": "vllm/vllm-openai:v0.11.0", "args": ["--model", "M"]},
+        ]
+    }
+    assert find_vllm_container(pod)["name"] == "engine"
+    assert find_vllm_container(pod, "proxy")["name"] == "proxy"
+    with pytest.raises(CommandLineError, match="containers: proxy, engine"):
+        find_vllm_container(pod, "missing")
+    with pytest.raises(CommandLineError, match="set spec.targetRef.container"):
+        find_vllm_container({"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "y"}]})
+
+
+def test_defaults_table():
+    h100 = vllm_defaults("v0.11.0", Hardware(gpus=1, memory_gib=80, product="NVIDIA-H100-80GB-HBM3"))
+    assert (h100.knobs.max_num_batched_tokens, h100.knobs.max_num_seqs) == (8192, 1024)
+    a100 = vllm_defaults("0.11.0", Hardware(gpus=1, memory_gib=80, product="NVIDIA-A100-SXM4-80GB"))
+    assert (a100.knobs.max_num_batched_tokens, a100.knobs.max_num_seqs) == (2048, 256)
+    assert "A100" in a100.table
+    l40s = vllm_defaults("vllm/vllm-openai:v0.20.1", Hardware(gpus=1, memory_gib=48))
+    assert (l40s.knobs.max_num_batched_tokens, l40s.knobs.max_num_seqs) == (2048, 256)
+    cpu = vllm_defaults(None, Hardware(gpus=0))
+    assert (cpu.knobs.max_num_batched_tokens, cpu.knobs.max_num_seqs) == (2048, 128)
+    assert "version unknown" in cpu.table
+    newer = vllm_defaults("v0.40.0", Hardware(gpus=1), performance_mode="throughput")
+    assert (newer.knobs.max_num_batched_tokens, newer.knobs.max_num_seqs) == (16384, 2048)
+    assert "newer than the newest table" in newer.table and "memory unknown" in newer.table
+
+
+def test_effective_knobs_fill_absent_flags_from_defaults():
+    defaults = vllm_defaults("0.11", Hardware(gpus=1, memory_gib=80))
+    knobs, from_defaults = EngineArgs.from_container({"args": ["--max-num-seqs", "64"]}).effective(defaults)
+    assert (knobs.max_num_batched_tokens, knobs.max_num_seqs, from_defaults) == (8192, 64, True)
+
+
+# --- property-based: any container form, any spelling --------------------------------------------
+
+flag_names = st.sampled_from(["--port", "--dtype", "--gpu-memory-utilization", "--served-model-name", "--host"])
+values = st.from_regex(r"[a-z0-9.]{1,8}", fullmatch=True)
+other_flags = st.lists(st.tuples(flag_names, values), max_size=4)
+knob_value = st.integers(min_value=1, max_value=65536)
+
+
+@st.composite
+def containers(draw):
+    """A container in one of the forms vLLM is started with, and the knob values it sets."""
+    tokens = draw(st.none() | knob_value)
+    seqs = draw(st.none() | knob_value)
+    words: list[str] = []
+    for name, value in draw(other_flags):
+        words += [f"{name}={value}"] if draw(st.booleans()) else [name, value]
+    for name, value in (("max-num-batched-tokens", tokens), ("max-num-seqs", seqs)):
+        if value is None:
+            continue
+        spelled = "--" + (name.replace("-", "_") if draw(st.booleans()) else name)
+        pos = draw(st.integers(min_value=0, max_value=len(words)))
+        # insert between flags, never between a flag and its value
+        while pos < len(words) and not words[pos].startswith("--"):
+            pos += 1
+        words[pos:pos] = [f"{spelled}={value}"] if draw(st.booleans()) else [spelled, str(value)]
+    form = draw(st.sampled_from(["args", "command", "shell", "shell-args"]))
+    head = ["vllm", "serve", "org/model"]
+    if form == "args":
+        container = {"args": words}
+    elif form == "command":
+        container = {"command": head + words}
+    else:
+        script = shlex.join(head + words) + draw(st.sampled_from(["", " 2>&1 | tee /tmp/log", " ; echo bye"]))
+        container = {"command": ["/bin/sh", "-c", script]} if form == "shell" else {"command": ["bash", "-c"], "args": [script]}
+    return container, tokens, seqs
+
+
+@settings(max_examples=300, deadline=None)
+@given(containers(), knob_value, knob_value)
+def test_read_write_roundtrip_changes_nothing_else(case, new_tokens, new_seqs):
+    container, tokens, seqs = case
+    args = EngineArgs.from_container(container)
+    assert (args.max_num_batched_tokens, args.max_num_seqs) == (tokens, seqs)
+
+    new = Knobs.model_construct(max_num_batched_tokens=new_tokens, max_num_seqs=new_seqs)
+    out = set_knobs(container, new)
+    again = EngineArgs.from_container(out)
+    assert (again.max_num_batched_tokens, again.max_num_seqs) == (new_tokens, new_seqs)
+
+    # every other flag keeps its value, and nothing but the knob tokens changed
+    def others(c):
+        return [(f.name, f.value) for f in CommandLine.parse(c).flags() if f.name not in ("max-num-batched-tokens", "max-num-seqs")]
+
+    assert others(out) == others(container)
+    assert set(out) == set(container)
+    # idempotent: writing the same values again is a no-op
+    assert set_knobs(out, new) == out
+    # writing the current values back restores a container that set both flags exactly
+    if tokens is not None and seqs is not None:
+        assert set_knobs(out, Knobs.model_construct(max_num_batched_tokens=tokens, max_num_seqs=seqs)) == container

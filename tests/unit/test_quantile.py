@@ -1,0 +1,54 @@
+"""histogram_quantile must return what Prometheus returns for the same buckets."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vllm_autotuner.observe.quantile import histogram_quantile
+
+BOUNDS = [0.1, 0.5, 1.0, math.inf]
+
+
+@pytest.mark.parametrize(
+    ("q", "counts", "expected"),
+    [
+        (0.5, [10, 20, 30, 40], 0.5),  # rank 20 is the top of the 0.5 bucket
+        (0.25, [10, 20, 30, 40], 0.1),
+        (0.3, [10, 20, 30, 40], 0.1 + 0.4 * (2 / 10)),
+        (0.05, [10, 20, 30, 40], 0.1 * (2 / 10)),  # first bucket interpolates from 0
+        (0.99, [10, 20, 30, 40], 1.0),  # rank in +Inf bucket -> highest finite bound
+        (0.5, [0, 0, 0, 0], math.nan),
+        (0.5, [10, 5, 30, 40], 0.75),  # non-monotonic repaired to [10, 10, 30, 40]: rank 20 halfway into (0.5, 1.0]
+        (-0.1, [1, 2, 3, 4], -math.inf),
+        (1.1, [1, 2, 3, 4], math.inf),
+    ],
+)
+def test_prometheus_cases(q, counts, expected):
+    got = histogram_quantile(q, BOUNDS, counts)
+    if math.isnan(expected):
+        assert math.isnan(got)
+    else:
+        assert got == pytest.approx(expected)
+
+
+def test_needs_an_inf_bucket():
+    assert math.isnan(histogram_quantile(0.5, [0.1, 0.5], [1, 2]))
+
+
+@given(st.lists(st.integers(0, 1000), min_size=4, max_size=4), st.floats(0, 1))
+def test_monotone_in_q_and_within_bounds(increments, q):
+    counts = []
+    total = 0
+    for inc in increments:
+        total += inc
+        counts.append(total)
+    value = histogram_quantile(q, BOUNDS, counts)
+    if total == 0:
+        assert math.isnan(value)
+        return
+    assert 0 <= value <= 1.0
+    assert value <= histogram_quantile(min(1.0, q + 0.1), BOUNDS, counts) + 1e-12

@@ -66,11 +66,17 @@ bin/kubectl: bin/testenv
 bin/helm: hack/go-build.sh hack/helm/go.mod hack/helm/go.sum
 	@GO=$(GO) hack/go-build.sh hack/helm helm.sh/helm/v3/cmd/helm $@ '$(HELM_LDFLAGS)'
 
+up: setup testenv ## Start the control plane and Prometheus in the background; settings in .local/env
+	@$(VENV)/bin/vllm-autotuner sim up
+
+down: setup ## Stop everything `make up` started
+	@$(VENV)/bin/vllm-autotuner sim down
+
 crd: setup ## Regenerate crds/ from the pydantic models
 	@$(VENV)/bin/vllm-autotuner crd > crds/vllmtunings.autotuner.vllm-tuning.io.yaml
 
 unit: setup ## Unit tests only (no cluster, no Prometheus)
 	@$(PY) -m pytest tests/unit
 
-test: setup ## Everything: unit, integration and e2e tests against real servers
+test: setup testenv ## Everything: unit, integration and e2e tests against real servers
 	@$(PY) -m pytest

@@ -17,12 +17,10 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-from support import Cluster, wait_for
+from support import CRD_FILE, CRD_NAME, Cluster, wait_for
 
 from vllm_autotuner.sim import localenv
 
-CRD_FILE = localenv.ROOT / "crds" / "vllmtunings.autotuner.vllm-tuning.io.yaml"
-CRD_NAME = "vllmtunings.autotuner.vllm-tuning.io"
 LOG_DIR = pytest.StashKey[Path]()
 
 

@@ -22,6 +22,9 @@ from vllm_autotuner.sim import localenv
 
 T = TypeVar("T")
 
+CRD_NAME = "vllmtunings.autotuner.vllm-tuning.io"
+CRD_FILE = localenv.ROOT / "crds" / f"{CRD_NAME}.yaml"
+
 
 def wait_for(predicate: Callable[[], T], timeout: float, description: str) -> T:
     """Poll ``predicate`` until it returns something truthy, and return that.

@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: help setup prometheus testenv up down test unit crd
+.PHONY: help setup prometheus testenv up down test unit crd bench-sim
 
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 # Root installs directly; anyone else needs sudo for the Debian package.
@@ -80,3 +80,6 @@ unit: setup ## Unit tests only (no cluster, no Prometheus)
 
 test: setup testenv ## Everything: unit, integration and e2e tests against real servers
 	@$(PY) -m pytest
+
+bench-sim: setup ## Real-time factor of the engine simulator per profile (prints figures)
+	@$(PY) bench/sim_speed.py

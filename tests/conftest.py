@@ -17,7 +17,7 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-from support import CRD_FILE, CRD_NAME, Cluster, wait_for
+from tests.support import CRD_FILE, CRD_NAME, Cluster, wait_for
 
 from vllm_autotuner.sim import localenv
 

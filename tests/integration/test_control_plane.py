@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 
 import pytest
 from kubernetes import client
-from support import Cluster, wait_for
+from tests.support import Cluster, wait_for
 
 from vllm_autotuner.sim import localenv
 

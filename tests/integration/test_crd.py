@@ -15,7 +15,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from support import CRD_FILE, CRD_NAME, Cluster
+from tests.support import CRD_FILE, CRD_NAME, Cluster
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from prometheus_api_client import PrometheusConnect
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
-from support import wait_for
+from tests.support import wait_for
 
 from vllm_autotuner.sim import localenv
 

@@ -11,7 +11,7 @@ import json
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from support import Cluster, wait_for
+from tests.support import Cluster, wait_for
 
 pytestmark = pytest.mark.integration
 

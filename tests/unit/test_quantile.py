@@ -35,11 +35,15 @@ def test_prometheus_cases(q, counts, expected):
         assert got == pytest.approx(expected)
 
 
+def test_q_zero_over_empty_leading_buckets_is_nan_like_prometheus():
+    assert math.isnan(histogram_quantile(0.0, BOUNDS, [0, 0, 0, 1]))
+
+
 def test_needs_an_inf_bucket():
     assert math.isnan(histogram_quantile(0.5, [0.1, 0.5], [1, 2]))
 
 
-@given(st.lists(st.integers(0, 1000), min_size=4, max_size=4), st.floats(0, 1))
+@given(st.lists(st.integers(0, 1000), min_size=4, max_size=4), st.floats(0.001, 1))
 def test_monotone_in_q_and_within_bounds(increments, q):
     counts = []
     total = 0

@@ -33,6 +33,7 @@ from vllm_autotuner.api.status import (
     FailedConfig,
     KnobSource,
     LearnedOptimum,
+    Measurement,
     ObservedTraffic,
     Recommendation,
     Rollout,
@@ -45,6 +46,6 @@ __all__ = [
     "SLO", "Bounds", "EngineSpec", "Knobs", "LatencyTarget", "Mode", "PrometheusSpec", "RolloutSpec",
     "Schedule", "Strategy", "TargetRef", "Tier", "TierMatch", "TrafficSpec", "VllmTuningSpec",
     "Condition", "ConditionStatus", "ConditionType", "CurrentKnobs", "DecisionAction", "DecisionRecord",
-    "FailedConfig", "KnobSource", "LearnedOptimum", "ObservedTraffic", "Recommendation", "Rollout",
+    "FailedConfig", "KnobSource", "LearnedOptimum", "Measurement", "ObservedTraffic", "Recommendation", "Rollout",
     "RolloutPhase", "VllmTuningStatus",
 ]

@@ -20,6 +20,8 @@ HISTORY_LIMIT = 20
 #: How many learned regimes and failed configs status keeps.
 LEARNED_LIMIT = 32
 FAILED_LIMIT = 32
+#: How many (regime, config) measurements status keeps, newest first.
+MEASUREMENT_LIMIT = 48
 
 
 class StatusModel(BaseModel):
@@ -86,6 +88,10 @@ class CurrentKnobs(StatusModel):
     """True when a flag is absent and vLLM's default applies; defaultsTable names the table assumed."""
     defaults_table: str | None = None
     """The vLLM default table assumed for absent flags."""
+    max_model_len: int | None = Field(default=None, ge=1)
+    """--max-model-len of the vLLM container (absent: the model's own), for vLLM's start-up rules."""
+    chunked_prefill: bool = True
+    """Whether chunked prefill is on (always in the V1 engine), for vLLM's start-up rules."""
 
     @property
     def knobs(self) -> Knobs:
@@ -174,6 +180,12 @@ class Rollout(StatusModel):
     """metadata.generation of the Deployment after the patch; the rollout is complete when status.observedGeneration reaches it and all replicas are updated and available."""
     message: str = ""
     """Details, e.g. the vLLM error of a crash-looping pod."""
+    regime: str | None = None
+    """Traffic regime the change was made for."""
+    baseline_attainment: float | None = Field(default=None, ge=0, le=1)
+    """Estimated share of requests within the SLO in the window before the change: the regression check's baseline."""
+    verified_at: str | None = None
+    """When the first settled window after the rollout was compared with the baseline (RFC 3339)."""
 
 
 class DecisionAction(StrEnum):
@@ -207,9 +219,72 @@ class LearnedOptimum(StatusModel):
     max_num_seqs: NumSeqs
     """Best --max-num-seqs measured for the regime."""
     goodput: float
-    """SLO goodput measured with it: output tokens per second of requests within the SLO."""
+    """SLO goodput measured with it: output tokens per second per pod of requests within the SLO."""
+    attainment: float | None = Field(default=None, ge=0, le=1)
+    """Estimated share of requests within both latency targets with it."""
     measured_at: str
     """When (RFC 3339)."""
+
+
+class Measurement(StatusModel):
+    """What one config did under one traffic regime, from the latest usable window.
+
+    The adaptive policy's memory: it predicts a candidate from these before
+    paying for a restart (step time against tokens per step, KV-cache use
+    against concurrency) and prefers measured configs to predicted ones.
+    All rates and means are per pod.
+    """
+
+    regime: str
+    """Traffic regime of the window."""
+    max_num_batched_tokens: BatchedTokens
+    """--max-num-batched-tokens the window ran under."""
+    max_num_seqs: NumSeqs
+    """--max-num-seqs the window ran under."""
+    measured_at: str
+    """End of the window (RFC 3339)."""
+    windows: int = Field(default=1, ge=1)
+    """Evaluations that measured this config in this regime."""
+    request_rate: float = Field(ge=0)
+    """Completed requests per second per pod."""
+    generation_tokens_per_second: float = Field(ge=0)
+    """Generated tokens per second per pod."""
+    prompt_tokens_per_second: float = Field(ge=0)
+    """Prefill tokens per second per pod."""
+    mean_prompt_tokens: float = Field(ge=0)
+    """Mean prompt length."""
+    mean_generation_tokens: float = Field(ge=0)
+    """Mean output length."""
+    attainment: float = Field(ge=0, le=1)
+    """Estimated share of requests within both latency targets."""
+    ttft_within_slo: float | None = Field(default=None, ge=0, le=1)
+    """Measured share of TTFT samples within the target."""
+    itl_within_slo: float | None = Field(default=None, ge=0, le=1)
+    """Measured share of ITL samples within the target."""
+    ttft_seconds: float = Field(ge=0)
+    """TTFT at the SLO quantile."""
+    itl_seconds: float = Field(ge=0)
+    """Inter-token latency at the SLO quantile."""
+    queue_seconds: float | None = Field(default=None, ge=0)
+    """Queue time at the TTFT quantile."""
+    itl_mean_seconds: float | None = Field(default=None, ge=0)
+    """Mean inter-token latency: about the mean engine step time."""
+    step_tokens_mean: float | None = Field(default=None, ge=0)
+    """Mean tokens per engine step."""
+    step_tokens_quantile: float | None = Field(default=None, ge=0)
+    """Tokens per engine step at the ITL SLO quantile."""
+    running: float | None = Field(default=None, ge=0)
+    """Mean running requests."""
+    waiting: float | None = Field(default=None, ge=0)
+    """Mean waiting requests."""
+    kv_cache_usage: float | None = Field(default=None, ge=0)
+    """Mean KV-cache usage, 0 to 1."""
+    preemptions_per_second: float | None = Field(default=None, ge=0)
+    """Preemptions per second."""
+
+    @property
+    def knobs(self) -> Knobs:
+        return Knobs(max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.max_num_seqs)
 
 
 class FailedConfig(StatusModel):
@@ -245,6 +320,10 @@ class VllmTuningStatus(StatusModel):
     """Name of the schedule window in force, if any."""
     regime: str | None = None
     """Traffic regime of the last observation (load level and length mix, or the matching tier)."""
+    regime_since: str | None = None
+    """When the traffic entered that regime (RFC 3339); how long a regime has lasted is the estimate of how long it will last."""
+    resume_knobs: Knobs | None = None
+    """Knobs in force before the active schedule window's preset, restored when the window closes."""
     observed: ObservedTraffic | None = None
     """Numbers from the last usable observation."""
     last_rollout: Rollout | None = None
@@ -255,5 +334,7 @@ class VllmTuningStatus(StatusModel):
     """The latest decisions, newest first."""
     learned: list[LearnedOptimum] = Field(default_factory=list, max_length=LEARNED_LIMIT)
     """Best measured config per traffic regime, so a returning regime goes straight back to it."""
+    measurements: list[Measurement] = Field(default_factory=list, max_length=MEASUREMENT_LIMIT)
+    """Latest window of each (regime, config) measured, newest first: the adaptive policy's data."""
     failed_configs: list[FailedConfig] = Field(default_factory=list, max_length=FAILED_LIMIT)
     """Configs that failed to start; never tried again until the spec changes."""

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Annotated
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from cronsim import CronSim, CronSimError
 from pydantic import Field
 
 #: Go-style durations as Kubernetes users write them: "30s", "5m", "1h30m", "250ms".
@@ -50,6 +51,22 @@ def format_duration(seconds: float) -> str:
     minutes, secs = divmod(rest, 60)
     parts = [f"{v}{u}" for v, u in ((hours, "h"), (minutes, "m"), (secs, "s")) if v]
     return "".join(parts) or "0s"
+
+
+def parse_cron(expr: str) -> str:
+    """The expression back if cron can run it, else ValueError saying what is wrong.
+
+    Five fields (minute hour day-of-month month day-of-week) as Debian cron
+    reads them, names (MON, JAN) and ``L`` included; the six-field form with
+    seconds is refused because the CRD documents five.
+    """
+    if len(expr.split()) != 5:
+        raise ValueError(f"invalid cron expression {expr!r}: use five fields, minute hour day-of-month month day-of-week")
+    try:
+        CronSim(expr, datetime(2000, 1, 1, tzinfo=UTC))
+    except CronSimError as exc:
+        raise ValueError(f"invalid cron expression {expr!r}: {exc}") from exc
+    return expr
 
 
 def time_zone(name: str) -> ZoneInfo:

@@ -14,18 +14,18 @@ from vllm_autotuner.api.spec import Knobs
 
 
 def startup_errors(knobs: Knobs, max_model_len: int | None, chunked_prefill: bool = True) -> list[str]:
-    """vLLM's validation errors for these knobs (empty when vLLM would accept them)."""
+    """vLLM's validation errors for these knobs, in the order vLLM checks them (it reports the first)."""
     tokens, seqs = knobs.max_num_batched_tokens, knobs.max_num_seqs
     errors = []
-    if tokens < seqs:
-        errors.append(
-            f"Value error, max_num_batched_tokens ({tokens}) must be greater than or equal to max_num_seqs ({seqs})."
-        )
     if not chunked_prefill and max_model_len is not None and tokens < max_model_len:
         errors.append(
             f"Value error, max_num_batched_tokens ({tokens}) is smaller than max_model_len ({max_model_len}). "
             "This effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject "
             "longer sequences. Please increase max_num_batched_tokens or decrease max_model_len."
+        )
+    if tokens < seqs:
+        errors.append(
+            f"Value error, max_num_batched_tokens ({tokens}) must be greater than or equal to max_num_seqs ({seqs})."
         )
     return errors
 

@@ -53,4 +53,6 @@ def histogram_quantile(q: float, upper_bounds: Sequence[float], cumulative_count
         start = upper_bounds[b - 1]
         count -= counts[b - 1]
         rank -= counts[b - 1]
+    if count == 0:  # q = 0 with empty leading buckets: Go's 0/0 gives NaN here
+        return math.nan
     return start + (end - start) * (rank / count)

@@ -1,0 +1,88 @@
+"""The decision core: which ``--max-num-batched-tokens`` / ``--max-num-seqs`` a vLLM Deployment should run now.
+
+Pure and deterministic: no I/O, no clock of its own, no randomness. The
+live operator and the offline benchmark call the same functions, so what
+the benchmark proves is what the operator does.
+
+Stable API
+==========
+
+``decide(spec, state, observation, now) -> Decision``
+    One evaluation. ``spec`` is the ``VllmTuningSpec``; ``state`` the
+    ``VllmTuningStatus`` as persisted (after ``adopt_generation``);
+    ``observation`` the window Prometheus gave (``None`` when it gave
+    nothing); ``now`` a timezone-aware datetime. The ``Decision`` is Hold,
+    Change or Rollback, with ``knobs``, a ``reason`` in words, the
+    ``source`` (Traffic, Schedule, Rollback), the ``expected_gain_percent``,
+    a ``hold`` word for holds, the ``recommendation`` and the ``state`` to
+    persist. In Auto mode a Change's state already records the rollout as
+    in progress: patch the Deployment, then write the state (if the patch
+    fails, drop it). Recommend mode never returns a Change: it holds with
+    the recommendation. Paused holds.
+
+``Observation``
+    One window of metrics for the target's current pods; any number may be
+    None or NaN. ``hold_reason`` (used by ``decide``) says whether it is
+    usable: data present, fresh, numbers finite, enough requests, all taken
+    under the current config after the settle time, no rollout running.
+
+``effective_slo(spec, state, now) -> SLO``
+    The SLO (quantiles and targets) the observation must be computed for: a
+    schedule window may override the spec's.
+
+Rollout lifecycle (the operator calls these when the Deployment tells it):
+    ``rollout_succeeded(state, now)`` the new pods are all Ready;
+    ``rollout_failed(state, now, message, generation) -> Decision`` they did
+    not start: the config is recorded as failed and the Decision rolls back;
+    ``manual_change_detected(state, knobs, now)`` a person changed the args;
+    ``adopt_generation(state, generation)`` the spec changed (failed configs
+    of older specs may be tried again). A measured regression is found by
+    ``decide`` itself, which then returns a Rollback (``regression_measured``).
+
+What it does
+============
+
+1. **Time of day** (``schedule``): the schedule window in force, read in its
+   IANA time zone, across midnight and daylight-saving changes, with
+   overlaps settled by ``priority`` then list order, and pre-roll so a
+   preset is live when its window opens. A preset window closing restores
+   the config that ran before it.
+2. **Traffic** (``regime``, ``adaptive``, ``model``): the regime (load and
+   length mix, or the user's ``Tiers``); the Adaptive strategy predicts
+   every candidate config with a model fitted online from the windows (step
+   time linear in batched tokens, queueing against utilisation, KV cache
+   against concurrency) and moves to the best, preferring configs already
+   measured in the regime and going straight back to a regime's learned
+   optimum.
+3. **Guardrails** (``guardrails``): bounds and vLLM's start-up rules; never a
+   config that failed to start under this spec; at most ``maxStepFactor`` per
+   step into unmeasured territory; cooldown; a daily rollout budget that keeps
+   room for the day's schedule windows; a regime must last one window; an
+   expected gain, net of the restart's cost over the regime's expected life,
+   of at least ``minImprovementPercent``; every hold with a reason.
+"""
+
+from vllm_autotuner.policy.decide import decide, effective_slo
+from vllm_autotuner.policy.decision import Decision
+from vllm_autotuner.policy.lifecycle import (
+    adopt_generation,
+    manual_change_detected,
+    regression_measured,
+    rollout_failed,
+    rollout_succeeded,
+)
+from vllm_autotuner.policy.observation import HoldReason, Observation, hold_reason
+
+__all__ = [
+    "decide",
+    "effective_slo",
+    "Decision",
+    "Observation",
+    "HoldReason",
+    "hold_reason",
+    "rollout_succeeded",
+    "rollout_failed",
+    "regression_measured",
+    "manual_change_detected",
+    "adopt_generation",
+]

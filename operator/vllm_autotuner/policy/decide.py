@@ -1,0 +1,465 @@
+"""``decide``: one evaluation of one VllmTuning, from spec, status, a window of metrics and the clock.
+
+The order of the questions is the order of precedence:
+
+1. Is the config known, and is a rollout (ours or anyone's) in progress? Then hold.
+2. Is the window usable? If so, learn from it: regime, measurement, learned optimum.
+3. Did the last traffic-driven change make things measurably worse? Roll it back.
+4. Does a schedule window want a preset, or did a preset window just close?
+   Clock-driven: this needs no traffic data (a nightly batch window starts
+   on time even when the night is quiet), only rollout budget.
+5. Otherwise the traffic policy (Tiers or Adaptive), which needs a usable
+   window, a regime that has lasted one window, the cooldown, rollout
+   budget beyond what the day's schedule windows will need, and, for
+   Adaptive, an expected gain that pays for the restart.
+
+``Paused`` stops after learning; ``Recommend`` reports the change it would
+make and holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from vllm_autotuner.api import (
+    SLO,
+    Bounds,
+    DecisionAction,
+    Knobs,
+    KnobSource,
+    LearnedOptimum,
+    Measurement,
+    Mode,
+    ObservedTraffic,
+    Recommendation,
+    Strategy,
+    VllmTuningSpec,
+    VllmTuningStatus,
+)
+from vllm_autotuner.api.status import LEARNED_LIMIT, MEASUREMENT_LIMIT, RolloutPhase
+from vllm_autotuner.api.types import duration_seconds, utc_timestamp
+from vllm_autotuner.policy import adaptive
+from vllm_autotuner.policy.decision import Decision, with_history, with_rollout
+from vllm_autotuner.policy.guardrails import (
+    DAY_SECONDS,
+    acceptable,
+    budget_left,
+    clamp,
+    cooldown_left,
+    failed_configs,
+    restart_cost_percent,
+)
+from vllm_autotuner.policy.lifecycle import regression_measured
+from vllm_autotuner.policy.model import attainment
+from vllm_autotuner.policy.observation import HoldReason, Observation, hold_reason, rollout_active
+from vllm_autotuner.policy.regime import classify, matching_tier
+from vllm_autotuner.policy.schedule import ActiveWindow, preset_boundaries, window_in_force
+
+#: Regime name of traffic no tier matches (not a valid tier name, so it never collides with one).
+NO_TIER = "(no tier)"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What is in force at a moment: the schedule window, and the SLO and bounds it implies."""
+
+    window: ActiveWindow | None
+    slo: SLO
+    bounds: Bounds
+    warnings: tuple[str, ...]
+
+    @property
+    def preset(self) -> Knobs | None:
+        return self.window.schedule.knobs if self.window else None
+
+    @property
+    def override(self) -> str | None:
+        """Name of a window that overrides bounds or SLO (the traffic policy keeps running inside it)."""
+        return self.window.schedule.name if self.window and self.preset is None else None
+
+
+def settings_at(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) -> Settings:
+    """The schedule window in force at ``now`` (pre-roll included) and the SLO and bounds it implies."""
+    window, errors = window_in_force(spec.schedules, state, now)
+    schedule = window.schedule if window else None
+    slo = schedule.slo if schedule and schedule.slo else spec.slo
+    bounds = schedule.bounds if schedule and schedule.bounds else spec.bounds
+    return Settings(window=window, slo=slo, bounds=bounds, warnings=tuple(errors))
+
+
+def effective_slo(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) -> SLO:
+    """The SLO whose quantiles and targets the observation for ``now`` must be computed for."""
+    return settings_at(spec, state, now).slo
+
+
+def _measurement(observation: Observation, regime: str, slo: SLO) -> Measurement:
+    assert observation.config is not None and observation.pods
+    pods = observation.pods
+
+    def per_pod(value: float | None) -> float:
+        return (value or 0.0) / pods
+
+    ttft, itl = observation.ttft_seconds or 0.0, observation.itl_seconds or 0.0
+    share = attainment(slo, ttft, itl, observation.ttft_within_slo, observation.itl_within_slo)
+    return Measurement(
+        regime=regime,
+        max_num_batched_tokens=observation.config.max_num_batched_tokens,
+        max_num_seqs=observation.config.max_num_seqs,
+        measured_at=utc_timestamp(observation.window_end),
+        request_rate=per_pod(observation.request_rate),
+        generation_tokens_per_second=per_pod(observation.generation_tokens_rate),
+        prompt_tokens_per_second=per_pod(observation.prompt_tokens_rate),
+        mean_prompt_tokens=observation.mean_prompt_tokens or 0.0,
+        mean_generation_tokens=observation.mean_generation_tokens or 0.0,
+        attainment=min(max(share, 0.0), 1.0),
+        ttft_within_slo=observation.ttft_within_slo,
+        itl_within_slo=observation.itl_within_slo,
+        ttft_seconds=ttft,
+        itl_seconds=itl,
+        queue_seconds=observation.queue_seconds,
+        itl_mean_seconds=observation.itl_mean_seconds,
+        step_tokens_mean=observation.step_tokens_mean,
+        step_tokens_quantile=observation.step_tokens_quantile,
+        running=observation.running,
+        waiting=observation.waiting,
+        kv_cache_usage=observation.kv_cache_usage,
+        preemptions_per_second=None if observation.preemption_rate is None else per_pod(observation.preemption_rate),
+    )
+
+
+def _observed(observation: Observation) -> ObservedTraffic:
+    o = observation
+    return ObservedTraffic(
+        window_start=utc_timestamp(o.window_start),
+        window_end=utc_timestamp(o.window_end),
+        pods=o.pods or 0,
+        request_rate=o.request_rate or 0.0,
+        prompt_tokens_per_second=o.prompt_tokens_rate or 0.0,
+        generation_tokens_per_second=o.generation_tokens_rate or 0.0,
+        ttft_seconds=o.ttft_seconds,
+        itl_seconds=o.itl_seconds,
+        e2e_seconds=o.e2e_seconds,
+        queue_seconds=o.queue_seconds,
+        running=o.running,
+        waiting=o.waiting,
+        kv_cache_usage=o.kv_cache_usage,
+        preemptions_per_second=o.preemption_rate,
+        mean_prompt_tokens=o.mean_prompt_tokens,
+        mean_generation_tokens=o.mean_generation_tokens,
+        step_tokens_mean=o.step_tokens_mean,
+    )
+
+
+def _regime_name(spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, observation: Observation) -> str:
+    if spec.traffic.strategy == Strategy.TIERS:
+        tier = matching_tier(spec.traffic.tiers, observation)
+        return tier.name if tier else NO_TIER
+    pods = observation.pods or 1
+    return classify(
+        (observation.request_rate or 0.0) / pods,
+        observation.mean_prompt_tokens or 0.0,
+        observation.mean_generation_tokens or 0.0,
+        state.regime,
+        settings.override,
+    ).name
+
+
+def _learn(
+    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, observation: Observation, now: datetime
+) -> tuple[VllmTuningStatus, Measurement]:
+    """The status after a usable window: observed numbers, regime, measurement and learned optimum."""
+    regime = _regime_name(spec, settings, state, observation)
+    m = _measurement(observation, regime, settings.slo)
+    before = next((x for x in state.measurements if x.regime == regime and x.knobs == m.knobs), None)
+    if before is not None:
+        m = m.model_copy(update={"windows": before.windows + 1})
+    measurements = [m, *(x for x in state.measurements if x is not before)][:MEASUREMENT_LIMIT]
+    learned = list(state.learned)
+    best = next((x for x in learned if x.regime == regime), None)
+    same = best is not None and (best.max_num_batched_tokens, best.max_num_seqs) == (
+        m.max_num_batched_tokens,
+        m.max_num_seqs,
+    )
+    if best is None or same or (best.attainment or 0.0) < m.attainment:
+        optimum = LearnedOptimum(
+            regime=regime,
+            max_num_batched_tokens=m.max_num_batched_tokens,
+            max_num_seqs=m.max_num_seqs,
+            goodput=m.generation_tokens_per_second * m.attainment,
+            attainment=m.attainment,
+            measured_at=m.measured_at,
+        )
+        learned = [optimum, *(x for x in learned if x is not best)][:LEARNED_LIMIT]
+    since = state.regime_since if regime == state.regime and state.regime_since else utc_timestamp(now)
+    state = state.model_copy(
+        update={
+            "observed": _observed(observation),
+            "regime": regime,
+            "regime_since": since,
+            "measurements": measurements,
+            "learned": learned,
+        }
+    )
+    return state, m
+
+
+def _recommendation(knobs: Knobs, reason: str, gain: float | None, now: datetime) -> Recommendation:
+    return Recommendation(
+        max_num_batched_tokens=knobs.max_num_batched_tokens,
+        max_num_seqs=knobs.max_num_seqs,
+        reason=reason,
+        expected_gain_percent=gain,
+        time=utc_timestamp(now),
+    )
+
+
+def _hold(
+    state: VllmTuningStatus,
+    now: datetime,
+    hold: HoldReason,
+    reason: str,
+    settings: Settings,
+    recommendation: Knobs | None = None,
+    gain: float | None = None,
+) -> Decision:
+    knobs = state.current.knobs if state.current else None
+    state = with_history(state, now, DecisionAction.HOLD, knobs, reason)
+    if recommendation is not None:
+        state = state.model_copy(update={"recommendation": _recommendation(recommendation, reason, gain, now)})
+    return Decision(
+        action=DecisionAction.HOLD,
+        knobs=knobs,
+        reason=reason,
+        state=state,
+        hold=hold,
+        recommendation=recommendation,
+        expected_gain_percent=gain,
+        warnings=settings.warnings,
+    )
+
+
+@dataclass(frozen=True)
+class _Change:
+    """A change a policy wants, before the mode and the rollout guardrails have their say."""
+
+    knobs: Knobs
+    source: KnobSource
+    reason: str
+    gain: float | None = None
+    regime: str | None = None
+    baseline: float | None = None
+    resume: Knobs | None = None
+    """resume_knobs to persist with the change (schedule presets remember what to go back to)."""
+
+
+def _apply(
+    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, now: datetime, change: _Change
+) -> Decision:
+    """Guardrails every change passes, then the mode: Auto applies, Recommend reports, Paused holds."""
+    assert state.current is not None
+    if change.knobs in failed_configs(state):
+        return _hold(
+            state, now, HoldReason.NO_BETTER_CONFIG, f"{change.knobs} failed to start before: not retried", settings
+        )
+    reserved = 0
+    if change.source == KnobSource.TRAFFIC:
+        wait = cooldown_left(spec, state, now)
+        if wait > 0:
+            reason = f"cooldown: {wait:.0f}s left before a traffic change ({change.reason})"
+            return _hold(state, now, HoldReason.COOLDOWN, reason, settings, change.knobs, change.gain)
+        reserved = preset_boundaries(spec.schedules, now, DAY_SECONDS)
+    if budget_left(spec, state, now, reserved) < 1:
+        reason = (
+            f"rollout budget spent: {spec.rollout.max_rollouts_per_day} per day"
+            + (f", {reserved} kept for schedule windows" if reserved else "")
+            + f" ({change.reason})"
+        )
+        return _hold(state, now, HoldReason.BUDGET, reason, settings, change.knobs, change.gain)
+    if spec.mode == Mode.PAUSED:
+        return _hold(
+            state, now, HoldReason.PAUSED, f"Paused: would change to {change.knobs} ({change.reason})", settings
+        )
+    if spec.mode == Mode.RECOMMEND:
+        reason = f"Recommend mode: change to {change.knobs} recommended ({change.reason})"
+        return _hold(state, now, HoldReason.RECOMMEND_ONLY, reason, settings, change.knobs, change.gain)
+    state = with_rollout(state, now, change.knobs, change.source, change.reason, change.regime, change.baseline)
+    state = with_history(state, now, DecisionAction.CHANGE, change.knobs, change.reason)
+    recommendation = _recommendation(change.knobs, change.reason, change.gain, now)
+    state = state.model_copy(update={"resume_knobs": change.resume, "recommendation": recommendation})
+    return Decision(
+        action=DecisionAction.CHANGE,
+        knobs=change.knobs,
+        reason=change.reason,
+        state=state,
+        source=change.source,
+        expected_gain_percent=change.gain,
+        recommendation=change.knobs,
+        warnings=settings.warnings,
+    )
+
+
+def _schedule_change(
+    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, now: datetime
+) -> _Change | str | None:
+    """What the clock asks for: a window's preset, going back when a preset window closed, or the window's bounds.
+
+    A string is a reason to hold without looking at traffic (the preset is in force).
+    """
+    current = state.current
+    assert current is not None
+    window = settings.window
+    if window is not None and settings.preset is not None:
+        target = clamp(settings.preset, spec.bounds, current)
+        name = window.schedule.name
+        if target is None:
+            return f"preset of schedule {name} cannot be made to fit spec.bounds and vLLM's rules: kept {current.knobs}"
+        if target == current.knobs:
+            return f"schedule {name} in force until {window.end.isoformat()}: preset {target}"
+        when = "opens" if window.is_open(now) else f"opens at {window.start.isoformat()} (pre-roll)"
+        note = "" if target == settings.preset else f" (preset {settings.preset} clamped to bounds)"
+        resume = state.resume_knobs or current.knobs
+        return _Change(target, KnobSource.SCHEDULE, f"schedule {name} {when}: preset {target}{note}", resume=resume)
+    if state.resume_knobs is not None:
+        target = clamp(state.resume_knobs, settings.bounds, current)
+        if target is None or target == current.knobs:
+            return None
+        return _Change(
+            target, KnobSource.SCHEDULE, f"preset window closed: back to {target}, the traffic policy resumes"
+        )
+    if window is not None and not acceptable(current.knobs, settings.bounds, current):
+        target = clamp(current.knobs, settings.bounds, current)
+        if target is not None:
+            return _Change(
+                target, KnobSource.SCHEDULE, f"schedule {window.schedule.name}: {current.knobs} is outside its bounds"
+            )
+    return None
+
+
+def _regime_age_ok(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) -> float:
+    """Seconds the regime must still last before the traffic policy acts on it (one full window)."""
+    since = datetime.fromisoformat(state.regime_since) if state.regime_since else now
+    return max(0.0, (since + timedelta(seconds=duration_seconds(spec.traffic.window)) - now).total_seconds())
+
+
+def _traffic_change(
+    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, base: Measurement, now: datetime
+) -> _Change | tuple[HoldReason, str]:
+    current = state.current
+    assert current is not None
+    if not acceptable(current.knobs, settings.bounds, current):
+        target = clamp(current.knobs, settings.bounds, current)
+        if target is None:
+            return HoldReason.NO_BETTER_CONFIG, "the bounds hold no config vLLM accepts"
+        return _Change(target, KnobSource.TRAFFIC, f"{current.knobs} is outside spec.bounds", regime=base.regime)
+    young = _regime_age_ok(spec, state, now)
+    if spec.traffic.strategy == Strategy.TIERS:
+        tier = next((t for t in spec.traffic.tiers if t.name == base.regime), None)
+        if tier is None:
+            return HoldReason.NO_TIER, "no tier matches the traffic"
+        target = clamp(tier.knobs, settings.bounds, current)
+        if target is None or target == current.knobs:
+            return HoldReason.NO_BETTER_CONFIG, f"tier {tier.name} in force: {current.knobs}"
+        if young > 0:
+            return HoldReason.DWELL, f"tier {tier.name} matched {young:.0f}s too recently"
+        return _Change(target, KnobSource.TRAFFIC, f"traffic matches tier {tier.name}: {target}", regime=base.regime)
+    proposal = adaptive.propose(
+        base,
+        state.measurements,
+        settings.slo,
+        settings.bounds,
+        current,
+        spec.rollout.max_step_factor,
+        failed_configs(state),
+    )
+    if proposal is None:
+        return HoldReason.NO_DATA, "not enough step-token and ITL data to model a change yet"
+    best, here = proposal.best, proposal.now
+    summary = (
+        f"regime {base.regime}: now TTFT p{_pct(settings.slo.ttft.quantile)} {here.ttft_seconds:.2f}s, "
+        f"ITL p{_pct(settings.slo.itl.quantile)} {here.itl_seconds * 1000:.0f}ms, attainment {here.attainment:.0%}"
+    )
+    if best.knobs == current.knobs:
+        return HoldReason.NO_BETTER_CONFIG, f"{summary}; no config expected to do better than {current.knobs}"
+    basis = "measured" if best.measured else f"predicted ({proposal.model.slope * 1e6:.1f}us per batched token)"
+    cost = restart_cost_percent(state, _pods(state), now)
+    net = proposal.gain_percent - cost
+    reason = (
+        f"{summary}; {best.knobs} {basis}: TTFT {best.ttft_seconds:.2f}s, ITL {best.itl_seconds * 1000:.0f}ms, "
+        f"attainment {best.attainment:.0%}; gain {proposal.gain_percent:+.1f}% minus restart {cost:.1f}%"
+    )
+    if net < spec.rollout.min_improvement_percent:
+        return (
+            HoldReason.SMALL_GAIN,
+            f"{reason} is below minImprovementPercent {spec.rollout.min_improvement_percent:g}",
+        )
+    if young > 0:
+        return HoldReason.DWELL, f"{reason}; regime must last {young:.0f}s more"
+    return _Change(best.knobs, KnobSource.TRAFFIC, reason, gain=net, regime=base.regime, baseline=here.attainment)
+
+
+def _pct(quantile: float) -> str:
+    return f"{quantile * 100:g}"
+
+
+def _pods(state: VllmTuningStatus) -> int:
+    return state.observed.pods if state.observed else 1
+
+
+def _regression(
+    spec: VllmTuningSpec, state: VllmTuningStatus, base: Measurement, now: datetime
+) -> Decision | VllmTuningStatus:
+    """Compare the first settled window after a traffic change with the window before it."""
+    rollout = state.last_rollout
+    if rollout is None or rollout.phase != RolloutPhase.SUCCEEDED or rollout.verified_at is not None:
+        return state
+    state = state.model_copy(update={"last_rollout": rollout.model_copy(update={"verified_at": utc_timestamp(now)})})
+    if rollout.source != KnobSource.TRAFFIC or rollout.baseline_attainment is None or rollout.regime != base.regime:
+        return state
+    floor = rollout.baseline_attainment * (1 - spec.rollout.regression_tolerance_percent / 100)
+    if not spec.rollout.rollback_on_regression or base.attainment >= floor or spec.mode != Mode.AUTO:
+        return state
+    reason = (
+        f"regression: attainment {base.attainment:.0%} under {rollout.to_knobs} against "
+        f"{rollout.baseline_attainment:.0%} under {rollout.from_knobs} before the change "
+        f"(tolerance {spec.rollout.regression_tolerance_percent:g}%)"
+    )
+    return regression_measured(state, now, reason)
+
+
+def decide(spec: VllmTuningSpec, state: VllmTuningStatus, observation: Observation | None, now: datetime) -> Decision:
+    """Hold or change: one evaluation of the policy. Pure: the same arguments give the same Decision.
+
+    ``state`` is the VllmTuning's status (``observed_generation`` set to the
+    spec's generation, see ``adopt_generation``); ``now`` must be
+    timezone-aware.
+    """
+    settings = settings_at(spec, state, now)
+    state = state.model_copy(update={"active_schedule": settings.window.schedule.name if settings.window else None})
+    if state.current is None:
+        return _hold(state, now, HoldReason.UNKNOWN_CONFIG, "the target's current knobs are not known yet", settings)
+    if rollout_active(state, observation):
+        return _hold(state, now, HoldReason.ROLLOUT_IN_PROGRESS, "a rollout of the target is in progress", settings)
+    problem = hold_reason(spec, settings.slo, state, observation, now)
+    base = None
+    if problem is None:
+        assert observation is not None
+        state, base = _learn(spec, settings, state, observation, now)
+        checked = _regression(spec, state, base, now)
+        if isinstance(checked, Decision):
+            return checked
+        state = checked
+    scheduled = _schedule_change(spec, settings, state, now)
+    if isinstance(scheduled, _Change):
+        return _apply(spec, settings, state, now, scheduled)
+    if isinstance(scheduled, str):
+        return _hold(state, now, HoldReason.SCHEDULE, scheduled, settings)
+    if state.resume_knobs is not None:
+        state = state.model_copy(update={"resume_knobs": None})
+    if problem is not None:
+        return _hold(state, now, problem[0], problem[1], settings)
+    assert base is not None
+    wanted = _traffic_change(spec, settings, state, base, now)
+    if isinstance(wanted, _Change):
+        return _apply(spec, settings, state, now, wanted)
+    return _hold(state, now, wanted[0], wanted[1], settings)

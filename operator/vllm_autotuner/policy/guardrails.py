@@ -1,0 +1,112 @@
+"""Guardrails every change passes, whoever proposed it.
+
+Each function answers one question a change must get right: is the config
+inside the bounds and one vLLM accepts, did it fail before, is the step
+too big, is the cooldown over, is there rollout budget left, does the
+gain pay for the restart. The decision core asks them; none of them knows
+which policy proposed the change.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from vllm_autotuner.api import Bounds, CurrentKnobs, Knobs, KnobSource, VllmTuningSpec, VllmTuningStatus
+from vllm_autotuner.api.status import RolloutPhase
+from vllm_autotuner.api.types import duration_seconds
+from vllm_autotuner.knobs import startup_errors
+
+DAY_SECONDS = 24 * 3600.0
+#: Per-pod restart time assumed before a rollout was measured (model load, compile, graph capture).
+DEFAULT_RESTART_SECONDS = 180.0
+#: Bounds of the expected life of a regime: how long it has lasted so far (it is likely to last as long again).
+MIN_REGIME_LIFE_SECONDS = 1800.0
+MAX_REGIME_LIFE_SECONDS = 6 * 3600.0
+
+
+def in_bounds(knobs: Knobs, bounds: Bounds) -> bool:
+    tokens, seqs = bounds.max_num_batched_tokens, bounds.max_num_seqs
+    return tokens.min <= knobs.max_num_batched_tokens <= tokens.max and seqs.min <= knobs.max_num_seqs <= seqs.max
+
+
+def clamp(knobs: Knobs, bounds: Bounds, current: CurrentKnobs) -> Knobs | None:
+    """The nearest config inside the bounds that vLLM accepts, or None when the bounds hold none."""
+    tokens_range, seqs_range = bounds.max_num_batched_tokens, bounds.max_num_seqs
+    tokens = min(max(knobs.max_num_batched_tokens, tokens_range.min), tokens_range.max)
+    if not current.chunked_prefill and current.max_model_len is not None:
+        tokens = min(max(tokens, current.max_model_len), tokens_range.max)
+    seqs = min(max(knobs.max_num_seqs, seqs_range.min), seqs_range.max, tokens)
+    clamped = Knobs(max_num_batched_tokens=tokens, max_num_seqs=max(seqs, seqs_range.min))
+    return clamped if acceptable(clamped, bounds, current) else None
+
+
+def acceptable(knobs: Knobs, bounds: Bounds, current: CurrentKnobs) -> bool:
+    """Inside the bounds and accepted by vLLM's start-up checks."""
+    return in_bounds(knobs, bounds) and not startup_errors(knobs, current.max_model_len, current.chunked_prefill)
+
+
+def failed_configs(state: VllmTuningStatus) -> set[Knobs]:
+    """Configs that failed to start under the spec generation in force (all of them when it is unknown)."""
+    return {
+        Knobs(max_num_batched_tokens=f.max_num_batched_tokens, max_num_seqs=f.max_num_seqs)
+        for f in state.failed_configs
+        if state.observed_generation is None or f.generation == state.observed_generation
+    }
+
+
+def within_step(knobs: Knobs, current: Knobs, factor: float) -> bool:
+    """Neither knob moves by more than ``factor`` up or down."""
+    pairs = ((knobs.max_num_batched_tokens, current.max_num_batched_tokens), (knobs.max_num_seqs, current.max_num_seqs))
+    return all(new <= old * factor + 1e-9 and new * factor + 1e-9 >= old for new, old in pairs)
+
+
+def _time(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
+def cooldown_left(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) -> float:
+    """Seconds until a traffic-driven change may start: the cooldown after the last rollout or a person's change."""
+    ends = []
+    if state.last_rollout is not None and state.last_rollout.finished_at is not None:
+        ends.append(_time(state.last_rollout.finished_at))
+    if state.current is not None and state.current.source == KnobSource.MANUAL:
+        ends.append(_time(state.current.since))
+    if not ends:
+        return 0.0
+    until = max(ends) + timedelta(seconds=duration_seconds(spec.rollout.cooldown))
+    return max(0.0, (until - now).total_seconds())
+
+
+def rollouts_last_day(state: VllmTuningStatus, now: datetime) -> list[str]:
+    """Start times of the rollouts in the 24 hours before ``now``."""
+    return [t for t in state.rollout_times if (now - _time(t)).total_seconds() < DAY_SECONDS]
+
+
+def budget_left(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime, reserved: int = 0) -> int:
+    """Rollouts still allowed in the rolling 24 hours, keeping ``reserved`` for scheduled windows."""
+    return spec.rollout.max_rollouts_per_day - len(rollouts_last_day(state, now)) - reserved
+
+
+def restart_seconds(state: VllmTuningStatus, pods: int) -> float:
+    """Seconds one pod is out of service in a rolling restart: the last successful rollout's time per pod."""
+    last = state.last_rollout
+    if last is None or last.phase != RolloutPhase.SUCCEEDED or last.finished_at is None or pods < 1:
+        return DEFAULT_RESTART_SECONDS
+    took = (_time(last.finished_at) - _time(last.started_at)).total_seconds()
+    return max(took / pods, 1.0) if took > 0 else DEFAULT_RESTART_SECONDS
+
+
+def regime_life_seconds(state: VllmTuningStatus, now: datetime) -> float:
+    """Expected remaining life of the current regime: as long as it has lasted, within fixed bounds."""
+    lasted = (now - _time(state.regime_since)).total_seconds() if state.regime_since else 0.0
+    return min(max(lasted, MIN_REGIME_LIFE_SECONDS), MAX_REGIME_LIFE_SECONDS)
+
+
+def restart_cost_percent(state: VllmTuningStatus, pods: int, now: datetime) -> float:
+    """Goodput a rolling restart costs, in percent of the regime's expected remaining goodput.
+
+    Each of the ``pods`` pods is out for the restart time in turn, so the
+    fleet loses one pod's goodput for ``pods`` restart times: the whole
+    fleet's goodput for one restart time.
+    """
+    return 100.0 * restart_seconds(state, pods) / regime_life_seconds(state, now)

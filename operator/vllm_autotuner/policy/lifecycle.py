@@ -1,0 +1,154 @@
+"""Rollout lifecycle events as pure status transitions.
+
+The operator learns about a rollout's fate from the Deployment (complete,
+crash-looping, past its deadline) or from a person editing the args; the
+benchmark learns it from the simulated fleet. Both call these functions,
+so what the status remembers (the live config and since when, configs that
+failed, the rollback, the cooldown a person's change earns) is decided once.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from vllm_autotuner.api import CurrentKnobs, DecisionAction, FailedConfig, Knobs, KnobSource, VllmTuningStatus
+from vllm_autotuner.api.status import FAILED_LIMIT, RolloutPhase
+from vllm_autotuner.api.types import utc_timestamp
+from vllm_autotuner.policy.decision import Decision, with_history, with_rollout
+
+
+def _in_progress(state: VllmTuningStatus) -> bool:
+    return state.last_rollout is not None and state.last_rollout.phase == RolloutPhase.IN_PROGRESS
+
+
+def adopt_generation(state: VllmTuningStatus, generation: int) -> VllmTuningStatus:
+    """The status for a new spec generation: configs that failed under an older spec may be tried again."""
+    if state.observed_generation == generation:
+        return state
+    failed = [f for f in state.failed_configs if f.generation == generation]
+    return state.model_copy(update={"observed_generation": generation, "failed_configs": failed})
+
+
+def rollout_succeeded(state: VllmTuningStatus, now: datetime) -> VllmTuningStatus:
+    """All pods of the rollout in progress are updated and Ready: its config is live from ``now``."""
+    if not _in_progress(state) or state.current is None:
+        return state
+    assert state.last_rollout is not None
+    rollout = state.last_rollout.model_copy(update={"phase": RolloutPhase.SUCCEEDED, "finished_at": utc_timestamp(now)})
+    target = rollout.to_knobs
+    current = state.current.model_copy(
+        update={
+            "max_num_batched_tokens": target.max_num_batched_tokens,
+            "max_num_seqs": target.max_num_seqs,
+            "since": utc_timestamp(now),
+            "source": rollout.source,
+            "from_defaults": False,
+            "defaults_table": None,
+        }
+    )
+    return state.model_copy(update={"last_rollout": rollout, "current": current})
+
+
+def _roll_back(state: VllmTuningStatus, now: datetime, phase: RolloutPhase, reason: str) -> Decision:
+    """Close the latest rollout with ``phase`` and start the one back to its previous config."""
+    assert state.last_rollout is not None and state.current is not None
+    closed = state.last_rollout.model_copy(
+        update={"phase": phase, "finished_at": utc_timestamp(now), "message": reason}
+    )
+    previous = closed.from_knobs
+    current = state.current.model_copy(
+        update={
+            "max_num_batched_tokens": closed.to_knobs.max_num_batched_tokens,
+            "max_num_seqs": closed.to_knobs.max_num_seqs,
+        }
+    )
+    state = state.model_copy(update={"last_rollout": closed, "current": current})
+    state = with_rollout(state, now, previous, KnobSource.ROLLBACK, reason, regime=closed.regime)
+    state = with_history(state, now, DecisionAction.ROLLBACK, previous, reason)
+    return Decision(
+        action=DecisionAction.ROLLBACK,
+        knobs=previous,
+        reason=reason,
+        state=state,
+        source=KnobSource.ROLLBACK,
+        recommendation=previous,
+    )
+
+
+def rollout_failed(state: VllmTuningStatus, now: datetime, message: str, generation: int) -> Decision:
+    """The rollout in progress did not become Ready (deadline passed, crash loop): roll back and never retry it.
+
+    ``message`` is what went wrong (e.g. the vLLM error of a crash-looping
+    pod); the config is remembered as failed under spec ``generation``.
+    A failed rollback (the old config no longer starts) is not a config's
+    fault: it is recorded in the rollout and nothing is rolled back.
+    """
+    if not _in_progress(state) or state.current is None:
+        raise ValueError("no rollout in progress to fail")
+    assert state.last_rollout is not None
+    failed = state.last_rollout.to_knobs
+    if state.last_rollout.source == KnobSource.ROLLBACK:
+        closed = state.last_rollout.model_copy(
+            update={"phase": RolloutPhase.FAILED, "finished_at": utc_timestamp(now), "message": message}
+        )
+        reason = f"rollback to {failed} did not become Ready: {message}"
+        state = with_history(
+            state.model_copy(update={"last_rollout": closed}), now, DecisionAction.HOLD, failed, reason
+        )
+        return Decision(
+            action=DecisionAction.HOLD, knobs=state.current.knobs if state.current else None, reason=reason, state=state
+        )
+    record = FailedConfig(
+        max_num_batched_tokens=failed.max_num_batched_tokens,
+        max_num_seqs=failed.max_num_seqs,
+        reason=message,
+        at=utc_timestamp(now),
+        generation=generation,
+    )
+    others = [
+        f
+        for f in state.failed_configs
+        if (f.max_num_batched_tokens, f.max_num_seqs) != (record.max_num_batched_tokens, record.max_num_seqs)
+    ]
+    state = state.model_copy(update={"failed_configs": [record, *others][:FAILED_LIMIT]})
+    return _roll_back(state, now, RolloutPhase.FAILED, f"{failed} failed to start ({message}); rolling back")
+
+
+def regression_measured(state: VllmTuningStatus, now: datetime, reason: str) -> Decision:
+    """The settled window after a successful change is measurably worse than before it: roll back."""
+    if state.last_rollout is None or state.current is None:
+        raise ValueError("no rollout to roll back")
+    return _roll_back(state, now, RolloutPhase.ROLLED_BACK, reason)
+
+
+def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime) -> VllmTuningStatus:
+    """A person changed the knobs in the Deployment: adopt them, and respect them for a cooldown.
+
+    A rollout of ours still in progress is closed as superseded (its config
+    did not fail, so it is not remembered as failed).
+    """
+    if state.current is None:
+        raise ValueError("no current knobs to replace")
+    updates: dict[str, object] = {}
+    if _in_progress(state):
+        assert state.last_rollout is not None
+        updates["last_rollout"] = state.last_rollout.model_copy(
+            update={
+                "phase": RolloutPhase.FAILED,
+                "finished_at": utc_timestamp(now),
+                "message": "superseded by a manual change",
+            }
+        )
+    updates["current"] = CurrentKnobs(
+        max_num_batched_tokens=knobs.max_num_batched_tokens,
+        max_num_seqs=knobs.max_num_seqs,
+        since=utc_timestamp(now),
+        source=KnobSource.MANUAL,
+        max_model_len=state.current.max_model_len,
+        chunked_prefill=state.current.chunked_prefill,
+    )
+    updates["resume_knobs"] = None
+    state = state.model_copy(update=updates)
+    return with_history(
+        state, now, DecisionAction.HOLD, knobs, f"knobs changed by a person to {knobs}: adopted as Manual"
+    )

@@ -1,0 +1,200 @@
+"""What the decision core may know about the traffic: one Prometheus window.
+
+The operator's observe step (and the benchmark, from simulator snapshots)
+fills an ``Observation`` with what PromQL over the window returns for the
+target's current pods, nothing else: no engine internals, no ground truth.
+Any number may be missing (``None``) or ``NaN`` when Prometheus had no data;
+``hold_reason`` says whether the window is fit to act on, so every
+"not enough data" case is decided in one place and always holds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from vllm_autotuner.api import SLO, Knobs, VllmTuningSpec, VllmTuningStatus
+from vllm_autotuner.api.status import RolloutPhase
+from vllm_autotuner.api.types import duration_seconds
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Aggregates of one window of vLLM metrics, all pods of the target together.
+
+    Rates are per second over the window, summed over pods; gauges (running,
+    waiting, KV usage) are means per pod. Latency quantiles are taken at the
+    quantiles of ``slo`` (TTFT, e2e and queue time at the TTFT quantile, ITL
+    at the ITL quantile) with ``histogram_quantile`` over the rate of the
+    vLLM histograms; ``*_within_slo`` are the shares of samples at or under
+    the target, read from the same buckets.
+    """
+
+    window_start: datetime
+    """Start of the window (timezone-aware)."""
+    window_end: datetime
+    """End of the window: the query's evaluation time."""
+    config: Knobs | None = None
+    """Knobs every pod in the window ran with (from the pod template); None when pods disagreed."""
+    pods: int | None = None
+    """Pods whose series were in the window."""
+    rollout_in_progress: bool = False
+    """Whether the target Deployment was rolling out (by anyone) during the window."""
+    data_age_seconds: float | None = None
+    """Age of the newest sample at window_end: scrape lag, or a target that stopped being scraped."""
+    slo: SLO | None = None
+    """The quantiles and targets the latency fields were computed for."""
+
+    requests: float | None = None
+    """Completed requests in the window (increase of vllm:request_success_total): the sample count."""
+    request_rate: float | None = None
+    """Completed requests per second."""
+    prompt_tokens_rate: float | None = None
+    """Prefill tokens per second (vllm:prompt_tokens_total)."""
+    generation_tokens_rate: float | None = None
+    """Generated tokens per second (vllm:generation_tokens_total)."""
+
+    ttft_seconds: float | None = None
+    """Time to first token at the SLO's TTFT quantile."""
+    itl_seconds: float | None = None
+    """Inter-token latency at the SLO's ITL quantile."""
+    e2e_seconds: float | None = None
+    """End-to-end request latency at the TTFT quantile."""
+    queue_seconds: float | None = None
+    """Queue time (vllm:request_queue_time_seconds) at the TTFT quantile."""
+    itl_mean_seconds: float | None = None
+    """Mean inter-token latency (histogram sum over count): about the mean engine step time."""
+    ttft_within_slo: float | None = None
+    """Share of TTFT samples at or under the TTFT target, 0 to 1."""
+    itl_within_slo: float | None = None
+    """Share of ITL samples at or under the ITL target, 0 to 1."""
+
+    running: float | None = None
+    """Mean running requests per pod (vllm:num_requests_running)."""
+    waiting: float | None = None
+    """Mean waiting requests per pod (vllm:num_requests_waiting)."""
+    kv_cache_usage: float | None = None
+    """Mean KV-cache usage per pod, 0 to 1 (vllm:kv_cache_usage_perc)."""
+    preemption_rate: float | None = None
+    """Preemptions per second (vllm:num_preemptions_total)."""
+    mean_prompt_tokens: float | None = None
+    """Mean prompt length of completed requests (vllm:request_prompt_tokens sum over count)."""
+    mean_generation_tokens: float | None = None
+    """Mean output length of completed requests (vllm:request_generation_tokens sum over count)."""
+    step_tokens_mean: float | None = None
+    """Mean tokens per engine step (vllm:iteration_tokens_total sum over count)."""
+    step_tokens_quantile: float | None = None
+    """Tokens per engine step at the SLO's ITL quantile (vllm:iteration_tokens_total)."""
+    steps_per_second: float | None = None
+    """Engine steps per second, all pods (vllm:iteration_tokens_total count rate)."""
+
+    @property
+    def duration_seconds(self) -> float:
+        return (self.window_end - self.window_start).total_seconds()
+
+
+#: Fields without which no traffic decision is made.
+REQUIRED = (
+    "pods",
+    "requests",
+    "request_rate",
+    "prompt_tokens_rate",
+    "generation_tokens_rate",
+    "ttft_seconds",
+    "itl_seconds",
+    "mean_prompt_tokens",
+    "mean_generation_tokens",
+)
+_NUMBERS = tuple(
+    f.name
+    for f in fields(Observation)
+    if f.name not in ("window_start", "window_end", "config", "slo", "rollout_in_progress")
+)
+
+
+class HoldReason(StrEnum):
+    """Why a decision is Hold, as a CamelCase word for conditions, events and metrics."""
+
+    NO_DATA = "NoData"
+    ROLLOUT_IN_PROGRESS = "RolloutInProgress"
+    STALE = "StaleData"
+    MIXED_CONFIG = "MixedConfig"
+    NOT_SETTLED = "NotSettled"
+    OTHER_SLO = "OtherSLO"
+    TOO_FEW_SAMPLES = "TooFewSamples"
+    INVALID = "InvalidData"
+    PAUSED = "Paused"
+    RECOMMEND_ONLY = "RecommendOnly"
+    UNKNOWN_CONFIG = "UnknownConfig"
+    COOLDOWN = "Cooldown"
+    BUDGET = "RolloutBudget"
+    NO_BETTER_CONFIG = "NoBetterConfig"
+    SMALL_GAIN = "GainBelowCost"
+    NO_TIER = "NoTierMatches"
+    DWELL = "RegimeTooYoung"
+    SCHEDULE = "SchedulePreset"
+
+
+def stale_after(spec: VllmTuningSpec) -> float:
+    """Seconds after which a window's newest sample is too old to act on: three evaluation intervals, at least 90 s."""
+    return max(3 * duration_seconds(spec.traffic.evaluation_interval), 90.0)
+
+
+def rollout_active(state: VllmTuningStatus, observation: Observation | None) -> bool:
+    """Whether a rollout (ours, by the status, or anyone's, by the Deployment) is under way."""
+    ours = state.last_rollout is not None and state.last_rollout.phase == RolloutPhase.IN_PROGRESS
+    return ours or (observation is not None and observation.rollout_in_progress)
+
+
+def hold_reason(
+    spec: VllmTuningSpec, slo: SLO, state: VllmTuningStatus, observation: Observation | None, now: datetime
+) -> tuple[HoldReason, str] | None:
+    """Why this window must not drive a traffic decision, or None when it may.
+
+    ``slo`` is the SLO in force (a schedule window may override the spec's).
+    Checked in order: no data, a rollout, staleness, samples under another
+    config, samples from before the config settled or a short window,
+    quantiles for another SLO, too few requests, NaN or missing numbers.
+    """
+    if observation is None:
+        return HoldReason.NO_DATA, "no observation: Prometheus returned no series for the target's pods"
+    if rollout_active(state, observation):
+        return HoldReason.ROLLOUT_IN_PROGRESS, "a rollout of the target is in progress"
+    age = (now - observation.window_end).total_seconds() + (observation.data_age_seconds or 0.0)
+    if math.isnan(age) or age > stale_after(spec):
+        return HoldReason.STALE, f"newest sample is {age:.0f}s old (limit {stale_after(spec):.0f}s)"
+    current = state.current
+    if current is None:
+        return HoldReason.UNKNOWN_CONFIG, "the target's current knobs are not known yet"
+    if observation.config != current.knobs:
+        taken = "several configs" if observation.config is None else str(observation.config)
+        return HoldReason.MIXED_CONFIG, f"samples were taken under {taken}, not the current {current.knobs}"
+    settled = datetime.fromisoformat(current.since) + timedelta(seconds=duration_seconds(spec.rollout.settle_time))
+    if observation.window_start < settled:
+        return HoldReason.NOT_SETTLED, f"the window starts before the current config settled ({settled.isoformat()})"
+    window = duration_seconds(spec.traffic.window)
+    if observation.duration_seconds < 0.9 * window:
+        return HoldReason.NOT_SETTLED, (
+            f"only {observation.duration_seconds:.0f}s of the {window:.0f}s window under the current config"
+        )
+    if observation.slo != slo:
+        return HoldReason.OTHER_SLO, "the latency quantiles were computed for another SLO than the one in force"
+    for name in _NUMBERS:
+        value = getattr(observation, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            return HoldReason.INVALID, f"{name} is {value}"
+        if value is not None and value < 0:
+            return HoldReason.INVALID, f"{name} is negative ({value})"
+    missing = [name for name in REQUIRED if getattr(observation, name) is None]
+    if missing:
+        return HoldReason.NO_DATA, f"no data for {', '.join(missing)}"
+    assert observation.requests is not None and observation.pods is not None
+    if observation.requests < spec.traffic.min_requests:
+        return HoldReason.TOO_FEW_SAMPLES, (
+            f"{observation.requests:.0f} requests in the window, fewer than minRequests {spec.traffic.min_requests}"
+        )
+    if observation.pods < 1:
+        return HoldReason.NO_DATA, "no pods in the window"
+    return None

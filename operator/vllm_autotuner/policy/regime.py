@@ -1,0 +1,112 @@
+"""Traffic regimes: a name for "this kind of traffic", so the policy can remember what it liked.
+
+The best knobs depend on the load on each pod and on the length mix (long
+prompts want a small token budget so decodes are not stalled behind
+prefill chunks; many short requests want concurrency). A regime is the
+request rate per pod, the mean prompt length and the mean output length,
+each rounded to a power of two: ``r8/p4k/o128`` is about 8 requests per
+second per pod with 4k-token prompts and 128-token outputs. A bin is kept
+until the value is clearly in another (hysteresis), so traffic that
+hovers at a boundary does not flap between regimes. Regimes measured
+under a schedule window that overrides bounds or SLO get the window's
+name as a suffix (``@night``): what was best under other targets is
+another memory.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from vllm_autotuner.api import Tier, TierMatch
+from vllm_autotuner.policy.observation import Observation
+
+#: How far past a bin's edge (in powers of two) a value must go to leave it.
+HYSTERESIS = 0.25
+_LEVELS = {"r": (-6, 12), "p": (3, 17), "o": (0, 15)}
+_NAME = re.compile(r"^r([0-9.]+k?)/p([0-9.]+k?)/o([0-9.]+k?)(@.+)?$")
+
+
+def _label(level: int) -> str:
+    value = 2.0**level
+    if value >= 1024:
+        return f"{value / 1024:g}k"
+    return f"{value:g}"
+
+
+def _level(label: str) -> int:
+    value = float(label[:-1]) * 1024 if label.endswith("k") else float(label)
+    return round(math.log2(value))
+
+
+@dataclass(frozen=True)
+class Regime:
+    """Load and length mix as powers of two: request rate per pod, prompt tokens, output tokens."""
+
+    rate_level: int
+    prompt_level: int
+    output_level: int
+    window: str | None = None
+    """Name of the schedule window whose bounds or SLO override the spec's."""
+
+    @property
+    def name(self) -> str:
+        suffix = f"@{self.window}" if self.window else ""
+        return f"r{_label(self.rate_level)}/p{_label(self.prompt_level)}/o{_label(self.output_level)}{suffix}"
+
+    @classmethod
+    def parse(cls, name: str | None) -> Regime | None:
+        """The regime a name stands for; None for a tier's name or no name."""
+        match = _NAME.match(name or "")
+        if match is None:
+            return None
+        rate, prompt, output, suffix = match.groups()
+        return cls(_level(rate), _level(prompt), _level(output), suffix[1:] if suffix else None)
+
+
+def _bin(kind: str, value: float, previous: int | None) -> int:
+    low, high = _LEVELS[kind]
+    exact = math.log2(value) if value > 0 else float(low)
+    if previous is not None and abs(exact - previous) < 0.5 + HYSTERESIS:
+        return previous
+    return max(low, min(high, round(exact)))
+
+
+def classify(
+    request_rate_per_pod: float, mean_prompt: float, mean_output: float, previous: str | None, window: str | None
+) -> Regime:
+    """The regime of a window, keeping the previous regime's bins unless the traffic clearly left them."""
+    before = Regime.parse(previous)
+    same_window = before is not None and before.window == window
+    return Regime(
+        rate_level=_bin("r", request_rate_per_pod, before.rate_level if same_window and before else None),
+        prompt_level=_bin("p", mean_prompt, before.prompt_level if same_window and before else None),
+        output_level=_bin("o", mean_output, before.output_level if same_window and before else None),
+        window=window,
+    )
+
+
+def _within(value: float | None, low: float | None, high: float | None) -> bool:
+    if low is None and high is None:
+        return True
+    if value is None:
+        return False
+    return (low is None or value >= low) and (high is None or value < high)
+
+
+def tier_matches(match: TierMatch, observation: Observation) -> bool:
+    """Whether every condition of a tier holds for the window (a missing number fails a condition that needs it)."""
+    concurrency = None
+    if observation.running is not None and observation.waiting is not None:
+        concurrency = observation.running + observation.waiting
+    return (
+        _within(observation.request_rate, match.min_request_rate, match.max_request_rate)
+        and _within(concurrency, match.min_concurrency, match.max_concurrency)
+        and _within(observation.mean_prompt_tokens, match.min_prompt_tokens, match.max_prompt_tokens)
+    )
+
+
+def matching_tier(tiers: list[Tier], observation: Observation) -> Tier | None:
+    """The first tier whose conditions hold."""
+    return next((tier for tier in tiers if tier_matches(tier.match, observation)), None)

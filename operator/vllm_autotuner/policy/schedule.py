@@ -1,0 +1,131 @@
+"""Time-of-day policy: which schedule window is in force at a moment.
+
+A window opens at each occurrence of its ``start`` cron and closes at the
+next occurrence of ``end``, both read as wall-clock times in its IANA time
+zone; cronsim follows Debian cron across daylight-saving changes (a time
+skipped by spring-forward fires right after the gap, a time repeated by
+fall-back fires once). All comparisons are made in UTC, because Python
+compares two datetimes of one zone by wall clock and would misorder the
+repeated hour. A window is also in force during its *pre-roll*, the time
+before it opens, so that a preset's rolling restart is complete when the
+window starts. Overlaps go to the highest ``priority``, then the earlier
+entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from cronsim import CronSim
+
+from vllm_autotuner.api import Schedule, VllmTuningStatus
+from vllm_autotuner.api.status import RolloutPhase
+from vllm_autotuner.api.types import duration_seconds, parse_cron, time_zone
+
+#: Pre-roll before any rollout was measured; then the last rollout's duration plus a margin.
+DEFAULT_PRE_ROLL_SECONDS = 300.0
+PRE_ROLL_MARGIN = 1.25
+PRE_ROLL_MIN_EXTRA_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class ActiveWindow:
+    """A schedule window in force: open, or about to open and within its pre-roll."""
+
+    schedule: Schedule
+    index: int
+    """Position of the schedule in spec.schedules."""
+    start: datetime
+    """When the window opens (UTC)."""
+    end: datetime
+    """When it closes (UTC)."""
+
+    def is_open(self, now: datetime) -> bool:
+        return self.start <= now
+
+
+def _previous(expr: str, zone_name: str, moment: datetime) -> datetime | None:
+    """The last occurrence at or before ``moment`` (UTC), or None within cronsim's 50-year horizon."""
+    local = moment.astimezone(time_zone(zone_name)).replace(microsecond=0) + timedelta(seconds=1)
+    try:
+        return next(CronSim(expr, local, reverse=True)).astimezone(UTC)
+    except StopIteration:
+        return None
+
+
+def _following(expr: str, zone_name: str, moment: datetime) -> datetime | None:
+    """The first occurrence strictly after ``moment`` (UTC)."""
+    local = moment.astimezone(time_zone(zone_name)).replace(microsecond=0)
+    try:
+        return next(CronSim(expr, local)).astimezone(UTC)
+    except StopIteration:
+        return None
+
+
+def window_at(schedule: Schedule, now: datetime, pre_roll_seconds: float) -> tuple[datetime, datetime] | None:
+    """The (start, end) of this schedule's window in force at ``now``, or None.
+
+    Raises ValueError for a cron expression or time zone that cannot be read.
+    """
+    parse_cron(schedule.start)
+    parse_cron(schedule.end)
+    zone = schedule.time_zone
+    last_start = _previous(schedule.start, zone, now)
+    last_end = _previous(schedule.end, zone, now)
+    if last_start is not None and (last_end is None or last_start > last_end):
+        end = _following(schedule.end, zone, last_start)
+        return (last_start, end) if end is not None else None
+    next_start = _following(schedule.start, zone, now)
+    if next_start is None or (next_start - now).total_seconds() > pre_roll_seconds:
+        return None
+    end = _following(schedule.end, zone, next_start)
+    return (next_start, end) if end is not None else None
+
+
+def pre_roll_seconds(schedule: Schedule, state: VllmTuningStatus) -> float:
+    """The schedule's pre-roll, or the last measured rollout's duration plus a margin, or 5 minutes."""
+    if schedule.pre_roll is not None:
+        return duration_seconds(schedule.pre_roll)
+    last = state.last_rollout
+    if last is None or last.phase != RolloutPhase.SUCCEEDED or last.finished_at is None:
+        return DEFAULT_PRE_ROLL_SECONDS
+    took = (datetime.fromisoformat(last.finished_at) - datetime.fromisoformat(last.started_at)).total_seconds()
+    return max(took * PRE_ROLL_MARGIN, took + PRE_ROLL_MIN_EXTRA_SECONDS)
+
+
+def window_in_force(
+    schedules: Sequence[Schedule], state: VllmTuningStatus, now: datetime
+) -> tuple[ActiveWindow | None, list[str]]:
+    """The window in force at ``now`` (highest priority, then list order), and one error per unreadable schedule."""
+    best: ActiveWindow | None = None
+    errors = []
+    for index, schedule in enumerate(schedules):
+        try:
+            found = window_at(schedule, now, pre_roll_seconds(schedule, state))
+        except ValueError as exc:
+            errors.append(f"schedule {schedule.name} ignored: {exc}")
+            continue
+        if found is not None and (best is None or schedule.priority > best.schedule.priority):
+            best = ActiveWindow(schedule=schedule, index=index, start=found[0], end=found[1])
+    return best, errors
+
+
+def preset_boundaries(schedules: Sequence[Schedule], now: datetime, horizon_seconds: float) -> int:
+    """How many times a preset window opens or closes within the horizon: rollouts to keep in the budget."""
+    until = now + timedelta(seconds=horizon_seconds)
+    count = 0
+    for schedule in schedules:
+        if schedule.knobs is None:
+            continue
+        for expr in (schedule.start, schedule.end):
+            try:
+                parse_cron(expr)
+                moment = _following(expr, schedule.time_zone, now)
+            except ValueError:
+                continue
+            while moment is not None and moment <= until:
+                count += 1
+                moment = _following(expr, schedule.time_zone, moment)
+    return count

@@ -1,0 +1,253 @@
+"""decide() end to end: traffic changes, schedules, modes, regression, lifecycle and the regime memory."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+
+from vllm_autotuner.api import DecisionAction, KnobSource, Tier, TierMatch
+from vllm_autotuner.api.status import RolloutPhase
+from vllm_autotuner.policy import (
+    HoldReason,
+    adopt_generation,
+    decide,
+    manual_change_detected,
+    rollout_failed,
+    rollout_succeeded,
+)
+
+from .helpers import T0, knobs, long_prompt_window, shifted, spec, status
+
+SPEC = spec()
+MINUTE = 60.0
+NIGHT = {
+    "name": "night",
+    "timeZone": "Europe/Berlin",
+    "start": "0 22 * * *",
+    "end": "0 6 * * *",
+    "knobs": {"maxNumBatchedTokens": 16384, "maxNumSeqs": 512},
+}
+
+
+def warmed(the_spec=SPEC, state=None, minutes=10):
+    """A status that has seen the long-prompt traffic for ``minutes``, so its regime is old enough to act on."""
+    state = state or status()
+    start = T0 - timedelta(minutes=minutes)
+    return decide(the_spec, state, long_prompt_window(state, the_spec, now=start), start).state
+
+
+def test_itl_breach_on_long_prompts_lowers_the_budget_one_step():
+    state = warmed()
+    decision = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
+    assert decision.action == DecisionAction.CHANGE and decision.source == KnobSource.TRAFFIC
+    assert decision.knobs == knobs(4096, 1024)  # maxStepFactor 2 from 8192
+    assert decision.expected_gain_percent >= SPEC.rollout.min_improvement_percent
+    assert "ITL p95 190ms" in decision.reason and "tokens=4096" in decision.reason
+    rollout = decision.state.last_rollout
+    assert rollout.phase == RolloutPhase.IN_PROGRESS and rollout.to_knobs == knobs(4096, 1024)
+    assert rollout.baseline_attainment is not None and decision.state.rollout_times == ["2024-05-01T12:00:00Z"]
+    assert decision.state.history[0].action == DecisionAction.CHANGE
+
+
+def test_a_new_regime_must_last_one_window():
+    decision = decide(SPEC, status(), long_prompt_window(status(), SPEC), T0)
+    assert decision.hold == HoldReason.DWELL and "tokens=4096" in decision.reason
+
+
+def test_healthy_traffic_holds_with_the_numbers_in_the_reason():
+    state = status(tokens=2048)
+    fine = long_prompt_window(
+        state,
+        SPEC,
+        itl_seconds=0.06,
+        itl_within_slo=0.99,
+        step_tokens_quantile=2048.0,
+        step_tokens_mean=1500.0,
+        itl_mean_seconds=0.04,
+    )
+    state = decide(SPEC, state, shifted(fine, -10 * MINUTE), T0 - timedelta(minutes=10)).state
+    decision = decide(SPEC, state, fine, T0)
+    assert not decision.changes and decision.hold in (HoldReason.NO_BETTER_CONFIG, HoldReason.SMALL_GAIN)
+    assert "ITL p95 60ms" in decision.reason
+
+
+def test_recommend_mode_reports_without_a_rollout():
+    the_spec = spec(mode="Recommend")
+    state = warmed(the_spec)
+    decision = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
+    assert decision.hold == HoldReason.RECOMMEND_ONLY and decision.recommendation == knobs(4096, 1024)
+    assert decision.state.last_rollout is None and decision.state.recommendation.max_num_batched_tokens == 4096
+
+
+def test_paused_mode_learns_but_holds():
+    the_spec = spec(mode="Paused")
+    state = warmed(the_spec)
+    decision = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
+    assert decision.hold == HoldReason.PAUSED and decision.state.measurements and decision.state.last_rollout is None
+
+
+def succeed(decision, at):
+    return rollout_succeeded(decision.state, at)
+
+
+def test_cooldown_after_a_rollout():
+    state = warmed()
+    first = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
+    done = T0 + timedelta(minutes=4)
+    state = succeed(first, done)
+    # settle 2m + window 5m after the rollout, still inside the 15m cooldown
+    at = done + timedelta(minutes=8)
+    decision = decide(SPEC, state, long_prompt_window(state, SPEC, now=at, itl_seconds=0.15, itl_within_slo=0.8), at)
+    assert decision.hold == HoldReason.COOLDOWN and "420s left" in decision.reason
+    later = done + timedelta(minutes=15)
+    decision = decide(
+        SPEC, decision.state, long_prompt_window(state, SPEC, now=later, itl_seconds=0.15, itl_within_slo=0.8), later
+    )
+    assert decision.action == DecisionAction.CHANGE and decision.knobs.max_num_batched_tokens < 4096
+
+
+def test_daily_budget_counts_the_last_24_hours():
+    the_spec = spec(rollout={"maxRolloutsPerDay": 2})
+    times = ["2024-04-30T12:30:00Z", "2024-05-01T06:00:00Z"]
+    state = warmed(the_spec, status(rollout_times=times))
+    decision = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
+    assert decision.hold == HoldReason.BUDGET
+    later = T0 + timedelta(minutes=31)  # the first one left the 24-hour window
+    decision = decide(the_spec, decision.state, long_prompt_window(state, the_spec, now=later), later)
+    assert decision.action == DecisionAction.CHANGE
+
+
+def test_budget_keeps_room_for_the_days_schedule_windows():
+    the_spec = spec(rollout={"maxRolloutsPerDay": 3}, schedules=[NIGHT])
+    state = warmed(the_spec, status(rollout_times=["2024-05-01T06:00:00Z"]))
+    decision = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
+    assert decision.hold == HoldReason.BUDGET and "2 kept for schedule windows" in decision.reason
+
+
+def test_schedule_preset_is_pre_rolled_without_traffic_data_and_restored_at_the_end():
+    the_spec = spec(schedules=[NIGHT])
+    state = status()
+    opens = T0.replace(hour=20)  # 22:00 in Berlin (CEST)
+    early = decide(the_spec, state, None, opens - timedelta(minutes=6))
+    assert not early.changes and early.hold == HoldReason.NO_DATA
+    pre = decide(the_spec, state, None, opens - timedelta(minutes=5))
+    assert pre.action == DecisionAction.CHANGE and pre.source == KnobSource.SCHEDULE
+    assert pre.knobs == knobs(16384, 512) and "pre-roll" in pre.reason
+    assert pre.state.resume_knobs == knobs(8192, 1024) and pre.state.active_schedule == "night"
+    state = succeed(pre, opens - timedelta(minutes=1))
+    during = decide(
+        the_spec, state, long_prompt_window(state, the_spec, now=opens + timedelta(hours=2)), opens + timedelta(hours=2)
+    )
+    assert during.hold == HoldReason.SCHEDULE and during.state.measurements
+    closes = opens + timedelta(hours=8)
+    after = decide(the_spec, during.state, None, closes)
+    assert after.action == DecisionAction.CHANGE and after.knobs == knobs(8192, 1024)
+    assert after.source == KnobSource.SCHEDULE and after.state.resume_knobs is None
+    assert after.state.active_schedule is None
+
+
+def test_preset_window_waits_for_a_rollout_in_progress():
+    the_spec = spec(schedules=[NIGHT])
+    state = warmed()
+    rolling = decide(SPEC, state, long_prompt_window(state, SPEC), T0).state
+    decision = decide(the_spec, rolling, None, T0.replace(hour=21))
+    assert decision.hold == HoldReason.ROLLOUT_IN_PROGRESS
+
+
+def test_override_window_runs_the_traffic_policy_inside_its_bounds():
+    tight = {
+        "name": "tight",
+        "start": "0 11 * * *",
+        "end": "0 13 * * *",
+        "preRoll": "0s",
+        "bounds": {"maxNumBatchedTokens": {"min": 256, "max": 2048}},
+    }
+    the_spec = spec(schedules=[tight])
+    decision = decide(the_spec, status(), None, T0)
+    assert decision.action == DecisionAction.CHANGE and decision.knobs == knobs(2048, 1024)
+    assert "outside its bounds" in decision.reason
+
+
+def test_measured_regression_rolls_back_once():
+    state = warmed()
+    change = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
+    done = T0 + timedelta(minutes=4)
+    state = succeed(change, done)
+    at = done + timedelta(minutes=7, seconds=1)
+    worse = long_prompt_window(state, SPEC, now=at, itl_within_slo=0.3, itl_seconds=0.3)
+    decision = decide(SPEC, state, worse, at)
+    assert decision.action == DecisionAction.ROLLBACK and decision.knobs == knobs(8192, 1024)
+    assert decision.source == KnobSource.ROLLBACK and "regression" in decision.reason
+    assert decision.state.last_rollout.to_knobs == knobs(8192, 1024)
+    assert len(decision.state.rollout_times) == 2
+
+
+def test_a_good_change_is_verified_and_not_rolled_back():
+    state = warmed()
+    change = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
+    state = succeed(change, T0 + timedelta(minutes=4))
+    at = T0 + timedelta(minutes=11, seconds=1)
+    better = long_prompt_window(state, SPEC, now=at, itl_within_slo=0.97, itl_seconds=0.09, step_tokens_quantile=4000.0)
+    decision = decide(SPEC, state, better, at)
+    assert decision.action == DecisionAction.HOLD and decision.state.last_rollout.verified_at is not None
+
+
+def test_failed_start_is_rolled_back_and_never_retried_under_this_generation():
+    state = adopt_generation(warmed(), 3)
+    change = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
+    failed = rollout_failed(change.state, T0 + timedelta(minutes=10), "CUDA out of memory", generation=3)
+    assert failed.action == DecisionAction.ROLLBACK and failed.knobs == knobs(8192, 1024)
+    assert failed.state.failed_configs[0].max_num_batched_tokens == 4096
+    back = rollout_succeeded(failed.state, T0 + timedelta(minutes=14))
+    assert back.current.knobs == knobs(8192, 1024) and back.current.source == KnobSource.ROLLBACK
+    at = T0 + timedelta(minutes=40)
+    again = decide(SPEC, back, long_prompt_window(back, SPEC, now=at), at)
+    assert again.knobs != knobs(4096, 1024)
+    assert adopt_generation(back, 4).failed_configs == []
+
+
+def test_manual_change_is_adopted_and_respected_for_a_cooldown():
+    state = manual_change_detected(warmed(), knobs(8192, 512), T0 - timedelta(minutes=8))
+    assert state.current.source == KnobSource.MANUAL
+    decision = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
+    assert decision.hold == HoldReason.COOLDOWN
+
+
+def test_a_returning_regime_goes_straight_back_to_its_learned_optimum():
+    """Measured 2048 for long prompts earlier; back at 8192 with long prompts again, one jump past maxStepFactor."""
+    state = status(tokens=2048, since=T0 - timedelta(hours=5))
+    good = long_prompt_window(
+        state,
+        SPEC,
+        now=T0 - timedelta(hours=3),
+        itl_seconds=0.06,
+        itl_within_slo=0.99,
+        step_tokens_quantile=2048.0,
+        step_tokens_mean=1500.0,
+        itl_mean_seconds=0.045,
+    )
+    state = decide(SPEC, state, good, T0 - timedelta(hours=3)).state
+    assert state.learned[0].max_num_batched_tokens == 2048
+    state = state.model_copy(update={"current": status().current})  # e.g. a person reset it hours ago
+    decision = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
+    assert decision.knobs == knobs(2048, 1024) and "measured" in decision.reason
+
+
+def test_tiers_map_the_traffic_to_the_users_knobs():
+    tiers = [
+        Tier(name="long", match=TierMatch(min_prompt_tokens=2000), knobs=knobs(2048, 256)).model_dump(by_alias=True)
+    ]
+    the_spec = spec(traffic={"strategy": "Tiers", "tiers": tiers})
+    state = warmed(the_spec)
+    assert state.regime == "long"
+    decision = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
+    assert decision.knobs == knobs(2048, 256) and "tier long" in decision.reason
+    short = dataclasses.replace(long_prompt_window(state, the_spec), mean_prompt_tokens=300.0)
+    state = decide(the_spec, status(), short, T0 - timedelta(minutes=10)).state
+    assert decide(the_spec, state, short, T0).hold == HoldReason.NO_TIER
+
+
+def test_same_inputs_same_decision():
+    state = warmed()
+    window = long_prompt_window(state, SPEC)
+    assert decide(SPEC, state, window, T0) == decide(SPEC, state, window, T0)

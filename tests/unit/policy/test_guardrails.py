@@ -1,0 +1,171 @@
+"""Property tests of the guardrails: whatever the traffic, a change stays inside every rule."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from datetime import datetime, timedelta
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from vllm_autotuner.api import DecisionAction, FailedConfig, KnobSource
+from vllm_autotuner.api.types import duration_seconds, utc_timestamp
+from vllm_autotuner.knobs import startup_errors
+from vllm_autotuner.policy import Observation, decide, rollout_failed, rollout_succeeded
+from vllm_autotuner.policy.guardrails import in_bounds, within_step
+
+from .helpers import T0, long_prompt_window, spec, status
+
+POSITIVE = st.floats(0.0, 1e5, allow_nan=False)
+LATENCY = st.floats(0.001, 120.0)
+SHARE = st.floats(0.0, 1.0)
+
+
+@st.composite
+def windows(draw, state, the_spec, now, nan=True):
+    """A window under the current config with arbitrary numbers, some missing (and NaN when ``nan``)."""
+
+    def maybe(strategy):
+        return st.one_of(strategy, st.none(), *([st.just(math.nan)] if nan else []))
+
+    rate = draw(st.floats(0.5, 200.0))
+    return Observation(
+        window_start=now - timedelta(minutes=5),
+        window_end=now,
+        config=state.current.knobs,
+        pods=draw(st.integers(1, 16)),
+        slo=the_spec.slo,
+        data_age_seconds=draw(st.floats(0, 30)),
+        requests=rate * 300,
+        request_rate=rate,
+        prompt_tokens_rate=rate * draw(st.floats(8, 16000)),
+        generation_tokens_rate=rate * draw(st.floats(1, 4000)),
+        ttft_seconds=draw(LATENCY),
+        itl_seconds=draw(st.floats(0.001, 2.0)),
+        e2e_seconds=draw(maybe(LATENCY)),
+        queue_seconds=draw(maybe(LATENCY)),
+        itl_mean_seconds=draw(maybe(st.floats(0.001, 2.0))),
+        ttft_within_slo=draw(maybe(SHARE)),
+        itl_within_slo=draw(maybe(SHARE)),
+        running=draw(maybe(st.floats(0, 2048))),
+        waiting=draw(maybe(st.floats(0, 5000))),
+        kv_cache_usage=draw(maybe(SHARE)),
+        preemption_rate=draw(maybe(st.floats(0, 100))),
+        mean_prompt_tokens=draw(st.floats(8, 16000)),
+        mean_generation_tokens=draw(st.floats(1, 4000)),
+        step_tokens_mean=draw(maybe(st.floats(1, 65536))),
+        step_tokens_quantile=draw(maybe(st.floats(1, 65536))),
+        steps_per_second=draw(maybe(POSITIVE)),
+    )
+
+
+@st.composite
+def setups(draw):
+    tokens_min = draw(st.sampled_from([256, 512, 1024]))
+    tokens_max = draw(st.sampled_from([2048, 8192, 32768]))
+    seqs_min = draw(st.sampled_from([8, 64, 256]))
+    seqs_max = draw(st.sampled_from([256, 512, 1024]))
+    the_spec = spec(
+        bounds={
+            "maxNumBatchedTokens": {"min": tokens_min, "max": tokens_max},
+            "maxNumSeqs": {"min": seqs_min, "max": seqs_max},
+        },
+        rollout={"maxStepFactor": draw(st.sampled_from([1.5, 2.0, 4.0])), "minImprovementPercent": 0},
+        traffic={
+            "strategy": draw(st.sampled_from(["Adaptive", "Adaptive", "Tiers"])),
+            "tiers": [
+                {
+                    "name": "t",
+                    "match": {"minPromptTokens": 1000},
+                    "knobs": {
+                        "maxNumBatchedTokens": draw(st.sampled_from([128, 4096, 65536])),
+                        "maxNumSeqs": draw(st.sampled_from([16, 128, 2048])),
+                    },
+                }
+            ],
+        },
+    )
+    tokens = draw(st.sampled_from([256, 1024, 2048, 8192, 16384, 65536]))
+    seqs = min(draw(st.sampled_from([8, 128, 256, 1024, 2048])), tokens)
+    failed = [
+        FailedConfig(max_num_batched_tokens=t, max_num_seqs=s, reason="oom", at=utc_timestamp(T0), generation=1)
+        for t, s in draw(
+            st.lists(
+                st.tuples(st.sampled_from([1024, 2048, 4096, 16384]), st.sampled_from([128, 256, 1024])), max_size=6
+            )
+        )
+        if s <= t
+    ]
+    state = status(tokens=tokens, seqs=seqs, failed_configs=failed, observed_generation=1)
+    return the_spec, state
+
+
+def check(change, the_spec, state, measured):
+    assert in_bounds(change.knobs, the_spec.bounds)
+    assert not startup_errors(change.knobs, state.current.max_model_len, state.current.chunked_prefill)
+    assert all(
+        (f.max_num_batched_tokens, f.max_num_seqs) != (change.knobs.max_num_batched_tokens, change.knobs.max_num_seqs)
+        for f in state.failed_configs
+    )
+    outside = not in_bounds(state.current.knobs, the_spec.bounds)
+    if change.source == KnobSource.TRAFFIC and not outside and the_spec.traffic.strategy == "Adaptive":
+        assert within_step(change.knobs, state.current.knobs, the_spec.rollout.max_step_factor) or (
+            change.knobs in measured
+        )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(setup=setups(), data=st.data())
+def test_no_change_ever_leaves_the_bounds_breaks_a_rule_or_retries_a_failure(setup, data):
+    the_spec, state = setup
+    earlier = T0 - timedelta(minutes=10)
+    state = decide(the_spec, state, data.draw(windows(state, the_spec, earlier)), earlier).state
+    measured = {m.knobs for m in state.measurements}
+    decision = decide(the_spec, state, data.draw(windows(state, the_spec, T0)), T0)
+    assert decision.reason
+    if decision.changes:
+        check(decision, the_spec, state, measured)
+    else:
+        assert decision.hold is not None
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(setup=setups(), data=st.data(), rollout_minutes=st.integers(1, 12), fail_every=st.integers(2, 5))
+def test_a_day_of_random_traffic_respects_cooldown_budget_and_failures(setup, data, rollout_minutes, fail_every):
+    """Evaluate every 2 minutes for a day; rollouts take a while and some fail. Check every rule on the way."""
+    the_spec, state = setup
+    # the long-prompt window breaches ITL at large budgets, so the policy has reasons to move
+    templates = [
+        long_prompt_window(state, the_spec),
+        *data.draw(st.lists(windows(state, the_spec, T0, nan=False), max_size=5)),
+    ]
+    cooldown = timedelta(seconds=duration_seconds(the_spec.rollout.cooldown))
+    now, finished, starts, failed, changes = T0, None, [], set(), 0
+    while now < T0 + timedelta(hours=24):
+        rollout = state.last_rollout
+        done_at = datetime.fromisoformat(rollout.started_at) + timedelta(minutes=rollout_minutes) if rollout else now
+        if rollout is not None and rollout.phase == "InProgress" and now >= done_at:
+            if rollout.source != KnobSource.ROLLBACK and changes % fail_every == 0:
+                failed.add(rollout.to_knobs)
+                decision = rollout_failed(state, now, "CUDA out of memory", generation=1)
+                starts.append(now)
+                state = decision.state
+            else:
+                state = rollout_succeeded(state, now)
+            finished = now
+        template = templates[int((now - T0).total_seconds() // 1800) % len(templates)]  # traffic changes every 30m
+        window = dataclasses.replace(
+            template, window_start=now - timedelta(minutes=5), window_end=now, config=state.current.knobs
+        )
+        decision = decide(the_spec, state, window, now)
+        if decision.changes:
+            changes += 1
+            assert decision.knobs not in failed
+            check(decision, the_spec, state, {m.knobs for m in state.measurements})
+            if decision.source == KnobSource.TRAFFIC and finished is not None:
+                assert now - finished >= cooldown
+            starts.append(now)
+            assert sum(1 for s in starts if now - s < timedelta(hours=24)) <= the_spec.rollout.max_rollouts_per_day
+        state = decision.state
+        now += timedelta(minutes=2)
+    assert decision.action in (DecisionAction.HOLD, DecisionAction.CHANGE, DecisionAction.ROLLBACK)

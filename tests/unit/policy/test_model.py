@@ -1,0 +1,150 @@
+"""The online performance model: its fit, its attainment estimate and the direction of its predictions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from vllm_autotuner.api import SLO, LatencyTarget, Measurement
+from vllm_autotuner.policy.model import StepModel, Traffic, fit_step_model, share_within
+
+from .helpers import knobs
+
+
+def measurement(regime="r", tokens=8192, seqs=1024, **fields):
+    base = dict(
+        regime=regime,
+        max_num_batched_tokens=tokens,
+        max_num_seqs=seqs,
+        measured_at="2024-05-01T12:00:00Z",
+        request_rate=3.0,
+        generation_tokens_per_second=3 * 128,
+        prompt_tokens_per_second=3 * 4000,
+        mean_prompt_tokens=4000,
+        mean_generation_tokens=128,
+        attainment=0.6,
+        ttft_within_slo=0.99,
+        itl_within_slo=0.6,
+        ttft_seconds=0.9,
+        itl_seconds=0.19,
+        queue_seconds=0.1,
+        itl_mean_seconds=0.09,
+        step_tokens_mean=3200,
+        step_tokens_quantile=7800,
+        running=20,
+        waiting=0.5,
+        kv_cache_usage=0.2,
+        preemptions_per_second=0.0,
+    )
+    return Measurement(**{**base, **fields})
+
+
+def on_line(regime, intercept, slope, x_mean, x_q):
+    return measurement(
+        regime,
+        step_tokens_mean=x_mean,
+        itl_mean_seconds=intercept + slope * x_mean,
+        step_tokens_quantile=x_q,
+        itl_seconds=intercept + slope * x_q,
+    )
+
+
+def test_slope_is_recovered_across_regimes_with_their_own_intercepts():
+    slope = 26e-6
+    points = [
+        on_line("a", 0.008, slope, 500, 4000),
+        on_line("a", 0.008, slope, 900, 2000),
+        on_line("b", 0.030, slope, 300, 1000),
+    ]
+    assert fit_step_model(points).slope == pytest.approx(slope, rel=0.01)
+
+
+def test_slope_without_spread_falls_back_to_its_upper_bound():
+    flat = on_line("a", 0.01, 20e-6, 1000, 1000)
+    assert fit_step_model([flat]).slope == pytest.approx(0.03 / 1000)
+    assert fit_step_model([]) is None
+
+
+TARGET = LatencyTarget(quantile=0.95, seconds=0.1)
+
+
+def test_share_within_reproduces_the_measurement_and_falls_as_latency_rises():
+    assert share_within(TARGET, 0.19, 0.62, 0.19, "itl") == pytest.approx(0.62)
+    assert share_within(TARGET, 0.1, None, 0.1, "itl") == pytest.approx(0.95)
+
+
+@given(st.floats(0.01, 1.0), st.floats(0.01, 0.99), st.floats(0.01, 1.0), st.floats(0.01, 1.0))
+def test_share_within_is_a_probability_that_falls_with_latency(measured, share, a, b):
+    low, high = sorted((a, b))
+    s_low = share_within(TARGET, measured, share, low, "itl")
+    s_high = share_within(TARGET, measured, share, high, "itl")
+    assert 0 <= s_high <= s_low <= 1
+
+
+SLO_CHAT = SLO(ttft=LatencyTarget(quantile=0.95, seconds=2.0), itl=LatencyTarget(quantile=0.95, seconds=0.1))
+
+
+def traffic(m):
+    return Traffic.of(m, SLO_CHAT, fit_step_model([m]))
+
+
+def test_smaller_budget_cuts_itl_when_quantile_steps_are_full():
+    t = traffic(measurement())
+    now, smaller = t.predict(knobs(8192, 1024)), t.predict(knobs(4096, 1024))
+    assert now.itl_seconds == pytest.approx(0.19)
+    assert smaller.itl_seconds < 0.12 and smaller.attainment > now.attainment
+
+
+def test_larger_budget_does_not_change_itl_when_steps_are_not_full():
+    t = traffic(measurement(step_tokens_quantile=900, tokens=2048))
+    assert t.predict(knobs(4096, 1024)).itl_seconds == pytest.approx(t.predict(knobs(2048, 1024)).itl_seconds)
+
+
+def test_larger_budget_cuts_queueing_when_utilisation_is_high():
+    busy = measurement(
+        tokens=512,
+        seqs=256,
+        prompt_tokens_per_second=14_000,
+        queue_seconds=3.0,
+        ttft_seconds=3.5,
+        ttft_within_slo=0.8,
+        itl_seconds=0.03,
+        itl_mean_seconds=0.02,
+        step_tokens_mean=480,
+        step_tokens_quantile=512,
+        itl_within_slo=1.0,
+    )
+    t = traffic(busy)
+    assert t.utilisation(knobs(512, 256)) > t.utilisation(knobs(1024, 256))
+    assert t.predict(knobs(1024, 256)).ttft_seconds < 3.5
+
+
+def test_fewer_seqs_stop_preemptions_when_the_kv_cache_is_full():
+    # 4 rps x 256 tokens x 0.1 s per step needs ~102 decoding at once; 150 run, the recomputed ones included
+    full = measurement(
+        request_rate=4.0,
+        generation_tokens_per_second=4 * 256,
+        prompt_tokens_per_second=4 * 1000,
+        mean_prompt_tokens=1000,
+        mean_generation_tokens=256,
+        itl_mean_seconds=0.1,
+        running=150,
+        kv_cache_usage=0.99,
+        preemptions_per_second=0.4,
+        attainment=0.5,
+        step_tokens_mean=400,
+        step_tokens_quantile=1500,
+    )
+    t = traffic(full)
+    assert t.concurrency_demand == pytest.approx(102.4)
+    assert t.preempted_share(knobs(8192, 1024)) == pytest.approx(0.1)
+    assert t.preempted_share(knobs(8192, 128)) == 0.0
+    assert t.predict(knobs(8192, 128)).attainment > t.predict(knobs(8192, 1024)).attainment
+
+
+def test_saturation_predicts_a_breach():
+    t = Traffic.of(measurement(), SLO_CHAT, StepModel(slope=1e-3, points=1))
+    assert t.predict(knobs(256, 256)).utilisation > 1 and t.predict(knobs(256, 256)).attainment < 0.05
+    assert not math.isnan(t.predict(knobs(256, 256)).ttft_seconds)

@@ -1,0 +1,130 @@
+"""Every "not enough data" case holds, with its own reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from datetime import timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from vllm_autotuner.api import SLO, LatencyTarget
+from vllm_autotuner.api.status import Rollout, RolloutPhase
+from vllm_autotuner.api.types import utc_timestamp
+from vllm_autotuner.policy import HoldReason, decide, hold_reason
+from vllm_autotuner.policy.observation import _NUMBERS, REQUIRED
+
+from .helpers import T0, knobs, long_prompt_window, spec, status
+
+SPEC = spec()
+STATE = status()
+
+
+def reason_of(observation, state=STATE, now=T0):
+    found = hold_reason(SPEC, SPEC.slo, state, observation, now)
+    return found[0] if found else None
+
+
+def test_a_usable_window_has_no_hold_reason():
+    assert reason_of(long_prompt_window(STATE, SPEC)) is None
+
+
+def test_no_observation():
+    assert reason_of(None) == HoldReason.NO_DATA
+
+
+def test_rollout_in_the_deployment_or_in_the_status():
+    assert reason_of(long_prompt_window(STATE, SPEC, rollout_in_progress=True)) == HoldReason.ROLLOUT_IN_PROGRESS
+    rolling = STATE.model_copy(
+        update={
+            "last_rollout": Rollout(
+                from_knobs=knobs(8192, 1024),
+                to_knobs=knobs(4096, 1024),
+                source="Traffic",
+                reason="r",
+                started_at=utc_timestamp(T0),
+                phase=RolloutPhase.IN_PROGRESS,
+            )
+        }
+    )
+    assert reason_of(long_prompt_window(rolling, SPEC), state=rolling) == HoldReason.ROLLOUT_IN_PROGRESS
+
+
+@pytest.mark.parametrize(("late", "age"), [(100, 0), (0, 100), (60, 31)])
+def test_stale_when_query_time_plus_sample_age_exceeds_the_limit(late, age):
+    # evaluationInterval 30s -> limit 90s
+    window = long_prompt_window(STATE, SPEC, data_age_seconds=age)
+    assert reason_of(window, now=T0 + timedelta(seconds=late)) == HoldReason.STALE
+    assert reason_of(dataclasses.replace(window, data_age_seconds=0), now=T0 + timedelta(seconds=89)) is None
+
+
+@pytest.mark.parametrize("config", [None, knobs(4096, 1024)])
+def test_samples_under_another_or_several_configs(config):
+    assert reason_of(long_prompt_window(STATE, SPEC, config=config)) == HoldReason.MIXED_CONFIG
+
+
+def test_window_must_start_after_the_settle_time_and_be_full():
+    young = status(since=T0 - timedelta(minutes=6))  # settled at T0-4m, window starts at T0-5m
+    assert reason_of(long_prompt_window(young, SPEC), state=young) == HoldReason.NOT_SETTLED
+    short = long_prompt_window(STATE, SPEC, window_start=T0 - timedelta(minutes=4))
+    assert reason_of(short) == HoldReason.NOT_SETTLED
+
+
+def test_quantiles_for_another_slo():
+    other = SLO(ttft=LatencyTarget(quantile=0.99, seconds=2.0))
+    assert reason_of(long_prompt_window(STATE, SPEC, slo=other)) == HoldReason.OTHER_SLO
+
+
+def test_too_few_requests():
+    assert reason_of(long_prompt_window(STATE, SPEC, requests=49.0)) == HoldReason.TOO_FEW_SAMPLES
+    assert reason_of(long_prompt_window(STATE, SPEC, requests=50.0)) is None
+
+
+@pytest.mark.parametrize("name", _NUMBERS)
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0])
+def test_nan_infinite_or_negative_numbers(name, bad):
+    window = long_prompt_window(STATE, SPEC, **{name: bad})
+    assert reason_of(window) in (HoldReason.INVALID, HoldReason.STALE)
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_missing_required_numbers(name):
+    assert reason_of(long_prompt_window(STATE, SPEC, **{name: None})) == HoldReason.NO_DATA
+
+
+def test_unknown_current_config():
+    assert reason_of(long_prompt_window(STATE, SPEC), state=STATE.model_copy(update={"current": None})) == (
+        HoldReason.UNKNOWN_CONFIG
+    )
+
+
+BAD = st.sampled_from([math.nan, math.inf, -math.inf, -5.0, None])
+
+
+@given(
+    field=st.sampled_from(_NUMBERS),
+    value=BAD,
+    other=st.sampled_from(["rollout", "mixed", "stale", "few", "none"]),
+)
+def test_unusable_windows_never_change_anything(field, value, other):
+    """Whatever makes the window unusable, and however bad the traffic it shows, decide holds."""
+    window = long_prompt_window(STATE, SPEC)
+    window = {
+        "rollout": dataclasses.replace(window, rollout_in_progress=True),
+        "mixed": dataclasses.replace(window, config=None),
+        "stale": dataclasses.replace(window, data_age_seconds=10_000.0),
+        "few": dataclasses.replace(window, requests=1.0),
+        "none": window,
+    }[other]
+    if other == "none" and (value is not None or field in REQUIRED):
+        window = dataclasses.replace(window, **{field: value})
+    elif other == "none":
+        window = None
+    # one usable window first, so the regime is old enough to act on if the second were usable
+    state = decide(
+        SPEC, STATE, long_prompt_window(STATE, SPEC, now=T0 - timedelta(minutes=10)), T0 - timedelta(minutes=10)
+    ).state
+    decision = decide(SPEC, state, window, T0)
+    assert not decision.changes
+    assert decision.hold is not None and decision.reason

@@ -1,0 +1,146 @@
+"""A literal, slow transcription of vLLM V1's scheduling loop: the oracle the
+fast engine is checked against.
+
+Every step walks the running list in order (decodes take one token, a
+partial prefill a chunk of the budget left), allocates KV blocks one request
+at a time and preempts the newest running request when a block is missing,
+then admits waiting requests FCFS unless the step preempted. It prices steps
+with the same :class:`StepCost` and no noise, and keeps no aggregates, spans
+or heaps: if the engine's shortcuts drift from the plain algorithm, the two
+disagree.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from vllm_autotuner.sim.engine import Request, StepCost
+
+
+@dataclass
+class _Req:
+    rid: int
+    req: Request
+    num_tokens: int  # prompt + generated
+    computed: int = 0
+    generated: int = 0
+    blocks: int = 0
+    preemptions: int = 0
+    first_token: float = -1.0
+    last_token: float = -1.0
+    max_gap: float = 0.0
+    finish: float = -1.0
+
+
+@dataclass
+class ReferenceResult:
+    first_token: dict[int, float] = field(default_factory=dict)
+    finish: dict[int, float] = field(default_factory=dict)
+    preemptions: dict[int, int] = field(default_factory=dict)
+    max_gap: dict[int, float] = field(default_factory=dict)
+    steps: int = 0
+    step_tokens: list[int] = field(default_factory=list)
+
+
+def run_reference(
+    cost: StepCost,
+    requests: list[Request],
+    *,
+    budget: int,
+    max_seqs: int,
+    num_blocks: int,
+    chunked: bool,
+    block_size: int = 16,
+) -> ReferenceResult:
+    pending = deque(_Req(i, r, r.prompt_tokens) for i, r in enumerate(requests))
+    waiting: deque[_Req] = deque()
+    running: list[_Req] = []
+    free = num_blocks
+    now = 0.0
+    out = ReferenceResult()
+
+    def cdiv(a: int, b: int) -> int:
+        return -(-a // b)
+
+    while pending or waiting or running:
+        while pending and pending[0].req.arrival <= now:
+            waiting.append(pending.popleft())
+        if not waiting and not running:
+            now = pending[0].req.arrival
+            continue
+        left = budget
+        scheduled: list[tuple[_Req, int]] = []
+        preempted = False
+        i = 0
+        while i < len(running):
+            r = running[i]
+            new = min(r.num_tokens - r.computed, left)
+            if new == 0:
+                i += 1
+                continue
+            need = cdiv(r.computed + new, block_size) - r.blocks
+            self_preempted = False
+            while need > free:
+                victim = running.pop()
+                free += victim.blocks
+                victim.blocks = victim.computed = 0
+                victim.preemptions += 1
+                waiting.appendleft(victim)
+                preempted = True
+                if victim is r:
+                    self_preempted = True
+                    break
+            if self_preempted:
+                break
+            r.blocks += need
+            free -= need
+            scheduled.append((r, new))
+            left -= new
+            i += 1
+        if not preempted:
+            while waiting and left > 0 and len(running) < max_seqs:
+                r = waiting[0]
+                new = r.num_tokens - r.computed
+                if not chunked and new > left:
+                    break
+                new = min(new, left)
+                need = cdiv(new, block_size)
+                if need > free:
+                    break
+                waiting.popleft()
+                r.blocks = need
+                free -= need
+                running.append(r)
+                scheduled.append((r, new))
+                left -= new
+        tokens = units = kv_read = sampled = 0
+        for r, new in scheduled:
+            tokens += new
+            units += new * r.computed + new * (new + 1) / 2
+            kv_read += r.computed + new
+            if r.computed + new == r.num_tokens:
+                sampled += 1
+        now += cost.seconds(tokens, len(scheduled), sampled, units, kv_read)
+        out.steps += 1
+        out.step_tokens.append(tokens)
+        for r, new in scheduled:
+            r.computed += new
+            if r.computed < r.num_tokens:
+                continue
+            if r.generated == 0:
+                r.first_token = now
+            else:
+                r.max_gap = max(r.max_gap, now - r.last_token)
+            r.last_token = now
+            r.generated += 1
+            if r.generated == r.req.output_tokens:
+                running.remove(r)
+                free += r.blocks
+                out.first_token[r.rid] = r.first_token
+                out.finish[r.rid] = now
+                out.preemptions[r.rid] = r.preemptions
+                out.max_gap[r.rid] = r.max_gap
+            else:
+                r.num_tokens += 1
+    return out

@@ -1,0 +1,107 @@
+"""The engine's API and the behaviours the reference scheduler does not cover
+(prefix caching, the clock, validation of submitted requests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.sim.helpers import noiseless, random_requests
+from vllm_autotuner.sim.engine import Engine, EngineConfig, Request
+from vllm_autotuner.sim.profiles import get_profile
+from vllm_autotuner.sim.workload import LengthDist, Mix, RequestClass, steady
+
+TEMPLATED = Mix(
+    "templated-rag",
+    (RequestClass("rag", LengthDist(3000, 0.2, 2200, 4000), LengthDist(64, 0.3, 16, 128),
+                  prefix_tokens=2048, prefix_variants=4),),
+)  # fmt: skip
+
+
+def _templated_run(prefix_caching: bool, profile: str = "llama3-8b-h100", seconds: float = 600) -> Engine:
+    engine = Engine(get_profile(profile), EngineConfig(enable_prefix_caching=prefix_caching), seed=0)
+    for request in steady(4, TEMPLATED, hours=1).generate(0).requests(0, seconds):
+        engine.submit(request)
+    engine.advance(seconds)
+    return engine
+
+
+def test_prefix_caching_reuses_shared_prefixes() -> None:
+    cached, uncached = _templated_run(True).snapshot(), _templated_run(False).snapshot()
+    assert cached.counters["prefix_cache_hits"] > 0.5 * cached.counters["prefix_cache_queries"] * 2048 / 3000
+    assert cached.counters["prompt_tokens_cached"] == cached.counters["prefix_cache_hits"] > 0
+    assert uncached.counters["prefix_cache_queries"] == uncached.counters["prefix_cache_hits"] == 0
+    assert cached.counters["prompt_tokens"] == pytest.approx(uncached.counters["prompt_tokens"], rel=0.01)
+    ttft = "vllm:time_to_first_token_seconds"
+    assert cached.histograms[ttft].mean() < 0.6 * uncached.histograms[ttft].mean()
+    computed = "vllm:request_prefill_kv_computed_tokens"
+    assert cached.histograms[computed].sum < 0.5 * uncached.histograms[computed].sum
+
+
+def test_prefix_cache_under_memory_pressure_stays_within_the_cache() -> None:
+    engine = Engine(get_profile("llama3-8b-l4"), EngineConfig(max_num_seqs=64), seed=0)
+    for request in steady(0.6, TEMPLATED, hours=1).generate(1).requests(0, 900):
+        engine.submit(request)
+    for t in range(30, 901, 30):
+        engine.advance(t)
+        assert 0.0 <= engine.kv_usage <= 1.0
+    snap = engine.snapshot()
+    assert snap.counters["prefix_cache_hits"] > 0
+    assert snap.counters["request_success"] > 100
+
+
+def test_submit_rejects_what_vllm_rejects() -> None:
+    engine = Engine(get_profile("llama3-8b-h100"), EngineConfig(max_model_len=4096), seed=0)
+    with pytest.raises(ValueError, match="maximum context length is 4096 tokens"):
+        engine.submit(Request(0.0, 4000, 200))
+    with pytest.raises(ValueError, match="prefix_tokens must be shorter"):
+        engine.submit(Request(0.0, 100, 10, prefix_id=1, prefix_tokens=100))
+    engine.submit(Request(5.0, 100, 10))
+    with pytest.raises(ValueError, match="arrival order"):
+        engine.submit(Request(4.0, 100, 10))
+
+
+def test_idle_clock_jumps_and_advance_returns_each_request_once() -> None:
+    engine = Engine(noiseless("llama3-8b-h100"), EngineConfig(), seed=0)
+    assert engine.advance(10.0) == [] and engine.now == 10.0
+    rid = engine.submit(Request(100.0, 256, 32))
+    assert engine.advance(50.0) == [] and engine.now == 50.0
+    assert engine.num_waiting == 0  # not arrived yet
+    (done,) = engine.advance(200.0)
+    assert done.rid == rid and done.arrival == 100.0
+    assert done.queue_time == 0.0
+    assert 0 < done.ttft < 0.1 and done.output_tokens == 32
+    assert done.mean_itl == pytest.approx((done.finish_time - done.first_token_time) / 31)
+    assert engine.advance(300.0) == [] and engine.now == 300.0
+
+
+def test_steps_are_atomic_at_window_edges() -> None:
+    engine = Engine(get_profile("llama3-8b-h100"), EngineConfig(), seed=0)
+    for request in random_requests(200, 20, 0):
+        engine.submit(request)
+    for edge in (0.5, 1.0, 1.5, 2.0):
+        engine.advance(edge)
+        assert edge <= engine.now < edge + 0.5  # at most one step past the edge
+
+
+def test_unfinished_lists_what_a_shutdown_drops() -> None:
+    engine = Engine(get_profile("llama3-8b-h100"), EngineConfig(), seed=0)
+    requests = random_requests(300, 50, 2)
+    for request in requests:
+        engine.submit(request)
+    finished = engine.advance(3.0)
+    left = engine.unfinished()
+    assert finished and left
+    assert len(finished) + len(left) == len(requests)
+    done = {f.rid for f in finished}
+    assert left == [r for i, r in enumerate(requests) if i not in done]
+
+
+def test_advance_to_infinity_drains_everything() -> None:
+    engine = Engine(get_profile("llama3-8b-a100"), EngineConfig(), seed=0)
+    requests = random_requests(500, 100, 3)
+    for request in requests:
+        engine.submit(request)
+    assert len(engine.advance(float("inf"))) == len(requests)
+    snap = engine.snapshot()
+    assert snap.gauges.num_requests_running == snap.gauges.num_requests_waiting == 0
+    assert snap.gauges.kv_cache_usage_perc == 0.0

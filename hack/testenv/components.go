@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -105,4 +106,50 @@ func (cp *controlPlane) stop(grace time.Duration) {
 			<-c.done
 		}
 	}
+}
+
+func apiserverFlags(p *pki, etcdURL string, port int) []string {
+	return []string{
+		"--etcd-servers=" + etcdURL,
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(port),
+		"--cert-dir=" + p.path("apiserver-certs"),
+		"--tls-cert-file=" + p.path(servingCertFile),
+		"--tls-private-key-file=" + p.path(servingKeyFile),
+		"--client-ca-file=" + p.path(caCertFile),
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-signing-key-file=" + p.path(saKeyFile),
+		"--service-account-key-file=" + p.path(saKeyFile),
+		"--service-cluster-ip-range=" + serviceCIDR,
+		"--authorization-mode=Node,RBAC",
+		// An Endpoints object may not hold a loopback address, so the
+		// `kubernetes` Service cannot point at us; nothing runs in-cluster
+		// that would need it.
+		"--endpoint-reconciler-type=none",
+	}
+}
+
+// controllerManagerFlags, like schedulerFlags, turns secure serving off
+// (port 0): nothing scrapes these two, and two fewer ports means two fewer
+// chances to collide with a parallel test session.
+func controllerManagerFlags(p *pki, kubeconfig string) []string {
+	return []string{
+		"--kubeconfig=" + kubeconfig,
+		"--secure-port=0",
+		"--leader-elect=true",
+		// Each controller acts under its own ServiceAccount, as in a
+		// production cluster, so RBAC is exercised for them too.
+		"--use-service-account-credentials=true",
+		"--service-account-private-key-file=" + p.path(saKeyFile),
+		"--root-ca-file=" + p.path(caCertFile),
+		"--cluster-signing-cert-file=" + p.path(caCertFile),
+		"--cluster-signing-key-file=" + p.path(caKeyFile),
+		// Its default is under /usr/libexec, which it would create on the host.
+		"--flex-volume-plugin-dir=" + p.path("flexvolume"),
+	}
+}
+
+func schedulerFlags(kubeconfig string) []string {
+	return []string{"--kubeconfig=" + kubeconfig, "--secure-port=0", "--leader-elect=true"}
 }

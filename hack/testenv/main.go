@@ -95,6 +95,10 @@ func main() {
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(args)
+	if fs.NArg() > 0 {
+		fs.Usage()
+		os.Exit(2)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -145,17 +149,16 @@ func run(ctx context.Context, port int, kubeconfig string, timeout time.Duration
 	}
 	server := fmt.Sprintf("https://127.0.0.1:%d", port)
 	kcmConfig, schedulerConfig := p.path("controller-manager.kubeconfig"), p.path("scheduler.kubeconfig")
-	for _, kc := range []struct{ path, user, group string }{
-		{kubeconfig, "admin", "system:masters"},
+	for _, kc := range []struct {
+		path, user string
+		groups     []string
+	}{
+		{kubeconfig, "admin", []string{"system:masters"}},
 		// The identities whose bootstrap ClusterRoles RBAC ships with.
-		{kcmConfig, "system:kube-controller-manager", ""},
-		{schedulerConfig, "system:kube-scheduler", ""},
+		{kcmConfig, "system:kube-controller-manager", nil},
+		{schedulerConfig, "system:kube-scheduler", nil},
 	} {
-		var groups []string
-		if kc.group != "" {
-			groups = []string{kc.group}
-		}
-		if err := p.writeKubeconfig(kc.path, server, kc.user, groups...); err != nil {
+		if err := p.writeKubeconfig(kc.path, server, kc.user, kc.groups...); err != nil {
 			return fmt.Errorf("writing %s: %w", kc.path, err)
 		}
 	}
@@ -166,25 +169,7 @@ func run(ctx context.Context, port int, kubeconfig string, timeout time.Duration
 
 	cp := newControlPlane()
 	defer cp.stop(30 * time.Second)
-	if err := cp.start("kube-apiserver",
-		"--etcd-servers="+etcdURL,
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
-		fmt.Sprintf("--secure-port=%d", port),
-		"--cert-dir="+p.path("apiserver-certs"),
-		"--tls-cert-file="+p.path(servingCertFile),
-		"--tls-private-key-file="+p.path(servingKeyFile),
-		"--client-ca-file="+p.path(caCertFile),
-		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-signing-key-file="+p.path(saKeyFile),
-		"--service-account-key-file="+p.path(saKeyFile),
-		"--service-cluster-ip-range="+serviceCIDR,
-		"--authorization-mode=Node,RBAC",
-		// An Endpoints object may not hold a loopback address, so the
-		// `kubernetes` Service cannot point at us; nothing runs in-cluster
-		// that would need it.
-		"--endpoint-reconciler-type=none",
-	); err != nil {
+	if err := cp.start("kube-apiserver", apiserverFlags(p, etcdURL, port)...); err != nil {
 		return err
 	}
 	if err := waitFor(ctx, cp, timeout, "/readyz", func(ctx context.Context) bool {
@@ -193,30 +178,10 @@ func run(ctx context.Context, port int, kubeconfig string, timeout time.Duration
 	}); err != nil {
 		return err
 	}
-
-	// Secure ports 0: nothing here scrapes these two, and two fewer ports
-	// means two fewer chances to collide with a parallel test session.
-	if err := cp.start("kube-controller-manager",
-		"--kubeconfig="+kcmConfig,
-		"--secure-port=0",
-		"--leader-elect=true",
-		// Each controller acts under its own ServiceAccount, as in a
-		// production cluster, so RBAC is exercised for them too.
-		"--use-service-account-credentials=true",
-		"--service-account-private-key-file="+p.path(saKeyFile),
-		"--root-ca-file="+p.path(caCertFile),
-		"--cluster-signing-cert-file="+p.path(caCertFile),
-		"--cluster-signing-key-file="+p.path(caKeyFile),
-		// Its default is under /usr/libexec, which it would create on the host.
-		"--flex-volume-plugin-dir="+p.path("flexvolume"),
-	); err != nil {
+	if err := cp.start("kube-controller-manager", controllerManagerFlags(p, kcmConfig)...); err != nil {
 		return err
 	}
-	if err := cp.start("kube-scheduler",
-		"--kubeconfig="+schedulerConfig,
-		"--secure-port=0",
-		"--leader-elect=true",
-	); err != nil {
+	if err := cp.start("kube-scheduler", schedulerFlags(schedulerConfig)...); err != nil {
 		return err
 	}
 	for _, lease := range []string{"kube-controller-manager", "kube-scheduler"} {

@@ -153,3 +153,45 @@ def test_deployment_pods_are_scheduled_onto_gpu_nodes_and_a_template_change_roll
 
     message = wait_for(unschedulable_surge_pod, 60, "the scheduler to report the new pod unschedulable")
     assert f"Insufficient {GPU}" in message
+
+
+def test_the_other_controllers_the_operator_relies_on_run(cluster: Cluster, namespace: str) -> None:
+    core, policy = client.CoreV1Api(cluster.api), client.PolicyV1Api(cluster.api)
+    meta = client.V1ObjectMeta
+
+    # root-ca publisher: pods find the cluster CA in every namespace.
+    root_ca = wait_for(lambda: core.read_namespaced_config_map("kube-root-ca.crt", namespace), 30,
+                       "the root CA publisher to fill the new namespace")
+    with open(cluster.api.configuration.ssl_ca_cert) as ca:
+        assert root_ca.data["ca.crt"].strip() == ca.read().strip()
+
+    # serviceaccount-token: a legacy token Secret gets its token.
+    core.create_namespaced_secret(namespace, client.V1Secret(
+        metadata=meta(name="default-token", annotations={"kubernetes.io/service-account.name": "default"}),
+        type="kubernetes.io/service-account-token"))
+    wait_for(lambda: (core.read_namespaced_secret("default-token", namespace).data or {}).get("token"), 30,
+             "the token controller to fill the Secret")
+
+    # disruption: a PodDisruptionBudget gets a computed status.
+    policy.create_namespaced_pod_disruption_budget(namespace, client.V1PodDisruptionBudget(
+        metadata=meta(name="llama"),
+        spec=client.V1PodDisruptionBudgetSpec(min_available=1, selector=client.V1LabelSelector(match_labels={"app": "llama"}))))
+    pdb = wait_for(lambda: policy.read_namespaced_pod_disruption_budget("llama", namespace).status.observed_generation,
+                   30, "the disruption controller to observe the PodDisruptionBudget")
+    assert pdb == 1
+
+    # garbage collector: deleting an owner deletes what it owns.
+    owner = core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata=meta(name="owner")))
+    core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata=meta(
+        name="owned", owner_references=[client.V1OwnerReference(
+            api_version="v1", kind="ConfigMap", name="owner", uid=owner.metadata.uid)])))
+    core.delete_namespaced_config_map("owner", namespace)
+    wait_for(lambda: not [cm for cm in core.list_namespaced_config_map(namespace).items if cm.metadata.name == "owned"],
+             30, "the garbage collector to delete the owned ConfigMap")
+
+    # namespace: a deleted namespace is emptied and goes away.
+    core.create_namespace(client.V1Namespace(metadata=meta(name=f"{namespace}-gone")))
+    core.create_namespaced_config_map(f"{namespace}-gone", client.V1ConfigMap(metadata=meta(name="content")))
+    core.delete_namespace(f"{namespace}-gone")
+    wait_for(lambda: f"{namespace}-gone" not in [ns.metadata.name for ns in core.list_namespace().items], 60,
+             "the namespace controller to finish deleting the namespace")

@@ -72,7 +72,10 @@ def cluster_with_crd(cluster: Cluster) -> Cluster:
 
 @pytest.fixture(scope="session")
 def prometheus(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[localenv.Prometheus]:
-    """A real Prometheus scraping whatever the targets file lists (``.targets_file``)."""
+    """A real Prometheus scraping what its targets files list.
+
+    Tests write ``.targets_file``; the simulated fleet writes ``.fleet_targets_file``.
+    """
     workdir = tmp_path_factory.mktemp("prometheus")
     server = _start(localenv.start_prometheus, workdir)
     try:

@@ -144,8 +144,10 @@ def test_deployment_pods_are_scheduled_onto_gpu_nodes_and_a_template_change_roll
     assert "--max-num-batched-tokens=4096" in new.spec.template.spec.containers[0].args
 
     # The surge pod of the rolling update needs a third GPU, which no node has.
+    new_pods = f"pod-template-hash={new.metadata.labels['pod-template-hash']}"
+
     def unschedulable_surge_pod() -> str | None:
-        for pod in core.list_namespaced_pod(namespace, label_selector=f"pod-template-hash={new.metadata.labels['pod-template-hash']}").items:
+        for pod in core.list_namespaced_pod(namespace, label_selector=new_pods).items:
             for condition in pod.status.conditions or []:
                 if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
                     return condition.message
@@ -175,7 +177,8 @@ def test_the_other_controllers_the_operator_relies_on_run(cluster: Cluster, name
     # disruption: a PodDisruptionBudget gets a computed status.
     policy.create_namespaced_pod_disruption_budget(namespace, client.V1PodDisruptionBudget(
         metadata=meta(name="llama"),
-        spec=client.V1PodDisruptionBudgetSpec(min_available=1, selector=client.V1LabelSelector(match_labels={"app": "llama"}))))
+        spec=client.V1PodDisruptionBudgetSpec(
+            min_available=1, selector=client.V1LabelSelector(match_labels={"app": "llama"}))))
     pdb = wait_for(lambda: policy.read_namespaced_pod_disruption_budget("llama", namespace).status.observed_generation,
                    30, "the disruption controller to observe the PodDisruptionBudget")
     assert pdb == 1

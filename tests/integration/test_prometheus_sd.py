@@ -43,7 +43,8 @@ def test_file_sd_target_is_scraped_with_namespace_pod_and_pod_labels(prometheus:
 
         # Pods come and go: a target removed from the file is no longer scraped.
         localenv.write_targets(prometheus.targets_file, [])
-        wait_for(lambda: not prom.get_targets()["activeTargets"], 30, "Prometheus to drop the removed target")
+        wait_for(lambda: all(t["labels"]["instance"] != address for t in prom.get_targets()["activeTargets"]), 30,
+                 "Prometheus to drop the removed target")
     finally:
         localenv.write_targets(prometheus.targets_file, [])
         server.shutdown()

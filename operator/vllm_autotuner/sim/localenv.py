@@ -7,9 +7,9 @@ kube-scheduler; ``make testenv`` builds it) and Debian's ``prometheus``. Every
 start picks free ports and its own directory, so two test sessions can run
 side by side.
 
-Prometheus finds its scrape targets in a file-based service discovery file
-that the simulated GPU fleet writes (:func:`write_targets`); the entries carry
-the pod's namespace, name and labels as the ``__meta_kubernetes_*`` labels that
+Prometheus finds its scrape targets in file-based service discovery files,
+one per writer (the simulated GPU fleet has its own, see
+:func:`write_targets`); the entries carry the pod's namespace, name and labels as the ``__meta_kubernetes_*`` labels that
 Kubernetes service discovery would give, and the generated configuration
 relabels them exactly as a production Prometheus does, so the series look as
 they would in a real cluster.
@@ -32,6 +32,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -137,6 +138,7 @@ class ControlPlane(Server):
 class Prometheus(Server):
     url: str
     targets_file: Path
+    fleet_targets_file: Path
 
 
 def start_control_plane(workdir: Path, *, kubeconfig: Path | None = None, timeout: float = 300,
@@ -170,8 +172,11 @@ def start_control_plane(workdir: Path, *, kubeconfig: Path | None = None, timeou
                         kubeconfig=Path(line.split(" ", 1)[1]))
 
 
-def prometheus_config(targets_file: Path) -> dict:
-    """Scrape every target listed in ``targets_file`` each second.
+def prometheus_config(targets_dir: Path) -> dict:
+    """Scrape every target listed in the ``*.json`` files of ``targets_dir`` each second.
+
+    One file per writer (the simulated fleet has its own), so that writers
+    never replace each other's targets.
 
     One-second intervals let tests see a change within a few seconds. The
     relabelling turns Kubernetes service discovery's meta labels into the
@@ -182,7 +187,7 @@ def prometheus_config(targets_file: Path) -> dict:
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [{
             "job_name": "vllm",
-            "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}],
+            "file_sd_configs": [{"files": [str(targets_dir / "*.json")], "refresh_interval": "1s"}],
             "relabel_configs": [
                 {"action": "labelmap", "regex": "__meta_kubernetes_pod_label_(.+)"},
                 {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
@@ -214,16 +219,20 @@ def write_targets(path: Path, targets: Iterable[dict]) -> None:
 def start_prometheus(workdir: Path, *, timeout: float = 60, detach: bool = False) -> Prometheus:
     """Run Prometheus on a free loopback port with its data under ``workdir``.
 
-    It starts with an empty targets file, ``workdir/targets.json``, and its
-    log is ``workdir/prometheus.log``.
+    It starts with two empty targets files in ``workdir/targets.d/``:
+    ``targets.json`` for anyone and ``fleet.json`` for the simulated fleet.
+    Its log is ``workdir/prometheus.log``.
     """
     if not PROMETHEUS.exists():
         raise StartError(f"{PROMETHEUS} missing: run `make setup` (it installs Debian's prometheus package)")
     workdir.mkdir(parents=True, exist_ok=True)
-    targets = workdir / "targets.json"
+    targets_dir = workdir / "targets.d"
+    targets_dir.mkdir(exist_ok=True)
+    targets, fleet_targets = targets_dir / "targets.json", targets_dir / "fleet.json"
     write_targets(targets, [])
+    write_targets(fleet_targets, [])
     config = workdir / "prometheus.yml"
-    config.write_text(yaml.safe_dump(prometheus_config(targets), sort_keys=False))
+    config.write_text(yaml.safe_dump(prometheus_config(targets_dir), sort_keys=False))
     url = f"http://127.0.0.1:{free_port()}"
     server = _spawn("prometheus", [
         str(PROMETHEUS),
@@ -242,7 +251,8 @@ def start_prometheus(workdir: Path, *, timeout: float = 60, detach: bool = False
             return False
 
     _wait_or_stop(server, ready, timeout, f"Prometheus at {url}/-/ready")
-    return Prometheus(server.name, server.pid, server.log, process=server.process, url=url, targets_file=targets)
+    return Prometheus(server.name, server.pid, server.log, process=server.process, url=url, targets_file=targets,
+                      fleet_targets_file=fleet_targets)
 
 
 # --- `vllm-autotuner sim up` / `down` ------------------------------------------------------------
@@ -274,7 +284,7 @@ def up(state_dir: Path = STATE_DIR) -> str:
     except BaseException:
         down(state_dir)
         raise
-    settings = {"KUBECONFIG": cp.kubeconfig, "PROMETHEUS_URL": prom.url, "FLEET_TARGETS": prom.targets_file}
+    settings = {"KUBECONFIG": cp.kubeconfig, "PROMETHEUS_URL": prom.url, "FLEET_TARGETS": prom.fleet_targets_file}
     env_file.write_text("".join(f"{k}={shlex.quote(str(v))}\n" for k, v in settings.items()))
     return f"up; settings in {env_file} (`set -a; . {env_file}; set +a` exports them):\n{env_file.read_text()}"
 
@@ -309,7 +319,9 @@ def _recorded(state_dir: Path) -> list[Server]:
 
 def _spawn(name: str, args: list[str], workdir: Path, *, log: Path, stdout: Path | None = None,
            detach: bool) -> Server:
-    with log.open("wb") as err, (stdout or log).open("ab") as out:
+    # Both files are truncated: a READY line left from an earlier run must
+    # not be taken for this one's.
+    with log.open("wb") as err, (stdout.open("wb") if stdout else nullcontext(err)) as out:
         process = subprocess.Popen(
             args, cwd=workdir, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
             start_new_session=True, preexec_fn=None if detach else _die_with_parent,

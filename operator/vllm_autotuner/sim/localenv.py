@@ -8,11 +8,12 @@ start picks free ports and its own directory, so two test sessions can run
 side by side.
 
 Prometheus finds its scrape targets in file-based service discovery files,
-one per writer (the simulated GPU fleet has its own, see
-:func:`write_targets`); the entries carry the pod's namespace, name and labels as the ``__meta_kubernetes_*`` labels that
-Kubernetes service discovery would give, and the generated configuration
-relabels them exactly as a production Prometheus does, so the series look as
-they would in a real cluster.
+one per writer (the simulated GPU fleet has its own; see
+:func:`write_targets`). The entries carry the pod's namespace, name and
+labels as the ``__meta_kubernetes_*`` labels that Kubernetes service
+discovery would give, and the generated configuration relabels them exactly
+as a production Prometheus does, so the series look as they would in a real
+cluster.
 
 ``vllm-autotuner sim up`` / ``down`` (:func:`up`, :func:`down`) keep one such
 environment running in the background, with its state under ``.local/``.
@@ -57,7 +58,8 @@ def wait_until(predicate: Callable[[], T], timeout: float, description: str, int
     """Poll ``predicate`` until it returns a truthy value, and return that value.
 
     An exception raised by the predicate counts as "not yet" (a server that is
-    still starting refuses connections). When ``timeout`` seconds have passed,
+    still starting refuses connections), except :class:`StartError`, which
+    says that waiting longer cannot help. When ``timeout`` seconds have passed,
     raise :class:`TimeoutError` naming ``description`` and the last value or
     exception seen, which is usually what tells why.
     """
@@ -66,6 +68,8 @@ def wait_until(predicate: Callable[[], T], timeout: float, description: str, int
     while True:
         try:
             value = predicate()
+        except StartError:
+            raise
         except Exception as exc:  # noqa: BLE001 - reported on timeout
             last = exc
         else:
@@ -262,7 +266,7 @@ def up(state_dir: Path = STATE_DIR) -> str:
     """Start the environment in the background unless it already runs.
 
     Writes ``state_dir/env`` (KUBECONFIG, PROMETHEUS_URL, FLEET_TARGETS) and
-    records each server as a ``name pid`` line in ``state_dir/pids``, in start
+    records each server as a ``name pid log`` line in ``state_dir/pids``, in start
     order, which is all :func:`down` needs. Returns what to tell the user.
     """
     state_dir = state_dir.resolve()

@@ -55,6 +55,12 @@ def registry_for(cache: ClusterCache) -> kopf.OperatorRegistry:
     """kopf handlers: thin glue that only feeds the cache."""
     registry = kopf.OperatorRegistry()
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A registry of our own has none of the default registry's login handlers: without
+        # this, kopf has no credentials and stops at its first API request.
+        return kopf.login_via_client(**kwargs)
+
     @kopf.index("apps", "v1", "deployments", registry=registry)
     def deployments(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
         return deployment_index(namespace, name, body)

@@ -164,6 +164,7 @@ class Reconciler:
         self.observations = observations
         self.metrics = metrics
         self.settings = settings
+        self._hardware_by_uid: dict[str, Hardware] = {}  # GPU facts per Deployment, looked up once
 
     async def _call(self, fn, *args):  # noqa: ANN001, ANN202 - thin wrapper over blocking client calls
         return await asyncio.to_thread(fn, *args)
@@ -260,7 +261,15 @@ class Reconciler:
 
     async def _hardware(self, deployment: dict[str, Any], container: dict[str, Any], spec: VllmTuningSpec) -> Hardware:
         """GPU count from the container's resources; product and memory from the spec, the pod
-        template's nodeSelector, or the labels of a node a pod runs on (GPU Feature Discovery)."""
+        template's nodeSelector, or the labels of a node a pod runs on (GPU Feature Discovery).
+        Looked up once per Deployment: a node's GPU does not change under a running Deployment."""
+        uid = deployment["metadata"].get("uid", "")
+        if uid not in self._hardware_by_uid:
+            self._hardware_by_uid[uid] = await self._lookup_hardware(deployment, container, spec)
+        return self._hardware_by_uid[uid]
+
+    async def _lookup_hardware(self, deployment: dict[str, Any], container: dict[str, Any],
+                               spec: VllmTuningSpec) -> Hardware:
         resources = container.get("resources") or {}
         gpus = int((resources.get("limits") or resources.get("requests") or {}).get(GPU_RESOURCE, 0) or 0)
         labels = dict(deployment["spec"]["template"]["spec"].get("nodeSelector") or {})

@@ -264,9 +264,12 @@ class Reconciler:
         template's nodeSelector, or the labels of a node a pod runs on (GPU Feature Discovery).
         Looked up once per Deployment: a node's GPU does not change under a running Deployment."""
         uid = deployment["metadata"].get("uid", "")
-        if uid not in self._hardware_by_uid:
-            self._hardware_by_uid[uid] = await self._lookup_hardware(deployment, container, spec)
-        return self._hardware_by_uid[uid]
+        if uid in self._hardware_by_uid:
+            return self._hardware_by_uid[uid]
+        hardware = await self._lookup_hardware(deployment, container, spec)
+        if hardware.memory_gib is not None or hardware.gpus == 0:  # else ask again once a pod has a node
+            self._hardware_by_uid[uid] = hardware
+        return hardware
 
     async def _lookup_hardware(self, deployment: dict[str, Any], container: dict[str, Any],
                                spec: VllmTuningSpec) -> Hardware:

@@ -61,8 +61,6 @@ def registry_for(cache: ClusterCache) -> kopf.OperatorRegistry:
         # this, kopf has no credentials and stops at its first API request.
         return kopf.login_via_client(**kwargs)
 
-    # kopf passes an index to handlers as the keyword named by its id; a nested function's
-    # default id is its qualified name ("registry_for.<locals>.deployments"), hence explicit ids.
     @kopf.index("apps", "v1", "deployments", id="deployments", registry=registry)
     def deployments(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
         return deployment_index(namespace, name, body)

@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import kubernetes
 import pytest
-from tests.support import CRD_FILE, CRD_NAME, Cluster, wait_for
+from tests.support import CRD_FILE, CRD_NAME, Cluster, Helm, wait_for
 
 from vllm_autotuner.sim import localenv
 
@@ -87,15 +86,14 @@ def prometheus(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 @pytest.fixture
 def namespace(cluster: Cluster) -> Iterator[str]:
     """A fresh namespace, ready for pods (its default ServiceAccount exists), deleted afterwards."""
-    core = kubernetes.client.CoreV1Api(cluster.api)
-    name = f"it-{uuid.uuid4().hex[:8]}"
-    core.create_namespace(kubernetes.client.V1Namespace(metadata=kubernetes.client.V1ObjectMeta(name=name)))
-    wait_for(lambda: core.read_namespaced_service_account("default", name), 60,
-             f"the serviceaccount controller to create {name}/default")
-    try:
+    with cluster.fresh_namespace() as name:
         yield name
-    finally:
-        core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """The project's helm, with a home of its own for the session."""
+    return Helm(tmp_path_factory.mktemp("helm"))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -11,20 +11,9 @@ import json
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from tests.support import Cluster, wait_for
+from tests.support import Cluster, token_client, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def token_client(cluster: Cluster, namespace: str, service_account: str) -> client.ApiClient:
-    """An API client that authenticates with a fresh token of the ServiceAccount (TokenRequest API)."""
-    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(expiration_seconds=600))
-    token = client.CoreV1Api(cluster.api).create_namespaced_service_account_token(
-        service_account, namespace, request).status.token
-    admin = cluster.api.configuration
-    config = client.Configuration(host=admin.host, api_key={"authorization": f"Bearer {token}"})
-    config.ssl_ca_cert = admin.ssl_ca_cert
-    return client.ApiClient(config)
 
 
 def test_service_account_gets_403_without_a_role_and_200_with_one(cluster: Cluster, namespace: str) -> None:

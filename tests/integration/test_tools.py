@@ -8,15 +8,13 @@ time, rather than whatever happens to be on PATH.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client
 
-from tests.support import Cluster
+from tests.support import Cluster, Helm
 from vllm_autotuner.sim import localenv
 
 pytestmark = pytest.mark.integration
@@ -41,26 +39,18 @@ def test_kubectl_apply_kustomization(cluster: Cluster, namespace: str, tmp_path:
     assert config_map.data == {"maxNumBatchedTokens": "8192"}
 
 
-def test_helm_installs_a_chart(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
+def test_helm_installs_a_chart(cluster: Cluster, helm: Helm, namespace: str, tmp_path: Path) -> None:
     chart = tmp_path / "probe"
     (chart / "templates").mkdir(parents=True)
     (chart / "Chart.yaml").write_text(yaml.safe_dump({"apiVersion": "v2", "name": "probe", "version": "0.1.0"}))
     (chart / "templates" / "configmap.yaml").write_text(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}\n"
         "data:\n  kubeVersion: {{ .Capabilities.KubeVersion.Version | quote }}\n")
-    home = tmp_path / "helm-home"  # keeps helm's caches and settings out of the user's home
-    env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig), HELM_CACHE_HOME=str(home / "cache"),
-               HELM_CONFIG_HOME=str(home / "config"), HELM_DATA_HOME=str(home / "data"))
+    helm = helm.on(cluster)
 
-    def helm(*args: str) -> str:
-        result = subprocess.run([str(localenv.BIN / "helm"), *args], env=env, capture_output=True, text=True,
-                                timeout=120)
-        assert result.returncode == 0, result.stderr
-        return result.stdout
-
-    assert helm("version", "--short").startswith("v3.")
+    assert helm("version", "--short").stdout.startswith("v3.")
     helm("install", "probe", str(chart), "--namespace", namespace, "--wait", "--timeout", "60s")
-    (release,) = json.loads(helm("list", "--namespace", namespace, "-o", "json"))
+    (release,) = json.loads(helm("list", "--namespace", namespace, "-o", "json").stdout)
     assert release["name"] == "probe" and release["status"] == "deployed"
     # Helm asked this cluster for its version rather than assuming one.
     data = client.CoreV1Api(cluster.api).read_namespaced_config_map("probe", namespace).data

@@ -60,12 +60,11 @@ class Cluster:
         return _run([str(localenv.KUBECTL), *args], env, check, stdin)
 
     @contextlib.contextmanager
-    def fresh_namespace(self, labels: dict[str, str] | None = None) -> Iterator[str]:
+    def fresh_namespace(self) -> Iterator[str]:
         """A new namespace, ready for pods (its default ServiceAccount exists), deleted on exit."""
         core = kubernetes.client.CoreV1Api(self.api)
         name = f"it-{uuid.uuid4().hex[:8]}"
-        core.create_namespace(kubernetes.client.V1Namespace(
-            metadata=kubernetes.client.V1ObjectMeta(name=name, labels=labels)))
+        core.create_namespace(kubernetes.client.V1Namespace(metadata=kubernetes.client.V1ObjectMeta(name=name)))
         wait_for(lambda: core.read_namespaced_service_account("default", name), 60,
                  f"the serviceaccount controller to create {name}/default")
         try:

@@ -10,6 +10,8 @@ simulator.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import sys
 from collections.abc import Sequence
 
@@ -21,6 +23,41 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env_list(name: str) -> list[str]:
+    return [v for v in os.environ.get(name, "").split(",") if v]
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from vllm_autotuner.controller.operator import RunOptions, run
+    from vllm_autotuner.controller.reconcile import OperatorSettings
+
+    options = RunOptions(
+        settings=OperatorSettings(prometheus_url=args.prometheus_url, naive_queries=args.naive_queries),
+        namespaces=tuple(args.namespace or _env_list("WATCH_NAMESPACES")),
+        http_host=args.http_host,
+        http_port=args.http_port,
+        leader_election=not args.no_leader_election,
+        lease_namespace=args.lease_namespace,
+        lease_name=args.lease_name,
+        log_format=args.log_format,
+        verbose=args.verbose,
+    )
+    return asyncio.run(run(options))
+
+
+def _cmd_recommend(args: argparse.Namespace) -> int:
+    from vllm_autotuner.controller.recommend import recommend, render
+
+    overrides = {
+        "slo": {"ttft": {"quantile": args.quantile, "seconds": args.ttft},
+                "itl": {"quantile": args.quantile, "seconds": args.itl}},
+        "traffic": {"window": args.window},
+    }
+    report = asyncio.run(recommend(args.namespace, args.deployment, overrides, args.prometheus))
+    sys.stdout.write(render(report))
+    return 0 if report.decision is not None else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-autotuner",
@@ -30,6 +67,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     crd = sub.add_parser("crd", help="print the VllmTuning CustomResourceDefinition (YAML)")
     crd.set_defaults(func=_cmd_crd)
+
+    run = sub.add_parser("run", help="run the operator")
+    run.add_argument("--prometheus-url", default=os.environ.get("PROMETHEUS_URL"),
+                     help="Prometheus for VllmTunings that set no spec.prometheus.url (env PROMETHEUS_URL)")
+    run.add_argument("--namespace", action="append",
+                     help="watch only this namespace (repeatable; env WATCH_NAMESPACES, comma-separated); default all")
+    run.add_argument("--http-host", default="0.0.0.0", help="address of /metrics and /healthz")
+    run.add_argument("--http-port", type=int, default=8080, help="port of /metrics and /healthz")
+    run.add_argument("--no-leader-election", action="store_true", help="act without holding the leader Lease")
+    run.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"),
+                     help="namespace of the leader Lease (env POD_NAMESPACE)")
+    run.add_argument("--lease-name", default="vllm-autotuner", help="name of the leader Lease")
+    run.add_argument("--log-format", choices=["json", "text"], default="json", help="log line format")
+    run.add_argument("--verbose", action="store_true", help="debug logging")
+    run.add_argument("--naive-queries", action="store_true",
+                     help="one query per metric per tuning instead of shared ones (benchmark baseline only)")
+    run.set_defaults(func=_cmd_run)
+
+    rec = sub.add_parser("recommend", help="print one recommendation from live data; changes nothing")
+    rec.add_argument("--prometheus", required=True, help="Prometheus base URL")
+    rec.add_argument("--namespace", required=True, help="namespace of the vLLM Deployment")
+    rec.add_argument("--deployment", required=True, help="name of the vLLM Deployment")
+    rec.add_argument("--ttft", type=float, default=2.0, help="TTFT target in seconds (default 2.0)")
+    rec.add_argument("--itl", type=float, default=0.1, help="inter-token latency target in seconds (default 0.1)")
+    rec.add_argument("--quantile", type=float, default=0.95, help="SLO quantile (default 0.95)")
+    rec.add_argument("--window", default="5m", help="observation window (default 5m)")
+    rec.set_defaults(func=_cmd_recommend)
 
     from vllm_autotuner.sim import cli as sim_cli
 

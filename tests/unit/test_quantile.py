@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_autotuner.observe.quantile import histogram_quantile
+from vllm_autotuner.observe.quantile import histogram_fraction_below, histogram_quantile
 
 BOUNDS = [0.1, 0.5, 1.0, math.inf]
 
@@ -56,3 +56,21 @@ def test_monotone_in_q_and_within_bounds(increments, q):
         return
     assert 0 <= value <= 1.0
     assert value <= histogram_quantile(min(1.0, q + 0.1), BOUNDS, counts) + 1e-12
+
+
+@given(st.lists(st.integers(1, 1000), min_size=4, max_size=4), st.floats(0.01, 0.99))
+def test_fraction_below_inverts_quantile_inside_finite_buckets(increments, q):
+    counts, total = [], 0
+    for inc in increments:
+        total += inc
+        counts.append(total)
+    value = histogram_quantile(q, BOUNDS, counts)
+    if q * total > counts[-2]:  # rank in the +Inf bucket: quantile is clamped, no inverse
+        return
+    assert histogram_fraction_below(value, BOUNDS, counts) == pytest.approx(q, abs=1e-9)
+
+
+def test_fraction_below_edges():
+    assert histogram_fraction_below(0.05, BOUNDS, [10, 20, 30, 40]) == pytest.approx(0.125)
+    assert histogram_fraction_below(5.0, BOUNDS, [10, 20, 30, 40]) == pytest.approx(0.75)
+    assert math.isnan(histogram_fraction_below(1.0, BOUNDS, [0, 0, 0, 0]))

@@ -4,31 +4,30 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_autotuner.observe.queries import FAMILY, Selector, batched_query, quote, target_query
+from vllm_autotuner.observe.queries import FAMILY, Selector, family_query, pod_prefix_matchers, quote
 
 
 def test_batched_counter_groups_by_namespace_and_pod_with_user_matchers():
-    q = batched_query(FAMILY["requests"], Selector(matchers=(("cluster", "prod"),)), 300)
+    q = family_query(FAMILY["requests"], Selector(matchers=(("cluster", "prod"),)), 300)
     assert q == '(sum by (namespace, pod) (rate(vllm:request_success_total{cluster="prod"}[300s])))'
 
 
 def test_batched_histogram_keeps_le_and_falls_back_to_the_old_name():
-    q = batched_query(FAMILY["itl"], Selector(namespace_label="kubernetes_namespace", pod_label="pod_name"), 60)
+    q = family_query(FAMILY["itl"], Selector(namespace_label="kubernetes_namespace", pod_label="pod_name"), 60)
     assert q == (
         "(sum by (kubernetes_namespace, pod_name, le) (rate(vllm:inter_token_latency_seconds_bucket[60s])))"
         " or (sum by (kubernetes_namespace, pod_name, le) (rate(vllm:time_per_output_token_seconds_bucket[60s])))"
     )
 
 
-def test_target_query_filters_to_the_current_replicaset_and_uses_histogram_quantile():
-    q = target_query(FAMILY["ttft"], Selector(), 300, "llm", "llama-7d9f8c-", quantile=0.95)
-    assert q == (
-        '(histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket'
-        '{namespace="llm",pod=~"llama-7d9f8c-.*"}[300s]))))'
+def test_per_target_query_filters_to_the_current_replicaset():
+    selector = Selector()
+    extra = pod_prefix_matchers(selector, "llm", "llama-7d9f8c.v2-")
+    q = family_query(FAMILY["kv_usage"], selector, 300, extra)
+    assert q.startswith(
+        '(sum by (namespace, pod) (avg_over_time(vllm:kv_cache_usage_perc{namespace="llm",pod=~"llama-7d9f8c\\\\.v2-.*"}[300s])))'
     )
-    gauge = target_query(FAMILY["kv_usage"], Selector(), 300, "llm", "x-")
-    assert gauge.startswith("(sum by () (avg_over_time(vllm:kv_cache_usage_perc{")
-    assert " or (sum by () (avg_over_time(vllm:gpu_cache_usage_perc{" in gauge
+    assert " or (sum by (namespace, pod) (avg_over_time(vllm:gpu_cache_usage_perc{" in q
 
 
 def test_quoting_and_label_validation():

@@ -28,7 +28,7 @@ def deployment(args, generation=3, status=None, annotations=None):
 
 def test_patch_touches_only_the_vllm_container_args_and_carries_the_resource_version():
     dep = deployment(["--model", "M", "--max-num-seqs", "64"])
-    patch = knob_patch(dep, None, Knobs(max_num_batched_tokens=4096, max_num_seqs=128), "ITL breach", "chat")
+    patch = knob_patch(dep, None, Knobs(max_num_batched_tokens=4096, max_num_seqs=128), "ITL breach", "chat", "Traffic")
     assert patch["metadata"] == {"resourceVersion": "42"}
     (container,) = patch["spec"]["template"]["spec"]["containers"]
     assert container == {"name": "vllm", "args": ["--model", "M", "--max-num-seqs", "128", "--max-num-batched-tokens", "4096"]}

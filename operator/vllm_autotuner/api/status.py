@@ -307,6 +307,8 @@ class VllmTuningStatus(StatusModel):
 
     observed_generation: int | None = None
     """The .metadata.generation last acted upon."""
+    target_uid: str | None = None
+    """UID of the Deployment this status describes; a re-created Deployment (new UID) is adopted afresh."""
     conditions: list[Condition] = Field(
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -89,7 +90,8 @@ class PrometheusClient:
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
-        self.queries = 0  # queries sent, for the operator's metrics and the scale benchmark
+        self.queries = 0  # queries sent, for the scale benchmark
+        self.on_query: Callable[[], object] = lambda: None  # e.g. the operator's query counter
         session = requests.Session()
         headers = {"Authorization": f"Bearer {connection.bearer_token}"} if connection.bearer_token else None
         if connection.ca_pem:
@@ -111,6 +113,7 @@ class PrometheusClient:
         )
         def attempt() -> list[dict]:
             self.queries += 1
+            self.on_query()
             return self._prom.custom_query(promql, params={"time": f"{at:.3f}"})
 
         try:

@@ -1,4 +1,4 @@
-"""Prometheus's ``histogram_quantile``, exactly, in pure Python.
+"""Prometheus's ``histogram_quantile`` exactly, and its inverse, in pure Python.
 
 The operator fetches per-pod bucket rates in one query for all tunings and
 computes each tuning's quantile itself (a PromQL ``histogram_quantile`` per
@@ -56,3 +56,26 @@ def histogram_quantile(q: float, upper_bounds: Sequence[float], cumulative_count
     if count == 0:  # q = 0 with empty leading buckets: Go's 0/0 gives NaN here
         return math.nan
     return start + (end - start) * (rank / count)
+
+
+def histogram_fraction_below(value: float, upper_bounds: Sequence[float], cumulative_counts: Sequence[float]) -> float:
+    """Share of observations at or below ``value``: the inverse of ``histogram_quantile``.
+
+    Interpolates linearly inside the bucket holding ``value`` (the same
+    assumption histogram_quantile makes), so for any q,
+    ``histogram_fraction_below(histogram_quantile(q, b, c), b, c) == q`` up to
+    rounding. NaN when there are no observations.
+    """
+    total = cumulative_counts[-1] if cumulative_counts else 0.0
+    if not total or math.isnan(total):
+        return math.nan
+    previous_bound, previous_count = 0.0, 0.0
+    for bound, count in zip(upper_bounds, cumulative_counts, strict=True):
+        if value <= bound:
+            if math.isinf(bound):
+                return previous_count / total
+            span = bound - previous_bound
+            fraction = (value - previous_bound) / span if span > 0 else 1.0
+            return (previous_count + (count - previous_count) * max(0.0, fraction)) / total
+        previous_bound, previous_count = bound, count
+    return 1.0

@@ -8,9 +8,8 @@ Two ways to ask, one vocabulary:
   rows of its own current pods. The query count is independent of the number
   of tunings; quantiles are computed from the summed bucket rates with
   Prometheus's own algorithm (``observe.quantile``).
-* **per target** (the baseline the scale benchmark compares against, and the
-  way a person would write it): one query per family per tuning, filtered to
-  that tuning's pods, quantiles by ``histogram_quantile`` in PromQL.
+* **per target** (the naive baseline the scale benchmark compares against):
+  the same query per family per tuning, filtered to that tuning's pods.
 
 Every family names its older vLLM spelling as a fallback (``or``), so a
 Prometheus scraping vLLM releases before the V1 renames still answers.
@@ -27,7 +26,6 @@ class Kind(StrEnum):
     RATE = "rate"  # counter: per-second rate over the window
     AVERAGE = "average"  # gauge: mean over the window
     BUCKETS = "buckets"  # histogram: per-second rate of each bucket
-    SAMPLES = "samples"  # gauge: number of samples in the window (coverage)
     LAST_SEEN = "last_seen"  # gauge: timestamp of the newest sample (freshness)
 
 
@@ -51,6 +49,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("output_len_count", Kind.RATE, ("vllm:request_generation_tokens_count",)),
     Family("step_tokens_sum", Kind.RATE, ("vllm:iteration_tokens_total_sum",)),
     Family("steps", Kind.RATE, ("vllm:iteration_tokens_total_count",)),
+    Family("itl_sum", Kind.RATE, ("vllm:inter_token_latency_seconds_sum", "vllm:time_per_output_token_seconds_sum")),
+    Family("itl_count", Kind.RATE, ("vllm:inter_token_latency_seconds_count", "vllm:time_per_output_token_seconds_count")),
     Family("running", Kind.AVERAGE, ("vllm:num_requests_running",)),
     Family("waiting", Kind.AVERAGE, ("vllm:num_requests_waiting",)),
     Family("kv_usage", Kind.AVERAGE, ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
@@ -58,7 +58,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("itl", Kind.BUCKETS, ("vllm:inter_token_latency_seconds_bucket", "vllm:time_per_output_token_seconds_bucket")),
     Family("e2e", Kind.BUCKETS, ("vllm:e2e_request_latency_seconds_bucket",)),
     Family("queue", Kind.BUCKETS, ("vllm:request_queue_time_seconds_bucket",)),
-    Family("samples", Kind.SAMPLES, ("vllm:num_requests_running",)),
+    Family("step_tokens", Kind.BUCKETS, ("vllm:iteration_tokens_total_bucket",)),
     Family("last_seen", Kind.LAST_SEEN, ("vllm:num_requests_running",)),
 )
 FAMILY = {f.key: f for f in FAMILIES}
@@ -101,42 +101,31 @@ def _expr(family: Family, metric: str, labels: str, window: float, by: str) -> s
             return f"sum by ({by}) (rate({sel}[{w}]))"
         case Kind.AVERAGE:
             return f"sum by ({by}) (avg_over_time({sel}[{w}]))"
-        case Kind.SAMPLES:
-            return f"min by ({by}) (count_over_time({sel}[{w}]))"
         case Kind.LAST_SEEN:
             return f"max by ({by}) (timestamp({sel}))"
     raise AssertionError(family.kind)
 
 
-def batched_query(family: Family, selector: Selector, window_seconds: float) -> str:
-    """The one query for a family across all tunings: grouped by namespace and pod (and le)."""
+Matcher = tuple[str, str, str]  # (label, operator, value)
+
+
+def pod_prefix_matchers(selector: Selector, namespace: str, pod_prefix: str) -> tuple[Matcher, ...]:
+    """Matchers for one tuning's current pods (``pod_prefix`` is its ReplicaSet's name plus '-')."""
+    pod_regex = pod_prefix.replace(".", "\\.") + ".*"  # pod names are DNS labels: only '.' is special
+    return ((selector.namespace_label, "=", namespace), (selector.pod_label, "=~", pod_regex))
+
+
+def family_query(family: Family, selector: Selector, window_seconds: float,
+                 extra: tuple[Matcher, ...] = ()) -> str:
+    """One family, grouped by namespace and pod (and ``le`` for histograms).
+
+    Without ``extra`` matchers this is the batched query that serves every
+    tuning at once; with a tuning's namespace and pod matchers it is the
+    naive per-tuning query the scale benchmark compares against.
+    """
     by = f"{selector.namespace_label}, {selector.pod_label}"
     if family.kind is Kind.BUCKETS:
         by += ", le"
-    labels = _braces([f"{k}={quote(v)}" for k, v in selector.matchers])
-    return " or ".join(f"({_expr(family, m, labels, window_seconds, by)})" for m in family.metrics)
-
-
-def target_query(family: Family, selector: Selector, window_seconds: float, namespace: str, pod_prefix: str,
-                 quantile: float | None = None) -> str:
-    """One family for one tuning's pods (``pod_prefix`` is the current ReplicaSet's name plus '-').
-
-    Histograms come back as a single ``histogram_quantile`` value when a
-    quantile is given; the other kinds are summed over the pods, except
-    ``samples`` and ``last_seen`` which stay per pod.
-    """
-    pod_regex = pod_prefix.replace(".", "\\.") + ".*"  # pod names are DNS labels: only '.' is special
-    matchers = [f"{k}={quote(v)}" for k, v in selector.matchers]
-    matchers += [f"{selector.namespace_label}={quote(namespace)}", f"{selector.pod_label}=~{quote(pod_regex)}"]
+    matchers = [f"{k}={quote(v)}" for k, v in selector.matchers] + [f"{k}{op}{quote(v)}" for k, op, v in extra]
     labels = _braces(matchers)
-    per_pod = f"{selector.namespace_label}, {selector.pod_label}"
-    parts = []
-    for metric in family.metrics:
-        if family.kind is Kind.BUCKETS and quantile is not None:
-            parts.append(f"histogram_quantile({quantile:g}, sum by (le) (rate({metric}{labels}[{_window(window_seconds)}])))")
-        elif family.kind in (Kind.SAMPLES, Kind.LAST_SEEN):
-            parts.append(_expr(family, metric, labels, window_seconds, per_pod))
-        else:
-            by = "le" if family.kind is Kind.BUCKETS else ""
-            parts.append(_expr(family, metric, labels, window_seconds, by))
-    return " or ".join(f"({p})" for p in parts)
+    return " or ".join(f"({_expr(family, m, labels, window_seconds, by)})" for m in family.metrics)

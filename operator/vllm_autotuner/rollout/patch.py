@@ -20,6 +20,7 @@ from vllm_autotuner.knobs import EngineArgs, find_vllm_container, set_knobs
 KNOBS_ANNOTATION = f"{GROUP}/knobs"
 REASON_ANNOTATION = f"{GROUP}/reason"
 TUNING_ANNOTATION = f"{GROUP}/tuning"
+SOURCE_ANNOTATION = f"{GROUP}/source"
 #: Longest reason kept in the annotation; the full text is in status and Events.
 REASON_LIMIT = 512
 
@@ -28,7 +29,8 @@ def knobs_annotation(knobs: Knobs) -> str:
     return f"maxNumBatchedTokens={knobs.max_num_batched_tokens},maxNumSeqs={knobs.max_num_seqs}"
 
 
-def knob_patch(deployment: dict[str, Any], container_name: str | None, knobs: Knobs, reason: str, tuning: str) -> dict[str, Any]:
+def knob_patch(deployment: dict[str, Any], container_name: str | None, knobs: Knobs, reason: str, tuning: str,
+               source: str) -> dict[str, Any]:
     """The strategic-merge patch that sets ``knobs`` on the live ``deployment``.
 
     Raises ``knobs.CommandLineError`` when the vLLM container or its flags cannot be read.
@@ -49,6 +51,7 @@ def knob_patch(deployment: dict[str, Any], container_name: str | None, knobs: Kn
                         KNOBS_ANNOTATION: knobs_annotation(knobs),
                         REASON_ANNOTATION: reason[:REASON_LIMIT],
                         TUNING_ANNOTATION: tuning,
+                        SOURCE_ANNOTATION: source,
                     }
                 },
                 "spec": {"containers": [patched_container]},
@@ -63,7 +66,16 @@ def template_engine_args(deployment: dict[str, Any], container_name: str | None)
     return EngineArgs.from_container(container)
 
 
+def _annotations(deployment: dict[str, Any]) -> dict[str, str]:
+    return deployment["spec"]["template"].get("metadata", {}).get("annotations") or {}
+
+
 def written_by_operator(deployment: dict[str, Any], knobs: Knobs) -> bool:
     """Whether the template's knobs are the ones this operator last wrote (else a person changed them)."""
-    annotations = deployment["spec"]["template"].get("metadata", {}).get("annotations") or {}
-    return annotations.get(KNOBS_ANNOTATION) == knobs_annotation(knobs)
+    return _annotations(deployment).get(KNOBS_ANNOTATION) == knobs_annotation(knobs)
+
+
+def written_reason(deployment: dict[str, Any]) -> tuple[str, str]:
+    """(source, reason) the operator annotated its last change with."""
+    annotations = _annotations(deployment)
+    return annotations.get(SOURCE_ANNOTATION, ""), annotations.get(REASON_ANNOTATION, "")

@@ -1,0 +1,71 @@
+"""What the watches have seen: VllmTunings, Deployments and ReplicaSets, in memory.
+
+kopf keeps Deployments and ReplicaSets in indexes (``kopf.index``) and feeds
+every VllmTuning event in; the evaluator reads from here, so an evaluation
+needs no GET of the objects it looks at, and a thousand tunings cost no more
+API calls than one. kopf calls the VllmTuning handler only once the indexes
+hold their initial listing, so a tuning is never evaluated against a cache
+that has not seen its Deployment yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+Key = tuple[str, str]  # (namespace, name)
+REVISION = "deployment.kubernetes.io/revision"
+
+
+def deployment_index(namespace: str, name: str, body: Mapping[str, Any]) -> dict[Key, dict[str, Any]]:
+    """Index entry of a Deployment: by (namespace, name)."""
+    return {(namespace, name): _plain(body)}
+
+
+def replicaset_index(namespace: str, body: Mapping[str, Any]) -> dict[Key, dict[str, Any]]:
+    """Index entries of a ReplicaSet: by (namespace, owner uid), for each owner."""
+    owners = body.get("metadata", {}).get("ownerReferences") or []
+    return {(namespace, ref["uid"]): _plain(body) for ref in owners if ref.get("uid")}
+
+
+def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
+    metadata = {k: v for k, v in dict(body.get("metadata", {})).items() if k != "managedFields"}
+    return {**dict(body), "metadata": metadata}
+
+
+class ClusterCache:
+    """Latest known state of the objects the operator watches."""
+
+    def __init__(self) -> None:
+        self.tunings: dict[Key, dict[str, Any]] = {}
+        self._deployments: Mapping[Key, Iterable[dict[str, Any]]] = {}
+        self._replicasets: Mapping[Key, Iterable[dict[str, Any]]] = {}
+
+    def bind(self, deployments: Mapping[Key, Iterable[dict[str, Any]]],
+             replicasets: Mapping[Key, Iterable[dict[str, Any]]]) -> None:
+        """Use kopf's live indexes (they update in place)."""
+        self._deployments, self._replicasets = deployments, replicasets
+
+    def on_tuning_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """Apply one VllmTuning watch event (``event_type`` None is kopf's initial listing)."""
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if event_type == "DELETED":
+            self.tunings.pop(key, None)
+        else:
+            self.tunings[key] = _plain(body)
+
+    def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        found = list(self._deployments.get((namespace, name), ()))
+        return found[0] if found else None
+
+    def current_replicaset(self, deployment: dict[str, Any]) -> dict[str, Any] | None:
+        """The ReplicaSet of the Deployment's current revision (the one new pods belong to)."""
+        meta = deployment["metadata"]
+        owned = list(self._replicasets.get((meta["namespace"], meta.get("uid", "")), ()))
+        if not owned:
+            return None
+        revision = (meta.get("annotations") or {}).get(REVISION)
+        for rs in owned:
+            if revision is not None and (rs["metadata"].get("annotations") or {}).get(REVISION) == revision:
+                return rs
+        return max(owned, key=lambda rs: int((rs["metadata"].get("annotations") or {}).get(REVISION, "0")))

@@ -1,0 +1,94 @@
+"""The evaluation clock: which tunings are due, evaluated together so they share queries.
+
+One loop for all tunings rather than a kopf daemon per object: daemons need
+a finalizer on every VllmTuning (which would block deleting them once the
+operator is uninstalled), and tunings evaluated at the same aligned instant
+share one set of Prometheus queries. Each tuning is due on multiples of its
+evaluationInterval; its window ends at that instant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+
+from vllm_autotuner.api.types import duration_seconds
+from vllm_autotuner.controller.cache import ClusterCache, Key
+from vllm_autotuner.controller.metrics import OperatorMetrics
+from vllm_autotuner.controller.reconcile import Reconciler
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL = 30.0
+#: Tunings evaluated at once; their API calls run in worker threads.
+CONCURRENCY = 16
+
+
+def interval_of(body: dict) -> float:
+    """A tuning's evaluation interval; the default when the spec cannot be read (its evaluation reports why)."""
+    try:
+        return max(1.0, duration_seconds(body["spec"]["traffic"]["evaluationInterval"]))
+    except (KeyError, TypeError, ValueError):
+        return DEFAULT_INTERVAL
+
+
+class Evaluator:
+    """Runs ``Reconciler.evaluate`` for every tuning when it is due."""
+
+    def __init__(self, cache: ClusterCache, reconciler: Reconciler, metrics: OperatorMetrics,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cache = cache
+        self.reconciler = reconciler
+        self.metrics = metrics
+        self.clock = clock
+        self.due: dict[Key, float] = {}
+        self.periods = 0
+
+    def _schedule(self, now: float) -> None:
+        for key in list(self.due):
+            if key not in self.cache.tunings:
+                del self.due[key]
+                self.metrics.forget(*key)
+        for key in self.cache.tunings:
+            self.due.setdefault(key, math.floor(now))  # a new tuning is evaluated at once
+        self.metrics.tunings.set(len(self.cache.tunings))
+
+    async def _evaluate(self, key: Key, at: float, limit: asyncio.Semaphore) -> None:
+        async with limit:
+            try:
+                await self.reconciler.evaluate(key, at)
+            except Exception:  # noqa: BLE001 - one tuning's bug must not stop the others; retried next interval
+                log.exception("evaluating %s/%s failed; retrying at its next interval", *key)
+
+    async def tick(self) -> int:
+        """Evaluate every tuning that is due now; returns how many were."""
+        now = self.clock()
+        self._schedule(now)
+        due = [(key, at) for key, at in self.due.items() if at <= now]
+        if not due:
+            return 0
+        started = time.perf_counter()
+        limit = asyncio.Semaphore(CONCURRENCY)
+        await asyncio.gather(*(self._evaluate(key, at, limit) for key, at in due))
+        for key, _ in due:
+            body = self.cache.tunings.get(key)
+            if body is not None:
+                interval = interval_of(body)
+                self.due[key] = (math.floor(now / interval) + 1) * interval
+        self.metrics.period_seconds.observe(time.perf_counter() - started)
+        self.periods += 1
+        return len(due)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick until ``stop`` is set."""
+        while not stop.is_set():
+            await self.tick()
+            upcoming = min(self.due.values(), default=self.clock() + 1.0)
+            delay = min(1.0, max(0.05, upcoming - self.clock()))
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            except TimeoutError:
+                pass

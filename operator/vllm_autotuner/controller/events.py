@@ -1,0 +1,62 @@
+"""Event reasons, as named constants (sample-controller style), and the Event builder.
+
+Reasons are part of the operator's interface: people filter on them
+(``kubectl get events --field-selector reason=RolloutFailed``) and alerts are
+written against them, so they are defined once here and never spelled inline.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from vllm_autotuner.api.types import utc_timestamp
+
+COMPONENT = "vllm-autotuner"
+
+# On the VllmTuning
+RECOMMENDATION = "Recommendation"  # a change is recommended (Recommend mode, or before acting)
+ROLLOUT_STARTED = "RolloutStarted"
+ROLLOUT_SUCCEEDED = "RolloutSucceeded"
+ROLLOUT_FAILED = "RolloutFailed"
+ROLLED_BACK = "RolledBack"
+REGRESSION = "RegressionDetected"
+MANUAL_CHANGE = "ManualChangeAdopted"
+TARGET_NOT_FOUND = "TargetNotFound"
+INVALID_TARGET = "InvalidTarget"
+INVALID_SPEC = "InvalidSpec"
+METRICS_UNAVAILABLE = "MetricsUnavailable"
+PATCH_FAILED = "PatchFailed"
+
+# On the target Deployment (rollouts only)
+KNOBS_CHANGED = "VllmKnobsChanged"
+KNOBS_ROLLED_BACK = "VllmKnobsRolledBack"
+
+NORMAL = "Normal"
+WARNING = "Warning"
+
+
+def event_body(involved: dict[str, Any], reason: str, message: str, type_: str, now: datetime) -> dict[str, Any]:
+    """A core/v1 Event about ``involved`` (an object with apiVersion, kind and metadata)."""
+    meta = involved["metadata"]
+    stamp = utc_timestamp(now)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": involved["apiVersion"],
+            "kind": involved["kind"],
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": type_,
+        "source": {"component": COMPONENT},
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }

@@ -1,0 +1,81 @@
+"""The operator's Kubernetes API calls outside the watches, counted.
+
+Watches (kopf) keep VllmTunings, Deployments and ReplicaSets in memory; what
+remains are a few direct calls: patching a Deployment, listing a rollout's
+pods, reading a Node's GPU labels or a Secret, writing status and Events.
+They go through this one class so the scale benchmark can count them and
+every call has the same timeout. Objects come back as plain dicts in the
+API's own camelCase shape, which is what the pure modules work on.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from kubernetes import client
+
+from vllm_autotuner.api import GROUP, PLURAL, VERSION
+from vllm_autotuner.controller.metrics import OperatorMetrics
+
+TIMEOUT = 15.0
+STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+MERGE = "application/merge-patch+json"
+
+
+class Kube:
+    """Blocking API calls (run them with ``asyncio.to_thread``)."""
+
+    def __init__(self, api_client: client.ApiClient, metrics: OperatorMetrics) -> None:
+        self.api_client = api_client
+        self.apps = client.AppsV1Api(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.metrics = metrics
+
+    def _count(self, verb: str, resource: str) -> None:
+        self.metrics.api_calls.labels(verb, resource).inc()
+
+    def _dict(self, obj: Any) -> dict[str, Any]:
+        return self.api_client.sanitize_for_serialization(obj)
+
+    def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
+        self._count("get", "deployments")
+        return self._dict(self.apps.read_namespaced_deployment(name, namespace, _request_timeout=TIMEOUT))
+
+    def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """Strategic-merge patch; a ``metadata.resourceVersion`` in it makes the write conditional (409 on change)."""
+        self._count("patch", "deployments")
+        return self._dict(self.apps.patch_namespaced_deployment(
+            name, namespace, patch, _content_type=STRATEGIC_MERGE, _request_timeout=TIMEOUT))
+
+    def list_replicasets(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        self._count("list", "replicasets")
+        sets = self.apps.list_namespaced_replica_set(namespace, label_selector=label_selector, _request_timeout=TIMEOUT)
+        return [self._dict(rs) for rs in sets.items]
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        self._count("list", "pods")
+        pods = self.core.list_namespaced_pod(namespace, label_selector=label_selector, _request_timeout=TIMEOUT)
+        return [self._dict(p) for p in pods.items]
+
+    def node_labels(self, name: str) -> dict[str, str]:
+        self._count("get", "nodes")
+        return self.core.read_node(name, _request_timeout=TIMEOUT).metadata.labels or {}
+
+    def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        """A Secret's value, None when the key is absent. Raises ApiException (404) when the Secret is."""
+        self._count("get", "secrets")
+        secret = self.core.read_namespaced_secret(name, namespace, _request_timeout=TIMEOUT)
+        raw = (secret.data or {}).get(key)
+        return base64.b64decode(raw).decode() if raw is not None else None
+
+    def patch_tuning_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge-patch the status subresource; ``None`` values remove fields."""
+        self._count("patch", "vllmtunings/status")
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _content_type=MERGE, _request_timeout=TIMEOUT)
+
+    def create_event(self, body: dict[str, Any]) -> None:
+        self._count("create", "events")
+        self.core.create_namespaced_event(body["metadata"]["namespace"], body, _request_timeout=TIMEOUT)

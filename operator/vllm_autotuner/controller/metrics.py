@@ -1,0 +1,56 @@
+"""The operator's own /metrics: what it decided, what it rolled out, how it is doing.
+
+Platform teams alert on these (rollouts failing, Prometheus unreachable,
+evaluations slowing down) and graph the knobs next to vLLM's latency, so
+names and labels are part of the interface and live in one registry here.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class OperatorMetrics:
+    """All operator metrics, in their own registry (no process-global state)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter(
+            "vllm_autotuner_decisions", "Decisions made, by outcome (Hold, Change, Rollback) and hold reason.",
+            ["namespace", "tuning", "action", "reason"], registry=r)
+        self.rollouts = Counter(
+            "vllm_autotuner_rollouts", "Rollouts finished, by outcome (Succeeded, Failed, RolledBack).",
+            ["namespace", "tuning", "outcome"], registry=r)
+        self.evaluation_seconds = Histogram(
+            "vllm_autotuner_evaluation_duration_seconds", "Time to observe, decide and act for one tuning.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+        self.period_seconds = Histogram(
+            "vllm_autotuner_evaluation_period_duration_seconds",
+            "Time to evaluate every tuning due at one tick (queries included).",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=r)
+        self.prometheus_queries = Counter(
+            "vllm_autotuner_prometheus_queries", "PromQL queries sent.", registry=r)
+        self.prometheus_errors = Counter(
+            "vllm_autotuner_prometheus_query_errors", "Failed observation windows, by error kind.",
+            ["kind"], registry=r)
+        self.api_calls = Counter(
+            "vllm_autotuner_kubernetes_api_calls", "Kubernetes API requests made outside the watches.",
+            ["verb", "resource"], registry=r)
+        self.knobs = Gauge(
+            "vllm_autotuner_knob", "Knob value the target runs with now.",
+            ["namespace", "tuning", "knob"], registry=r)
+        self.recommended = Gauge(
+            "vllm_autotuner_recommended_knob", "Knob value the policy recommends.",
+            ["namespace", "tuning", "knob"], registry=r)
+        self.tunings = Gauge("vllm_autotuner_tunings", "VllmTunings watched.", registry=r)
+        self.leader = Gauge("vllm_autotuner_leader", "1 while this replica is the leader.", registry=r)
+
+    def forget(self, namespace: str, tuning: str) -> None:
+        """Drop a deleted tuning's labelled series so they do not linger as stale values."""
+        for metric in (self.knobs, self.recommended):
+            for knob in ("max_num_batched_tokens", "max_num_seqs"):
+                try:
+                    metric.remove(namespace, tuning, knob)
+                except KeyError:
+                    pass

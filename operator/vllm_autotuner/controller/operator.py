@@ -1,0 +1,166 @@
+"""``vllm-autotuner run``: the operator process.
+
+Startup order matters for safety: serve /healthz and /metrics (standbys are
+healthy too), win the leader Lease, and only then start kopf's watches and
+the evaluator, so a standby never acts. Losing the lease stops everything
+and exits non-zero (Kubernetes restarts the pod as a candidate); SIGTERM
+stops kopf and the evaluator and releases the lease so a standby takes over
+at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from aiohttp import web
+from kubernetes import client, config
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from vllm_autotuner.api import GROUP, PLURAL, VERSION
+from vllm_autotuner.controller.cache import ClusterCache, deployment_index, replicaset_index
+from vllm_autotuner.controller.evaluator import Evaluator
+from vllm_autotuner.controller.kube import Kube
+from vllm_autotuner.controller.leader import LeaderElector, LeaseConfig
+from vllm_autotuner.controller.metrics import OperatorMetrics
+from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
+from vllm_autotuner.observe.client import Connection, PrometheusClient
+from vllm_autotuner.observe.service import ObservationService
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything ``vllm-autotuner run`` takes from its flags."""
+
+    settings: OperatorSettings
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+    http_host: str = "0.0.0.0"
+    http_port: int = 8080
+    leader_election: bool = True
+    lease_namespace: str = "default"
+    lease_name: str = "vllm-autotuner"
+    identity: str = ""
+    log_format: str = "json"
+    verbose: bool = False
+
+
+def registry_for(cache: ClusterCache) -> kopf.OperatorRegistry:
+    """kopf handlers: thin glue that only feeds the cache."""
+    registry = kopf.OperatorRegistry()
+
+    @kopf.index("apps", "v1", "deployments", registry=registry)
+    def deployments(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
+        return deployment_index(namespace, name, body)
+
+    @kopf.index("apps", "v1", "replicasets", registry=registry)
+    def replicasets(namespace: str, body: kopf.Body, **_: Any) -> dict:
+        return replicaset_index(namespace, body)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    def tunings(event: dict, body: kopf.Body, deployments: kopf.Index, replicasets: kopf.Index, **_: Any) -> None:
+        cache.bind(deployments, replicasets)
+        cache.on_tuning_event(event.get("type"), body)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.enabled = False  # Events are ours, with named reasons; not kopf's handler chatter
+        settings.watching.server_timeout = 300
+        settings.networking.request_timeout = 30
+
+    return registry
+
+
+class HttpEndpoints:
+    """/healthz (process alive, on every replica) and /metrics (the operator's metrics)."""
+
+    def __init__(self, metrics: OperatorMetrics, host: str, port: int) -> None:
+        self.metrics = metrics
+        self.host, self.port = host, port
+        self._runner: web.AppRunner | None = None
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        log.info("serving /metrics and /healthz on %s:%d", self.host, self.port)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+def _load_kube_config() -> client.ApiClient:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+def observation_service(metrics: OperatorMetrics) -> ObservationService:
+    """Prometheus clients that report their query counts into the operator's metrics."""
+
+    def client_for(connection: Connection) -> PrometheusClient:
+        prometheus = PrometheusClient(connection)
+        prometheus.on_query = metrics.prometheus_queries.inc
+        return prometheus
+
+    return ObservationService(client_for)
+
+
+async def run(options: RunOptions) -> int:
+    """Run until SIGTERM/SIGINT (0) or until leadership is lost (1)."""
+    kopf.configure(verbose=options.verbose, log_format=kopf.LogFormat.JSON if options.log_format == "json"
+                   else kopf.LogFormat.FULL)
+    metrics = OperatorMetrics()
+    http = HttpEndpoints(metrics, options.http_host, options.http_port)
+    await http.start()
+    api_client = _load_kube_config()
+    kube = Kube(api_client, metrics)
+    elector = None
+    if options.leader_election:
+        identity = options.identity or f"{socket.gethostname()}-{os.getpid()}"
+        elector = LeaderElector(client.CoordinationV1Api(api_client),
+                                LeaseConfig(options.lease_namespace, options.lease_name, identity))
+        await elector.acquire()
+    metrics.leader.set(1)
+    cache = ClusterCache()
+    reconciler = Reconciler(kube, cache, observation_service(metrics), metrics, options.settings)
+    evaluator = Evaluator(cache, reconciler, metrics)
+    stop = asyncio.Event()
+    operator = asyncio.create_task(kopf.operator(
+        registry=registry_for(cache), clusterwide=not options.namespaces, namespaces=list(options.namespaces),
+        standalone=True, stop_flag=stop), name="kopf")
+    evaluation = asyncio.create_task(evaluator.run(stop), name="evaluator")
+    tasks = {operator, evaluation}
+    holding = asyncio.create_task(elector.hold(), name="lease") if elector else None
+    if holding is not None:
+        tasks.add(holding)
+    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    lost = holding is not None and holding in done
+    stop.set()
+    for task in tasks - done:
+        if task is holding:
+            task.cancel()
+    await asyncio.gather(*(t for t in tasks if t is not holding), return_exceptions=True)
+    metrics.leader.set(0)
+    if elector is not None and not lost:
+        await asyncio.to_thread(elector.release)
+    await http.stop()
+    return 1 if lost else 0

@@ -1,0 +1,501 @@
+"""One evaluation of one VllmTuning: observe, decide, act, report.
+
+This is the glue between the pure parts and the cluster, kept in the order
+of DESIGN.md's data flow. It decides nothing itself: the spec is validated
+by the models, the knobs read by ``knobs``, the rollout judged by
+``rollout.progress``, every state transition made by ``policy``; this module
+only fetches what those need, applies what they return, and reports.
+
+Safety rules it enforces around the policy: nothing is patched unless the
+mode is Auto (a rollback of our own failed rollout excepted), the target and
+its args are readable, and no rollout (by anyone) is running; the status is
+written after the patch, and a restarted operator recognises its own patch
+by the pod-template annotations, so a rollout is never started twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from vllm_autotuner.api import (
+    API_VERSION,
+    KIND,
+    ConditionType,
+    CurrentKnobs,
+    DecisionAction,
+    Knobs,
+    KnobSource,
+    Mode,
+    RolloutPhase,
+    VllmTuningSpec,
+    VllmTuningStatus,
+)
+from vllm_autotuner.api.types import duration_seconds, parse_cron, time_zone, utc_timestamp
+from vllm_autotuner.controller import events
+from vllm_autotuner.controller.cache import ClusterCache, Key
+from vllm_autotuner.controller.conditions import condition, set_condition
+from vllm_autotuner.controller.kube import Kube
+from vllm_autotuner.controller.metrics import OperatorMetrics
+from vllm_autotuner.knobs import CommandLineError, EngineArgs, Hardware, find_vllm_container, vllm_defaults
+from vllm_autotuner.observe.client import Connection, PrometheusError
+from vllm_autotuner.observe.queries import Selector, pod_prefix_matchers
+from vllm_autotuner.observe.service import ObservationService
+from vllm_autotuner.observe.window import observe_target
+from vllm_autotuner.policy import (
+    Decision,
+    HoldReason,
+    Observation,
+    adopt_generation,
+    decide,
+    effective_slo,
+    manual_change_detected,
+    rollout_failed,
+    rollout_succeeded,
+)
+from vllm_autotuner.policy.decision import with_rollout
+from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
+from vllm_autotuner.rollout.patch import written_by_operator, written_reason
+from vllm_autotuner.rollout.progress import Progress, rollout_in_progress, rollout_state
+
+log = logging.getLogger(__name__)
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as GPU Feature Discovery writes it
+#: Hold reasons that mean the metrics themselves are missing, not that the policy is waiting.
+_NO_METRICS = {HoldReason.NO_DATA, HoldReason.STALE, HoldReason.INVALID}
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """Operator-wide settings from the command line."""
+
+    prometheus_url: str | None = None
+    naive_queries: bool = False  # one query per family per tuning: the scale benchmark's baseline
+
+
+class TargetProblem(Exception):
+    """The target cannot be tuned; ``reason`` is the condition reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class Target:
+    """What this evaluation learned about the target Deployment."""
+
+    deployment: dict[str, Any]
+    container: dict[str, Any]
+    args: EngineArgs
+    knobs: Knobs
+    from_defaults: bool
+    defaults_table: str | None
+    replicaset: dict[str, Any] | None
+
+    @property
+    def pod_prefix(self) -> str | None:
+        return f"{self.replicaset['metadata']['name']}-" if self.replicaset else None
+
+    @property
+    def ready_pods(self) -> int:
+        return int((self.replicaset or {}).get("status", {}).get("readyReplicas") or 0)
+
+
+@dataclass
+class Report:
+    """The status being built during one evaluation, and the Events to send with it."""
+
+    namespace: str
+    name: str
+    state: VllmTuningStatus
+    generation: int
+    now: datetime
+    decision: Decision | None = None
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # on the VllmTuning: reason, message, type
+    target_events: list[tuple[str, str, str]] = field(default_factory=list)  # on the Deployment
+
+    def condition(self, type_: ConditionType, status: bool | None, reason: str, message: str) -> None:
+        self.state = self.state.model_copy(update={"conditions": set_condition(
+            self.state.conditions, type_, status, reason, message, self.generation, self.now)})
+
+    def event(self, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append((reason, message, events.WARNING if warning else events.NORMAL))
+
+    def target_event(self, reason: str, message: str, warning: bool = False) -> None:
+        self.target_events.append((reason, message, events.WARNING if warning else events.NORMAL))
+
+    def has(self, type_: ConditionType, status: bool, reason: str) -> bool:
+        """Whether the condition already says this (so its Event was sent before)."""
+        found = condition(self.state.conditions, type_)
+        return found is not None and found.status == ("True" if status else "False") and found.reason == reason
+
+
+def spec_problems(spec: VllmTuningSpec) -> list[str]:
+    """What admission could not check: time zones that exist, cron expressions cron can run."""
+    problems = []
+    for schedule in spec.schedules:
+        for name, check in (("timeZone", lambda s=schedule: time_zone(s.time_zone)),
+                            ("start", lambda s=schedule: parse_cron(s.start)),
+                            ("end", lambda s=schedule: parse_cron(s.end))):
+            try:
+                check()
+            except ValueError as exc:
+                problems.append(f"spec.schedules[{schedule.name}].{name}: {exc}")
+    return problems
+
+
+class Reconciler:
+    """Evaluates tunings against the cluster and Prometheus."""
+
+    def __init__(self, kube: Kube, cache: ClusterCache, observations: ObservationService,
+                 metrics: OperatorMetrics, settings: OperatorSettings) -> None:
+        self.kube = kube
+        self.cache = cache
+        self.observations = observations
+        self.metrics = metrics
+        self.settings = settings
+
+    async def _call(self, fn, *args):  # noqa: ANN001, ANN202 - thin wrapper over blocking client calls
+        return await asyncio.to_thread(fn, *args)
+
+    # --- the evaluation --------------------------------------------------------------------------
+
+    async def evaluate(self, key: Key, at: float, write: bool = True) -> Report | None:
+        """Evaluate the tuning ``key`` for the window ending at ``at`` (Unix seconds).
+
+        ``write=False`` (the one-shot ``recommend`` command) leaves status and
+        Events unwritten and returns the report; with mode Recommend nothing is
+        patched either.
+        """
+        body = self.cache.tunings.get(key)
+        if body is None:
+            return None
+        started = time.perf_counter()
+        generation = int(body["metadata"].get("generation") or 0)
+        now = datetime.fromtimestamp(at, UTC)
+        try:
+            state = VllmTuningStatus.model_validate(body.get("status") or {})
+        except ValidationError:
+            state = VllmTuningStatus()  # an unreadable status is rebuilt rather than trusted
+        report = Report(key[0], key[1], state, generation, now)
+        try:
+            spec = VllmTuningSpec.model_validate(body["spec"])
+        except ValidationError as exc:
+            spec = None
+            problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        else:
+            problems = spec_problems(spec)
+        if spec is None or problems:
+            message = "; ".join(problems) + ". Fix the spec; nothing is changed until then."
+            if not report.has(ConditionType.READY, False, "InvalidSpec"):
+                report.event(events.INVALID_SPEC, message, warning=True)
+            report.condition(ConditionType.READY, False, "InvalidSpec", message)
+            await self._finish(body, report, None, started, write)
+            return report
+        report.state = adopt_generation(report.state, generation)
+        try:
+            await self._evaluate(spec, report)
+        except TargetProblem as problem:
+            if not report.has(ConditionType.READY, False, problem.reason):
+                report.event(problem.reason, str(problem), warning=True)
+            report.condition(ConditionType.READY, False, problem.reason, str(problem))
+        await self._finish(body, report, spec, started, write)
+        return report
+
+    async def _evaluate(self, spec: VllmTuningSpec, report: Report) -> None:
+        namespace = report.namespace
+        target = await self._target(namespace, spec)
+        report.state = self._adopt_target(report, target)
+        await self._track_rollout(spec, target, report)
+        observation = None
+        if report.state.last_rollout is None or report.state.last_rollout.phase != RolloutPhase.IN_PROGRESS:
+            observation = await self._observe(namespace, spec, target, report)
+        decision = decide(spec, report.state, observation, report.now)
+        report.decision = decision
+        self._count(report, decision)
+        report.state = decision.state
+        if decision.hold in _NO_METRICS and observation is not None:
+            report.condition(ConditionType.METRICS_AVAILABLE, False, decision.hold, decision.reason)
+        if decision.changes and (spec.mode == Mode.AUTO or decision.action == DecisionAction.ROLLBACK):
+            # the policy never changes outside Auto; the mode check is a second lock on the door
+            await self._patch(target, decision, report, during_rollout=False)
+        ready_reason = {Mode.AUTO: "Tuning", Mode.RECOMMEND: "Recommending", Mode.PAUSED: "Paused"}[spec.mode]
+        report.condition(ConditionType.READY, True, ready_reason, f"{decision.action}: {decision.reason}")
+        self._progress_condition(report)
+
+    # --- target ----------------------------------------------------------------------------------
+
+    async def _target(self, namespace: str, spec: VllmTuningSpec) -> Target:
+        ref = spec.target_ref
+        deployment = self.cache.deployment(namespace, ref.name)
+        if deployment is None:
+            raise TargetProblem(
+                events.TARGET_NOT_FOUND,
+                f"Deployment {namespace}/{ref.name} not found; create it or fix spec.targetRef.name")
+        try:
+            container = find_vllm_container(deployment["spec"]["template"]["spec"], ref.container)
+            args = EngineArgs.from_container(container)
+        except CommandLineError as exc:
+            raise TargetProblem(events.INVALID_TARGET, f"Deployment {namespace}/{ref.name}: {exc}") from exc
+        if args.max_num_batched_tokens is not None and args.max_num_seqs is not None:
+            knobs, from_defaults, table = Knobs(max_num_batched_tokens=args.max_num_batched_tokens,
+                                                max_num_seqs=args.max_num_seqs), False, None
+        else:  # a flag is absent: vLLM picked a default, and no metric says which
+            defaults = vllm_defaults(spec.engine.vllm_version or container.get("image"),
+                                     await self._hardware(deployment, container, spec), args.performance_mode)
+            knobs, from_defaults = args.effective(defaults)
+            table = defaults.table
+        return Target(deployment, container, args, knobs, from_defaults, table,
+                      self.cache.current_replicaset(deployment))
+
+    async def _hardware(self, deployment: dict[str, Any], container: dict[str, Any], spec: VllmTuningSpec) -> Hardware:
+        """GPU count from the container's resources; product and memory from the spec, the pod
+        template's nodeSelector, or the labels of a node a pod runs on (GPU Feature Discovery)."""
+        resources = container.get("resources") or {}
+        gpus = int((resources.get("limits") or resources.get("requests") or {}).get(GPU_RESOURCE, 0) or 0)
+        labels = dict(deployment["spec"]["template"]["spec"].get("nodeSelector") or {})
+        if GPU_MEMORY_LABEL not in labels and spec.engine.gpu_memory_gib is None and gpus:
+            selector = ",".join(f"{k}={v}" for k, v in sorted(deployment["spec"]["selector"].get("matchLabels", {}).items()))
+            try:
+                pods = await self._call(self.kube.list_pods, deployment["metadata"]["namespace"], selector)
+                node = next((p["spec"].get("nodeName") for p in pods if p["spec"].get("nodeName")), None)
+                if node:
+                    labels.update(await self._call(self.kube.node_labels, node))
+            except ApiException as exc:
+                log.info("GPU labels unreadable (%s); assuming from the defaults table", exc.reason)
+        memory = spec.engine.gpu_memory_gib
+        if memory is None and labels.get(GPU_MEMORY_LABEL, "").isdigit():
+            memory = int(labels[GPU_MEMORY_LABEL]) / 1024
+        return Hardware(gpus=gpus, memory_gib=memory, product=labels.get(GPU_PRODUCT_LABEL))
+
+    def _adopt_target(self, report: Report, target: Target) -> VllmTuningStatus:
+        """First sight of the target (or a re-created one): its knobs become ``current`` (source Initial)."""
+        state = report.state
+        uid = target.deployment["metadata"].get("uid")
+        if state.current is not None and state.target_uid == uid:
+            return state
+        if state.target_uid is not None and state.target_uid != uid:
+            report.event(events.TARGET_NOT_FOUND, f"Deployment was re-created (uid {uid}); adopting it afresh")
+        last = state.last_rollout
+        if last is not None and last.phase == RolloutPhase.IN_PROGRESS:
+            last = last.model_copy(update={"phase": RolloutPhase.FAILED, "finished_at": utc_timestamp(report.now),
+                                           "message": "target Deployment re-created during the rollout"})
+        live_since = (target.replicaset or {}).get("metadata", {}).get("creationTimestamp")
+        current = CurrentKnobs(
+            max_num_batched_tokens=target.knobs.max_num_batched_tokens,
+            max_num_seqs=target.knobs.max_num_seqs,
+            since=live_since or utc_timestamp(report.now),  # the config went live with its ReplicaSet
+            source=KnobSource.INITIAL,
+            from_defaults=target.from_defaults,
+            defaults_table=target.defaults_table,
+            max_model_len=target.args.max_model_len,
+            chunked_prefill=target.args.chunked_prefill is not False,
+        )
+        return state.model_copy(update={"current": current, "target_uid": uid, "last_rollout": last})
+
+    # --- rollouts --------------------------------------------------------------------------------
+
+    async def _track_rollout(self, spec: VllmTuningSpec, target: Target, report: Report) -> None:
+        """Follow our rollout in progress, or notice a change someone else (or our past self) made."""
+        state = report.state
+        rollout = state.last_rollout
+        ours_in_progress = rollout is not None and rollout.phase == RolloutPhase.IN_PROGRESS
+        template = target.knobs
+        expected = rollout.to_knobs if ours_in_progress and rollout else state.current.knobs  # type: ignore[union-attr]
+        if template != expected:
+            if written_by_operator(target.deployment, template) and not ours_in_progress:
+                # our patch landed but its status write did not (operator restarted in between)
+                source, reason = written_reason(target.deployment)
+                report.state = with_rollout(state, report.now, template, KnobSource(source or "Traffic"),
+                                            reason or "resumed after an operator restart")
+                report.state = self._with_generation(report.state, target.deployment)
+                return
+            report.state = manual_change_detected(state, template, report.now)
+            report.event(events.MANUAL_CHANGE,
+                         f"knobs changed outside the operator to {template}; adopted as Manual and respected for "
+                         f"the cooldown ({spec.rollout.cooldown})")
+            return
+        if not ours_in_progress or rollout is None:
+            return
+        pods: list[dict[str, Any]] = []
+        if target.replicaset is not None:
+            hash_ = (target.replicaset["metadata"].get("labels") or {}).get("pod-template-hash")
+            if hash_:
+                pods = await self._call(self.kube.list_pods, target.deployment["metadata"]["namespace"],
+                                        f"pod-template-hash={hash_}")
+        started = datetime.fromisoformat(rollout.started_at)
+        judged = rollout_state(target.deployment, rollout.deployment_generation or 0, pods,
+                               target.container.get("name"), (report.now - started).total_seconds(),
+                               duration_seconds(spec.rollout.progress_deadline))
+        if judged.progress is Progress.COMPLETE:
+            report.state = rollout_succeeded(state, report.now)
+            self._rollout_finished(report, "Succeeded")
+            if rollout.source == KnobSource.ROLLBACK:
+                failed = state.failed_configs[0].reason if state.failed_configs else rollout.reason
+                report.condition(ConditionType.DEGRADED, False, "RecoveredByRollback",
+                                 f"rolled back to {rollout.to_knobs} after: {failed}")
+            else:
+                report.condition(ConditionType.DEGRADED, False, "AsExpected", f"{rollout.to_knobs} is live")
+            report.event(events.ROLLOUT_SUCCEEDED, f"{rollout.to_knobs} is live: {judged.message}")
+        elif judged.progress is Progress.FAILED:
+            decision = rollout_failed(state, report.now, judged.message, report.generation)
+            self._rollout_finished(report, "Failed")
+            report.condition(ConditionType.DEGRADED, True, "RolloutFailed",
+                             f"{rollout.to_knobs} failed: {judged.message}")
+            report.event(events.ROLLOUT_FAILED, f"{rollout.to_knobs} failed: {judged.message}", warning=True)
+            report.state = decision.state
+            if decision.changes:
+                # our own rollout failed: put the previous config back whatever the mode is now
+                await self._patch(target, decision, report, during_rollout=True)
+
+    def _rollout_finished(self, report: Report, outcome: str) -> None:
+        self.metrics.rollouts.labels(report.namespace, report.name, outcome).inc()
+
+    def _progress_condition(self, report: Report) -> None:
+        rollout = report.state.last_rollout
+        if rollout is not None and rollout.phase == RolloutPhase.IN_PROGRESS:
+            report.condition(ConditionType.PROGRESSING, True, "RolloutInProgress",
+                             f"rolling out {rollout.to_knobs} ({rollout.source}): {rollout.reason}")
+        else:
+            report.condition(ConditionType.PROGRESSING, False, "Idle", "no rollout in progress")
+        if condition(report.state.conditions, ConditionType.DEGRADED) is None:
+            report.condition(ConditionType.DEGRADED, False, "AsExpected", "no failed rollout")
+
+    @staticmethod
+    def _with_generation(state: VllmTuningStatus, deployment: dict[str, Any]) -> VllmTuningStatus:
+        assert state.last_rollout is not None
+        rollout = state.last_rollout.model_copy(
+            update={"deployment_generation": int(deployment["metadata"].get("generation") or 0)})
+        return state.model_copy(update={"last_rollout": rollout})
+
+    async def _patch(self, target: Target, decision: Decision, report: Report, during_rollout: bool) -> None:
+        """Patch the target to the decision's knobs; on success the decision's state (a rollout in progress) stands."""
+        assert decision.knobs is not None and decision.source is not None
+        try:
+            patched = await self._call(apply_knobs, self.kube, target.deployment, target.container.get("name"),
+                                       decision.knobs, decision.reason, report.name, str(decision.source),
+                                       during_rollout)
+        except (RolloutBusy, ApiException, CommandLineError) as exc:
+            # no patch, so no rollout: keep the recommendation, drop the rest of the decision's state
+            report.state = report.state.model_copy(update={"recommendation": decision.state.recommendation})
+            detail = getattr(exc, "reason", None) or str(exc)
+            report.event(events.PATCH_FAILED, f"not applying {decision.knobs}: {detail}",
+                         warning=not isinstance(exc, RolloutBusy))
+            return
+        report.state = self._with_generation(decision.state, patched)
+        rollback = decision.action == DecisionAction.ROLLBACK
+        report.event(events.ROLLED_BACK if rollback else events.ROLLOUT_STARTED, f"{decision.knobs}: {decision.reason}")
+        report.target_event(events.KNOBS_ROLLED_BACK if rollback else events.KNOBS_CHANGED,
+                            f"{decision.knobs} by VllmTuning {report.name}: {decision.reason}")
+
+    # --- observation ----------------------------------------------------------------------------
+
+    async def _connection(self, namespace: str, spec: VllmTuningSpec) -> Connection:
+        prom = spec.prometheus
+        url = prom.url or self.settings.prometheus_url
+        if not url:
+            raise TargetProblem("NoPrometheusURL",
+                                "no Prometheus URL: set spec.prometheus.url or start the operator with --prometheus-url")
+        secrets = {}
+        for field_name, ref in (("bearerTokenSecretRef", prom.bearer_token_secret_ref),
+                                ("caSecretRef", prom.ca_secret_ref)):
+            if ref is None:
+                continue
+            try:
+                value = await self._call(self.kube.secret_value, namespace, ref.name, ref.key)
+            except ApiException as exc:
+                what = "not found" if exc.status == 404 else f"unreadable ({exc.reason})"
+                raise TargetProblem("SecretNotFound",
+                                    f"Secret {namespace}/{ref.name} is {what}; create it or fix "
+                                    f"spec.prometheus.{field_name}") from exc
+            if value is None:
+                raise TargetProblem("SecretNotFound", f"Secret {namespace}/{ref.name} has no key {ref.key!r}; "
+                                                      f"fix spec.prometheus.{field_name}.key")
+            secrets[field_name] = value.strip()
+        return Connection(url=url.rstrip("/"), bearer_token=secrets.get("bearerTokenSecretRef"),
+                          ca_pem=secrets.get("caSecretRef"), timeout_seconds=duration_seconds(prom.timeout))
+
+    async def _observe(self, namespace: str, spec: VllmTuningSpec, target: Target, report: Report) -> Observation | None:
+        connection = await self._connection(namespace, spec)
+        prom = spec.prometheus
+        selector = Selector(matchers=tuple(sorted(prom.label_matchers.items())),
+                            namespace_label=prom.namespace_label, pod_label=prom.pod_label)
+        if target.pod_prefix is None:
+            report.condition(ConditionType.METRICS_AVAILABLE, False, HoldReason.NO_DATA,
+                             "the Deployment has no current ReplicaSet yet")
+            return None
+        extra = pod_prefix_matchers(selector, namespace, target.pod_prefix) if self.settings.naive_queries else ()
+        window = duration_seconds(spec.traffic.window)
+        try:
+            data = await self.observations.window(connection, selector, window, report.now.timestamp(), extra)
+        except PrometheusError as exc:
+            self.metrics.prometheus_errors.labels(exc.kind).inc()
+            if not report.has(ConditionType.METRICS_AVAILABLE, False, exc.kind):
+                report.event(events.METRICS_UNAVAILABLE, f"{exc}; holding", warning=True)
+            report.condition(ConditionType.METRICS_AVAILABLE, False, exc.kind, f"{exc}; holding")
+            return None
+        slo = effective_slo(spec, report.state, report.now)
+        observation, why = observe_target(data, namespace, target.pod_prefix, target.ready_pods,
+                                          target.knobs, slo, rollout_in_progress(target.deployment))
+        if observation is None:
+            report.condition(ConditionType.METRICS_AVAILABLE, False, HoldReason.NO_DATA, f"{why}; holding")
+        else:
+            report.condition(ConditionType.METRICS_AVAILABLE, True, "WindowObserved",
+                              f"{observation.pods} pods, {observation.requests or 0:.0f} requests in the last "
+                              f"{spec.traffic.window}")
+        return observation
+
+    # --- report ---------------------------------------------------------------------------------
+
+    def _count(self, report: Report, decision: Decision) -> None:
+        self.metrics.decisions.labels(report.namespace, report.name, decision.action, decision.hold or "").inc()
+        if decision.recommendation is not None:
+            gauge = self.metrics.recommended
+            gauge.labels(report.namespace, report.name, "max_num_batched_tokens").set(
+                decision.recommendation.max_num_batched_tokens)
+            gauge.labels(report.namespace, report.name, "max_num_seqs").set(decision.recommendation.max_num_seqs)
+
+    async def _finish(self, body: dict[str, Any], report: Report, spec: VllmTuningSpec | None, started: float,
+                      write: bool) -> None:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        state = report.state.model_copy(update={"observed_generation": report.generation})
+        if state.current is not None:
+            self.metrics.knobs.labels(namespace, name, "max_num_batched_tokens").set(state.current.max_num_batched_tokens)
+            self.metrics.knobs.labels(namespace, name, "max_num_seqs").set(state.current.max_num_seqs)
+        report.state = state
+        status = state.model_dump(by_alias=True, mode="json")
+        if not write:
+            return
+        try:
+            if _pruned(status) != _pruned(body.get("status") or {}):
+                await self._call(self.kube.patch_tuning_status, namespace, name, status)
+            tuning = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
+            for reason, message, type_ in report.events:
+                await self._call(self.kube.create_event, events.event_body(tuning, reason, message, type_, report.now))
+            deployment = self.cache.deployment(namespace, spec.target_ref.name) if spec else None
+            for reason, message, type_ in report.target_events if deployment else ():
+                involved = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": deployment["metadata"]}
+                await self._call(self.kube.create_event, events.event_body(involved, reason, message, type_, report.now))
+        except ApiException as exc:
+            log.warning("writing status/events of %s/%s failed: %s", namespace, name, exc.reason)
+        self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
+
+
+def _pruned(value: Any) -> Any:
+    """``value`` without None entries at any depth: how the API server stores a merge-patched status."""
+    if isinstance(value, dict):
+        return {k: _pruned(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_pruned(v) for v in value]
+    return value

@@ -1,0 +1,57 @@
+"""Shares observation windows between tunings: one set of queries per key and tick.
+
+Tunings that read the same Prometheus, with the same selector and window,
+evaluated at the same aligned instant, get the same ``WindowData``: the
+first asks, the others await its answer. In the naive mode (the scale
+benchmark's baseline) each tuning adds its own pod matchers, so nothing is
+shared. Queries run in a worker thread; failures are shared too, so a dead
+Prometheus costs one timeout per tick, not one per tuning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable
+
+from vllm_autotuner.observe.client import Connection, PrometheusClient
+from vllm_autotuner.observe.queries import Matcher, Selector
+from vllm_autotuner.observe.window import WindowData, fetch_window
+
+WindowKey = tuple[Connection, Selector, float, float, tuple[Matcher, ...]]
+#: Windows kept after they were fetched: enough for every key of one tick.
+KEEP = 256
+
+
+class ObservationService:
+    """Fetches ``WindowData`` once per key; ``client_for`` builds (and the service keeps) one client per connection."""
+
+    def __init__(self, client_for: Callable[[Connection], PrometheusClient] = PrometheusClient) -> None:
+        self._client_for = client_for
+        self._clients: dict[Connection, PrometheusClient] = {}
+        self._windows: OrderedDict[WindowKey, asyncio.Future[WindowData]] = OrderedDict()
+
+    def client(self, connection: Connection) -> PrometheusClient:
+        if connection not in self._clients:
+            self._clients[connection] = self._client_for(connection)
+        return self._clients[connection]
+
+    @property
+    def queries(self) -> int:
+        """Queries sent so far, all connections."""
+        return sum(c.queries for c in self._clients.values())
+
+    async def window(self, connection: Connection, selector: Selector, window_seconds: float, at: float,
+                     extra: tuple[Matcher, ...] = ()) -> WindowData:
+        """The window ending at ``at``; raises ``PrometheusError`` like ``fetch_window``."""
+        key = (connection, selector, window_seconds, at, extra)
+        future = self._windows.get(key)
+        if future is None:
+            client = self.client(connection)
+            future = asyncio.ensure_future(
+                asyncio.to_thread(fetch_window, client, selector, window_seconds, at, extra))
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failure nobody awaits is not an error
+            self._windows[key] = future
+            while len(self._windows) > KEEP:
+                self._windows.popitem(last=False)
+        return await asyncio.shield(future)

@@ -1,0 +1,156 @@
+"""One observation window: fetch every family once, then slice it per tuning.
+
+``fetch_window`` runs the family queries for one (Prometheus, selector,
+window, time) key and keeps the answers per pod; ``observe_target`` sums a
+tuning's current pods out of that and turns them into the decision core's
+``Observation``. The live operator calls ``fetch_window`` once per key for
+all its tunings (optionally with a tuning's own pod matchers, the naive
+baseline), so what reaches ``decide`` does not depend on how it was asked.
+
+Missing data stays missing: a family without rows for the target's pods
+is None in the Observation, never zero, and ``observe_target`` refuses
+partial windows (fewer pods with data than Ready replicas) outright.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from vllm_autotuner.api import SLO, Knobs
+from vllm_autotuner.observe.client import PrometheusClient
+from vllm_autotuner.observe.quantile import histogram_fraction_below, histogram_quantile
+from vllm_autotuner.observe.queries import FAMILIES, Kind, Matcher, Selector, family_query
+from vllm_autotuner.policy import Observation
+
+PodKey = tuple[str, str]  # (namespace, pod)
+
+
+@dataclass
+class WindowData:
+    """Per-pod answers of every family for one window ending at ``at`` (Unix seconds)."""
+
+    at: float
+    window_seconds: float
+    values: dict[str, dict[PodKey, float]] = field(default_factory=dict)
+    buckets: dict[str, dict[PodKey, dict[float, float]]] = field(default_factory=dict)
+
+
+def fetch_window(client: PrometheusClient, selector: Selector, window_seconds: float, at: float,
+                 extra: tuple[Matcher, ...] = ()) -> WindowData:
+    """Run one query per family. Raises ``PrometheusError`` if any query fails (no half windows)."""
+    data = WindowData(at=at, window_seconds=window_seconds)
+    for family in FAMILIES:
+        rows = client.query(family_query(family, selector, window_seconds, extra), at)
+        if family.kind is Kind.BUCKETS:
+            per_pod: dict[PodKey, dict[float, float]] = defaultdict(dict)
+            for row in rows:
+                key = (row.labels.get(selector.namespace_label, ""), row.labels.get(selector.pod_label, ""))
+                per_pod[key][float(row.labels.get("le", "nan"))] = row.value
+            data.buckets[family.key] = dict(per_pod)
+        else:
+            data.values[family.key] = {
+                (row.labels.get(selector.namespace_label, ""), row.labels.get(selector.pod_label, "")): row.value
+                for row in rows
+            }
+    return data
+
+
+@dataclass(frozen=True)
+class _Histogram:
+    bounds: list[float]
+    counts: list[float]
+
+    def quantile(self, q: float) -> float | None:
+        value = histogram_quantile(q, self.bounds, self.counts)
+        return None if math.isnan(value) else value
+
+    def within(self, target: float) -> float | None:
+        value = histogram_fraction_below(target, self.bounds, self.counts)
+        return None if math.isnan(value) else value
+
+
+def _summed_histogram(per_pod: dict[PodKey, dict[float, float]], pods: list[PodKey]) -> _Histogram | None:
+    summed: dict[float, float] = defaultdict(float)
+    for pod in pods:
+        for bound, rate in per_pod.get(pod, {}).items():
+            summed[bound] += rate
+    if not summed or not summed.get(math.inf):
+        return None
+    bounds = sorted(summed)
+    return _Histogram(bounds, [summed[b] for b in bounds])
+
+
+def _sum(values: dict[PodKey, float], pods: list[PodKey]) -> float | None:
+    present = [values[p] for p in pods if p in values]
+    return math.fsum(present) if len(present) == len(pods) else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def target_pods(data: WindowData, namespace: str, pod_prefix: str) -> list[PodKey]:
+    """The pods of one tuning (its current ReplicaSet's) that have data in the window."""
+    seen = data.values.get("last_seen", {})
+    return sorted(k for k in seen if k[0] == namespace and k[1].startswith(pod_prefix))
+
+
+def observe_target(
+    data: WindowData,
+    namespace: str,
+    pod_prefix: str,
+    ready_pods: int,
+    config: Knobs | None,
+    slo: SLO,
+    rollout_in_progress: bool,
+) -> tuple[Observation | None, str | None]:
+    """The Observation of one tuning's current pods, or (None, why) when there is nothing usable."""
+    pods = target_pods(data, namespace, pod_prefix)
+    if not pods:
+        return None, f"no vLLM series for pods {pod_prefix}* in namespace {namespace}: is Prometheus scraping them?"
+    if len(pods) < ready_pods:
+        return None, f"only {len(pods)} of {ready_pods} Ready pods have series in the window: partial data"
+    n = len(pods)
+    v = data.values
+    rates = {key: _sum(v.get(key, {}), pods) for key in (
+        "requests", "prompt_tokens", "generation_tokens", "preemptions", "prompt_len_sum", "prompt_len_count",
+        "output_len_sum", "output_len_count", "step_tokens_sum", "steps", "itl_sum", "itl_count",
+        "running", "waiting", "kv_usage")}
+    hist = {key: _summed_histogram(data.buckets.get(key, {}), pods)
+            for key in ("ttft", "itl", "e2e", "queue", "step_tokens")}
+    newest = max(v["last_seen"][p] for p in pods)
+    ttft, itl = hist["ttft"], hist["itl"]
+    end = datetime.fromtimestamp(data.at, UTC)
+    observation = Observation(
+        window_start=datetime.fromtimestamp(data.at - data.window_seconds, UTC),
+        window_end=end,
+        config=config,
+        pods=n,
+        rollout_in_progress=rollout_in_progress,
+        data_age_seconds=max(0.0, data.at - newest),
+        slo=slo,
+        requests=None if rates["requests"] is None else rates["requests"] * data.window_seconds,
+        request_rate=rates["requests"],
+        prompt_tokens_rate=rates["prompt_tokens"],
+        generation_tokens_rate=rates["generation_tokens"],
+        ttft_seconds=ttft.quantile(slo.ttft.quantile) if ttft else None,
+        itl_seconds=itl.quantile(slo.itl.quantile) if itl else None,
+        e2e_seconds=hist["e2e"].quantile(slo.ttft.quantile) if hist["e2e"] else None,
+        queue_seconds=hist["queue"].quantile(slo.ttft.quantile) if hist["queue"] else None,
+        itl_mean_seconds=_ratio(rates["itl_sum"], rates["itl_count"]),
+        ttft_within_slo=ttft.within(slo.ttft.seconds) if ttft else None,
+        itl_within_slo=itl.within(slo.itl.seconds) if itl else None,
+        running=_ratio(rates["running"], n),
+        waiting=_ratio(rates["waiting"], n),
+        kv_cache_usage=_ratio(rates["kv_usage"], n),
+        preemption_rate=rates["preemptions"],
+        mean_prompt_tokens=_ratio(rates["prompt_len_sum"], rates["prompt_len_count"]),
+        mean_generation_tokens=_ratio(rates["output_len_sum"], rates["output_len_count"]),
+        step_tokens_mean=_ratio(rates["step_tokens_sum"], rates["steps"]),
+        step_tokens_quantile=hist["step_tokens"].quantile(slo.itl.quantile) if hist["step_tokens"] else None,
+        steps_per_second=rates["steps"],
+    )
+    return observation, None

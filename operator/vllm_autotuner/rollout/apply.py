@@ -1,0 +1,53 @@
+"""Apply a knob change to a Deployment safely: conditional write, retry on conflict, never mid-rollout.
+
+The patch carries the resourceVersion it was built from; a 409 means the
+Deployment changed underneath (a person, GitOps, the HPA), so it is re-read
+and the patch rebuilt from the fresh object rather than forced. A Deployment
+that is rolling for any reason is left alone: one rollout at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from kubernetes.client.exceptions import ApiException
+
+from vllm_autotuner.api import Knobs
+from vllm_autotuner.rollout.patch import knob_patch
+from vllm_autotuner.rollout.progress import rollout_in_progress
+
+ATTEMPTS = 3
+
+
+class DeploymentApi(Protocol):
+    """The two calls this needs (``controller.kube.Kube`` provides them)."""
+
+    def read_deployment(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class RolloutBusy(Exception):
+    """The Deployment is already rolling out; nothing was patched."""
+
+
+def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str | None, knobs: Knobs, reason: str,
+                tuning: str, source: str, during_rollout: bool = False) -> dict[str, Any]:
+    """Patch ``deployment`` (as last seen) to ``knobs``; returns the patched Deployment.
+
+    ``during_rollout`` is for rolling back our own failed rollout, which is by
+    definition still in progress. Raises RolloutBusy, CommandLineError (args
+    unreadable) or ApiException.
+    """
+    namespace, name = deployment["metadata"]["namespace"], deployment["metadata"]["name"]
+    current = deployment
+    for attempt in range(ATTEMPTS):
+        if rollout_in_progress(current) and not during_rollout:
+            raise RolloutBusy(f"Deployment {namespace}/{name} is already rolling out; not patching")
+        try:
+            return kube.patch_deployment(namespace, name, knob_patch(current, container, knobs, reason, tuning, source))
+        except ApiException as exc:
+            if exc.status != 409 or attempt == ATTEMPTS - 1:
+                raise
+            current = kube.read_deployment(namespace, name)
+    raise AssertionError("unreachable")

@@ -203,6 +203,10 @@ async def _version(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
+    """Always the Prometheus text format. (prometheus-client 0.26's OpenMetrics
+    output escapes the ``vllm:`` sample names but not their ``# TYPE`` lines,
+    which a scraper cannot parse; in the text format Prometheus also keeps the
+    ``_created`` samples as series of their own.)"""
     served: ServedEngine = request.app[SERVED]
     return web.Response(body=generate_latest(served.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 

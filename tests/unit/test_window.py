@@ -1,0 +1,62 @@
+"""Slicing one batched window into a tuning's Observation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from vllm_autotuner.api import SLO, Knobs, LatencyTarget
+from vllm_autotuner.observe.window import WindowData, observe_target
+
+SLO_ = SLO(ttft=LatencyTarget(quantile=0.9, seconds=0.5), itl=LatencyTarget(quantile=0.9, seconds=0.05))
+KNOBS = Knobs(max_num_batched_tokens=2048, max_num_seqs=64)
+A, B, OTHER = ("llm", "llama-abc-1"), ("llm", "llama-abc-2"), ("llm", "llama-old-1")
+
+
+def window(pods=(A, B)) -> WindowData:
+    data = WindowData(at=1000.0, window_seconds=100.0)
+    per_pod = {
+        "requests": 2.0, "prompt_tokens": 1000.0, "generation_tokens": 500.0, "preemptions": 0.0,
+        "prompt_len_sum": 1000.0, "prompt_len_count": 2.0, "output_len_sum": 500.0, "output_len_count": 2.0,
+        "step_tokens_sum": 3000.0, "steps": 30.0, "itl_sum": 1.5, "itl_count": 50.0,
+        "running": 10.0, "waiting": 1.0, "kv_usage": 0.5, "last_seen": 998.0,
+    }
+    for key, value in per_pod.items():
+        data.values[key] = {pod: value for pod in (*pods, OTHER)}
+    ttft = {0.25: 0.0, 0.5: 1.0, 1.0: 2.0, math.inf: 2.0}  # per pod: half <= 0.5 s, all <= 1 s
+    itl = {0.025: 25.0, 0.05: 45.0, 0.1: 50.0, math.inf: 50.0}
+    steps = {128: 10.0, 256: 30.0, math.inf: 30.0}
+    for key, buckets in (("ttft", ttft), ("itl", itl), ("e2e", ttft), ("queue", ttft), ("step_tokens", steps)):
+        data.buckets[key] = {pod: dict(buckets) for pod in (*pods, OTHER)}
+    return data
+
+
+def test_sums_rates_and_averages_gauges_over_the_current_pods_only():
+    obs, why = observe_target(window(), "llm", "llama-abc-", 2, KNOBS, SLO_, False)
+    assert why is None and obs is not None
+    assert obs.pods == 2
+    assert obs.request_rate == 4.0 and obs.requests == 400.0  # two pods, not three
+    assert obs.generation_tokens_rate == 1000.0
+    assert obs.running == 10.0 and obs.kv_cache_usage == 0.5  # per pod
+    assert obs.mean_prompt_tokens == 500.0 and obs.mean_generation_tokens == 250.0
+    assert obs.step_tokens_mean == 100.0 and obs.itl_mean_seconds == pytest.approx(0.03)
+    assert obs.data_age_seconds == 2.0 and obs.config == KNOBS and obs.slo == SLO_
+    # p90 of TTFT: rank 3.6 of 4 in (0.5, 1.0] -> 0.5 + 0.5 * (1.6 / 2)
+    assert obs.ttft_seconds == pytest.approx(0.9)
+    assert obs.ttft_within_slo == pytest.approx(0.5) and obs.itl_within_slo == pytest.approx(0.9)
+    assert obs.step_tokens_quantile == pytest.approx(128 + 128 * (17 / 20))
+
+
+def test_missing_pods_or_partial_data_is_not_an_observation():
+    obs, why = observe_target(window(), "llm", "mistral-", 1, KNOBS, SLO_, False)
+    assert obs is None and "no vLLM series" in why
+    obs, why = observe_target(window(pods=(A,)), "llm", "llama-abc-", 2, KNOBS, SLO_, False)
+    assert obs is None and "only 1 of 2 Ready pods" in why
+
+
+def test_a_family_missing_for_one_pod_is_none_not_zero():
+    data = window()
+    del data.values["preemptions"][B]
+    obs, _ = observe_target(data, "llm", "llama-abc-", 2, KNOBS, SLO_, False)
+    assert obs is not None and obs.preemption_rate is None

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_autotuner.knobs import SEQS_FLAG, TOKENS_FLAG, CommandLine, CommandLineError, vllm_defaults
-from vllm_autotuner.knobs.cmdline import Flag
 from vllm_autotuner.sim.profiles import Profile
 from vllm_autotuner.sim.startup import SIMULATED_VLLM_VERSION, EngineConfig
 
@@ -103,7 +102,7 @@ def vllm_launch(container: dict[str, Any], profile: Profile) -> VllmLaunch:
         doubled = vllm_defaults(SIMULATED_VLLM_VERSION, profile.hardware, mode.value).knobs
         tokens = tokens or doubled.max_num_batched_tokens
         seqs = seqs or doubled.max_num_seqs
-    utilization = _float(cmd, "gpu-memory-utilization")
+    utilization = _typed(cmd, "gpu-memory-utilization", float)
     if utilization is not None and not 0 < utilization <= 1:
         bound = "greater than 0" if utilization <= 0 else "less than or equal to 1"
         kind = "greater_than" if utilization <= 0 else "less_than_equal"
@@ -127,33 +126,20 @@ def vllm_launch(container: dict[str, Any], profile: Profile) -> VllmLaunch:
     return VllmLaunch(config=config, served_model_name=name, port=_int(cmd, "port") or DEFAULT_PORT)
 
 
-def _value(cmd: CommandLine, name: str) -> Flag | None:
+def _int(cmd: CommandLine, name: str) -> int | None:
+    return _typed(cmd, name, int)
+
+
+def _typed(cmd: CommandLine, name: str, kind: type[int] | type[float]) -> Any:
+    """A flag's value as argparse's ``type=int`` or ``type=float`` reads it; ``None`` when absent."""
     flag = cmd.get(name)
-    if flag is not None and flag.value is None:
+    if flag is None:
+        return None
+    if flag.value is None:
         raise LaunchError(f"{USAGE}\nvllm serve: error: argument {flag.spelling}: expected one argument",
                           ARGPARSE_EXIT)
-    return flag
-
-
-def _int(cmd: CommandLine, name: str) -> int | None:
-    """An integer flag as argparse's ``type=int`` reads it."""
-    flag = _value(cmd, name)
-    if flag is None:
-        return None
     try:
-        return int(flag.value)  # type: ignore[arg-type]
+        return kind(flag.value)
     except ValueError:
-        raise LaunchError(f"{USAGE}\nvllm serve: error: argument {flag.spelling}: invalid int value: "
+        raise LaunchError(f"{USAGE}\nvllm serve: error: argument {flag.spelling}: invalid {kind.__name__} value: "
                           f"{flag.value!r}", ARGPARSE_EXIT) from None
-
-
-def _float(cmd: CommandLine, name: str) -> float | None:
-    flag = _value(cmd, name)
-    if flag is None:
-        return None
-    try:
-        return float(flag.value)  # type: ignore[arg-type]
-    except ValueError:
-        raise LaunchError(f"{USAGE}\nvllm serve: error: argument {flag.spelling}: invalid float value: "
-                          f"{flag.value!r}", ARGPARSE_EXIT) from None
-

@@ -191,6 +191,29 @@ def test_infeasible_budget_crash_loops_with_vllms_error(cluster: Cluster, namesp
     assert {"Started", "BackOff"} <= {e.reason for e in events.items if e.source.component == "kubelet"}
 
 
+def test_a_startup_probe_shorter_than_the_start_up_gets_the_container_killed(cluster: Cluster, namespace: str,
+                                                                            fleet: localenv.Fleet) -> None:
+    api = Api(cluster, namespace)
+    deployment = vllm_deployment("impatient", H100, ["--max-num-batched-tokens", "8192"], replicas=1)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["startupProbe"] = {**HEALTH, "periodSeconds": 10, "failureThreshold": 3}  # gives up after 20 s
+    assert expected_startup(H100, container["args"]).seconds > 20 * FLEET_TIME_SCALE
+    api.create(deployment)
+
+    def killed_twice() -> kubernetes.client.V1Pod | None:
+        pods = api.pods("impatient")
+        statuses = pods[0].status.container_statuses if pods else None
+        return pods[0] if statuses and statuses[0].restart_count >= 2 and statuses[0].last_state.terminated else None
+
+    pod = wait_for(killed_twice, 60, "the kubelet to kill and restart the container twice")
+    terminated = pod.status.container_statuses[0].last_state.terminated
+    assert (terminated.exit_code, terminated.reason) == (143, "Error")
+    events = api.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod.metadata.name}")
+    messages = {e.reason: e.message for e in events.items}
+    assert messages["Killing"] == "Container vllm failed startup probe, will be restarted"
+    assert messages["Unhealthy"].startswith("Startup probe failed")
+
+
 def test_rolling_update_replaces_the_pods_and_the_new_ones_serve_the_new_config(
     cluster: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus
 ) -> None:

@@ -127,7 +127,7 @@ def plan_attempt(container: dict[str, Any], serves_after: float | None, exits_af
     if readiness is None:
         ready = started
     else:
-        ready = readiness.first_success(max(up, started)) if up < math.inf else math.inf
+        ready = readiness.first_success(max(up, started)) if max(up, started) < math.inf else math.inf
 
     def before_end(t: float) -> float | None:
         return t if t < end else None

@@ -35,6 +35,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from aiohttp import web
+from kubernetes.client.exceptions import ApiException
 
 from vllm_autotuner.knobs import CommandLineError, find_vllm_container
 from vllm_autotuner.sim.engine import Engine
@@ -347,8 +348,13 @@ class PodRunner:
             "source": {"component": "kubelet", "host": self.node.name},
             "reportingComponent": "kubelet", "reportingInstance": self.node.name,
         }
-        self.ctx.spawn(self.ctx.call(self.ctx.core.create_namespaced_event, self.namespace, body),
-                       f"event {reason} of {self.key}")
+        self.ctx.spawn(self._record_event(body), f"event {reason} of {self.key}")
+
+    async def _record_event(self, body: dict[str, Any]) -> None:
+        try:
+            await self.ctx.call(self.ctx.core.create_namespaced_event, self.namespace, body)
+        except ApiException as exc:  # e.g. the namespace is being deleted: the kubelet drops such events too
+            log.debug("%s: event not recorded: %s %s", self.key, exc.status, exc.reason)
 
 
 def _now() -> datetime:

@@ -43,8 +43,9 @@ def test_startup_probe_gates_started_and_readiness():
     assert plan.started_after == 110.0 and plan.ready_after == 110.0 and plan.killed_by is None
 
 
-def test_a_tight_startup_probe_kills_a_slow_start():
-    spec = {"startupProbe": probe(periodSeconds=10, failureThreshold=6)}
+@pytest.mark.parametrize("readiness", [{}, {"readinessProbe": probe()}])
+def test_a_tight_startup_probe_kills_a_slow_start(readiness):
+    spec = {"startupProbe": probe(periodSeconds=10, failureThreshold=6), **readiness}
     plan = plan_attempt(spec, serves_after=100.0, exits_after=None, exit_code=0, time_scale=1)
     assert plan.killed_by == "startup" and plan.exit_after == 50.0 and plan.exit_code == PROBE_KILL_EXIT
     assert plan.started_after is plan.serving_after is plan.ready_after is None

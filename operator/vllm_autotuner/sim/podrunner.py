@@ -15,7 +15,8 @@ The pod's address is a loopback address of its own (``127.X.Y.Z``, the
 cluster, at ``podIP:port``. The socket is bound when the pod starts and
 listens only once vLLM serves, so until then connections are refused, like
 a starting vLLM's; Prometheus lists the target from the start and sees it
-down meanwhile, as it would with Kubernetes service discovery.
+down meanwhile, as it would with Kubernetes service discovery. (A Service
+cannot select such pods: EndpointSlices refuse loopback addresses.)
 
 ``torch.compile`` caches are per node: an attempt that got past compiling a
 token budget makes the next start of that budget on that node warm (a cache

@@ -66,7 +66,7 @@ bin/kubectl: bin/testenv
 bin/helm: hack/go-build.sh hack/helm/go.mod hack/helm/go.sum
 	@GO=$(GO) hack/go-build.sh hack/helm helm.sh/helm/v3/cmd/helm $@ '$(HELM_LDFLAGS)'
 
-up: setup testenv ## Start the control plane and Prometheus in the background; settings in .local/env
+up: setup testenv ## Start the control plane, Prometheus and the simulated GPU fleet in the background; settings in .local/env
 	@$(VENV)/bin/vllm-autotuner sim up
 
 down: setup ## Stop everything `make up` started

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-from tests.support import CRD_FILE, CRD_NAME, Cluster, Helm, wait_for
+from tests.support import CRD_FILE, CRD_NAME, FLEET_POOLS, FLEET_TIME_SCALE, Cluster, Helm, wait_for
 
 from vllm_autotuner.sim import localenv
 
@@ -77,6 +77,20 @@ def prometheus(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     """
     workdir = tmp_path_factory.mktemp("prometheus")
     server = _start(localenv.start_prometheus, workdir)
+    try:
+        yield server
+    finally:
+        _stop(request, server, workdir)
+
+
+@pytest.fixture(scope="session")
+def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, cluster: Cluster,
+          prometheus: localenv.Prometheus) -> Iterator[localenv.Fleet]:
+    """Simulated GPU nodes (``FLEET_POOLS``) whose kubelet runs vLLM pods at
+    ``FLEET_TIME_SCALE`` of real start-up time; Prometheus scrapes the pods."""
+    workdir = tmp_path_factory.mktemp("fleet")
+    server = _start(lambda w: localenv.start_fleet(w, cluster.kubeconfig, prometheus.fleet_targets_file,
+                                                   pools=FLEET_POOLS, time_scale=FLEET_TIME_SCALE), workdir)
     try:
         yield server
     finally:

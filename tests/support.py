@@ -30,6 +30,11 @@ CRD_NAME = "vllmtunings.autotuner.vllm-tuning.io"
 CRD_FILE = localenv.ROOT / "crds" / f"{CRD_NAME}.yaml"
 CHART = localenv.ROOT / "charts" / "vllm-autotuner"
 HELM = localenv.BIN / "helm"
+FLEET_POOLS = ("llama3-8b-h100:4", "llama3-8b-l4:1")
+"""The session fleet's nodes: H100s for rollouts with a surge pod, an L4 for
+budgets that do not fit its memory."""
+FLEET_TIME_SCALE = 0.05
+"""A vLLM start-up of 100 s takes 5 s."""
 
 
 def wait_for(predicate: Callable[[], T], timeout: float, description: str) -> T:

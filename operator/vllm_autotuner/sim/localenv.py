@@ -1,19 +1,20 @@
-"""The local environment: a real Kubernetes control plane and a real Prometheus.
+"""The local environment: a real Kubernetes control plane, a real Prometheus and the simulated GPU fleet.
 
 The operator's whole job is Kubernetes API calls and PromQL, so the tests, the
 end-to-end runs and the demo talk to the real servers, started here on
 loopback: ``bin/testenv`` (etcd, kube-apiserver, kube-controller-manager and
-kube-scheduler; ``make testenv`` builds it) and Debian's ``prometheus``. Every
-start picks free ports and its own directory, so two test sessions can run
-side by side.
+kube-scheduler; ``make testenv`` builds it) and Debian's ``prometheus``, plus
+``vllm-autotuner sim fleet`` (:mod:`vllm_autotuner.sim.fleet`: GPU nodes and a
+kubelet that runs vLLM pods on the simulator). Every start picks free ports
+and its own directory, so two test sessions can run side by side.
 
 Prometheus finds its scrape targets in file-based service discovery files,
 one per writer (the simulated GPU fleet has its own; see
 :func:`write_targets`). The entries carry the pod's namespace, name and
 labels as the ``__meta_kubernetes_*`` labels that Kubernetes service
-discovery would give, and the generated configuration relabels them exactly
-as a production Prometheus does, so the series look as they would in a real
-cluster.
+discovery would give (and the container's name), and the generated
+configuration relabels them exactly as a production Prometheus does, so the
+series look as they would in a real cluster.
 
 ``vllm-autotuner sim up`` / ``down`` (:func:`up`, :func:`down`) keep one such
 environment running in the background, with its state under ``.local/``.
@@ -29,6 +30,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -46,6 +48,11 @@ TESTENV = BIN / "testenv"
 KUBECTL = BIN / "kubectl"
 PROMETHEUS = Path("/usr/bin/prometheus")
 STATE_DIR = ROOT / ".local"
+FLEET_POOLS = ("llama3-8b-h100:4", "llama3-8b-l4:2")
+"""The simulated GPU nodes `sim up` starts: room for a rolling update of a
+2-replica Deployment on H100s, and memory-tight L4s."""
+FLEET_TIME_SCALE = 0.1
+"""`sim up`'s vLLM pods start in a tenth of the real time."""
 
 T = TypeVar("T")
 
@@ -145,6 +152,11 @@ class Prometheus(Server):
     fleet_targets_file: Path
 
 
+@dataclass
+class Fleet(Server):
+    nodes: list[str]
+
+
 def start_control_plane(workdir: Path, *, kubeconfig: Path | None = None, timeout: float = 300,
                         detach: bool = False) -> ControlPlane:
     """Run ``bin/testenv`` and return once it says READY.
@@ -162,18 +174,42 @@ def start_control_plane(workdir: Path, *, kubeconfig: Path | None = None, timeou
     if kubeconfig is not None:
         args.append(f"-kubeconfig={kubeconfig}")
     server = _spawn("testenv", args, workdir, stdout=out, log=log, detach=detach)
+    line = _wait_for_ready_line(server, out, timeout + 10)
+    return ControlPlane(server.name, server.pid, log, process=server.process,
+                        kubeconfig=Path(line.split(" ", 1)[1]))
 
+
+def start_fleet(workdir: Path, kubeconfig: Path, targets_file: Path, *, pools: Iterable[str] = FLEET_POOLS,
+                time_scale: float = FLEET_TIME_SCALE, name_prefix: str = "sim", timeout: float = 120,
+                detach: bool = False) -> Fleet:
+    """Run ``vllm-autotuner sim fleet`` (simulated GPU nodes and their kubelet)
+    and return once its nodes are Ready.
+
+    ``pools`` are ``PROFILE[:NODES[:GPUS]]``; ``time_scale`` shrinks vLLM's
+    start-up times (0.1: about 10 s for an 8B model on an H100). Its log is
+    ``workdir/fleet.log``.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    out, log = workdir / "fleet.out", workdir / "fleet.log"
+    args = [sys.executable, "-m", "vllm_autotuner.cli", "sim", "fleet", f"--kubeconfig={kubeconfig}",
+            f"--targets-file={targets_file}", f"--time-scale={time_scale:g}", f"--name-prefix={name_prefix}"]
+    args += [f"--pool={pool}" for pool in pools]
+    server = _spawn("fleet", args, workdir, stdout=out, log=log, detach=detach)
+    line = _wait_for_ready_line(server, out, timeout)
+    return Fleet(server.name, server.pid, log, process=server.process, nodes=line.split()[1:])
+
+
+def _wait_for_ready_line(server: Server, out: Path, timeout: float) -> str:
+    """The ``READY ...`` line ``server`` prints on its stdout (``out``) when it is ready."""
     def ready_line() -> str | None:
         if not server.alive():
-            raise StartError(f"testenv exited before it was ready; end of {log}:\n{server.log_tail()}")
+            raise StartError(f"{server.name} exited before it was ready; end of {server.log}:\n{server.log_tail()}")
         for line in out.read_text().splitlines():
             if line.startswith("READY "):
                 return line
         return None
 
-    line = _wait_or_stop(server, ready_line, timeout + 10, "testenv's READY line")
-    return ControlPlane(server.name, server.pid, log, process=server.process,
-                        kubeconfig=Path(line.split(" ", 1)[1]))
+    return _wait_or_stop(server, ready_line, timeout, f"{server.name}'s READY line")
 
 
 def prometheus_config(targets_dir: Path) -> dict:
@@ -196,18 +232,22 @@ def prometheus_config(targets_dir: Path) -> dict:
                 {"action": "labelmap", "regex": "__meta_kubernetes_pod_label_(.+)"},
                 {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
                 {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
             ],
         }],
     }
 
 
-def file_sd_target(address: str, namespace: str, pod: str, pod_labels: Mapping[str, str] | None = None) -> dict:
-    """One entry of the targets file: the pod serving ``/metrics`` at ``address``.
+def file_sd_target(address: str, namespace: str, pod: str, pod_labels: Mapping[str, str] | None = None,
+                   container: str | None = None) -> dict:
+    """One entry of the targets file: the pod (its ``container``) serving ``/metrics`` at ``address``.
 
     Label names are sanitised the way Kubernetes service discovery does it
     (``app.kubernetes.io/name`` becomes ``app_kubernetes_io_name``).
     """
     labels = {"__meta_kubernetes_namespace": namespace, "__meta_kubernetes_pod_name": pod}
+    if container is not None:
+        labels["__meta_kubernetes_pod_container_name"] = container
     for name, value in (pod_labels or {}).items():
         labels["__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", name)] = value
     return {"targets": [address], "labels": labels}
@@ -282,9 +322,8 @@ def up(state_dir: Path = STATE_DIR) -> str:
         _record(state_dir, cp)
         prom = start_prometheus(state_dir / "prometheus", detach=True)
         _record(state_dir, prom)
-        # Hook: the simulated GPU fleet (`vllm-autotuner sim fleet`) starts
-        # here once it exists, with KUBECONFIG and FLEET_TARGETS below in its
-        # environment, and is recorded with _record() so `down` stops it first.
+        fleet = start_fleet(state_dir / "fleet", cp.kubeconfig, prom.fleet_targets_file, detach=True)
+        _record(state_dir, fleet)  # recorded last: `down` stops it first, while the apiserver still answers
     except BaseException:
         down(state_dir)
         raise

@@ -2,10 +2,12 @@
 
 Sufficient: the operator, installed as the image installs it and started
 with the chart's own args and environment, runs as a local process with a
-token of the chart's ServiceAccount (TokenRequest API) and retunes a vLLM
-Deployment end to end: it wins the leader Lease, watches, reads the
-Prometheus credentials Secret it was granted, patches the Deployment,
-follows the rollout, writes status and Events, and is never refused.
+token of the chart's ServiceAccount (TokenRequest API) and retunes the
+example vLLM Deployment, running on the simulated GPU fleet, end to end: it
+wins the leader Lease, watches, reads the GPU labels of the pod's Node and
+the Prometheus credentials Secret it was granted, patches the Deployment,
+follows the real rolling update, writes status and Events, and is never
+refused.
 
 Minimal: the ServiceAccount's effective permissions, as the apiserver
 reports them (SelfSubjectRulesReview), are exactly the rules below, each
@@ -27,7 +29,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
-from tests.support import CHART, Cluster, Helm, token_client, token_kubeconfig, wait_for
+from tests.integration.packaging import DEPLOY, as_yaml
+from tests.support import CHART, Cluster, Helm, documents, token_client, token_kubeconfig, wait_for
 
 from vllm_autotuner.api import GROUP, PLURAL, VERSION
 from vllm_autotuner.sim import localenv
@@ -37,6 +40,7 @@ pytestmark = pytest.mark.integration
 RELEASE = "rbac"
 ACCOUNT = f"{RELEASE}-vllm-autotuner"  # the chart's ServiceAccount, Lease and ClusterRole name
 SECRET = "prometheus-token"
+EXAMPLES = DEPLOY / "examples"
 
 # (API group, resource, verb, resource name or "" for any), and the call that needs it.
 WATCHED_NAMESPACE = {
@@ -215,38 +219,38 @@ def operator(cluster_with_crd: Cluster, install: Install, operator_venv: Path, p
                 process.wait()
 
 
-def vllm_deployment(name: str, tokens: int, seqs: int) -> client.V1Deployment:
-    """A vLLM Deployment scaled to zero: every rollout of it completes as soon as the controller sees it."""
-    labels = {"app.kubernetes.io/name": name}
-    container = client.V1Container(name="vllm", image="vllm/vllm-openai:v0.11.0", args=[
-        "--model=meta-llama/Meta-Llama-3-8B-Instruct", "--max-model-len=8192",
-        f"--max-num-batched-tokens={tokens}", f"--max-num-seqs={seqs}"],
-        resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "1"}))
-    return client.V1Deployment(
-        metadata=client.V1ObjectMeta(name=name, labels=labels),
-        spec=client.V1DeploymentSpec(replicas=0, selector=client.V1LabelSelector(match_labels=labels),
-                                     template=client.V1PodTemplateSpec(metadata=client.V1ObjectMeta(labels=labels),
-                                                                       spec=client.V1PodSpec(containers=[container]))))
+def example_vllm() -> dict:
+    """deploy/examples' vLLM Deployment, scaled to one replica and without --max-num-seqs: the operator
+    then reads the GPU labels of the Node its pod runs on to know the value vLLM defaults to."""
+    deployment, _service = documents((EXAMPLES / "vllm-llama-3-8b.yaml").read_text())
+    deployment["spec"]["replicas"] = 1
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    container["args"] = [arg for arg in container["args"] if not arg.startswith("--max-num-seqs")]
+    return deployment
 
 
 def cron_at(moment: datetime) -> str:
     return f"{moment.minute} {moment.hour} * * *"
 
 
-def test_the_operator_retunes_a_deployment_with_the_service_account_token(
-        cluster_with_crd: Cluster, install: Install, operator: RunningOperator) -> None:
+def test_the_operator_retunes_a_vllm_deployment_with_the_service_account_token(
+        cluster_with_crd: Cluster, install: Install, fleet: localenv.Fleet, operator: RunningOperator) -> None:
     core, apps = client.CoreV1Api(cluster_with_crd.api), client.AppsV1Api(cluster_with_crd.api)
     custom = client.CustomObjectsApi(cluster_with_crd.api)
     ns = install.tuned
+    core.create_namespaced_secret(ns, client.V1Secret(metadata=client.V1ObjectMeta(name="huggingface"),
+                                                      string_data={"token": "hf_not_needed_by_the_simulator"}))
     core.create_namespaced_secret(ns, client.V1Secret(metadata=client.V1ObjectMeta(name=SECRET),
                                                       string_data={"token": "not-checked-by-this-prometheus"}))
-    apps.create_namespaced_deployment(ns, vllm_deployment("llama", 2048, 128))
+    cluster_with_crd.kubectl("apply", "-n", ns, "-f", "-", stdin=as_yaml([example_vllm()]))
+    wait_for(lambda: (apps.read_namespaced_deployment_status("llama-3-8b", ns).status.available_replicas or 0) == 1,
+             120, "the vLLM pod to start on a simulated H100")
     now = datetime.now(UTC)
     # A schedule window open now, with a preset: a change the policy makes without waiting for traffic.
     custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "VllmTuning", "metadata": {"name": "llama"},
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "VllmTuning", "metadata": {"name": "llama-3-8b"},
         "spec": {
-            "targetRef": {"name": "llama"},
+            "targetRef": {"name": "llama-3-8b"},
             "prometheus": {"bearerTokenSecretRef": {"name": SECRET, "key": "token"}},
             "traffic": {"evaluationInterval": "2s"},
             "schedules": [{"name": "now", "start": cron_at(now - timedelta(hours=2)),
@@ -256,14 +260,19 @@ def test_the_operator_retunes_a_deployment_with_the_service_account_token(
     })
 
     def finished() -> dict | None:
-        status = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "llama").get("status") or {}
+        status = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "llama-3-8b").get("status") or {}
         return status if (status.get("lastRollout") or {}).get("phase") == "Succeeded" else None
 
-    status = wait_for(finished, 90, "the operator to roll out the schedule's preset")
+    status = wait_for(finished, 180, "the operator to roll out the schedule's preset")
+    assert status["lastRollout"]["from"] == {"maxNumBatchedTokens": 8192, "maxNumSeqs": 1024}  # H100 default
     assert status["current"]["maxNumBatchedTokens"] == 4096 and status["current"]["maxNumSeqs"] == 256
     assert status["current"]["source"] == "Schedule" and status["activeSchedule"] == "now"
-    args = apps.read_namespaced_deployment("llama", ns).spec.template.spec.containers[0].args
-    assert "--max-num-batched-tokens=4096" in args and "--max-num-seqs=256" in args
+    # The new pod runs the new flags and is Ready: a real rolling update on the simulated fleet.
+    (pod,) = [p for p in core.list_namespaced_pod(ns, label_selector="app.kubernetes.io/name=llama-3-8b").items
+              if not p.metadata.deletion_timestamp]
+    (container,) = pod.spec.containers
+    assert "--max-num-batched-tokens=4096" in container.args and "--max-num-seqs=256" in container.args
+    assert any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions)
 
     events = core.list_namespaced_event(ns, field_selector="source=vllm-autotuner").items
     reasons = {(e.involved_object.kind, e.reason) for e in events}
@@ -276,9 +285,9 @@ def test_the_operator_retunes_a_deployment_with_the_service_account_token(
     assert [s.value for s in samples if s.name == "vllm_autotuner_leader"] == [1]
     calls = {(s.labels["resource"], s.labels["verb"]): s.value
              for s in samples if s.name == "vllm_autotuner_kubernetes_api_calls_total"}
-    # It read the granted Secret (to query Prometheus) and patched the Deployment once, with this token;
-    # every call it made outside the watches is one the rules above name.
-    assert calls[("secrets", "get")] >= 1 and calls[("deployments", "patch")] == 1
+    # With this token it read the Node's GPU labels and the granted Secret (to query Prometheus), and
+    # patched the Deployment once; every call it made outside the watches is one the rules above name.
+    assert calls[("nodes", "get")] >= 1 and calls[("secrets", "get")] >= 1 and calls[("deployments", "patch")] == 1
     assert set(calls) <= {(resource, verb) for _, resource, verb, _ in rules(WATCHED_NAMESPACE, EVERYWHERE,
                                                                              PROMETHEUS_SECRET)}
 

@@ -8,12 +8,44 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: help setup test unit crd bench-sim bench-tuning
+.PHONY: help setup prometheus testenv up down test unit crd manifests bench-sim bench-tuning
+
+GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+# Root installs directly; anyone else needs sudo for the Debian package.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# The versions stamped into the binaries are read from the go.mod files, so
+# that bumping a version is a one-line change there.
+K8S_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" {print $$2}' hack/testenv/go.mod)
+K8S_SEMVER := $(subst ., ,$(patsubst v%,%,$(K8S_VERSION)))
+K8S_VERSION_PKG := k8s.io/component-base/version
+TESTENV_LDFLAGS := -X $(K8S_VERSION_PKG).gitVersion=$(K8S_VERSION) \
+	-X $(K8S_VERSION_PKG).gitMajor=$(word 1,$(K8S_SEMVER)) \
+	-X $(K8S_VERSION_PKG).gitMinor=$(word 2,$(K8S_SEMVER)) \
+	-X $(K8S_VERSION_PKG).gitTreeState=clean
+HELM_VERSION := $(shell awk '$$1 == "helm.sh/helm/v3" {print $$2}' hack/helm/go.mod)
+# As helm's own Makefile does: the Kubernetes version helm assumes when it
+# has no cluster to ask is the one of the client-go it is built with.
+HELM_K8S_MINOR := $(word 2,$(subst ., ,$(shell awk '$$1 == "k8s.io/client-go" {print $$2}' hack/helm/go.mod)))
+HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+	-X helm.sh/helm/v3/internal/version.gitTreeState=clean \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(HELM_K8S_MINOR) \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(HELM_K8S_MINOR)
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-setup: $(SETUP_STAMP) ## Create .venv and install the project with its test extras
+setup: $(SETUP_STAMP) prometheus ## Create .venv, install the project with its test extras, and Prometheus
+
+# Debian's package; only its binary is used (the tests and `make up` start
+# their own server), so whether the package's service runs does not matter.
+prometheus: /usr/bin/prometheus
+/usr/bin/prometheus:
+	@echo "==> installing Debian's prometheus package"
+	@$(SUDO) apt-get update -q
+	@$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus
 
 $(SETUP_STAMP): pyproject.toml
 	@test -x $(PY) || { echo "==> creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
@@ -22,17 +54,40 @@ $(SETUP_STAMP): pyproject.toml
 	@$(PY) -m pip install -q -e '.[test]'
 	@touch $@
 
-crd: setup ## Regenerate crds/ from the pydantic models
-	@$(VENV)/bin/vllm-autotuner crd > crds/vllmtunings.autotuner.vllm-tuning.io.yaml
+testenv: bin/testenv bin/kubectl bin/helm ## Build the local control plane (+ kubectl) and helm into bin/
+
+bin/testenv: hack/go-build.sh hack/testenv/go.mod hack/testenv/go.sum $(wildcard hack/testenv/*.go)
+	@GO=$(GO) hack/go-build.sh hack/testenv . $@ '$(TESTENV_LDFLAGS)'
+
+# bin/testenv is also kubectl when called by that name.
+bin/kubectl: bin/testenv
+	@ln -sfn testenv $@
+
+bin/helm: hack/go-build.sh hack/helm/go.mod hack/helm/go.sum
+	@GO=$(GO) hack/go-build.sh hack/helm helm.sh/helm/v3/cmd/helm $@ '$(HELM_LDFLAGS)'
+
+up: setup testenv ## Start the control plane, Prometheus and the simulated GPU fleet in the background; settings in .local/env
+	@$(VENV)/bin/vllm-autotuner sim up
+
+down: setup ## Stop everything `make up` started
+	@$(VENV)/bin/vllm-autotuner sim down
+
+CRD := vllmtunings.autotuner.vllm-tuning.io.yaml
+
+crd: setup ## Regenerate crds/ (and its copies in the chart and deploy/) from the pydantic models
+	@$(VENV)/bin/vllm-autotuner crd | tee charts/vllm-autotuner/crds/$(CRD) deploy/crds/$(CRD) > crds/$(CRD)
+
+manifests: bin/helm ## Regenerate deploy/vllm-autotuner.yaml from the chart's default values
+	@hack/render-manifests.sh
 
 unit: setup ## Unit tests only (no cluster, no Prometheus)
 	@$(PY) -m pytest tests/unit
 
-test: setup ## Everything: unit, integration and e2e tests against real servers
+test: setup testenv ## Everything: unit, integration and e2e tests against real servers
 	@$(PY) -m pytest
 
 bench-sim: setup ## Real-time factor of the engine simulator per profile (prints figures)
 	@$(PY) bench/sim_speed.py
 
-bench-tuning: setup ## Tuning quality of the decision core on simulated fleets (QUICK=1: a reduced run under 3 minutes)
+bench-tuning: $(SETUP_STAMP) ## Tuning quality of the decision core on simulated fleets (QUICK=1: a reduced run under 3 minutes)
 	@nice -n 10 $(PY) -m bench.tuning $(if $(QUICK),--quick)

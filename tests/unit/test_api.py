@@ -67,9 +67,9 @@ def _rules(node):
 def test_cel_rules_cover_what_one_field_cannot_say():
     spec = _version(crd())["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     bounds = spec["bounds"]
-    assert "self.maxNumBatchedTokens.min >= self.maxNumSeqs.min" in _rules(bounds)
-    assert "self.min <= self.max" in _rules(bounds["properties"]["maxNumBatchedTokens"])
-    assert "self.min <= self.max" in _rules(bounds["properties"]["maxNumSeqs"])
+    assert any(r.endswith("self.maxNumBatchedTokens.min >= self.maxNumSeqs.min") for r in _rules(bounds))
+    assert any(r.endswith("self.min <= self.max") for r in _rules(bounds["properties"]["maxNumBatchedTokens"]))
+    assert any(r.endswith("self.min <= self.max") for r in _rules(bounds["properties"]["maxNumSeqs"]))
     assert any("Tiers" in r for r in _rules(spec["traffic"]))
     schedule = spec["schedules"]["items"]
     assert any("has(self.knobs)" in r for r in _rules(schedule))

@@ -43,6 +43,23 @@ def test_reads_every_spelling(container, tokens, seqs):
     assert (args.max_num_batched_tokens, args.max_num_seqs) == (tokens, seqs)
 
 
+
+@pytest.mark.parametrize(
+    ("container", "model"),
+    [
+        ({"command": ["vllm", "serve", "org/m", "--max-num-seqs", "8"]}, "org/m"),
+        ({"command": ["vllm", "serve", "org/m", "--model", "other"]}, "org/m"),  # vLLM prefers the positional
+        ({"command": ["vllm", "serve", "--model", "org/m"]}, "org/m"),
+        ({"args": ["org/m", "--max-num-seqs", "8"]}, "org/m"),  # the image's entrypoint is `vllm serve`
+        ({"args": ["--model=org/m"]}, "org/m"),
+        ({"command": ["sh", "-c", "exec vllm serve 'org/my m' --port 8000 | tee l"]}, "org/my m"),
+        ({"command": ["python3", "-m", "vllm.entrypoints.openai.api_server"], "args": ["--model", "org/m"]}, "org/m"),
+        ({"args": ["--max-num-seqs", "8"]}, None),
+    ],
+)
+def test_reads_the_model(container, model):
+    assert CommandLine.parse(container).model() == model
+
 def test_write_changes_only_the_knob_tokens_in_a_shell_string():
     script = "pip list >/dev/null && exec vllm serve 'my model' --max-num-seqs=64 --port 8000 2>&1 | tee /log"
     out = set_knobs({"command": ["/bin/sh", "-c", script]}, NEW)

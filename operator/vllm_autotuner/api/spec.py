@@ -23,7 +23,13 @@ MAX_SEQS = 16_384
 
 
 def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Any]:
-    """One ``x-kubernetes-validations`` entry."""
+    """One ``x-kubernetes-validations`` entry.
+
+    A rule on an object whose fields have defaults guards them with has():
+    the apiserver also checks the CRD's own ``default: {}`` against the rule,
+    without filling in the nested defaults first, and refuses the CRD if the
+    rule fails there ("no such key").
+    """
     entry: dict[str, Any] = {"rule": rule, "message": message}
     if field_path:
         entry["fieldPath"] = field_path
@@ -142,7 +148,11 @@ class IntRange(SpecModel):
     """An inclusive range."""
 
     model_config = ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [cel("self.min <= self.max", "min must be <= max")]}
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("!has(self.min) || !has(self.max) || self.min <= self.max", "min must be <= max")
+            ]
+        }
     )
 
 
@@ -171,7 +181,8 @@ class Bounds(SpecModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.maxNumBatchedTokens.min >= self.maxNumSeqs.min",
+                    "!has(self.maxNumBatchedTokens) || !has(self.maxNumSeqs) || !has(self.maxNumBatchedTokens.min)"
+                    " || !has(self.maxNumSeqs.min) || self.maxNumBatchedTokens.min >= self.maxNumSeqs.min",
                     "maxNumBatchedTokens.min must be >= maxNumSeqs.min: vLLM needs max_num_batched_tokens >= max_num_seqs",
                     ".maxNumBatchedTokens.min",
                 )
@@ -225,7 +236,7 @@ class TrafficSpec(SpecModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.strategy != 'Tiers' || (has(self.tiers) && size(self.tiers) > 0)",
+                    "!has(self.strategy) || self.strategy != 'Tiers' || (has(self.tiers) && size(self.tiers) > 0)",
                     "strategy Tiers needs at least one entry in tiers",
                     ".tiers",
                 )

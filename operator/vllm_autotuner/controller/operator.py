@@ -55,11 +55,17 @@ def registry_for(cache: ClusterCache) -> kopf.OperatorRegistry:
     """kopf handlers: thin glue that only feeds the cache."""
     registry = kopf.OperatorRegistry()
 
-    @kopf.index("apps", "v1", "deployments", registry=registry)
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A registry of our own has none of the default registry's login handlers: without
+        # this, kopf has no credentials and stops at its first API request.
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.index("apps", "v1", "deployments", id="deployments", registry=registry)
     def deployments(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
         return deployment_index(namespace, name, body)
 
-    @kopf.index("apps", "v1", "replicasets", registry=registry)
+    @kopf.index("apps", "v1", "replicasets", id="replicasets", registry=registry)
     def replicasets(namespace: str, body: kopf.Body, **_: Any) -> dict:
         return replicaset_index(namespace, body)
 
@@ -71,6 +77,10 @@ def registry_for(cache: ClusterCache) -> kopf.OperatorRegistry:
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.enabled = False  # Events are ours, with named reasons; not kopf's handler chatter
+        # No watching of CRDs (cluster-wide) or namespaces: the operator's RBAC grants neither.
+        # kopf then resolves the VllmTuning resource once at start-up (API discovery) and
+        # takes watched namespaces as exact names. The CRD is installed before the operator.
+        settings.scanning.disabled = True
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
 

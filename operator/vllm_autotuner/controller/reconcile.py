@@ -164,6 +164,7 @@ class Reconciler:
         self.observations = observations
         self.metrics = metrics
         self.settings = settings
+        self._hardware_by_uid: dict[str, Hardware] = {}  # GPU facts per Deployment, looked up once
 
     async def _call(self, fn, *args):  # noqa: ANN001, ANN202 - thin wrapper over blocking client calls
         return await asyncio.to_thread(fn, *args)
@@ -260,7 +261,18 @@ class Reconciler:
 
     async def _hardware(self, deployment: dict[str, Any], container: dict[str, Any], spec: VllmTuningSpec) -> Hardware:
         """GPU count from the container's resources; product and memory from the spec, the pod
-        template's nodeSelector, or the labels of a node a pod runs on (GPU Feature Discovery)."""
+        template's nodeSelector, or the labels of a node a pod runs on (GPU Feature Discovery).
+        Looked up once per Deployment: a node's GPU does not change under a running Deployment."""
+        uid = deployment["metadata"].get("uid", "")
+        if uid in self._hardware_by_uid:
+            return self._hardware_by_uid[uid]
+        hardware = await self._lookup_hardware(deployment, container, spec)
+        if hardware.memory_gib is not None or hardware.gpus == 0:  # else ask again once a pod has a node
+            self._hardware_by_uid[uid] = hardware
+        return hardware
+
+    async def _lookup_hardware(self, deployment: dict[str, Any], container: dict[str, Any],
+                               spec: VllmTuningSpec) -> Hardware:
         resources = container.get("resources") or {}
         gpus = int((resources.get("limits") or resources.get("requests") or {}).get(GPU_RESOURCE, 0) or 0)
         labels = dict(deployment["spec"]["template"]["spec"].get("nodeSelector") or {})

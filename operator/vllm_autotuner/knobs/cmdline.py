@@ -263,6 +263,26 @@ class CommandLine:
                 result = False
         return result
 
+    def model(self) -> str | None:
+        """The model vLLM loads: the positional argument of ``vllm serve`` (which
+        vLLM prefers), else ``--model``; in args-only form (the image's
+        entrypoint is ``vllm serve``) a leading non-flag word is the positional."""
+        start, end = self._vllm_segment()
+        positional = None
+        for i in range(start, end - 2):
+            if self.words[i + 1].text == "serve" and self._is_vllm_word(i):
+                positional = i + 2
+                break
+        else:
+            if self.shell_script is None and not self.command and self.args:
+                positional = 0
+        if positional is not None:
+            word = self.words[positional]
+            if not word.operator and not word.text.startswith("-"):
+                return word.text
+        flag = self.get("model")
+        return flag.value if flag is not None else None
+
     def with_flags(self, values: dict[str, int]) -> dict[str, list[str]]:
         """``command`` and ``args`` with the given integer flags set, changing nothing else.
 

@@ -34,4 +34,19 @@ Modules, and what a benchmark uses from each:
 ``metrics``
     ``VllmCollector(source, server_info(engine, created))``: the engine as a
     prometheus-client collector serving vLLM 0.32's ``/metrics``.
+
+For the local cluster (``vllm-autotuner sim up|down|fleet|load``):
+
+``localenv``
+    Starts and stops the control plane, Prometheus and the fleet.
+``fleet``
+    Simulated GPU nodes and their kubelet (leases, pod watch, scrape targets).
+``podrunner``, ``kubelet``, ``podlaunch``
+    One pod's life on a fleet node; the kubelet's probe timelines, back-off
+    and status shapes; a container's command line as vLLM reads it.
+``serving``
+    One pod's vLLM HTTP API (OpenAI endpoints, ``/metrics``) over an engine
+    in wall-clock time.
+``load``
+    Workload scenarios sent to a Deployment's Ready pods.
 """

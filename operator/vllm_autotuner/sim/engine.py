@@ -401,6 +401,20 @@ class Engine:
         counters["estimated_write_bytes_per_gpu"] = cost.kv_bytes_per_token * tokens.sum
         return snap
 
+    def tokens_generated(self, rid: int) -> int | None:
+        """Output tokens request ``rid`` has produced so far while it runs
+        (what a streaming server has sent by now), or ``None`` when it is not
+        running: not arrived, waiting (also after a preemption, which keeps the
+        tokens already sent) or finished."""
+        seq = self._running.get(rid)
+        if seq is None:
+            return None
+        if seq.fin < 0:  # prefilling: its first token, or its recompute after a preemption
+            return seq.generated
+        # Decoding in lock-step: step ``fin`` produces its last token, and
+        # steps up to ``_g - 1`` have run.
+        return seq.output - (seq.fin - (self._g - 1))
+
     def unfinished(self) -> list[Request]:
         """Every submitted request that has not finished (running, waiting or
         not yet arrived), in submission order: what a replica that is shut down

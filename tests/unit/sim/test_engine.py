@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.sim.helpers import noiseless, random_requests
-from vllm_autotuner.sim.engine import Engine, EngineConfig, Request
+from vllm_autotuner.sim.engine import Engine, EngineConfig, FinishedRequest, Request
 from vllm_autotuner.sim.profiles import get_profile
 from vllm_autotuner.sim.workload import LengthDist, Mix, RequestClass, steady
 
@@ -105,3 +105,41 @@ def test_advance_to_infinity_drains_everything() -> None:
     snap = engine.snapshot()
     assert snap.gauges.num_requests_running == snap.gauges.num_requests_waiting == 0
     assert snap.gauges.kv_cache_usage_perc == 0.0
+
+
+
+def test_tokens_generated_follows_one_request_token_by_token() -> None:
+    engine = Engine(noiseless("llama3-8b-h100"), EngineConfig(), seed=0)
+    rid = engine.submit(Request(0.0, 2000, 400))
+    counts: list[tuple[float, int | None]] = []
+    done: list[FinishedRequest] = []
+    t = 0.0
+    while not done:
+        t += 0.05
+        done = engine.advance(t)
+        counts.append((engine.now, engine.tokens_generated(rid)))
+    (finished,) = done
+    assert counts[-1][1] is None  # finished: nothing running under that id
+    for now, count in counts[:-1]:
+        if now < finished.first_token_time:
+            assert count == 0
+        else:  # one token at the first-token time, then one per decode step
+            assert count == pytest.approx(1 + (now - finished.first_token_time) / finished.mean_itl, abs=1.5)
+
+
+def test_tokens_generated_never_goes_back_under_preemption() -> None:
+    engine = Engine(get_profile("llama3-8b-l4"), EngineConfig(max_num_seqs=48), seed=0)
+    requests = random_requests(400, 40, 4, prompt=1500, output=300)
+    rids = [engine.submit(r) for r in requests]
+    sent = dict.fromkeys(rids, 0)
+    finished: set[int] = set()
+    t = 0.0
+    while len(finished) < len(rids):
+        t += 0.05
+        finished.update(done.rid for done in engine.advance(t))
+        for rid in set(rids) - finished:
+            count = engine.tokens_generated(rid)
+            if count is not None:  # None: waiting, and what was sent stays sent
+                assert sent[rid] <= count < requests[rid].output_tokens
+                sent[rid] = count
+    assert engine.snapshot().counters["num_preemptions"] > 0  # the case this test is about happened

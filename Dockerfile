@@ -1,0 +1,30 @@
+# syntax=docker/dockerfile:1
+# The operator image: `vllm-autotuner run` on a slim Python, as a non-root user, with the
+# operator's runtime dependencies only (no simulator extras: no numpy, no matplotlib).
+#   docker build -t ghcr.io/vllm-tuning/vllm-autotuner:0.1.0 .
+# Its flags come from the chart's Deployment args; settings also from the environment
+# (PROMETHEUS_URL, WATCH_NAMESPACES, POD_NAMESPACE).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+COPY hack/install-operator.sh hack/
+RUN hack/install-operator.sh /opt/vllm-autotuner
+
+FROM ${PYTHON_IMAGE}
+# The chart runs it with a read-only root filesystem: no bytecode writes, HOME and temp
+# files under /tmp (an emptyDir there).
+ENV PATH=/opt/vllm-autotuner/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp
+RUN groupadd --system --gid 10001 autotuner \
+ && useradd --system --uid 10001 --gid autotuner --no-create-home --home-dir /tmp \
+      --shell /usr/sbin/nologin autotuner
+COPY --from=build /opt/vllm-autotuner /opt/vllm-autotuner
+USER 10001:10001
+EXPOSE 8080
+ENTRYPOINT ["vllm-autotuner", "run"]

@@ -1,0 +1,126 @@
+{{/*
+Name of the chart, or nameOverride.
+*/}}
+{{- define "vllm-autotuner.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name of the release's resources: the release name when it already
+contains the chart name, else "<release>-<chart>"; at most 63 characters.
+*/}}
+{{- define "vllm-autotuner.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Chart name and version, for the helm.sh/chart label.
+*/}}
+{{- define "vllm-autotuner.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels of every resource.
+*/}}
+{{- define "vllm-autotuner.labels" -}}
+helm.sh/chart: {{ include "vllm-autotuner.chart" . }}
+{{ include "vllm-autotuner.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: vllm-autotuner
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/*
+Labels that select the operator's pods (never change them: a Deployment's selector is immutable).
+*/}}
+{{- define "vllm-autotuner.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "vllm-autotuner.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Name of the ServiceAccount the operator runs as.
+*/}}
+{{- define "vllm-autotuner.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "vllm-autotuner.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Name of the leader-election Lease.
+*/}}
+{{- define "vllm-autotuner.leaseName" -}}
+{{- default (include "vllm-autotuner.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}
+
+{{/*
+The operator image, tag defaulting to the chart's appVersion.
+*/}}
+{{- define "vllm-autotuner.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+A RoleBinding or ClusterRoleBinding subject: the operator's ServiceAccount.
+*/}}
+{{- define "vllm-autotuner.subject" -}}
+- kind: ServiceAccount
+  name: {{ include "vllm-autotuner.serviceAccountName" . }}
+  namespace: {{ .Release.Namespace }}
+{{- end }}
+
+{{/*
+What the operator does in a namespace it watches; a ClusterRole's rules when it
+watches all of them, a Role's in each namespace of watchNamespaces otherwise.
+*/}}
+{{- define "vllm-autotuner.watchRules" -}}
+# VllmTunings: kopf lists and watches them into memory; the operator never reads one by name.
+- apiGroups: [autotuner.vllm-tuning.io]
+  resources: [vllmtunings]
+  verbs: [list, watch]
+# Each evaluation's result: merge-patched into the status subresource only (never the spec).
+- apiGroups: [autotuner.vllm-tuning.io]
+  resources: [vllmtunings/status]
+  verbs: [patch]
+# Target Deployments: watched into memory; read again and patched (args, annotations) to roll out knobs.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, patch]
+# ReplicaSets: watched to find a Deployment's current pods (their name prefix in the metrics).
+- apiGroups: [apps]
+  resources: [replicasets]
+  verbs: [list, watch]
+# Pods: listed to follow a rollout (Ready, crash loops) and to find the node a vLLM pod runs on.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
+# Events on VllmTunings and target Deployments (RolloutStarted, RolledBack, ...).
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}
+
+{{/*
+Cluster-scoped reads, granted whatever the namespaces: a node's GPU labels.
+*/}}
+{{- define "vllm-autotuner.nodeRules" -}}
+# Nodes: the GPU product and memory labels of the node a vLLM pod runs on, to know vLLM's
+# default knobs when the flags are absent. Cluster-scoped, so never in a Role.
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get]
+{{- end }}

@@ -1,0 +1,145 @@
+"""What a pod asks of vLLM, read from its spec the way vLLM would read it.
+
+The simulated fleet runs an engine for every vLLM container scheduled onto
+its nodes. The flags come from the container's command line, parsed by
+:mod:`vllm_autotuner.knobs` (the operator's own parser, so both sides agree
+on every spelling); the GPU physics come from the node's profile. A command
+line vLLM itself would refuse (a flag value that is not a number, no GPU)
+becomes a :class:`LaunchError` carrying the text vLLM or its argument parser
+prints, so the pod crash-loops with that message as a real one would.
+
+The model named on the command line only names the served model (the
+``model_name`` label, ``/v1/models``); how fast it runs is the node profile's
+model. A tensor-parallel size other than the profile's cannot be simulated
+faithfully, so it is refused with a message saying which node pool fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_autotuner.knobs import SEQS_FLAG, TOKENS_FLAG, CommandLine, CommandLineError, vllm_defaults
+from vllm_autotuner.sim.profiles import Profile
+from vllm_autotuner.sim.startup import SIMULATED_VLLM_VERSION, EngineConfig
+
+GPU_RESOURCE = "nvidia.com/gpu"
+DEFAULT_PORT = 8000
+"""vLLM's ``--port`` default."""
+ARGPARSE_EXIT = 2
+"""argparse exits with 2 on a bad command line; vLLM's start-up errors exit with 1."""
+USAGE = "usage: vllm serve [model_tag] [options]"
+
+
+class LaunchError(Exception):
+    """vLLM exits at once with this text on its console (``str(err)``)."""
+
+    def __init__(self, text: str, exit_code: int = 1) -> None:
+        super().__init__(text)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True, slots=True)
+class VllmLaunch:
+    """One vLLM container as the fleet starts it."""
+
+    config: EngineConfig
+    served_model_name: str
+    """What ``/v1/models`` lists and the metrics' ``model_name`` label says."""
+    port: int
+
+
+def serving_port(container: dict[str, Any]) -> int:
+    """The port vLLM listens on (``--port``, default 8000): where the fleet
+    serves the pod, and where ``sim load`` sends requests."""
+    try:
+        return _int(CommandLine.parse(container), "port") or DEFAULT_PORT
+    except (CommandLineError, LaunchError):
+        return DEFAULT_PORT  # such a vLLM never starts: nothing listens anywhere
+
+
+def gpus_requested(container: dict[str, Any]) -> int:
+    """The container's ``nvidia.com/gpu`` limit (the device plugin's count), or
+    its request when only that is set."""
+    resources = container.get("resources") or {}
+    for key in ("limits", "requests"):
+        value = (resources.get(key) or {}).get(GPU_RESOURCE)
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def vllm_launch(container: dict[str, Any], profile: Profile) -> VllmLaunch:
+    """The engine a vLLM container runs on a node of ``profile``.
+
+    Raises :class:`LaunchError` with what vLLM would print when it refuses the
+    command line before touching the GPU. Memory and scheduler-flag checks are
+    not done here: :func:`vllm_autotuner.sim.startup.check_startup` does them,
+    with vLLM's timing.
+    """
+    try:
+        cmd = CommandLine.parse(container)
+    except CommandLineError as exc:
+        raise LaunchError(f"sh: {exc}", ARGPARSE_EXIT) from None  # the shell refuses the script
+    gpus = gpus_requested(container)
+    if gpus == 0:
+        raise LaunchError("RuntimeError: Failed to infer device type")
+    tp = _int(cmd, "tensor-parallel-size") or 1
+    if tp > gpus:
+        raise LaunchError(
+            f"simulator: --tensor-parallel-size {tp} needs {tp} GPUs but the container has {gpus} "
+            f"({GPU_RESOURCE} limit); raise the limit or lower the tensor-parallel size"
+        )
+    if tp != profile.tp:
+        raise LaunchError(
+            f"simulator: nodes of profile {profile.name} simulate tensor-parallel size {profile.tp}, "
+            f"this container asks for {tp}; schedule it onto a pool whose profile matches"
+        )
+    tokens, seqs = _int(cmd, TOKENS_FLAG), _int(cmd, SEQS_FLAG)
+    mode = cmd.get("performance-mode")
+    if mode is not None and mode.value == "throughput":
+        # EngineConfig.resolve knows only the plain defaults; this mode doubles them.
+        doubled = vllm_defaults(SIMULATED_VLLM_VERSION, profile.hardware, mode.value).knobs
+        tokens = tokens or doubled.max_num_batched_tokens
+        seqs = seqs or doubled.max_num_seqs
+    utilization = _typed(cmd, "gpu-memory-utilization", float)
+    if utilization is not None and not 0 < utilization <= 1:
+        bound = "greater than 0" if utilization <= 0 else "less than or equal to 1"
+        kind = "greater_than" if utilization <= 0 else "less_than_equal"
+        raise LaunchError(
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig\n"
+            f"gpu_memory_utilization\n  Input should be {bound} [type={kind}, input_value={utilization}, "
+            "input_type=float]"
+        )
+    present = {
+        "max_num_batched_tokens": tokens,
+        "max_num_seqs": seqs,
+        "max_model_len": _int(cmd, "max-model-len"),
+        "gpu_memory_utilization": utilization,
+        "enable_chunked_prefill": cmd.get_bool("enable-chunked-prefill"),
+        "enable_prefix_caching": cmd.get_bool("enable-prefix-caching"),
+        "block_size": _int(cmd, "block-size"),
+    }
+    config = EngineConfig(**{k: v for k, v in present.items() if v is not None})  # absent: vLLM's default
+    served = cmd.get("served-model-name")
+    name = served.value if served is not None and served.value else cmd.model() or profile.served_model_name
+    return VllmLaunch(config=config, served_model_name=name, port=_int(cmd, "port") or DEFAULT_PORT)
+
+
+def _int(cmd: CommandLine, name: str) -> int | None:
+    return _typed(cmd, name, int)
+
+
+def _typed(cmd: CommandLine, name: str, kind: type[int] | type[float]) -> Any:
+    """A flag's value as argparse's ``type=int`` or ``type=float`` reads it; ``None`` when absent."""
+    flag = cmd.get(name)
+    if flag is None:
+        return None
+    if flag.value is None:
+        raise LaunchError(f"{USAGE}\nvllm serve: error: argument {flag.spelling}: expected one argument",
+                          ARGPARSE_EXIT)
+    try:
+        return kind(flag.value)
+    except ValueError:
+        raise LaunchError(f"{USAGE}\nvllm serve: error: argument {flag.spelling}: invalid {kind.__name__} value: "
+                          f"{flag.value!r}", ARGPARSE_EXIT) from None

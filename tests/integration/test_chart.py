@@ -1,0 +1,168 @@
+"""The Helm chart: lint, its schema, what it renders, and a real install and uninstall.
+
+Rendering is checked by the apiserver itself (a server-side dry run runs
+every admission and schema check), and the install runs the README's own
+command into a namespace that enforces the "restricted" Pod Security
+Standard, so the operator's pods exist only if the apiserver let them in.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes import client
+from tests.integration.packaging import INSTALLED, readme_command
+from tests.support import CHART, CRD_NAME, Cluster, Helm, documents, wait_for
+
+pytestmark = pytest.mark.integration
+
+# Value sets beyond the defaults that change what is rendered.
+NAMESPACED = ("--set", "watchNamespaces={team-a,team-b}",
+              "--set", "rbac.secrets[0].namespace=team-a", "--set", "rbac.secrets[0].names={prometheus-token}",
+              "--set", "rbac.secrets[1].namespace=team-b")
+SINGLE = ("--set", "replicaCount=1", "--set", "leaderElection.enabled=false", "--set", "podDisruptionBudget.enabled=false")
+EXTRAS = ("--set", "serviceMonitor.enabled=true", "--set", "dashboard.namespace=monitoring", "--set", "verbose=true")
+
+
+@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, EXTRAS], ids=["defaults", "namespaced", "single", "extras"])
+def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> None:
+    out = helm("lint", "--strict", str(CHART), *values).stdout
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+    assert "[WARNING]" not in out and "[ERROR]" not in out
+
+
+@pytest.mark.parametrize(("values", "complaint"), [
+    (("--set", "replicaCount=two"), "at '/replicaCount': got string, want integer"),
+    (("--set", "logFormat=xml"), "at '/logFormat': value must be one of 'json', 'text'"),
+    (("--set", "replicas=2"), "additional properties 'replicas' not allowed"),
+    (("--set", "leaderElection.enabled=false"), "at '/replicaCount': maximum: got 2, want 1"),
+    (("--set", "prometheus.url=prometheus:9090"), "at '/prometheus/url'"),
+    (("--set", "watchNamespaces={Team_A}"), "at '/watchNamespaces/0'"),
+    (("--set", "rbac.secrets[0].names={token}"), "missing property 'namespace'"),
+    (("--set", "image.pullPolicy=Sometimes"), "at '/image/pullPolicy'"),
+], ids=["replicas-string", "log-format", "unknown-key", "two-leaders", "url", "namespace-name", "secret-grant",
+        "pull-policy"])
+def test_bad_values_are_rejected_by_the_schema(helm: Helm, values: tuple[str, ...], complaint: str) -> None:
+    result = helm("template", "x", str(CHART), *values, check=False)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr and complaint in result.stderr
+
+
+def test_a_secret_grant_for_one_namespace_twice_is_refused(helm: Helm) -> None:
+    result = helm("template", "x", str(CHART), "--set", "rbac.secrets[0].namespace=a",
+                  "--set", "rbac.secrets[1].namespace=a", check=False)
+    assert result.returncode != 0 and "rbac.secrets lists namespace a twice" in result.stderr
+
+
+def test_helm_install_refuses_bad_values_and_creates_nothing(cluster: Cluster, helm: Helm, namespace: str) -> None:
+    helm = helm.on(cluster)
+    result = helm("install", "bad", str(CHART), "-n", namespace, "--skip-crds", "--set", "replicaCount=two",
+                  check=False)
+    assert result.returncode != 0 and "at '/replicaCount': got string, want integer" in result.stderr
+    assert json.loads(helm("list", "-n", namespace, "--all", "-o", "json").stdout) == []
+    assert client.AppsV1Api(cluster.api).list_namespaced_deployment(namespace).items == []
+
+
+def _operator(objects: list[dict]) -> dict:
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    return deployment
+
+
+def test_the_operator_deployment_is_hardened_and_leader_elected(helm: Helm) -> None:
+    objects = helm.template("rel", str(CHART), "-n", "ops")
+    deployment = _operator(objects)
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert deployment["spec"]["replicas"] == 2
+    assert "--lease-name=rel-vllm-autotuner" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["PROMETHEUS_URL"]["value"] == "http://prometheus-operated.monitoring.svc:9090"
+    assert container["image"] == "ghcr.io/vllm-tuning/vllm-autotuner:0.1.0"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}} in pod["volumes"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    assert pod["serviceAccountName"] == "rel-vllm-autotuner"
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "vllm-autotuner" and labels["app.kubernetes.io/instance"] == "rel"
+
+    single = _operator(helm.template("rel", str(CHART), *SINGLE))
+    assert single["spec"]["replicas"] == 1 and "--no-leader-election" in single["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_metrics_service_monitor_and_dashboard(helm: Helm) -> None:
+    objects = {o["kind"]: o for o in helm.template("rel", str(CHART), "-n", "ops", *EXTRAS)}
+    service, monitor = objects["Service"], objects["ServiceMonitor"]
+    assert service["spec"]["ports"] == [{"name": "http-metrics", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
+    assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "http-metrics" and endpoint["path"] == "/metrics"
+    # The operator's `namespace` label is the VllmTuning's; the scrape must not overwrite it.
+    assert endpoint["honorLabels"] is True
+    dashboard = objects["ConfigMap"]
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["vllm-autotuner.json"]) == json.loads((CHART / "files" / "dashboard.json").read_text())
+    assert "--verbose" in objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "ServiceMonitor" not in {o["kind"] for o in helm.template("rel", str(CHART))}
+
+
+@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE], ids=["defaults", "namespaced", "single"])
+def test_rendered_manifests_pass_a_server_side_dry_run(cluster_with_crd: Cluster, helm: Helm, namespace: str,
+                                                       values: tuple[str, ...]) -> None:
+    with cluster_with_crd.fresh_namespace() as team_a, cluster_with_crd.fresh_namespace() as team_b:
+        values = tuple(v.replace("team-a", team_a).replace("team-b", team_b) for v in values)
+        rendered = helm("template", "dry", str(CHART), "-n", namespace, "--include-crds", *values).stdout
+        applied = cluster_with_crd.kubectl("apply", "--dry-run=server", "-f", "-", stdin=rendered).stdout
+    assert f"customresourcedefinition.apiextensions.k8s.io/{CRD_NAME}" in applied
+    assert "deployment.apps/dry-vllm-autotuner created (server dry run)" in applied
+    assert applied.count("(server dry run)") == len([line for line in rendered.splitlines() if line.startswith("kind:")])
+
+
+@pytest.fixture
+def readme_helm_release(cluster_with_crd: Cluster, helm: Helm):
+    """The README's `helm install`, into its namespace created beforehand to enforce the restricted Pod Security Standard."""
+    core = client.CoreV1Api(cluster_with_crd.api)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=INSTALLED, labels={"pod-security.kubernetes.io/enforce": "restricted"})))
+    helm = helm.on(cluster_with_crd)
+    args = readme_command("helm")
+    try:
+        yield helm, args
+    finally:
+        helm("uninstall", INSTALLED, "-n", INSTALLED, "--wait", check=False)
+        core.delete_namespace(INSTALLED)
+        wait_for(lambda: not core.list_namespace(field_selector=f"metadata.name={INSTALLED}").items, 120,
+                 f"namespace {INSTALLED} to be deleted")
+
+
+def test_readme_helm_install_then_uninstall_leaves_only_the_crd(cluster_with_crd: Cluster, readme_helm_release) -> None:
+    helm, args = readme_helm_release
+    assert args[:2] == ["install", INSTALLED] and "--create-namespace" in args
+    helm(*args)
+    (release,) = json.loads(helm("list", "-n", INSTALLED, "-o", "json").stdout)
+    assert release["status"] == "deployed" and release["app_version"] == "0.1.0"
+    manifest = helm("get", "manifest", INSTALLED, "-n", INSTALLED).stdout
+    kinds = {o["kind"] for o in documents(manifest)}
+    assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service",
+                     "Deployment", "PodDisruptionBudget", "ConfigMap"}
+    names = cluster_with_crd.kubectl("get", "-f", "-", "-o", "name", stdin=manifest).stdout.split()
+    assert len(names) == len(documents(manifest))
+    # Pod Security admission let both operator pods in: the pod meets the restricted standard.
+    core = client.CoreV1Api(cluster_with_crd.api)
+    selector = f"app.kubernetes.io/instance={INSTALLED}"
+    wait_for(lambda: len(core.list_namespaced_pod(INSTALLED, label_selector=selector).items) == 2, 60,
+             "the ReplicaSet controller to create both operator pods")
+
+    helm("uninstall", INSTALLED, "-n", INSTALLED, "--wait")
+    assert cluster_with_crd.kubectl("get", "-f", "-", "-o", "name", "--ignore-not-found", stdin=manifest).stdout == ""
+    extensions = client.ApiextensionsV1Api(cluster_with_crd.api)
+    assert extensions.read_custom_resource_definition(CRD_NAME).metadata.name == CRD_NAME

@@ -1,0 +1,178 @@
+"""The committed VllmTuning CRD, installed on a real apiserver.
+
+The unit tests check the CRD as a document; only a real apiserver shows what
+users meet: whether it is accepted and Established, what its OpenAPI
+validation and CEL rules reject and with which words, which defaults it
+fills in, and what ``kubectl get`` and ``kubectl explain`` print.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from tests.support import CRD_FILE, CRD_NAME, Cluster
+
+pytestmark = pytest.mark.integration
+
+GROUP, VERSION, PLURAL = "autotuner.vllm-tuning.io", "v1alpha1", "vllmtunings"
+
+
+def vllm_tuning(name: str, spec: dict) -> dict:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VllmTuning", "metadata": {"name": name}, "spec": spec}
+
+
+def target(**spec: object) -> dict:
+    """A spec for the Deployment `llama` with the given fields added."""
+    return {"targetRef": {"name": "llama"}, **spec}
+
+
+def create(cluster: Cluster, namespace: str, body: dict, **kwargs: str) -> dict:
+    return client.CustomObjectsApi(cluster.api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, body, **kwargs)
+
+
+def rejection(cluster: Cluster, namespace: str, body: dict, **kwargs: str) -> str:
+    """The apiserver's message for an object it must refuse."""
+    with pytest.raises(ApiException) as refused:
+        create(cluster, namespace, body, **kwargs)
+    assert refused.value.status in (400, 422), refused.value.body
+    return json.loads(refused.value.body)["message"]
+
+
+def test_crd_is_established_with_its_names(cluster_with_crd: Cluster) -> None:
+    crd = client.ApiextensionsV1Api(cluster_with_crd.api).read_custom_resource_definition(CRD_NAME)
+    conditions = {c.type: c.status for c in crd.status.conditions}
+    assert conditions["Established"] == conditions["NamesAccepted"] == "True"
+    assert crd.status.accepted_names.short_names == ["vlt"]
+    resources = cluster_with_crd.kubectl("api-resources", f"--api-group={GROUP}", "-o", "name").stdout.split()
+    assert resources == [CRD_NAME]
+
+
+def test_a_minimal_object_is_accepted_with_defaults_filled_in(cluster_with_crd: Cluster, namespace: str) -> None:
+    stored = create(cluster_with_crd, namespace, vllm_tuning("chat", target()))
+    spec = stored["spec"]
+    assert spec["targetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"}
+    assert spec["mode"] == "Auto" and spec["traffic"]["strategy"] == "Adaptive"
+    assert spec["bounds"]["maxNumBatchedTokens"] == {"min": 256, "max": 32768}
+    assert spec["bounds"]["maxNumSeqs"] == {"min": 8, "max": 1024}
+    assert spec["slo"]["ttft"] == {"seconds": 2.0, "quantile": 0.95}
+    assert spec["rollout"]["cooldown"] == "15m"
+
+
+def test_a_full_object_is_accepted_as_written(cluster_with_crd: Cluster, namespace: str) -> None:
+    spec = target(
+        mode="Recommend",
+        bounds={"maxNumBatchedTokens": {"min": 1024, "max": 16384}, "maxNumSeqs": {"min": 16, "max": 512}},
+        traffic={"strategy": "Tiers", "tiers": [
+            {"name": "chat", "match": {"maxPromptTokens": 2000}, "knobs": {"maxNumBatchedTokens": 2048, "maxNumSeqs": 256}},
+            {"name": "rag", "knobs": {"maxNumBatchedTokens": 8192, "maxNumSeqs": 128}}]},
+        schedules=[
+            {"name": "night", "timeZone": "Europe/Berlin", "start": "0 22 * * *", "end": "0 6 * * *",
+             "knobs": {"maxNumBatchedTokens": 16384, "maxNumSeqs": 64}},
+            {"name": "office", "start": "0 8 * * 1-5", "end": "0 18 * * 1-5", "slo": {"itl": {"seconds": 0.05}}}],
+        rollout={"cooldown": "30m", "maxRolloutsPerDay": 4, "progressDeadline": "10m"},
+    )
+    stored = create(cluster_with_crd, namespace, vllm_tuning("rag", spec))["spec"]
+    assert stored["traffic"]["tiers"][1]["knobs"] == {"maxNumBatchedTokens": 8192, "maxNumSeqs": 128}
+    assert stored["schedules"][0]["timeZone"] == "Europe/Berlin"
+    assert stored["schedules"][1]["timeZone"] == "UTC"  # defaulted
+    assert stored["schedules"][1]["slo"]["itl"] == {"seconds": 0.05, "quantile": 0.95}
+    assert stored["rollout"]["maxRolloutsPerDay"] == 4
+
+
+BAD_SPECS = [
+    pytest.param(target(bounds={"maxNumBatchedTokens": {"min": 8192, "max": 4096}}),
+                 "spec.bounds.maxNumBatchedTokens", "min must be <= max", id="tokens-min-above-max"),
+    pytest.param(target(bounds={"maxNumSeqs": {"min": 512, "max": 64}}),
+                 "spec.bounds.maxNumSeqs", "min must be <= max", id="seqs-min-above-max"),
+    pytest.param(target(bounds={"maxNumSeqs": {"min": 0}}),
+                 "spec.bounds.maxNumSeqs.min", "greater than or equal to 1", id="seqs-zero"),
+    pytest.param(target(bounds={"maxNumBatchedTokens": {"max": -4096}}),
+                 "spec.bounds.maxNumBatchedTokens.max", "greater than or equal to 1", id="tokens-negative"),
+    pytest.param(target(bounds={"maxNumBatchedTokens": {"min": 64, "max": 8192}, "maxNumSeqs": {"min": 128}}),
+                 "spec.bounds.maxNumBatchedTokens.min", "must be >= maxNumSeqs.min", id="tokens-min-below-seqs-min"),
+    pytest.param(target(mode="Sometimes"), "spec.mode", 'Unsupported value: "Sometimes"', id="unknown-mode"),
+    pytest.param(target(traffic={"window": "five minutes"}), "spec.traffic.window", "should match", id="bad-duration"),
+    pytest.param(target(rollout={"cooldown": "-15m"}), "spec.rollout.cooldown", "should match", id="negative-duration"),
+    pytest.param(target(schedules=[{"name": "night", "timeZone": "Central European Time", "start": "0 22 * * *",
+                                    "end": "0 6 * * *", "knobs": {"maxNumBatchedTokens": 8192, "maxNumSeqs": 64}}]),
+                 "spec.schedules[0].timeZone", "should match", id="bad-time-zone"),
+    pytest.param(target(schedules=[{"name": "night", "start": "0 22 * *", "end": "0 6 * * *",
+                                    "knobs": {"maxNumBatchedTokens": 8192, "maxNumSeqs": 64}}]),
+                 "spec.schedules[0].start", "should match", id="bad-cron"),
+    pytest.param(target(schedules=[{"name": "night", "start": "0 22 * * *", "end": "0 22 * * *",
+                                    "knobs": {"maxNumBatchedTokens": 8192, "maxNumSeqs": 64}}]),
+                 "spec.schedules[0].end", "start and end must differ", id="empty-schedule-window"),
+    pytest.param(target(schedules=[{"name": "night", "start": "0 22 * * *", "end": "0 6 * * *"}]),
+                 "spec.schedules[0]", "either knobs", id="schedule-without-knobs-or-overrides"),
+    pytest.param(target(schedules=[{"name": "night", "start": "0 22 * * *", "end": "0 6 * * *",
+                                    "knobs": {"maxNumBatchedTokens": 32, "maxNumSeqs": 64}}]),
+                 "spec.schedules[0].knobs", "maxNumBatchedTokens must be >= maxNumSeqs", id="schedule-tokens-below-seqs"),
+    pytest.param(target(schedules=[{"name": "night", "start": "0 22 * * *", "end": "0 6 * * *",
+                                    "knobs": {"maxNumBatchedTokens": 8192, "maxNumSeqs": 64}}] * 2),
+                 "spec.schedules[1]", "Duplicate value", id="duplicate-schedule-names"),
+    pytest.param(target(traffic={"strategy": "Tiers"}),
+                 "spec.traffic.tiers", "strategy Tiers needs at least one entry", id="tiers-without-tiers"),
+    pytest.param(target(traffic={"strategy": "Tiers", "tiers": [{"name": "chat"}]}),
+                 "spec.traffic.tiers[0].knobs", "Required value", id="tier-without-knobs"),
+    pytest.param(target(rollout={"maxRolloutsPerDay": "eight"}),
+                 "spec.rollout.maxRolloutsPerDay", "must be of type integer", id="wrong-type"),
+    pytest.param(target(slo={"ttft": {"seconds": 2, "quantile": 1.5}}),
+                 "spec.slo.ttft.quantile", "should be less than 1", id="quantile-above-one"),
+    pytest.param({"mode": "Auto"}, "spec.targetRef", "Required value", id="missing-target"),
+    pytest.param({"targetRef": {"name": "llama", "kind": "StatefulSet"}},
+                 "spec.targetRef.kind", 'Unsupported value: "StatefulSet"', id="target-not-a-deployment"),
+    pytest.param({"targetRef": {"name": "Llama_3"}}, "spec.targetRef.name", "should match", id="bad-target-name"),
+    pytest.param(target(prometheus={"url": "prometheus:9090"}), "spec.prometheus.url", "should match", id="bad-url"),
+]
+
+
+@pytest.mark.parametrize(("spec", "field", "reason"), BAD_SPECS)
+def test_admission_rejects_bad_specs_naming_the_field(
+    cluster_with_crd: Cluster, namespace: str, spec: dict, field: str, reason: str
+) -> None:
+    message = rejection(cluster_with_crd, namespace, vllm_tuning("bad", spec))
+    assert f"{field}:" in message and reason in message, message
+
+
+def test_unknown_fields_are_pruned_or_rejected_when_strict(cluster_with_crd: Cluster, namespace: str) -> None:
+    spec = target(maxNumBatchedTokens=4096, bounds={"maxNumSeqs": {"min": 8, "maximum": 64}})
+    message = rejection(cluster_with_crd, namespace, vllm_tuning("strict", spec), field_validation="Strict")
+    assert 'unknown field "spec.maxNumBatchedTokens"' in message
+    assert 'unknown field "spec.bounds.maxNumSeqs.maximum"' in message
+    # Without strict validation the apiserver drops what the schema does not know.
+    stored = create(cluster_with_crd, namespace, vllm_tuning("pruned", spec))["spec"]
+    assert "maxNumBatchedTokens" not in stored and stored["bounds"]["maxNumSeqs"] == {"min": 8, "max": 1024}
+
+
+def test_kubectl_get_shows_the_printer_columns(cluster_with_crd: Cluster, namespace: str) -> None:
+    create(cluster_with_crd, namespace, vllm_tuning("chat", target(mode="Recommend")))
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status = {"status": {
+        "current": {"maxNumBatchedTokens": 4096, "maxNumSeqs": 256, "since": now, "source": "Traffic"},
+        "activeSchedule": "night",
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Tuning", "lastTransitionTime": now}],
+    }}
+    cluster_with_crd.kubectl("patch", "vlt", "chat", "-n", namespace, "--subresource=status", "--type=merge",
+                             "-p", json.dumps(status))
+    header, row = cluster_with_crd.kubectl("get", "vlt", "-n", namespace).stdout.splitlines()
+    assert header.split() == ["NAME", "TARGET", "MODE", "TOKENS", "SEQS", "SCHEDULE", "READY", "AGE"]
+    assert row.split()[:7] == ["chat", "llama", "Recommend", "4096", "256", "night", "True"]
+
+
+def test_kubectl_explain_shows_the_descriptions(cluster_with_crd: Cluster) -> None:
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    explained = cluster_with_crd.kubectl("explain", "vlt.spec").stdout
+    assert "KIND:       VllmTuning" in explained and f"VERSION:    {VERSION}" in explained
+    # kubectl wraps long lines; compare the words.
+    assert " ".join(spec["description"].split()) in " ".join(explained.split())
+    assert "targetRef\t<Object> -required-" in explained
+    bounds = cluster_with_crd.kubectl("explain", "vllmtunings.spec.bounds.maxNumSeqs").stdout
+    described = spec["properties"]["bounds"]["properties"]["maxNumSeqs"]["description"]
+    assert " ".join(described.split()) in " ".join(bounds.split())

@@ -1,0 +1,336 @@
+"""The simulated GPU fleet on the real control plane and the real Prometheus.
+
+The operator's end-to-end tests stand on this: vLLM Deployments schedule onto
+the fleet's GPU nodes, turn Ready only after the simulated start-up,
+crash-loop with vLLM's own error when the token budget does not fit the GPU,
+roll to new arguments, serve OpenAI traffic, and Prometheus scrapes every pod
+as it would a real vLLM. The nodes must stay Ready under the real
+node-lifecycle controller all the while. Every wait polls with a deadline.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shlex
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+from prometheus_api_client import PrometheusConnect
+from prometheus_client.parser import text_string_to_metric_families
+from tests.support import FLEET_TIME_SCALE, Cluster, wait_for
+
+from vllm_autotuner.sim import localenv
+from vllm_autotuner.sim.fleet import FLEET_LABEL, LEASE_DURATION_S, LEASE_RENEW_S, NODE_LEASE_NAMESPACE, PROFILE_LABEL
+from vllm_autotuner.sim.podlaunch import vllm_launch
+from vllm_autotuner.sim.profiles import get_profile
+from vllm_autotuner.sim.startup import check_startup
+
+pytestmark = pytest.mark.integration
+
+MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"
+H100, L4 = "llama3-8b-h100", "llama3-8b-l4"
+HEALTH = {"httpGet": {"path": "/health", "port": 8000}}
+REFERENCE_SCRAPE = localenv.ROOT / "tests" / "unit" / "sim" / "data" / "vllm-metrics.txt"
+
+
+def vllm_container(args: list[str]) -> dict[str, Any]:
+    """A vLLM container as a platform team writes one: probes on /health, one GPU."""
+    return {
+        "name": "vllm",
+        "image": "vllm/vllm-openai:v0.11.0",
+        "command": ["vllm", "serve", MODEL],
+        "args": args,
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "startupProbe": {**HEALTH, "periodSeconds": 10, "failureThreshold": 60},
+        "readinessProbe": {**HEALTH, "periodSeconds": 5},
+        "livenessProbe": {**HEALTH, "periodSeconds": 10},
+    }
+
+
+def vllm_deployment(name: str, profile: str, args: list[str], replicas: int = 2) -> dict[str, Any]:
+    labels = {"app": name, "app.kubernetes.io/name": "vllm"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {PROFILE_LABEL: profile, FLEET_LABEL: "sim"},
+                    "containers": [vllm_container(args)],
+                },
+            },
+        },
+    }
+
+
+def expected_startup(profile: str, args: list[str]):
+    """What the fleet should make of these args on this profile."""
+    p = get_profile(profile)
+    return check_startup(p, vllm_launch(vllm_container(args), p).config, time_scale=FLEET_TIME_SCALE)
+
+
+class Api:
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.core = kubernetes.client.CoreV1Api(cluster.api)
+        self.apps = kubernetes.client.AppsV1Api(cluster.api)
+        self.namespace = namespace
+
+    def create(self, deployment: dict[str, Any]) -> None:
+        self.apps.create_namespaced_deployment(self.namespace, deployment)
+
+    def pods(self, app: str) -> list[kubernetes.client.V1Pod]:
+        return self.core.list_namespaced_pod(self.namespace, label_selector=f"app={app}").items
+
+    def ready_pods(self, app: str, count: int) -> list[kubernetes.client.V1Pod]:
+        pods = [p for p in self.pods(app) if not p.metadata.deletion_timestamp and is_ready(p)]
+        return pods if len(pods) == count == len(self.pods(app)) else []
+
+
+def is_ready(pod: kubernetes.client.V1Pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def condition(obj: Any, kind: str) -> Any:
+    """A pod's or node's condition of type ``kind``."""
+    return next(c for c in obj.status.conditions if c.type == kind)
+
+
+def query(prometheus: localenv.Prometheus, promql: str) -> list[dict[str, Any]]:
+    return PrometheusConnect(prometheus.url).custom_query(promql)
+
+
+class NotYet(str):
+    """A falsy answer for ``wait_for`` that says what is still missing (shown on timeout)."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def reference_series_names() -> set[str]:
+    """Every ``vllm:`` series name of a real vLLM's scrape."""
+    names = set()
+    for family in text_string_to_metric_families(REFERENCE_SCRAPE.read_text()):
+        names |= {s.name for s in family.samples if s.name.startswith("vllm:")}
+    return names
+
+
+def test_two_replicas_turn_ready_after_the_simulated_start_up_and_are_scraped(
+    cluster: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus
+) -> None:
+    api = Api(cluster, namespace)
+    args = ["--max-num-batched-tokens", "8192", "--max-num-seqs", "256"]
+    api.create(vllm_deployment("llama", H100, args))
+    pods = wait_for(lambda: api.ready_pods("llama", 2), 90, "both vLLM pods to turn Ready")
+
+    assert len({p.spec.node_name for p in pods}) == 2 and {p.spec.node_name for p in pods} <= set(fleet.nodes)
+    assert all(ipaddress.ip_address(p.status.pod_ip).is_loopback for p in pods)
+    assert len({p.status.pod_ip for p in pods}) == 2
+    startup = expected_startup(H100, args)
+    assert startup.ok
+    for pod in pods:
+        (status,) = pod.status.container_statuses
+        assert status.started and status.ready and status.restart_count == 0
+        took = (condition(pod, "Ready").last_transition_time - status.state.running.started_at).total_seconds()
+        # Whole seconds on both ends; the probes add at most 0.5 s (scaled periods).
+        assert startup.seconds - 1 <= took <= startup.seconds + 2, (pod.metadata.name, took, startup.seconds)
+
+    names = {p.metadata.name for p in pods}
+
+    def scraped() -> dict[str, set[str]] | NotYet:
+        found: dict[str, set[str]] = {name: set() for name in names}
+        for sample in query(prometheus, f'count by (__name__, pod) ({{namespace="{namespace}", '
+                                        f'__name__=~"vllm:.+", container="vllm", app="llama"}})'):
+            found.setdefault(sample["metric"]["pod"], set()).add(sample["metric"]["__name__"])
+        missing = {name: sorted(reference_series_names() - found[name]) for name in names}
+        return found if not any(missing.values()) else NotYet(f"missing series: {missing}")
+
+    found = wait_for(scraped, 60, "Prometheus to have every vLLM series of both pods")
+    assert set(found) == names
+    up = query(prometheus, f'up{{namespace="{namespace}"}}')
+    assert sorted((s["metric"]["pod"], s["value"][1]) for s in up) == sorted((n, "1") for n in names)
+
+
+def test_infeasible_budget_crash_loops_with_vllms_error(cluster: Cluster, namespace: str,
+                                                         fleet: localenv.Fleet) -> None:
+    api = Api(cluster, namespace)
+    args = ["--max-num-batched-tokens", "24576", "--max-num-seqs", "256"]
+    startup = expected_startup(L4, args)
+    assert startup.error is not None and "KV cache is needed" in startup.error
+    api.create(vllm_deployment("tight", L4, args, replicas=1))
+
+    def crash_looping() -> kubernetes.client.V1ContainerStatus | None:
+        pods = api.pods("tight")
+        statuses = pods[0].status.container_statuses if pods else None
+        status = statuses[0] if statuses else None
+        if status and status.restart_count >= 2 and status.state.waiting \
+                and status.state.waiting.reason == "CrashLoopBackOff":
+            return status
+        return None
+
+    status = wait_for(crash_looping, 90, "the pod to be in CrashLoopBackOff after two restarts")
+    terminated = status.last_state.terminated
+    assert (terminated.exit_code, terminated.reason) == (1, "Error")
+    assert terminated.message == startup.error
+    assert not status.ready and not status.started
+    assert "back-off" in status.state.waiting.message
+    (pod,) = api.pods("tight")
+    assert pod.status.phase == "Running" and condition(pod, "Ready").status == "False"
+    events = api.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod.metadata.name}")
+    assert {"Started", "BackOff"} <= {e.reason for e in events.items if e.source.component == "kubelet"}
+
+
+def test_a_startup_probe_shorter_than_the_start_up_gets_the_container_killed(cluster: Cluster, namespace: str,
+                                                                            fleet: localenv.Fleet) -> None:
+    api = Api(cluster, namespace)
+    deployment = vllm_deployment("impatient", H100, ["--max-num-batched-tokens", "8192"], replicas=1)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["startupProbe"] = {**HEALTH, "periodSeconds": 10, "failureThreshold": 3}  # gives up after 20 s
+    assert expected_startup(H100, container["args"]).seconds > 20 * FLEET_TIME_SCALE
+    api.create(deployment)
+
+    def killed_twice() -> kubernetes.client.V1Pod | None:
+        pods = api.pods("impatient")
+        statuses = pods[0].status.container_statuses if pods else None
+        return pods[0] if statuses and statuses[0].restart_count >= 2 and statuses[0].last_state.terminated else None
+
+    pod = wait_for(killed_twice, 60, "the kubelet to kill and restart the container twice")
+    terminated = pod.status.container_statuses[0].last_state.terminated
+    assert (terminated.exit_code, terminated.reason) == (143, "Error")
+    events = api.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={pod.metadata.name}")
+    messages = {e.reason: e.message for e in events.items}
+    assert messages["Killing"] == "Container vllm failed startup probe, will be restarted"
+    assert messages["Unhealthy"].startswith("Startup probe failed")
+
+
+def test_rolling_update_replaces_the_pods_and_the_new_ones_serve_the_new_config(
+    cluster: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus
+) -> None:
+    api = Api(cluster, namespace)
+    old_args = ["--max-num-batched-tokens", "8192", "--max-num-seqs", "256"]
+    new_args = ["--max-num-batched-tokens", "16384", "--max-num-seqs", "512"]
+    api.create(vllm_deployment("llama", H100, old_args))
+    old = {p.metadata.name for p in wait_for(lambda: api.ready_pods("llama", 2), 90, "the first pods")}
+
+    api.apps.patch_namespaced_deployment("llama", namespace, {"spec": {"template": {"spec": {"containers": [
+        {"name": "vllm", "args": new_args}]}}}})
+
+    def rolled() -> list[kubernetes.client.V1Pod]:
+        pods = api.ready_pods("llama", 2)
+        return pods if pods and not {p.metadata.name for p in pods} & old else []
+
+    new = wait_for(rolled, 120, "the rollout to replace both pods with Ready new ones")
+    assert all(p.spec.containers[0].args == new_args for p in new)
+    deployment = api.apps.read_namespaced_deployment("llama", namespace).status
+    assert deployment.updated_replicas == deployment.ready_replicas == 2
+
+    old_blocks, new_blocks = (expected_startup(H100, a).memory.num_gpu_blocks for a in (old_args, new_args))
+    assert old_blocks != new_blocks  # the bigger budget reserves more activation memory
+
+    def cache_info() -> dict[str, str]:
+        samples = query(prometheus, f'vllm:cache_config_info{{namespace="{namespace}"}}')
+        by_pod = {s["metric"]["pod"]: s["metric"]["num_gpu_blocks"] for s in samples}
+        return by_pod if set(by_pod) >= {p.metadata.name for p in new} else {}
+
+    by_pod = wait_for(cache_info, 60, "Prometheus to scrape the new pods' cache config")
+    assert {by_pod[p.metadata.name] for p in new} == {str(new_blocks)}
+    assert {by_pod[name] for name in old if name in by_pod} <= {str(old_blocks)}
+
+
+def test_load_sends_requests_that_both_pods_serve_and_prometheus_counts(
+    cluster: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus
+) -> None:
+    api = Api(cluster, namespace)
+    api.create(vllm_deployment("llama", H100, ["--max-num-batched-tokens", "4096"]))
+    pods = {p.metadata.name for p in wait_for(lambda: api.ready_pods("llama", 2), 90, "both pods")}
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_autotuner.cli", "sim", "load", f"--kubeconfig={cluster.kubeconfig}",
+         f"--namespace={namespace}", "--deployment=llama", "--scenario=steady", "--mix=chat", "--rate=4",
+         "--duration=10", "--progress=2"],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.splitlines()[-1])
+    assert summary["ok"] == summary["sent"] > 10 and summary["errors"] == {}
+    assert len(summary["per_pod"]) == 2 and min(summary["per_pod"].values()) >= summary["ok"] // 2
+    assert "sent" in result.stdout.splitlines()[1]  # progress lines while it runs
+
+    def counted() -> dict[str, float]:
+        samples = query(prometheus, f'sum by (pod) (vllm:request_success_total{{namespace="{namespace}"}})')
+        by_pod = {s["metric"]["pod"]: float(s["value"][1]) for s in samples}
+        return by_pod if set(by_pod) == pods and sum(by_pod.values()) == summary["ok"] else {}
+
+    by_pod = wait_for(counted, 60, f"Prometheus to count the {summary['ok']} requests on both pods")
+    assert min(by_pod.values()) > 0
+
+
+def test_a_stopped_fleet_reports_its_nodes_not_ready(cluster: Cluster, tmp_path) -> None:
+    core = kubernetes.client.CoreV1Api(cluster.api)
+    fleet = localenv.start_fleet(tmp_path, cluster.kubeconfig, tmp_path / "targets.json",
+                                 pools=("llama3-8b-l4:1",), name_prefix="stopping")
+    (name,) = fleet.nodes
+    try:
+        assert condition(core.read_node(name), "Ready").status == "True"
+        fleet.stop()
+        assert fleet.process is not None and fleet.process.returncode == 0
+        ready = condition(core.read_node(name), "Ready")
+        assert (ready.status, ready.reason) == ("False", "KubeletNotReady")
+    finally:
+        fleet.stop()
+        core.delete_node(name)
+
+
+def test_sim_up_runs_a_fleet_and_sim_down_stops_everything(tmp_path) -> None:
+    localenv.up(tmp_path)
+    try:
+        env = dict(shlex.split(line)[0].split("=", 1) for line in (tmp_path / "env").read_text().splitlines())
+        recorded = [localenv.Server(name, int(pid), Path(log)) for name, pid, log in
+                    (line.split(" ", 2) for line in (tmp_path / "pids").read_text().splitlines())]
+        assert [server.name for server in recorded] == ["testenv", "prometheus", "fleet"]
+        assert Path(env["FLEET_TARGETS"]) == tmp_path / "prometheus" / "targets.d" / "fleet.json"
+        api = kubernetes.config.new_client_from_config(config_file=env["KUBECONFIG"])
+        nodes = kubernetes.client.CoreV1Api(api).list_node(label_selector=f"{FLEET_LABEL}=sim").items
+        api.close()
+        expected = [f"sim-{profile}-{i}" for profile, n in (p.split(":") for p in localenv.FLEET_POOLS)
+                    for i in range(int(n))]
+        assert sorted(n.metadata.name for n in nodes) == sorted(expected)
+        assert all(condition(n, "Ready").status == "True" for n in nodes)
+    finally:
+        localenv.down(tmp_path)
+    assert not any(server.alive() for server in recorded)
+    assert not (tmp_path / "pids").exists()
+
+
+def test_nodes_stay_ready_over_several_lease_durations(cluster: Cluster, fleet: localenv.Fleet) -> None:
+    """Last in this module: by now the fleet has run a while under the real
+    node-lifecycle controller; watch it until three lease durations have passed."""
+    core = kubernetes.client.CoreV1Api(cluster.api)
+    coordination = kubernetes.client.CoordinationV1Api(cluster.api)
+    registered = {name: core.read_node(name).metadata.creation_timestamp for name in fleet.nodes}
+
+    def healthy_for_long_enough() -> bool:
+        now = datetime.now(timezone.utc)
+        for name in fleet.nodes:
+            node = core.read_node(name)
+            ready = condition(node, "Ready")
+            if ready.status != "True" or node.spec.taints:
+                pytest.fail(f"{name} went unhealthy: Ready={ready.status} ({ready.reason}), taints {node.spec.taints}")
+            renewed = coordination.read_namespaced_lease(name, NODE_LEASE_NAMESPACE).spec.renew_time
+            assert (now - renewed).total_seconds() < 2 * LEASE_RENEW_S + 2, f"{name}'s lease is not being renewed"
+        return all((now - t).total_seconds() > 3 * LEASE_DURATION_S for t in registered.values())
+
+    wait_for(healthy_for_long_enough, 3 * LEASE_DURATION_S + 30, "three lease durations of healthy nodes")
+    for name, created in registered.items():
+        # Never NotReady since registration: the Ready condition never changed.
+        since = condition(core.read_node(name), "Ready").last_transition_time
+        assert abs((since - created).total_seconds()) <= 1

@@ -1,0 +1,152 @@
+"""Helpers for the tests that run against the real servers.
+
+Those servers work asynchronously (controllers, the scheduler, Prometheus
+scrapes), so a test waits for a condition with :func:`wait_for`, never with a
+fixed sleep: it is as fast as the servers allow and, when it fails, says what
+it waited for and what it last saw.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import kubernetes
+import pytest
+import yaml
+
+from vllm_autotuner.sim import localenv
+
+T = TypeVar("T")
+
+CRD_NAME = "vllmtunings.autotuner.vllm-tuning.io"
+CRD_FILE = localenv.ROOT / "crds" / f"{CRD_NAME}.yaml"
+CHART = localenv.ROOT / "charts" / "vllm-autotuner"
+HELM = localenv.BIN / "helm"
+FLEET_POOLS = ("llama3-8b-h100:4", "llama3-8b-l4:1")
+"""The session fleet's nodes: H100s for rollouts with a surge pod, an L4 for
+budgets that do not fit its memory."""
+FLEET_TIME_SCALE = 0.05
+"""A vLLM start-up of 100 s takes 5 s."""
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, description: str) -> T:
+    """Poll ``predicate`` until it returns something truthy, and return that.
+
+    On timeout the test fails with ``description`` and the last value (or
+    exception) the predicate produced.
+    """
+    try:
+        return localenv.wait_until(predicate, timeout, description)
+    except TimeoutError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@dataclass
+class Cluster:
+    """The session's control plane, as a test sees it."""
+
+    kubeconfig: Path
+    api: kubernetes.client.ApiClient
+
+    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
+        """Run the project's ``bin/kubectl`` (never one found on PATH) against this cluster.
+
+        With ``check`` a non-zero exit fails the test, showing stderr.
+        """
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), KUBERC="off")
+        return _run([str(localenv.KUBECTL), *args], env, check, stdin)
+
+    @contextlib.contextmanager
+    def fresh_namespace(self) -> Iterator[str]:
+        """A new namespace, ready for pods (its default ServiceAccount exists), deleted on exit."""
+        core = kubernetes.client.CoreV1Api(self.api)
+        name = f"it-{uuid.uuid4().hex[:8]}"
+        core.create_namespace(kubernetes.client.V1Namespace(metadata=kubernetes.client.V1ObjectMeta(name=name)))
+        wait_for(lambda: core.read_namespaced_service_account("default", name), 60,
+                 f"the serviceaccount controller to create {name}/default")
+        try:
+            yield name
+        finally:
+            core.delete_namespace(name)
+
+
+@dataclass(frozen=True)
+class Helm:
+    """The project's ``bin/helm``, its caches and settings in ``home`` (never the user's).
+
+    Without a kubeconfig it runs client-only commands (lint, template);
+    :meth:`on` gives one that installs into a cluster.
+    """
+
+    home: Path
+    kubeconfig: Path | None = None
+
+    def on(self, cluster: Cluster) -> Helm:
+        return dataclasses.replace(self, kubeconfig=cluster.kubeconfig)
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Run ``helm args``; with ``check`` a non-zero exit fails the test, showing stderr."""
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        env.update(HELM_CACHE_HOME=str(self.home / "cache"), HELM_CONFIG_HOME=str(self.home / "config"),
+                   HELM_DATA_HOME=str(self.home / "data"))
+        if self.kubeconfig is not None:
+            env["KUBECONFIG"] = str(self.kubeconfig)
+        return _run([str(HELM), *args], env, check)
+
+    def template(self, *args: str) -> list[dict]:
+        """The objects ``helm template args`` renders."""
+        return documents(self("template", *args).stdout)
+
+
+def documents(text: str) -> list[dict]:
+    """The objects of a multi-document YAML text (empty documents left out)."""
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def _run(argv: list[str], env: dict[str, str], check: bool, stdin: str | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, env=env, input=stdin, capture_output=True, text=True, timeout=180)
+    if check and result.returncode != 0:
+        pytest.fail(f"{Path(argv[0]).name} {' '.join(argv[1:])} exited {result.returncode}:\n{result.stderr}",
+                    pytrace=False)
+    return result
+
+
+def service_account_token(cluster: Cluster, namespace: str, service_account: str, seconds: int = 3600) -> str:
+    """A fresh token of the ServiceAccount, from the TokenRequest API (as the kubelet gets one for a pod)."""
+    request = kubernetes.client.AuthenticationV1TokenRequest(
+        spec=kubernetes.client.V1TokenRequestSpec(expiration_seconds=seconds))
+    return kubernetes.client.CoreV1Api(cluster.api).create_namespaced_service_account_token(
+        service_account, namespace, request).status.token
+
+
+def token_client(cluster: Cluster, namespace: str, service_account: str) -> kubernetes.client.ApiClient:
+    """An API client that authenticates with a fresh token of the ServiceAccount."""
+    admin = cluster.api.configuration
+    config = kubernetes.client.Configuration(
+        host=admin.host,
+        api_key={"authorization": f"Bearer {service_account_token(cluster, namespace, service_account, 600)}"})
+    config.ssl_ca_cert = admin.ssl_ca_cert
+    return kubernetes.client.ApiClient(config)
+
+
+def token_kubeconfig(cluster: Cluster, namespace: str, service_account: str, path: Path) -> Path:
+    """Write a kubeconfig that reaches the cluster as the ServiceAccount, with a fresh token; return ``path``."""
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    user = f"{namespace}-{service_account}"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": user, "user": {"token": service_account_token(cluster, namespace, service_account)}}],
+        "contexts": [{"name": user, "context": {"cluster": admin["clusters"][0]["name"], "user": user,
+                                                 "namespace": namespace}}],
+        "current-context": user,
+    }))
+    return path

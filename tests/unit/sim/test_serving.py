@@ -1,0 +1,183 @@
+"""The per-pod vLLM HTTP API: OpenAI shapes, token timing from the engine,
+errors as vLLM returns them, and the metrics of what was served.
+
+The app runs on a real loopback socket (aiohttp's test server); the engine's
+clock is driven by hand, so the tests decide when tokens exist."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.unit.sim.helpers import noiseless
+from vllm_autotuner.sim.engine import Engine, EngineConfig
+from vllm_autotuner.sim.serving import ServedEngine, build_app, chat_prompt_tokens, completion_prompt_tokens
+
+MODEL = "org/served-name"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@asynccontextmanager
+async def serving(max_model_len: int | None = None) -> AsyncIterator[tuple[TestClient, ServedEngine, Clock]]:
+    clock = Clock()
+    engine = Engine(noiseless("llama3-8b-h100"), EngineConfig(max_model_len=max_model_len), seed=0)
+    served = ServedEngine(engine, MODEL, clock=clock)
+    async with TestClient(TestServer(build_app(served))) as client:
+        yield client, served, clock
+
+
+async def run_until(served: ServedEngine, clock: Clock, task: asyncio.Future, step: float = 0.05,
+                    limit: float = 60) -> None:
+    """Tick the engine in ``step`` increments until ``task`` is done."""
+    while not task.done():
+        assert clock.now < limit, "the request never finished"
+        clock.now += step
+        served.tick()
+        await asyncio.sleep(0.001)
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(test())
+
+
+def test_completion_answers_when_the_engine_finished_the_request() -> None:
+    async def scenario() -> None:
+        async with serving() as (client, served, clock):
+            post = asyncio.ensure_future(client.post("/v1/completions", json={
+                "model": MODEL, "prompt": list(range(1000)), "max_tokens": 200, "ignore_eos": True}))
+            served.tick()
+            await asyncio.sleep(0.05)
+            assert not post.done()  # no simulated time has passed
+            await run_until(served, clock, post)
+            response = await post
+            body = await response.json()
+            assert response.status == 200
+            assert body["object"] == "text_completion" and body["model"] == MODEL
+            assert body["usage"] == {"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200}
+            (choice,) = body["choices"]
+            assert choice["finish_reason"] == "length" and choice["text"].startswith("the model")
+            # 200 tokens at a few ms each on an H100: done in about a second of engine time
+            assert 0.3 < clock.now < 3
+
+    run(scenario)
+
+
+def test_stream_delivers_each_token_as_the_engine_produces_it() -> None:
+    async def scenario() -> None:
+        async with serving() as (client, served, clock):
+            response = await client.post("/v1/completions", json={
+                "model": MODEL, "prompt": list(range(500)), "max_tokens": 300, "stream": True,
+                "stream_options": {"include_usage": True}})
+            assert response.headers["Content-Type"].startswith("text/event-stream")
+            events: list[str] = []
+            seen_while_running: set[int] = set()
+
+            async def read() -> None:
+                async for line in response.content:
+                    if line.startswith(b"data: "):
+                        events.append(line[6:].decode().strip())
+
+            reader = asyncio.ensure_future(read())
+            while not reader.done():
+                clock.now += 0.05
+                served.tick()
+                await asyncio.sleep(0.005)
+                seen_while_running.add(len(events))
+                assert clock.now < 60
+            assert events[-1] == "[DONE]"
+            chunks = [json.loads(e) for e in events[:-1]]
+            tokens = [c for c in chunks if c["choices"]]
+            assert len(tokens) == 300
+            assert [c["choices"][0]["finish_reason"] for c in tokens] == [None] * 299 + ["length"]
+            assert chunks[-1]["usage"] == {"prompt_tokens": 500, "completion_tokens": 300, "total_tokens": 800}
+            # Tokens arrived over many ticks, not all at the end.
+            assert len([n for n in seen_while_running if 0 < n < 300]) > 10
+
+    run(scenario)
+
+
+def test_chat_completion_shapes_streamed_and_whole() -> None:
+    messages = [{"role": "system", "content": "x" * 400}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+
+    async def scenario() -> None:
+        async with serving() as (client, served, clock):
+            whole = asyncio.ensure_future(client.post("/v1/chat/completions",
+                                                      json={"model": MODEL, "messages": messages, "max_tokens": 5}))
+            await run_until(served, clock, whole)
+            body = await (await whole).json()
+            assert body["object"] == "chat.completion"
+            assert body["choices"][0]["message"]["role"] == "assistant"
+            assert body["usage"]["prompt_tokens"] == chat_prompt_tokens(messages) == 5 + 2 * 5 + 100 + 1
+
+            streamed = await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 3,
+                                                                       "stream": True})
+            reader = asyncio.ensure_future(streamed.text())
+            await run_until(served, clock, reader)
+            events = [e[6:] for e in (await reader).split("\n\n") if e.startswith("data: ")]
+            assert events[-1] == "[DONE]"
+            chunks = [json.loads(e) for e in events[:-1]]
+            assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+            assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+            assert len(chunks) == 1 + 3 and "usage" not in chunks[-1]
+
+    run(scenario)
+
+
+def test_errors_are_vllms() -> None:
+    async def scenario() -> None:
+        async with serving(max_model_len=2048) as (client, _, _clock):
+            unknown = await client.post("/v1/completions", json={"model": "other", "prompt": "hi"})
+            assert unknown.status == 404
+            assert (await unknown.json())["error"]["message"] == "The model `other` does not exist."
+            too_long = await client.post("/v1/completions", json={"prompt": list(range(2000)), "max_tokens": 100})
+            assert too_long.status == 400
+            error = (await too_long.json())["error"]
+            assert error["type"] == "BadRequestError" and error["code"] == 400
+            assert "maximum context length is 2048 tokens" in error["message"]
+            assert (await client.post("/v1/completions", data=b"{nope")).status == 400
+            assert (await client.post("/v1/completions", json={"prompt": ["a", "b"]})).status == 400
+
+    run(scenario)
+
+
+def test_metrics_models_health_and_shutdown() -> None:
+    async def scenario() -> None:
+        async with serving() as (client, served, clock):
+            assert (await client.get("/health")).status == 200
+            models = await (await client.get("/v1/models")).json()
+            assert [m["id"] for m in models["data"]] == [MODEL]
+            post = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "hello world"}))
+            await run_until(served, clock, post)
+            assert (await (await post).json())["usage"] == {
+                "prompt_tokens": completion_prompt_tokens("hello world"), "completion_tokens": 16,
+                "total_tokens": completion_prompt_tokens("hello world") + 16}
+            text = await (await client.get("/metrics")).text()
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            (success,) = [s for s in families["vllm:request_success"].samples
+                          if s.name.endswith("_total") and s.labels["finished_reason"] == "length"]
+            assert success.value == 1 and success.labels["model_name"] == MODEL
+
+            pending = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "x", "max_tokens": 99}))
+            await asyncio.sleep(0.05)
+            served.abort_all()
+            assert (await pending).status == 503
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(("prompt", "tokens"), [("abcd" * 10, 11), ([5, 6, 7], 3), (["abcd"], 2), ([[1, 2]], 2)])
+def test_prompt_token_counts(prompt, tokens) -> None:
+    assert completion_prompt_tokens(prompt) == tokens

@@ -1,0 +1,91 @@
+"""The packaging files agree with the code they package.
+
+The chart, the plain manifests and the image are written by hand around the
+operator; these checks keep the facts they repeat (the CRD, the version, the
+metric names a dashboard queries, the image's entry point) from drifting
+away from the code. What needs a server is in tests/integration.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from vllm_autotuner.controller.metrics import OperatorMetrics
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "vllm-autotuner"
+CRD = "vllmtunings.autotuner.vllm-tuning.io.yaml"
+VLLM_SCRAPE = ROOT / "tests" / "unit" / "sim" / "data" / "vllm-metrics.txt"
+# A metric name in PromQL: vLLM's carry a colon, the operator's a prefix.
+METRIC = re.compile(r"(?:vllm:|vllm_autotuner_)[a-z0-9_:]+")
+
+
+def test_the_chart_and_the_plain_manifests_carry_the_generated_crd_byte_for_byte() -> None:
+    generated = (ROOT / "crds" / CRD).read_bytes()
+    for copy in (CHART / "crds" / CRD, ROOT / "deploy" / "crds" / CRD):
+        assert copy.read_bytes() == generated, f"{copy.relative_to(ROOT)} is stale: run `make crd`"
+
+
+def test_the_chart_app_version_is_the_package_version() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == project["version"]
+
+
+def _exposed_names() -> set[str]:
+    """Every series name the operator's /metrics and a real vLLM server's /metrics expose."""
+    names = set()
+    for text in (VLLM_SCRAPE.read_text(), _operator_exposition()):
+        for family in text_string_to_metric_families(text):
+            names.update(sample.name for sample in family.samples)
+    return names
+
+
+def _operator_exposition() -> str:
+    metrics = OperatorMetrics()
+    # Labelled families expose no series until a child exists: make one of each.
+    metrics.decisions.labels("ns", "t", "Hold", "").inc()
+    metrics.rollouts.labels("ns", "t", "Succeeded").inc()
+    metrics.prometheus_errors.labels("unreachable").inc()
+    metrics.api_calls.labels("get", "deployments").inc()
+    metrics.knobs.labels("ns", "t", "max_num_seqs").set(1)
+    metrics.recommended.labels("ns", "t", "max_num_seqs").set(1)
+    return generate_latest(metrics.registry).decode()
+
+
+def _dashboard_queries() -> list[str]:
+    dashboard = json.loads((CHART / "files" / "dashboard.json").read_text())
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    queries += [a["expr"] for a in dashboard["annotations"]["list"]]
+    queries += [v["query"]["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    return queries
+
+
+def test_the_dashboard_queries_only_metrics_that_exist() -> None:
+    exposed = _exposed_names()
+    queried = {name for query in _dashboard_queries() for name in METRIC.findall(query)}
+    assert queried - exposed == set()
+    # What the dashboard is for: knobs, traffic, latency against the SLO, decisions, rollouts.
+    for name in ("vllm_autotuner_knob", "vllm_autotuner_recommended_knob", "vllm:request_success_total",
+                 "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+                 "vllm_autotuner_decisions_total", "vllm_autotuner_rollouts_total"):
+        assert name in queried
+
+
+def test_the_image_runs_the_operator_as_a_non_root_user_from_the_tested_install() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    final_stage = dockerfile.rsplit("\nFROM ", 1)[1]
+    assert 'ENTRYPOINT ["vllm-autotuner", "run"]' in final_stage
+    user = re.search(r"^USER (\d+):(\d+)$", final_stage, re.M)
+    assert user and int(user.group(1)) > 0
+    # The build stage installs with the script tests/integration/test_image.py runs.
+    assert "RUN hack/install-operator.sh /opt/vllm-autotuner" in dockerfile
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["podSecurityContext"]["runAsUser"] == int(user.group(1))

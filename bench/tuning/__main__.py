@@ -26,8 +26,9 @@ from collections.abc import Sequence
 from multiprocessing import Pool
 from pathlib import Path
 
-from vllm_autotuner import sim
 from vllm_autotuner.api import Knobs
+from vllm_autotuner.observe import quantile
+from vllm_autotuner.sim import capacity, engine, metricstate, profiles, startup, workload
 from vllm_autotuner.sim.profiles import get_profile
 
 from bench.tuning import fleet, report, runner, scenarios
@@ -52,15 +53,15 @@ def grid(scenario: BenchScenario, tokens: Sequence[int], seqs: Sequence[float]) 
 
 
 CACHE = Path(".cache/bench-tuning")
-_SOURCES = (Path(sim.__file__).parent, Path(fleet.__file__), Path(runner.__file__), Path(scenarios.__file__))
+#: The code a static run executes: the simulator's engine and what it is built from, the benchmark's fleet and runner.
+_SOURCES = (engine, metricstate, profiles, startup, workload, capacity, quantile, fleet, runner, scenarios)
 
 
 def _cache_key(scenario: BenchScenario, knobs: Knobs) -> str:
     """What a static run's result depends on: the scenario, the config, and the code that simulates it."""
     digest = hashlib.sha256(repr((scenario, knobs)).encode())
-    for source in _SOURCES:
-        for path in sorted(source.glob("*.py")) if source.is_dir() else [source]:
-            digest.update(path.read_bytes())
+    for module in _SOURCES:
+        digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:32]
 
 

@@ -96,11 +96,12 @@ def _utility(p: Prediction, now: Prediction, slo: SLO) -> float:
 
 
 def _rollouts(goal: Knobs, here: Knobs, step_factor: float) -> int:
-    ratio = max(
-        _distance(goal, Knobs(max_num_batched_tokens=goal.max_num_batched_tokens, max_num_seqs=here.max_num_seqs)),
-        _distance(goal, Knobs(max_num_batched_tokens=here.max_num_batched_tokens, max_num_seqs=goal.max_num_seqs)),
+    """Rollouts from ``here`` to ``goal`` when no knob may move by more than ``step_factor`` in one."""
+    farthest = max(
+        abs(math.log2(goal.max_num_batched_tokens / here.max_num_batched_tokens)),
+        abs(math.log2(goal.max_num_seqs / here.max_num_seqs)),
     )
-    return max(1, math.ceil(ratio / math.log2(step_factor) - 1e-9))
+    return max(1, math.ceil(farthest / math.log2(step_factor) - 1e-9))
 
 
 def propose(
@@ -114,8 +115,9 @@ def propose(
 ) -> Proposal | None:
     """The goal for the regime of ``base`` (the window just measured) and the step toward it.
 
-    ``measurements`` are all the status remembers, ``base`` among them;
-    ``excluded`` are configs that must not be proposed (failed to start).
+    ``measurements`` are what the status remembers (``base`` may not be among
+    them yet); ``excluded`` are configs that must not be proposed (failed to
+    start).
     A goal measured in this regime is reached in one step; a predicted one
     through the configs within ``step_factor`` closest to it, each measured
     before the next. None without a model.
@@ -131,7 +133,7 @@ def propose(
     for m in measurements:
         if m.regime != base.regime or m.knobs in excluded or not acceptable(m.knobs, bounds, current):
             continue
-        if m.knobs == here or m.abandoned == 0:
+        if m.abandoned == 0:
             options[m.knobs] = measured_prediction(m, traffic)
         elif m.abandoned == 1:
             options[m.knobs] = replace(measured_prediction(m, traffic), measured=False)

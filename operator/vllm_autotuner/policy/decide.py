@@ -385,7 +385,7 @@ def _traffic_change(
         return _Change(target, KnobSource.TRAFFIC, f"{current.knobs} is outside spec.bounds", regime=base.regime)
     young = _regime_wait_seconds(spec, state, now)
     last = state.last_rollout
-    judging = last is not None and last.source == KnobSource.TRAFFIC and last.verified_at is None
+    judging = last is not None and last.phase == RolloutPhase.SUCCEEDED and last.verified_at is None
     if spec.traffic.strategy == Strategy.TIERS:
         tier = next((t for t in spec.traffic.tiers if t.name == base.regime), None)
         if tier is None:

@@ -152,7 +152,7 @@ def memory_tight(profile: str = "llama3-8b-l4", replicas: int = 4) -> BenchScena
 def full() -> list[BenchScenario]:
     """Every scenario, each >= 24 simulated hours, on the H100, A100 and 70B-TP4 profiles (and the L4)."""
     return [
-        steady_chat("llama3-8b-h100"),
+        steady_chat("llama3-70b-h100-tp4"),
         long_prompt("llama3-8b-a100"),
         long_prompt("llama3-8b-h100"),
         diurnal_batch("llama3-8b-a100"),

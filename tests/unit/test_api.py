@@ -33,11 +33,22 @@ def test_crd_identity_subresource_and_columns():
     assert doc["metadata"]["name"] == "vllmtunings.autotuner.vllm-tuning.io"
     names = doc["spec"]["names"]
     assert (names["kind"], names["plural"], names["shortNames"], names["categories"]) == (
-        "VllmTuning", "vllmtunings", ["vlt"], ["all", "vllm"])
+        "VllmTuning",
+        "vllmtunings",
+        ["vlt"],
+        ["all", "vllm"],
+    )
     version = _version(doc)
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Target", "Mode", "Tokens", "Seqs", "Schedule", "Ready", "Age"]
+        "Target",
+        "Mode",
+        "Tokens",
+        "Seqs",
+        "Schedule",
+        "Ready",
+        "Age",
+    ]
 
 
 def _walk(node, path="spec"):
@@ -110,7 +121,16 @@ def test_minimal_object_gets_documented_defaults():
         {"mode": "Sometimes"},
         {"traffic": {"window": "five minutes"}},
         {"bounds": {"maxNumSeqs": {"min": 0}}},
-        {"schedules": [{"name": "night", "start": "0 22 * *", "end": "0 6 * * *", "knobs": {"maxNumBatchedTokens": 8, "maxNumSeqs": 4}}]},
+        {
+            "schedules": [
+                {
+                    "name": "night",
+                    "start": "0 22 * *",
+                    "end": "0 6 * * *",
+                    "knobs": {"maxNumBatchedTokens": 8, "maxNumSeqs": 4},
+                }
+            ]
+        },
         {"unknownField": 1},
     ],
 )

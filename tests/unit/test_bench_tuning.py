@@ -19,7 +19,7 @@ def toy() -> BenchScenario:
         (Phase("chat", 0, half), Phase("rag", half, 2 * half)),
         2 * half,
     )
-    return BenchScenario("toy-shift", "llama3-8b-a100", 2, traffic, _spec(RAG_SLO))
+    return BenchScenario("toy-shift", "llama3-8b-a100", 2, traffic, _spec("llama3-8b-a100", RAG_SLO))
 
 
 def test_toy_run_writes_json_markdown_and_a_timeline(tmp_path):

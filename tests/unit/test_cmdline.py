@@ -30,9 +30,17 @@ NEW = Knobs(max_num_batched_tokens=3072, max_num_seqs=96)
         ({"args": ["--model", "M", "--max-num-batched-tokens=4096", "--max-num-seqs=32"]}, 4096, 32),
         ({"args": ["--max_num_batched_tokens", "2048", "--max_num_seqs=16"]}, 2048, 16),
         ({"command": ["/bin/sh", "-c", "vllm serve M --max-num-seqs 64"]}, None, 64),
-        ({"command": ["bash", "-c"], "args": ["exec vllm serve M --max-num-batched-tokens='1024' 2>&1 | tee /l"]}, 1024, None),
+        (
+            {"command": ["bash", "-c"], "args": ["exec vllm serve M --max-num-batched-tokens='1024' 2>&1 | tee /l"]},
+            1024,
+            None,
+        ),
         ({"command": ["/usr/bin/env", "sh", "-ec", "vllm serve M --max_num_seqs=8 && echo done"]}, None, 8),
-        ({"command": ["python3", "-m", "vllm.entrypoints.openai.api_server"], "args": ["--max-num-seqs", "7"]}, None, 7),
+        (
+            {"command": ["python3", "-m", "vllm.entrypoints.openai.api_server"], "args": ["--max-num-seqs", "7"]},
+            None,
+            7,
+        ),
         # argparse semantics: the last occurrence wins
         ({"args": ["--max-num-seqs", "1", "--max-num-seqs", "2"]}, None, 2),
         ({"args": ["--model", "M"]}, None, None),
@@ -41,7 +49,6 @@ NEW = Knobs(max_num_batched_tokens=3072, max_num_seqs=96)
 def test_reads_every_spelling(container, tokens, seqs):
     args = EngineArgs.from_container(container)
     assert (args.max_num_batched_tokens, args.max_num_seqs) == (tokens, seqs)
-
 
 
 @pytest.mark.parametrize(
@@ -59,6 +66,7 @@ def test_reads_every_spelling(container, tokens, seqs):
 )
 def test_reads_the_model(container, model):
     assert CommandLine.parse(container).model() == model
+
 
 def test_write_changes_only_the_knob_tokens_in_a_shell_string():
     script = "pip list >/dev/null && exec vllm serve 'my model' --max-num-seqs=64 --port 8000 2>&1 | tee /log"
@@ -98,7 +106,13 @@ def test_unbalanced_quote_is_a_clear_error():
 
 def test_shell_tokenizer_spans_and_redirections():
     words = split_shell("a 'b c'\\ d 2>&1|e")
-    assert [(w, op) for w, _, op in words] == [("a", False), ("b c d", False), ("2>&1", True), ("|", True), ("e", False)]
+    assert [(w, op) for w, _, op in words] == [
+        ("a", False),
+        ("b c d", False),
+        ("2>&1", True),
+        ("|", True),
+        ("e", False),
+    ]
     assert words[1][1] == (2, 10)
 
 
@@ -172,7 +186,9 @@ def containers(draw):
         container = {"command": head + words}
     else:
         script = shlex.join(head + words) + draw(st.sampled_from(["", " 2>&1 | tee /tmp/log", " ; echo bye"]))
-        container = {"command": ["/bin/sh", "-c", script]} if form == "shell" else {"command": ["bash", "-c"], "args": [script]}
+        container = (
+            {"command": ["/bin/sh", "-c", script]} if form == "shell" else {"command": ["bash", "-c"], "args": [script]}
+        )
     return container, tokens, seqs
 
 
@@ -190,7 +206,11 @@ def test_read_write_roundtrip_changes_nothing_else(case, new_tokens, new_seqs):
 
     # every other flag keeps its value, and nothing but the knob tokens changed
     def others(c):
-        return [(f.name, f.value) for f in CommandLine.parse(c).flags() if f.name not in ("max-num-batched-tokens", "max-num-seqs")]
+        return [
+            (f.name, f.value)
+            for f in CommandLine.parse(c).flags()
+            if f.name not in ("max-num-batched-tokens", "max-num-seqs")
+        ]
 
     assert others(out) == others(container)
     assert set(out) == set(container)

@@ -73,9 +73,15 @@ def test_the_dashboard_queries_only_metrics_that_exist() -> None:
     queried = {name for query in _dashboard_queries() for name in METRIC.findall(query)}
     assert queried - exposed == set()
     # What the dashboard is for: knobs, traffic, latency against the SLO, decisions, rollouts.
-    for name in ("vllm_autotuner_knob", "vllm_autotuner_recommended_knob", "vllm:request_success_total",
-                 "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
-                 "vllm_autotuner_decisions_total", "vllm_autotuner_rollouts_total"):
+    for name in (
+        "vllm_autotuner_knob",
+        "vllm_autotuner_recommended_knob",
+        "vllm:request_success_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm_autotuner_decisions_total",
+        "vllm_autotuner_rollouts_total",
+    ):
         assert name in queried
 
 

@@ -17,7 +17,12 @@ def deployment(args, generation=3, status=None, annotations=None):
                 "spec": {
                     "containers": [
                         {"name": "sidecar", "image": "envoy", "args": ["--port", "9"]},
-                        {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "args": args, "env": [{"name": "A", "value": "1"}]},
+                        {
+                            "name": "vllm",
+                            "image": "vllm/vllm-openai:v0.11.0",
+                            "args": args,
+                            "env": [{"name": "A", "value": "1"}],
+                        },
                     ]
                 },
             },
@@ -31,14 +36,19 @@ def test_patch_touches_only_the_vllm_container_args_and_carries_the_resource_ver
     patch = knob_patch(dep, None, Knobs(max_num_batched_tokens=4096, max_num_seqs=128), "ITL breach", "chat", "Traffic")
     assert patch["metadata"] == {"resourceVersion": "42"}
     (container,) = patch["spec"]["template"]["spec"]["containers"]
-    assert container == {"name": "vllm", "args": ["--model", "M", "--max-num-seqs", "128", "--max-num-batched-tokens", "4096"]}
+    assert container == {
+        "name": "vllm",
+        "args": ["--model", "M", "--max-num-seqs", "128", "--max-num-batched-tokens", "4096"],
+    }
     annotations = patch["spec"]["template"]["metadata"]["annotations"]
     assert annotations[KNOBS_ANNOTATION] == "maxNumBatchedTokens=4096,maxNumSeqs=128"
 
 
 def test_operator_written_knobs_are_recognised_and_manual_edits_are_not():
     knobs = Knobs(max_num_batched_tokens=4096, max_num_seqs=128)
-    ours = deployment(["--max-num-seqs", "128"], annotations={KNOBS_ANNOTATION: "maxNumBatchedTokens=4096,maxNumSeqs=128"})
+    ours = deployment(
+        ["--max-num-seqs", "128"], annotations={KNOBS_ANNOTATION: "maxNumBatchedTokens=4096,maxNumSeqs=128"}
+    )
     assert written_by_operator(ours, knobs)
     assert not written_by_operator(ours, Knobs(max_num_batched_tokens=4096, max_num_seqs=64))
     assert template_engine_args(ours, "vllm").max_num_seqs == 128
@@ -53,7 +63,12 @@ def crashing_pod(restarts):
                     "name": "vllm",
                     "restartCount": restarts,
                     "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off restarting"}},
-                    "lastState": {"terminated": {"exitCode": 1, "message": "ValueError: No available memory for the cache blocks."}},
+                    "lastState": {
+                        "terminated": {
+                            "exitCode": 1,
+                            "message": "ValueError: No available memory for the cache blocks.",
+                        }
+                    },
                 }
             ]
         },
@@ -65,18 +80,24 @@ def test_progress_complete_in_progress_and_failed():
     assert rollout_state(done, 3, [], "vllm", 10, 600).progress is Progress.COMPLETE
     assert not rollout_in_progress(done)
 
-    midway = deployment([], status={"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1, "availableReplicas": 2})
+    midway = deployment(
+        [], status={"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1, "availableReplicas": 2}
+    )
     assert rollout_state(midway, 3, [], "vllm", 10, 600).progress is Progress.IN_PROGRESS
     assert rollout_in_progress(midway)
     late = rollout_state(midway, 3, [], "vllm", 601, 600)
     assert late.progress is Progress.FAILED and "progressDeadline 600s" in late.message
 
-    stale = deployment([], status={"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2})
+    stale = deployment(
+        [], status={"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2}
+    )
     assert rollout_state(stale, 3, [], "vllm", 1, 600).progress is Progress.IN_PROGRESS
 
 
 def test_crash_loop_fails_fast_with_the_vllm_error():
-    midway = deployment([], status={"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1, "availableReplicas": 2})
+    midway = deployment(
+        [], status={"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1, "availableReplicas": 2}
+    )
     assert rollout_state(midway, 3, [crashing_pod(1)], "vllm", 30, 600).progress is Progress.IN_PROGRESS
     failed = rollout_state(midway, 3, [crashing_pod(2)], "vllm", 30, 600)
     assert failed.progress is Progress.FAILED

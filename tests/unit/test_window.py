@@ -17,10 +17,22 @@ A, B, OTHER = ("llm", "llama-abc-1"), ("llm", "llama-abc-2"), ("llm", "llama-old
 def window(pods=(A, B)) -> WindowData:
     data = WindowData(at=1000.0, window_seconds=100.0)
     per_pod = {
-        "requests": 2.0, "prompt_tokens": 1000.0, "generation_tokens": 500.0, "preemptions": 0.0,
-        "prompt_len_sum": 1000.0, "prompt_len_count": 2.0, "output_len_sum": 500.0, "output_len_count": 2.0,
-        "step_tokens_sum": 3000.0, "steps": 30.0, "itl_sum": 1.5, "itl_count": 50.0,
-        "running": 10.0, "waiting": 1.0, "kv_usage": 0.5, "last_seen": 998.0,
+        "requests": 2.0,
+        "prompt_tokens": 1000.0,
+        "generation_tokens": 500.0,
+        "preemptions": 0.0,
+        "prompt_len_sum": 1000.0,
+        "prompt_len_count": 2.0,
+        "output_len_sum": 500.0,
+        "output_len_count": 2.0,
+        "step_tokens_sum": 3000.0,
+        "steps": 30.0,
+        "itl_sum": 1.5,
+        "itl_count": 50.0,
+        "running": 10.0,
+        "waiting": 1.0,
+        "kv_usage": 0.5,
+        "last_seen": 998.0,
     }
     for key, value in per_pod.items():
         data.values[key] = {pod: value for pod in (*pods, OTHER)}

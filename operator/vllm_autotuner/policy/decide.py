@@ -64,7 +64,7 @@ from vllm_autotuner.policy.regime import classify, matching_tier
 from vllm_autotuner.policy.schedule import ActiveWindow, preset_boundaries, window_in_force
 
 #: Windows a rollout's first settled window may stay short of its baseline before the change counts as a regression.
-REGRESSION_PATIENCE = 3
+REGRESSION_PATIENCE = 6
 #: Regime name of traffic no tier matches (not a valid tier name, so it never collides with one).
 NO_TIER = "(no tier)"
 
@@ -474,16 +474,18 @@ def _restart_loss(
 
 
 def _verify(
-    spec: VllmTuningSpec, state: VllmTuningStatus, base: Measurement, window_start: datetime, now: datetime
+    spec: VllmTuningSpec, slo: SLO, state: VllmTuningStatus, base: Measurement, window_start: datetime, now: datetime
 ) -> Decision | VllmTuningStatus:
     """Judge the last rollout once its restart has settled: record its cost, roll back a regression.
 
     The window judged starts one full window after the settle time, when
     the queue that built up while pods restarted has usually drained. A
-    window still short of the baseline is given up to REGRESSION_PATIENCE
-    more windows to recover (a busy fleet drains slowly) before the change
-    counts as a regression. Only traffic-driven changes are rolled back;
-    schedule presets are the user's.
+    window still short of the baseline counts as a regression only once the
+    queue has drained (queue time p95 within half the TTFT target) for a
+    further window, or when REGRESSION_PATIENCE windows have passed: a busy
+    fleet drains slowly, and rolling back a config for its restart's queue
+    builds another. Only traffic-driven changes are rolled back; schedule
+    presets are the user's.
     """
     rollout = state.last_rollout
     if rollout is None or rollout.phase != RolloutPhase.SUCCEEDED or rollout.verified_at is not None:
@@ -494,9 +496,11 @@ def _verify(
     if window_start < since + timedelta(seconds=grace):
         return state
     floor = (rollout.baseline_attainment or 0.0) * (1 - spec.rollout.regression_tolerance_percent / 100)
-    patience = grace + REGRESSION_PATIENCE * duration_seconds(spec.traffic.window)
-    if base.attainment < floor and window_start < since + timedelta(seconds=patience):
-        return state
+    window = duration_seconds(spec.traffic.window)
+    if base.attainment < floor and window_start < since + timedelta(seconds=grace + REGRESSION_PATIENCE * window):
+        drained = base.queue_seconds is not None and base.queue_seconds <= slo.ttft.seconds / 2
+        if not drained or window_start < since + timedelta(seconds=grace + window):
+            return state
     update: dict[str, object] = {"last_rollout": rollout.model_copy(update={"verified_at": utc_timestamp(now)})}
     if rollout.baseline_attainment is not None:
         # lost attainment-seconds over the attainment there was to lose: seconds of the target's whole goodput
@@ -535,7 +539,7 @@ def decide(spec: VllmTuningSpec, state: VllmTuningStatus, observation: Observati
     if problem is None:
         assert observation is not None
         state, base = _observe(spec, settings, state, observation, now)
-        checked = _verify(spec, state, base, observation.window_start, now)
+        checked = _verify(spec, settings.slo, state, base, observation.window_start, now)
         if isinstance(checked, Decision):
             return checked
         state = _remember(checked, observation, base)

@@ -28,13 +28,26 @@ def test_conditions_are_listed_in_a_stable_order():
 
 
 def rs(name, revision, uid="d-uid"):
-    return {"metadata": {"name": name, "namespace": "llm", "annotations": {"deployment.kubernetes.io/revision": revision},
-                         "ownerReferences": [{"uid": uid}], "managedFields": [{"x": 1}]}}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "llm",
+            "annotations": {"deployment.kubernetes.io/revision": revision},
+            "ownerReferences": [{"uid": uid}],
+            "managedFields": [{"x": 1}],
+        }
+    }
 
 
 def test_current_replicaset_is_the_deployment_revision():
-    dep = {"metadata": {"name": "llama", "namespace": "llm", "uid": "d-uid",
-                        "annotations": {"deployment.kubernetes.io/revision": "2"}}}
+    dep = {
+        "metadata": {
+            "name": "llama",
+            "namespace": "llm",
+            "uid": "d-uid",
+            "annotations": {"deployment.kubernetes.io/revision": "2"},
+        }
+    }
     cache = ClusterCache()
     replicasets: dict = {}
     for body in (rs("llama-a", "1"), rs("llama-b", "2"), rs("other-x", "9", uid="other")):

@@ -173,24 +173,33 @@ def test_override_window_runs_the_traffic_policy_inside_its_bounds():
     assert "outside its bounds" in decision.reason
 
 
-def test_measured_regression_rolls_back_once_the_restart_backlog_has_had_time_to_drain():
+def _judged_after(worse, minutes_held, minute_rolled_back):
     state = warmed()
     change = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
     done = T0 + timedelta(minutes=4)
     state = succeed(change, done)
-    worse = {"tpot_within_slo": 0.3, "itl_seconds": 0.3}
-    # settle 2m + one window 5m: the restart's queue may still stand; then up to three more windows to recover
-    for minutes in (7, 12, 26):
+    for minutes in minutes_held:
         at = done + timedelta(minutes=minutes, seconds=1)
-        early = decide(SPEC, state, long_prompt_window(state, SPEC, now=at, **worse), at)
-        assert early.action == DecisionAction.HOLD and early.state.last_rollout.verified_at is None, minutes
-        state = early.state
-    at = done + timedelta(minutes=27, seconds=1)
-    decision = decide(SPEC, state, long_prompt_window(state, SPEC, now=at, **worse), at)
+        held = decide(SPEC, state, long_prompt_window(state, SPEC, now=at, **worse), at)
+        assert held.action == DecisionAction.HOLD and held.state.last_rollout.verified_at is None, minutes
+        state = held.state
+    at = done + timedelta(minutes=minute_rolled_back, seconds=1)
+    return decide(SPEC, state, long_prompt_window(state, SPEC, now=at, **worse), at)
+
+
+def test_a_regression_is_rolled_back_once_the_queue_has_drained_for_a_window():
+    # settle 2m + one window 5m; then a drained queue (p95 0.1s) for one more window 5m
+    decision = _judged_after({"tpot_within_slo": 0.3, "itl_seconds": 0.3}, (7, 12), 17)
     assert decision.action == DecisionAction.ROLLBACK and decision.knobs == knobs(8192, 1024)
     assert decision.source == KnobSource.ROLLBACK and "regression" in decision.reason
     assert decision.state.last_rollout.to_knobs == knobs(8192, 1024)
     assert len(decision.state.rollout_times) == 2
+
+
+def test_a_regression_behind_a_standing_queue_is_judged_after_six_windows():
+    backlog = {"tpot_within_slo": 0.3, "itl_seconds": 0.3, "queue_seconds": 5.0}
+    decision = _judged_after(backlog, (7, 12, 17, 41), 42)  # windows from settle 2m + 5m + six windows 30m
+    assert decision.action == DecisionAction.ROLLBACK
 
 
 def test_a_good_change_is_verified_and_not_rolled_back():

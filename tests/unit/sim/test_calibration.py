@@ -47,9 +47,7 @@ def _sharegpt_offline(profile: str, prompts: int = 3000) -> tuple[float, float]:
     then). Returns output tokens/s and the median per-request TPOT."""
     engine = Engine(
         noiseless(profile),
-        EngineConfig(
-            max_num_batched_tokens=2048, max_num_seqs=256, max_model_len=2048, enable_chunked_prefill=False
-        ),
+        EngineConfig(max_num_batched_tokens=2048, max_num_seqs=256, max_model_len=2048, enable_chunked_prefill=False),
     )
     work = steady(1.0, SHAREGPT, hours=2).generate(seed=11, max_model_len=2048)
     for prompt, output in zip(work.prompt_tokens[:prompts], work.output_tokens[:prompts], strict=True):

@@ -107,7 +107,6 @@ def test_advance_to_infinity_drains_everything() -> None:
     assert snap.gauges.kv_cache_usage_perc == 0.0
 
 
-
 def test_tokens_generated_follows_one_request_token_by_token() -> None:
     engine = Engine(noiseless("llama3-8b-h100"), EngineConfig(), seed=0)
     rid = engine.submit(Request(0.0, 2000, 400))

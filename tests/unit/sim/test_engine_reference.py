@@ -19,7 +19,12 @@ CASES = [
     # (profile, config, arrival rate, seed)
     ("llama3-8b-h100", EngineConfig(max_num_batched_tokens=512, max_num_seqs=64), 40, 1),
     ("llama3-8b-h100", EngineConfig(max_num_batched_tokens=2048, max_num_seqs=128), 80, 2),
-    ("llama3-8b-h100", EngineConfig(max_num_batched_tokens=8192, max_num_seqs=256, enable_chunked_prefill=False), 50, 3),
+    (
+        "llama3-8b-h100",
+        EngineConfig(max_num_batched_tokens=8192, max_num_seqs=256, enable_chunked_prefill=False),
+        50,
+        3,
+    ),
     (
         "llama3-8b-l4",
         EngineConfig(max_num_batched_tokens=512, max_num_seqs=256, max_model_len=4096, gpu_memory_utilization=0.8),

@@ -64,15 +64,24 @@ def test_nodes_look_like_gpu_feature_discovery_labelled_gpu_nodes():
 def test_lease_is_owned_by_its_node():
     body = lease("sim-x-0", "uid-1", NOW)
     assert body["metadata"]["namespace"] == "kube-node-lease"
-    assert body["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": "sim-x-0",
-                                                    "uid": "uid-1"}]
-    assert body["spec"] == {"holderIdentity": "sim-x-0", "leaseDurationSeconds": 40,
-                            "renewTime": "2025-06-01T12:00:00.000000Z"}
+    assert body["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": "sim-x-0", "uid": "uid-1"}
+    ]
+    assert body["spec"] == {
+        "holderIdentity": "sim-x-0",
+        "leaseDurationSeconds": 40,
+        "renewTime": "2025-06-01T12:00:00.000000Z",
+    }
 
 
 def test_scrape_target_carries_what_kubernetes_service_discovery_would():
-    pod = {"metadata": {"namespace": "llm", "name": "llama-7d9f-x2x4q",
-                        "labels": {"app": "llama", "app.kubernetes.io/name": "vllm", "pod-template-hash": "7d9f"}}}
+    pod = {
+        "metadata": {
+            "namespace": "llm",
+            "name": "llama-7d9f-x2x4q",
+            "labels": {"app": "llama", "app.kubernetes.io/name": "vllm", "pod-template-hash": "7d9f"},
+        }
+    }
     assert scrape_target(pod, "127.9.1.1:8000", "vllm") == {
         "targets": ["127.9.1.1:8000"],
         "labels": {
@@ -105,27 +114,43 @@ def test_addresses_are_fresh_and_skip_taken_ones():
 
 
 def test_label_selector_of_a_deployment():
-    assert label_selector({"matchLabels": {"b": "2", "a": "1"}, "matchExpressions": [
-        {"key": "tier", "operator": "In", "values": ["x", "y"]},
-        {"key": "canary", "operator": "DoesNotExist"},
-        {"key": "gpu", "operator": "Exists"},
-        {"key": "zone", "operator": "NotIn", "values": ["z"]}]}) == \
-        "a=1,b=2,tier in (x,y),!canary,gpu,zone notin (z)"
+    assert (
+        label_selector(
+            {
+                "matchLabels": {"b": "2", "a": "1"},
+                "matchExpressions": [
+                    {"key": "tier", "operator": "In", "values": ["x", "y"]},
+                    {"key": "canary", "operator": "DoesNotExist"},
+                    {"key": "gpu", "operator": "Exists"},
+                    {"key": "zone", "operator": "NotIn", "values": ["z"]},
+                ],
+            }
+        )
+        == "a=1,b=2,tier in (x,y),!canary,gpu,zone notin (z)"
+    )
 
 
 def pod(name, ip, ready=True, args=("--port", "8001"), deleting=False):
-    return {"metadata": {"name": name, **({"deletionTimestamp": "2025-01-01T00:00:00Z"} if deleting else {})},
-            "spec": {"containers": [{"name": "vllm", "command": ["vllm", "serve", "m"], "args": list(args)}]},
-            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": str(ready)}]}}
+    return {
+        "metadata": {"name": name, **({"deletionTimestamp": "2025-01-01T00:00:00Z"} if deleting else {})},
+        "spec": {"containers": [{"name": "vllm", "command": ["vllm", "serve", "m"], "args": list(args)}]},
+        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": str(ready)}]},
+    }
 
 
 def test_load_uses_ready_loopback_pods_at_vllms_port():
-    urls, warnings = endpoints([
-        pod("b", "127.9.1.2"), pod("a", "127.9.1.1", args=()), pod("c", "127.9.1.3", ready=False),
-        pod("d", "127.9.1.4", deleting=True), pod("e", "10.0.0.5"), pod("f", None)])
+    urls, warnings = endpoints(
+        [
+            pod("b", "127.9.1.2"),
+            pod("a", "127.9.1.1", args=()),
+            pod("c", "127.9.1.3", ready=False),
+            pod("d", "127.9.1.4", deleting=True),
+            pod("e", "10.0.0.5"),
+            pod("f", None),
+        ]
+    )
     assert urls == ["http://127.9.1.1:8000", "http://127.9.1.2:8001"]
-    assert warnings == ["e: podIP 10.0.0.5 is not a loopback address; sim load drives only the simulated "
-                        "fleet's pods"]
+    assert warnings == ["e: podIP 10.0.0.5 is not a loopback address; sim load drives only the simulated fleet's pods"]
 
 
 def test_scenarios_take_the_main_rate():

@@ -37,8 +37,7 @@ def test_readiness_turns_ready_at_the_first_probe_after_vllm_serves():
 
 
 def test_startup_probe_gates_started_and_readiness():
-    spec = {"startupProbe": probe(periodSeconds=10, failureThreshold=30),
-            "readinessProbe": probe(periodSeconds=5)}
+    spec = {"startupProbe": probe(periodSeconds=10, failureThreshold=30), "readinessProbe": probe(periodSeconds=5)}
     plan = plan_attempt(spec, serves_after=101.0, exits_after=None, exit_code=0, time_scale=1)
     assert plan.started_after == 110.0 and plan.ready_after == 110.0 and plan.killed_by is None
 
@@ -102,11 +101,20 @@ def test_crash_loop_status_shape():
     terminated = vllm.exit(1, "ValueError: no memory", t1)
     vllm.back_off(terminated, 10, "llama-abc")
     status = next(c for c in pod.render(t1)["containerStatuses"] if c["name"] == "vllm")
-    assert status["state"] == {"waiting": {
-        "reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed container=vllm pod=llama-abc"}}
+    assert status["state"] == {
+        "waiting": {
+            "reason": "CrashLoopBackOff",
+            "message": "back-off 10s restarting failed container=vllm pod=llama-abc",
+        }
+    }
     assert status["lastState"]["terminated"] == {
-        "exitCode": 1, "reason": "Error", "message": "ValueError: no memory", "startedAt": "2025-01-01T00:00:00Z",
-        "finishedAt": "2025-01-01T00:00:06Z", "containerID": "containerd://a"}
+        "exitCode": 1,
+        "reason": "Error",
+        "message": "ValueError: no memory",
+        "startedAt": "2025-01-01T00:00:00Z",
+        "finishedAt": "2025-01-01T00:00:06Z",
+        "containerID": "containerd://a",
+    }
     assert status["ready"] is False and status["started"] is False
     assert status["imageID"] == image_id("vllm/vllm-openai:v0.11.0")
     assert status["imageID"].startswith("vllm/vllm-openai@sha256:")
@@ -117,8 +125,9 @@ def test_crash_loop_status_shape():
     vllm.started = vllm.ready = True
     rendered = pod.render(t2)
     conditions = {c["type"]: c for c in rendered["conditions"]}
-    assert conditions["Ready"]["status"] == "True" and conditions["Ready"]["lastTransitionTime"] == \
-        "2025-01-01T00:00:16Z"
+    assert (
+        conditions["Ready"]["status"] == "True" and conditions["Ready"]["lastTransitionTime"] == "2025-01-01T00:00:16Z"
+    )
     assert conditions["Initialized"]["lastTransitionTime"] == "2025-01-01T00:00:00Z"  # never changed
     status = next(c for c in rendered["containerStatuses"] if c["name"] == "vllm")
     assert status["restartCount"] == 1 and "running" in status["state"] and "terminated" in status["lastState"]

@@ -40,7 +40,11 @@ def _families(text: str) -> dict[str, dict[str, object]]:
 
 
 def _served(old_names: bool = False) -> str:
-    engine = Engine(get_profile("llama3-8b-h100"), EngineConfig(max_model_len=256, max_num_batched_tokens=512, max_num_seqs=8), seed=3)
+    engine = Engine(
+        get_profile("llama3-8b-h100"),
+        EngineConfig(max_model_len=256, max_num_batched_tokens=512, max_num_seqs=8),
+        seed=3,
+    )
     for request in random_requests(50, 20, 1, prompt=100, output=60, max_prompt=120, max_output=120):
         engine.submit(request)
     engine.advance(30)

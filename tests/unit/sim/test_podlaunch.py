@@ -19,17 +19,41 @@ def container(**fields):
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [
-        ({"command": ["vllm", "serve", "m", "--max-num-batched-tokens", "4096", "--max-num-seqs=64"]},
-         EngineConfig(max_num_batched_tokens=4096, max_num_seqs=64)),
-        ({"args": ["m", "--max_num_batched_tokens=2048", "--max-model-len", "4096", "--gpu-memory-utilization",
-                   "0.85", "--block-size", "32"]},
-         EngineConfig(max_num_batched_tokens=2048, max_model_len=4096, gpu_memory_utilization=0.85, block_size=32)),
-        ({"command": ["sh", "-c", "exec vllm serve m --no-enable-prefix-caching --enable-chunked-prefill=false "
-                                  "--max-num-seqs 8 2>&1 | tee /log"]},
-         EngineConfig(max_num_seqs=8, enable_prefix_caching=False, enable_chunked_prefill=False)),
+        (
+            {"command": ["vllm", "serve", "m", "--max-num-batched-tokens", "4096", "--max-num-seqs=64"]},
+            EngineConfig(max_num_batched_tokens=4096, max_num_seqs=64),
+        ),
+        (
+            {
+                "args": [
+                    "m",
+                    "--max_num_batched_tokens=2048",
+                    "--max-model-len",
+                    "4096",
+                    "--gpu-memory-utilization",
+                    "0.85",
+                    "--block-size",
+                    "32",
+                ]
+            },
+            EngineConfig(max_num_batched_tokens=2048, max_model_len=4096, gpu_memory_utilization=0.85, block_size=32),
+        ),
+        (
+            {
+                "command": [
+                    "sh",
+                    "-c",
+                    "exec vllm serve m --no-enable-prefix-caching --enable-chunked-prefill=false "
+                    "--max-num-seqs 8 2>&1 | tee /log",
+                ]
+            },
+            EngineConfig(max_num_seqs=8, enable_prefix_caching=False, enable_chunked_prefill=False),
+        ),
         ({"args": ["--model", "m"]}, EngineConfig()),  # absent flags stay absent: vLLM's defaults apply
-        ({"args": ["m", "--performance-mode", "throughput", "--max-num-seqs", "100"]},  # doubles only the defaults
-         EngineConfig(max_num_batched_tokens=16384, max_num_seqs=100)),
+        (
+            {"args": ["m", "--performance-mode", "throughput", "--max-num-seqs", "100"]},  # doubles only the defaults
+            EngineConfig(max_num_batched_tokens=16384, max_num_seqs=100),
+        ),
     ],
 )
 def test_engine_config_from_the_command_line(fields, expected):
@@ -49,15 +73,23 @@ def test_served_model_name_and_port():
 @pytest.mark.parametrize(
     ("fields", "profile", "message", "exit_code"),
     [
-        ({"args": ["--max-num-seqs", "lots"]}, H100,
-         "vllm serve: error: argument --max-num-seqs: invalid int value: 'lots'", 2),
+        (
+            {"args": ["--max-num-seqs", "lots"]},
+            H100,
+            "vllm serve: error: argument --max-num-seqs: invalid int value: 'lots'",
+            2,
+        ),
         ({"args": ["--gpu-memory-utilization", "high"]}, H100, "invalid float value: 'high'", 2),
         ({"args": ["--max-num-seqs"]}, H100, "argument --max-num-seqs: expected one argument", 2),
         ({"args": ["--gpu-memory-utilization", "1.5"]}, H100, "Input should be less than or equal to 1", 1),
         ({"args": ["m"], "resources": {}}, H100, "RuntimeError: Failed to infer device type", 1),
         ({"args": ["m", "--tensor-parallel-size", "4"]}, TP4, "needs 4 GPUs but the container has 1", 1),
-        ({"args": ["m"], "resources": {"limits": {"nvidia.com/gpu": "4"}}}, TP4,
-         "simulate tensor-parallel size 4, this container asks for 1", 1),
+        (
+            {"args": ["m"], "resources": {"limits": {"nvidia.com/gpu": "4"}}},
+            TP4,
+            "simulate tensor-parallel size 4, this container asks for 1",
+            1,
+        ),
         ({"command": ["sh", "-c", "vllm serve 'm"]}, H100, "sh: unbalanced ' quote", 2),
     ],
 )
@@ -69,8 +101,9 @@ def test_refusals_carry_what_vllm_prints(fields, profile, message, exit_code):
 
 
 def test_tensor_parallel_container_on_its_profile():
-    launch = vllm_launch(container(args=["m", "-O3", "--tensor-parallel-size", "4"],
-                                   resources={"limits": {"nvidia.com/gpu": "4"}}), TP4)
+    launch = vllm_launch(
+        container(args=["m", "-O3", "--tensor-parallel-size", "4"], resources={"limits": {"nvidia.com/gpu": "4"}}), TP4
+    )
     assert check_startup(TP4, launch.config).ok
 
 

@@ -39,8 +39,9 @@ async def serving(max_model_len: int | None = None) -> AsyncIterator[tuple[TestC
         yield client, served, clock
 
 
-async def run_until(served: ServedEngine, clock: Clock, task: asyncio.Future, step: float = 0.05,
-                    limit: float = 60) -> None:
+async def run_until(
+    served: ServedEngine, clock: Clock, task: asyncio.Future, step: float = 0.05, limit: float = 60
+) -> None:
     """Tick the engine in ``step`` increments until ``task`` is done."""
     while not task.done():
         assert clock.now < limit, "the request never finished"
@@ -56,8 +57,12 @@ def run(test: Callable[[], Awaitable[None]]) -> None:
 def test_completion_answers_when_the_engine_finished_the_request() -> None:
     async def scenario() -> None:
         async with serving() as (client, served, clock):
-            post = asyncio.ensure_future(client.post("/v1/completions", json={
-                "model": MODEL, "prompt": list(range(1000)), "max_tokens": 200, "ignore_eos": True}))
+            post = asyncio.ensure_future(
+                client.post(
+                    "/v1/completions",
+                    json={"model": MODEL, "prompt": list(range(1000)), "max_tokens": 200, "ignore_eos": True},
+                )
+            )
             served.tick()
             await asyncio.sleep(0.05)
             assert not post.done()  # no simulated time has passed
@@ -78,9 +83,16 @@ def test_completion_answers_when_the_engine_finished_the_request() -> None:
 def test_stream_delivers_each_token_as_the_engine_produces_it() -> None:
     async def scenario() -> None:
         async with serving() as (client, served, clock):
-            response = await client.post("/v1/completions", json={
-                "model": MODEL, "prompt": list(range(500)), "max_tokens": 300, "stream": True,
-                "stream_options": {"include_usage": True}})
+            response = await client.post(
+                "/v1/completions",
+                json={
+                    "model": MODEL,
+                    "prompt": list(range(500)),
+                    "max_tokens": 300,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            )
             assert response.headers["Content-Type"].startswith("text/event-stream")
             events: list[str] = []
             seen_while_running: set[int] = set()
@@ -114,16 +126,18 @@ def test_chat_completion_shapes_streamed_and_whole() -> None:
 
     async def scenario() -> None:
         async with serving() as (client, served, clock):
-            whole = asyncio.ensure_future(client.post("/v1/chat/completions",
-                                                      json={"model": MODEL, "messages": messages, "max_tokens": 5}))
+            whole = asyncio.ensure_future(
+                client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 5})
+            )
             await run_until(served, clock, whole)
             body = await (await whole).json()
             assert body["object"] == "chat.completion"
             assert body["choices"][0]["message"]["role"] == "assistant"
             assert body["usage"]["prompt_tokens"] == chat_prompt_tokens(messages) == 5 + 2 * 5 + 100 + 1
 
-            streamed = await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 3,
-                                                                       "stream": True})
+            streamed = await client.post(
+                "/v1/chat/completions", json={"messages": messages, "max_tokens": 3, "stream": True}
+            )
             reader = asyncio.ensure_future(streamed.text())
             await run_until(served, clock, reader)
             events = [e[6:] for e in (await reader).split("\n\n") if e.startswith("data: ")]
@@ -162,12 +176,17 @@ def test_metrics_models_health_and_shutdown() -> None:
             post = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "hello world"}))
             await run_until(served, clock, post)
             assert (await (await post).json())["usage"] == {
-                "prompt_tokens": completion_prompt_tokens("hello world"), "completion_tokens": 16,
-                "total_tokens": completion_prompt_tokens("hello world") + 16}
+                "prompt_tokens": completion_prompt_tokens("hello world"),
+                "completion_tokens": 16,
+                "total_tokens": completion_prompt_tokens("hello world") + 16,
+            }
             text = await (await client.get("/metrics")).text()
             families = {f.name: f for f in text_string_to_metric_families(text)}
-            (success,) = [s for s in families["vllm:request_success"].samples
-                          if s.name.endswith("_total") and s.labels["finished_reason"] == "length"]
+            (success,) = [
+                s
+                for s in families["vllm:request_success"].samples
+                if s.name.endswith("_total") and s.labels["finished_reason"] == "length"
+            ]
             assert success.value == 1 and success.labels["model_name"] == MODEL
 
             pending = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "x", "max_tokens": 99}))

@@ -169,7 +169,6 @@ def full() -> list[BenchScenario]:
         bursty_chat("llama3-70b-h100-tp4"),
         shift("llama3-8b-h100"),
         shift("llama3-8b-a100"),
-        shift("llama3-70b-h100-tp4"),
         overload("llama3-8b-a100"),
         memory_tight(),
     ]

@@ -362,10 +362,10 @@ class Reconciler:
         elif judged.progress is Progress.FAILED:
             decision = rollout_failed(state, report.now, judged.message, report.generation)
             self._rollout_finished(report, "Failed")
+            report.state = decision.state
             report.condition(ConditionType.DEGRADED, True, "RolloutFailed",
                              f"{rollout.to_knobs} failed: {judged.message}")
             report.event(events.ROLLOUT_FAILED, f"{rollout.to_knobs} failed: {judged.message}", warning=True)
-            report.state = decision.state
             if decision.changes:
                 # our own rollout failed: put the previous config back whatever the mode is now
                 await self._patch(target, decision, report, during_rollout=True)

@@ -221,7 +221,8 @@ class Reconciler:
         observation = None
         if report.state.last_rollout is None or report.state.last_rollout.phase != RolloutPhase.IN_PROGRESS:
             observation = await self._observe(namespace, spec, target, report)
-        decision = decide(spec, report.state, observation, report.now)
+        before = report.state
+        decision = decide(spec, before, observation, report.now)
         report.decision = decision
         self._count(report, decision)
         report.state = decision.state
@@ -229,7 +230,7 @@ class Reconciler:
             report.condition(ConditionType.METRICS_AVAILABLE, False, decision.hold, decision.reason)
         if decision.changes and (spec.mode == Mode.AUTO or decision.action == DecisionAction.ROLLBACK):
             # the policy never changes outside Auto; the mode check is a second lock on the door
-            await self._patch(target, decision, report, during_rollout=False)
+            await self._patch(target, decision, report, before, during_rollout=False)
         ready_reason = {Mode.AUTO: "Tuning", Mode.RECOMMEND: "Recommending", Mode.PAUSED: "Paused"}[spec.mode]
         report.condition(ConditionType.READY, True, ready_reason, f"{decision.action}: {decision.reason}")
         self._progress_condition(report)
@@ -367,8 +368,9 @@ class Reconciler:
                              f"{rollout.to_knobs} failed: {judged.message}")
             report.event(events.ROLLOUT_FAILED, f"{rollout.to_knobs} failed: {judged.message}", warning=True)
             if decision.changes:
-                # our own rollout failed: put the previous config back whatever the mode is now
-                await self._patch(target, decision, report, during_rollout=True)
+                # our own rollout failed: put the previous config back whatever the mode is now (if that
+                # patch fails, the rollout stays in progress and fails again at the next evaluation)
+                await self._patch(target, decision, report, state, during_rollout=True)
 
     def _rollout_finished(self, report: Report, outcome: str) -> None:
         self.metrics.rollouts.labels(report.namespace, report.name, outcome).inc()
@@ -390,21 +392,28 @@ class Reconciler:
             update={"deployment_generation": int(deployment["metadata"].get("generation") or 0)})
         return state.model_copy(update={"last_rollout": rollout})
 
-    async def _patch(self, target: Target, decision: Decision, report: Report, during_rollout: bool) -> None:
-        """Patch the target to the decision's knobs; on success the decision's state (a rollout in progress) stands."""
+    async def _patch(self, target: Target, decision: Decision, report: Report, before: VllmTuningStatus,
+                     during_rollout: bool) -> None:
+        """Patch the target to the decision's knobs.
+
+        ``report.state`` is the decision's state (a rollout in progress) with this
+        evaluation's conditions; it stands when the patch does. ``before`` is the
+        status the decision was made from: without a patch there is no rollout,
+        so the status goes back to it, keeping the recommendation and the conditions.
+        """
         assert decision.knobs is not None and decision.source is not None
         try:
             patched = await self._call(apply_knobs, self.kube, target.deployment, target.container.get("name"),
                                        decision.knobs, decision.reason, report.name, str(decision.source),
                                        during_rollout)
         except (RolloutBusy, ApiException, CommandLineError) as exc:
-            # no patch, so no rollout: keep the recommendation, drop the rest of the decision's state
-            report.state = report.state.model_copy(update={"recommendation": decision.state.recommendation})
+            report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
+                                                     "conditions": report.state.conditions})
             detail = getattr(exc, "reason", None) or str(exc)
             report.event(events.PATCH_FAILED, f"not applying {decision.knobs}: {detail}",
                          warning=not isinstance(exc, RolloutBusy))
             return
-        report.state = self._with_generation(decision.state, patched)
+        report.state = self._with_generation(report.state, patched)
         rollback = decision.action == DecisionAction.ROLLBACK
         report.event(events.ROLLED_BACK if rollback else events.ROLLOUT_STARTED, f"{decision.knobs}: {decision.reason}")
         report.target_event(events.KNOBS_ROLLED_BACK if rollback else events.KNOBS_CHANGED,

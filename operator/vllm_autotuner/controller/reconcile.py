@@ -498,6 +498,10 @@ class Reconciler:
         status = state.model_dump(by_alias=True, mode="json")
         if not write:
             return
+        for reason, message, type_ in report.events + report.target_events:
+            # what the Events say goes to the log too: the one record that outlives their TTL
+            log.log(logging.WARNING if type_ == events.WARNING else logging.INFO, "%s: %s", reason, message,
+                    extra={"namespace": namespace, "tuning": name, "reason": reason})
         try:
             if _pruned(status) != _pruned(body.get("status") or {}):
                 await self._call(self.kube.patch_tuning_status, namespace, name, status)

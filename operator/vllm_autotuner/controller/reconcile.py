@@ -34,6 +34,7 @@ from vllm_autotuner.api import (
     Knobs,
     KnobSource,
     Mode,
+    Recommendation,
     RolloutPhase,
     VllmTuningSpec,
     VllmTuningStatus,
@@ -228,6 +229,9 @@ class Reconciler:
         report.state = decision.state
         if decision.hold in _NO_METRICS and observation is not None:
             report.condition(ConditionType.METRICS_AVAILABLE, False, decision.hold, decision.reason)
+        if decision.hold == HoldReason.RECOMMEND_ONLY and decision.recommendation is not None and (
+                before.recommendation is None or _knobs(before.recommendation) != decision.recommendation):
+            report.event(events.RECOMMENDATION, decision.reason)  # once per new recommendation, not per evaluation
         if decision.changes and (spec.mode == Mode.AUTO or decision.action == DecisionAction.ROLLBACK):
             # the policy never changes outside Auto; the mode check is a second lock on the door
             await self._patch(target, decision, report, before, during_rollout=False)
@@ -515,6 +519,11 @@ class Reconciler:
         except ApiException as exc:
             log.warning("writing status/events of %s/%s failed: %s", namespace, name, exc.reason)
         self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
+
+
+def _knobs(recommendation: Recommendation) -> Knobs:
+    return Knobs(max_num_batched_tokens=recommendation.max_num_batched_tokens,
+                 max_num_seqs=recommendation.max_num_seqs)
 
 
 def _pruned(value: Any) -> Any:

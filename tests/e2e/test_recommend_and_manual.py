@@ -1,7 +1,7 @@
 """Recommend mode changes nothing; a person's edit of the knobs is adopted, not fought.
 
 Under the overload of the chat test the policy wants more sequences. In
-Recommend mode that want must show in the status only: the Deployment
+Recommend mode that want must show in the status and one Event only: the Deployment
 keeps its generation and resourceVersion (nothing, not even an annotation,
 was written to it). Then a person edits the args and the tuning is switched
 to Auto: the operator must adopt the person's knobs as ``source: Manual``
@@ -40,6 +40,10 @@ def test_recommend_mode_only_reports_and_a_persons_edit_is_adopted_and_not_rever
         recommendation = wait_for(lambda: world.status().get("recommendation"), 150, "a recommendation")
         assert recommendation["maxNumSeqs"] > START[1] and "Recommend mode" in recommendation["reason"]
         assert world.history()[-1]["action"] == "Hold"
+        wait_for(lambda: operator.metric("vllm_autotuner_decisions_total", reason="RecommendOnly") >= 3, 60,
+                 "three evaluations recommending")
+        (event,) = world.events("Recommendation")  # one per recommendation, not one per evaluation
+        assert f"tokens={recommendation['maxNumBatchedTokens']} seqs={recommendation['maxNumSeqs']}" in event.message
         deployment = world.deployment().metadata
         assert (deployment.generation, deployment.resource_version) == (untouched.generation,
                                                                         untouched.resource_version)

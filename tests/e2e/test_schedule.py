@@ -35,8 +35,8 @@ def test_a_schedule_preset_is_live_at_the_window_start_and_the_traffic_policy_re
         cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators) -> None:
     world = World(cluster_with_crd, namespace)
     world.create_deployment(H100, knob_args(*BEFORE), replicas=2)
-    # The first minute boundary at least 40 s away: time for the operator to start before the pre-roll.
-    opens = (datetime.now(timezone.utc) + timedelta(seconds=40 + 59)).replace(second=0, microsecond=0)
+    # The first minute boundary at least 35 s away: time for the operator to start before the pre-roll.
+    opens = (datetime.now(timezone.utc) + timedelta(seconds=35 + 59)).replace(second=0, microsecond=0)
     closes = opens + timedelta(minutes=1)
     world.create_tuning(tuning_spec(world.name, schedules=[{
         "name": "batch", "timeZone": ZONE, "start": daily_cron(opens, ZONE), "end": daily_cron(closes, ZONE),

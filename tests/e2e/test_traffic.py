@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from tests.e2e.conftest import Operators
-from tests.e2e.world import REVISION, Load, World, knob_args, knobs_of, parse_time, promql, tuning_spec
+from tests.e2e.world import REVISION, WINDOW, Load, World, knob_args, knobs_of, parse_time, promql, tuning_spec
 from tests.support import H100, Cluster, NotYet, wait_for
 
 from vllm_autotuner.sim import localenv
@@ -25,7 +25,6 @@ from vllm_autotuner.sim import localenv
 pytestmark = pytest.mark.e2e
 
 TTFT_SLO, ITL_SLO = 1.0, 0.05
-WINDOW = "30s"
 
 
 def settled_window(world: World, knobs: tuple[int, int]) -> dict[str, Any] | NotYet:

@@ -27,6 +27,8 @@ from vllm_autotuner.api import GROUP, PLURAL, VERSION
 from vllm_autotuner.sim import localenv
 
 REVISION = "deployment.kubernetes.io/revision"
+WINDOW = "20s"
+"""The observation window of every test's VllmTuning (and of the tests' own PromQL that checks it)."""
 
 
 def knob_args(tokens: int, seqs: int) -> list[str]:
@@ -49,15 +51,16 @@ def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 def tuning_spec(target: str, **overrides: Any) -> dict[str, Any]:
     """A VllmTuning spec with the short time constants these tests run on, and ``overrides`` merged in.
 
-    A 30 s window scraped every second is enough samples for the quantiles;
-    a 5 s evaluation interval and 10 s settle time keep the loop fast while
-    the fleet starts pods in seconds (``FLEET_TIME_SCALE``).
+    A ``WINDOW`` of samples scraped every second is enough for the quantiles
+    at the request rates the tests send; a 5 s evaluation interval and settle
+    time keep the loop fast while the fleet starts pods in seconds
+    (``FLEET_TIME_SCALE``).
     """
     base = {
         "targetRef": {"name": target},
         "slo": {"ttft": {"quantile": 0.95, "seconds": 1.0}, "itl": {"quantile": 0.95, "seconds": 0.05}},
-        "traffic": {"window": "30s", "evaluationInterval": "5s", "minRequests": 20},
-        "rollout": {"cooldown": "60s", "settleTime": "10s", "progressDeadline": "90s"},
+        "traffic": {"window": WINDOW, "evaluationInterval": "5s", "minRequests": 20},
+        "rollout": {"cooldown": "60s", "settleTime": "5s", "progressDeadline": "90s"},
     }
     return merged(base, overrides)
 

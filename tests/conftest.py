@@ -30,12 +30,16 @@ def _start(start, workdir: Path):
         pytest.fail(str(exc), pytrace=False)
 
 
+def kept_logs(config: pytest.Config) -> Path:
+    """Where this session keeps logs for failed tests (named in the summary)."""
+    return config.stash.setdefault(
+        LOG_DIR, localenv.ROOT / ".test-logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+
+
 def _stop(request: pytest.FixtureRequest, server: localenv.Server, workdir: Path) -> None:
     server.stop()
     if request.session.testsfailed:
-        session_dir = request.config.stash.setdefault(
-            LOG_DIR, localenv.ROOT / ".test-logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-        kept = session_dir / server.name
+        kept = kept_logs(request.config) / server.name
         kept.mkdir(parents=True, exist_ok=True)
         for f in workdir.iterdir():
             if f.is_file():

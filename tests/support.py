@@ -16,13 +16,17 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import kubernetes
 import pytest
 import yaml
 
 from vllm_autotuner.sim import localenv
+from vllm_autotuner.sim.fleet import FLEET_LABEL, PROFILE_LABEL
+from vllm_autotuner.sim.podlaunch import vllm_launch
+from vllm_autotuner.sim.profiles import get_profile
+from vllm_autotuner.sim.startup import StartupOutcome, check_startup
 
 T = TypeVar("T")
 
@@ -35,6 +39,9 @@ FLEET_POOLS = ("llama3-8b-h100:4", "llama3-8b-l4:1")
 budgets that do not fit its memory."""
 FLEET_TIME_SCALE = 0.05
 """A vLLM start-up of 100 s takes 5 s."""
+MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"
+H100, L4 = "llama3-8b-h100", "llama3-8b-l4"
+HEALTH = {"httpGet": {"path": "/health", "port": 8000}}
 
 
 def wait_for(predicate: Callable[[], T], timeout: float, description: str) -> T:
@@ -150,3 +157,57 @@ def token_kubeconfig(cluster: Cluster, namespace: str, service_account: str, pat
         "current-context": user,
     }))
     return path
+
+
+class NotYet(str):
+    """A falsy answer for ``wait_for`` that says what is still missing (shown on timeout)."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def vllm_container(args: list[str]) -> dict[str, Any]:
+    """A vLLM container as a platform team writes one: probes on /health, one GPU."""
+    return {
+        "name": "vllm",
+        "image": "vllm/vllm-openai:v0.11.0",
+        "command": ["vllm", "serve", MODEL],
+        "args": args,
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "startupProbe": {**HEALTH, "periodSeconds": 10, "failureThreshold": 60},
+        "readinessProbe": {**HEALTH, "periodSeconds": 5},
+        "livenessProbe": {**HEALTH, "periodSeconds": 10},
+    }
+
+
+def vllm_deployment(name: str, profile: str, args: list[str], replicas: int = 2) -> dict[str, Any]:
+    """A vLLM Deployment pinned to the fleet's nodes of ``profile``."""
+    labels = {"app": name, "app.kubernetes.io/name": "vllm"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {PROFILE_LABEL: profile, FLEET_LABEL: "sim"},
+                    "containers": [vllm_container(args)],
+                },
+            },
+        },
+    }
+
+
+def expected_startup(profile: str, args: list[str]) -> StartupOutcome:
+    """What the fleet should make of these args on this profile."""
+    p = get_profile(profile)
+    return check_startup(p, vllm_launch(vllm_container(args), p).config, time_scale=FLEET_TIME_SCALE)
+
+
+def is_ready(pod: kubernetes.client.V1Pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])

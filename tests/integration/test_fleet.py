@@ -23,62 +23,25 @@ import kubernetes
 import pytest
 from prometheus_api_client import PrometheusConnect
 from prometheus_client.parser import text_string_to_metric_families
-from tests.support import FLEET_TIME_SCALE, Cluster, wait_for
+from tests.support import (
+    FLEET_TIME_SCALE,
+    H100,
+    HEALTH,
+    L4,
+    Cluster,
+    NotYet,
+    expected_startup,
+    is_ready,
+    vllm_deployment,
+    wait_for,
+)
 
 from vllm_autotuner.sim import localenv
-from vllm_autotuner.sim.fleet import FLEET_LABEL, LEASE_DURATION_S, LEASE_RENEW_S, NODE_LEASE_NAMESPACE, PROFILE_LABEL
-from vllm_autotuner.sim.podlaunch import vllm_launch
-from vllm_autotuner.sim.profiles import get_profile
-from vllm_autotuner.sim.startup import check_startup
+from vllm_autotuner.sim.fleet import FLEET_LABEL, LEASE_DURATION_S, LEASE_RENEW_S, NODE_LEASE_NAMESPACE
 
 pytestmark = pytest.mark.integration
 
-MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"
-H100, L4 = "llama3-8b-h100", "llama3-8b-l4"
-HEALTH = {"httpGet": {"path": "/health", "port": 8000}}
 REFERENCE_SCRAPE = localenv.ROOT / "tests" / "unit" / "sim" / "data" / "vllm-metrics.txt"
-
-
-def vllm_container(args: list[str]) -> dict[str, Any]:
-    """A vLLM container as a platform team writes one: probes on /health, one GPU."""
-    return {
-        "name": "vllm",
-        "image": "vllm/vllm-openai:v0.11.0",
-        "command": ["vllm", "serve", MODEL],
-        "args": args,
-        "ports": [{"name": "http", "containerPort": 8000}],
-        "resources": {"limits": {"nvidia.com/gpu": "1"}},
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "startupProbe": {**HEALTH, "periodSeconds": 10, "failureThreshold": 60},
-        "readinessProbe": {**HEALTH, "periodSeconds": 5},
-        "livenessProbe": {**HEALTH, "periodSeconds": 10},
-    }
-
-
-def vllm_deployment(name: str, profile: str, args: list[str], replicas: int = 2) -> dict[str, Any]:
-    labels = {"app": name, "app.kubernetes.io/name": "vllm"}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {PROFILE_LABEL: profile, FLEET_LABEL: "sim"},
-                    "containers": [vllm_container(args)],
-                },
-            },
-        },
-    }
-
-
-def expected_startup(profile: str, args: list[str]):
-    """What the fleet should make of these args on this profile."""
-    p = get_profile(profile)
-    return check_startup(p, vllm_launch(vllm_container(args), p).config, time_scale=FLEET_TIME_SCALE)
 
 
 class Api:
@@ -98,10 +61,6 @@ class Api:
         return pods if len(pods) == count == len(self.pods(app)) else []
 
 
-def is_ready(pod: kubernetes.client.V1Pod) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-
-
 def condition(obj: Any, kind: str) -> Any:
     """A pod's or node's condition of type ``kind``."""
     return next(c for c in obj.status.conditions if c.type == kind)
@@ -109,13 +68,6 @@ def condition(obj: Any, kind: str) -> Any:
 
 def query(prometheus: localenv.Prometheus, promql: str) -> list[dict[str, Any]]:
     return PrometheusConnect(prometheus.url).custom_query(promql)
-
-
-class NotYet(str):
-    """A falsy answer for ``wait_for`` that says what is still missing (shown on timeout)."""
-
-    def __bool__(self) -> bool:
-        return False
 
 
 def reference_series_names() -> set[str]:

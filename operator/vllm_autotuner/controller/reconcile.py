@@ -34,6 +34,7 @@ from vllm_autotuner.api import (
     Knobs,
     KnobSource,
     Mode,
+    Recommendation,
     RolloutPhase,
     VllmTuningSpec,
     VllmTuningStatus,
@@ -221,15 +222,19 @@ class Reconciler:
         observation = None
         if report.state.last_rollout is None or report.state.last_rollout.phase != RolloutPhase.IN_PROGRESS:
             observation = await self._observe(namespace, spec, target, report)
-        decision = decide(spec, report.state, observation, report.now)
+        before = report.state
+        decision = decide(spec, before, observation, report.now)
         report.decision = decision
         self._count(report, decision)
         report.state = decision.state
         if decision.hold in _NO_METRICS and observation is not None:
             report.condition(ConditionType.METRICS_AVAILABLE, False, decision.hold, decision.reason)
+        if decision.hold == HoldReason.RECOMMEND_ONLY and decision.recommendation is not None and (
+                before.recommendation is None or _knobs(before.recommendation) != decision.recommendation):
+            report.event(events.RECOMMENDATION, decision.reason)  # once per new recommendation, not per evaluation
         if decision.changes and (spec.mode == Mode.AUTO or decision.action == DecisionAction.ROLLBACK):
             # the policy never changes outside Auto; the mode check is a second lock on the door
-            await self._patch(target, decision, report, during_rollout=False)
+            await self._patch(target, decision, report, before, during_rollout=False)
         ready_reason = {Mode.AUTO: "Tuning", Mode.RECOMMEND: "Recommending", Mode.PAUSED: "Paused"}[spec.mode]
         report.condition(ConditionType.READY, True, ready_reason, f"{decision.action}: {decision.reason}")
         self._progress_condition(report)
@@ -362,13 +367,14 @@ class Reconciler:
         elif judged.progress is Progress.FAILED:
             decision = rollout_failed(state, report.now, judged.message, report.generation)
             self._rollout_finished(report, "Failed")
+            report.state = decision.state
             report.condition(ConditionType.DEGRADED, True, "RolloutFailed",
                              f"{rollout.to_knobs} failed: {judged.message}")
             report.event(events.ROLLOUT_FAILED, f"{rollout.to_knobs} failed: {judged.message}", warning=True)
-            report.state = decision.state
             if decision.changes:
-                # our own rollout failed: put the previous config back whatever the mode is now
-                await self._patch(target, decision, report, during_rollout=True)
+                # our own rollout failed: put the previous config back whatever the mode is now (if that
+                # patch fails, the rollout stays in progress and fails again at the next evaluation)
+                await self._patch(target, decision, report, state, during_rollout=True)
 
     def _rollout_finished(self, report: Report, outcome: str) -> None:
         self.metrics.rollouts.labels(report.namespace, report.name, outcome).inc()
@@ -390,21 +396,28 @@ class Reconciler:
             update={"deployment_generation": int(deployment["metadata"].get("generation") or 0)})
         return state.model_copy(update={"last_rollout": rollout})
 
-    async def _patch(self, target: Target, decision: Decision, report: Report, during_rollout: bool) -> None:
-        """Patch the target to the decision's knobs; on success the decision's state (a rollout in progress) stands."""
+    async def _patch(self, target: Target, decision: Decision, report: Report, before: VllmTuningStatus,
+                     during_rollout: bool) -> None:
+        """Patch the target to the decision's knobs.
+
+        ``report.state`` is the decision's state (a rollout in progress) with this
+        evaluation's conditions; it stands when the patch does. ``before`` is the
+        status the decision was made from: without a patch there is no rollout,
+        so the status goes back to it, keeping the recommendation and the conditions.
+        """
         assert decision.knobs is not None and decision.source is not None
         try:
             patched = await self._call(apply_knobs, self.kube, target.deployment, target.container.get("name"),
                                        decision.knobs, decision.reason, report.name, str(decision.source),
                                        during_rollout)
         except (RolloutBusy, ApiException, CommandLineError) as exc:
-            # no patch, so no rollout: keep the recommendation, drop the rest of the decision's state
-            report.state = report.state.model_copy(update={"recommendation": decision.state.recommendation})
+            report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
+                                                     "conditions": report.state.conditions})
             detail = getattr(exc, "reason", None) or str(exc)
             report.event(events.PATCH_FAILED, f"not applying {decision.knobs}: {detail}",
                          warning=not isinstance(exc, RolloutBusy))
             return
-        report.state = self._with_generation(decision.state, patched)
+        report.state = self._with_generation(report.state, patched)
         rollback = decision.action == DecisionAction.ROLLBACK
         report.event(events.ROLLED_BACK if rollback else events.ROLLOUT_STARTED, f"{decision.knobs}: {decision.reason}")
         report.target_event(events.KNOBS_ROLLED_BACK if rollback else events.KNOBS_CHANGED,
@@ -489,6 +502,10 @@ class Reconciler:
         status = state.model_dump(by_alias=True, mode="json")
         if not write:
             return
+        for reason, message, type_ in report.events + report.target_events:
+            # what the Events say goes to the log too: the one record that outlives their TTL
+            log.log(logging.WARNING if type_ == events.WARNING else logging.INFO, "%s: %s", reason, message,
+                    extra={"namespace": namespace, "tuning": name, "reason": reason})
         try:
             if _pruned(status) != _pruned(body.get("status") or {}):
                 await self._call(self.kube.patch_tuning_status, namespace, name, status)
@@ -502,6 +519,11 @@ class Reconciler:
         except ApiException as exc:
             log.warning("writing status/events of %s/%s failed: %s", namespace, name, exc.reason)
         self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
+
+
+def _knobs(recommendation: Recommendation) -> Knobs:
+    return Knobs(max_num_batched_tokens=recommendation.max_num_batched_tokens,
+                 max_num_seqs=recommendation.max_num_seqs)
 
 
 def _pruned(value: Any) -> Any:

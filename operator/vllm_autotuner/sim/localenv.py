@@ -260,12 +260,15 @@ def write_targets(path: Path, targets: Iterable[dict]) -> None:
     tmp.replace(path)
 
 
-def start_prometheus(workdir: Path, *, timeout: float = 60, detach: bool = False) -> Prometheus:
-    """Run Prometheus on a free loopback port with its data under ``workdir``.
+def start_prometheus(workdir: Path, *, port: int | None = None, timeout: float = 60,
+                     detach: bool = False) -> Prometheus:
+    """Run Prometheus on a loopback port (``port``, else a free one) with its data under ``workdir``.
 
     It starts with two empty targets files in ``workdir/targets.d/``:
     ``targets.json`` for anyone and ``fleet.json`` for the simulated fleet.
-    Its log is ``workdir/prometheus.log``.
+    Its log is ``workdir/prometheus.log``. Started again on the same
+    ``workdir`` and ``port``, it is the same server back from an outage: same
+    URL, same stored series.
     """
     if not PROMETHEUS.exists():
         raise StartError(f"{PROMETHEUS} missing: run `make setup` (it installs Debian's prometheus package)")
@@ -277,7 +280,7 @@ def start_prometheus(workdir: Path, *, timeout: float = 60, detach: bool = False
     write_targets(fleet_targets, [])
     config = workdir / "prometheus.yml"
     config.write_text(yaml.safe_dump(prometheus_config(targets_dir), sort_keys=False))
-    url = f"http://127.0.0.1:{free_port()}"
+    url = f"http://127.0.0.1:{port or free_port()}"
     server = _spawn("prometheus", [
         str(PROMETHEUS),
         f"--config.file={config}",

@@ -1,0 +1,63 @@
+"""Prometheus goes away mid-run: the operator says so, patches nothing, and carries on when it is back.
+
+The test runs a Prometheus of its own (the session's is shared by every
+test) that scrapes the test's pods, and points the operator at it. The
+traffic is the overload of the chat test, so the operator has a reason to
+change the knobs: the outage starts right after its first usable window,
+before the traffic has lasted long enough to act on, and the change must
+wait until Prometheus is back. Acting blind on the last numbers seen, or on
+a failed query read as zeros, would show as a patch during the outage.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from tests.e2e.conftest import Operators
+from tests.e2e.test_traffic import settled_window
+from tests.e2e.world import Load, World, fleet_targets_of, knob_args, parse_time, tuning_spec
+from tests.support import H100, Cluster, wait_for
+
+from vllm_autotuner.sim import localenv
+
+pytestmark = pytest.mark.e2e
+
+
+def test_prometheus_stopped_mid_run_means_metrics_unavailable_and_no_patch_until_it_returns(
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus,
+        operators: Operators, tmp_path: Path) -> None:
+    world = World(cluster_with_crd, namespace)
+    world.create_deployment(H100, knob_args(512, 16), replicas=2)
+    workdir = tmp_path / "prometheus"
+    own = localenv.start_prometheus(workdir)
+    try:
+        localenv.write_targets(own.targets_file, fleet_targets_of(prometheus, namespace))
+        world.create_tuning(tuning_spec(world.name, rollout={"cooldown": "10m"}))
+        operator = operators.start(prometheus_url=own.url)
+        with Load(world, tmp_path, rate=18):
+            wait_for(lambda: settled_window(world, (512, 16)), 150, "a first usable window")
+            own.stop()
+
+            unavailable = world.wait_condition("MetricsAvailable", "False", "PrometheusUnreachable", 60)
+            assert own.url in unavailable["message"]
+            assert [e.type for e in world.events("MetricsUnavailable")] == ["Warning"]
+            errors = operator.metric("vllm_autotuner_prometheus_query_errors_total", kind="PrometheusUnreachable")
+            assert errors >= 1
+            wait_for(lambda: operator.metric("vllm_autotuner_prometheus_query_errors_total") >= errors + 3, 60,
+                     "three more evaluations without Prometheus")
+            status = world.status()
+            assert "lastRollout" not in status and world.deployment().metadata.generation == 1
+            assert world.has_condition("Ready", "True", "Tuning")
+            assert operator.alive() and operator.healthy()
+
+            own = localenv.start_prometheus(workdir, port=int(own.url.rsplit(":", 1)[1]))
+            back = datetime.now(timezone.utc)
+            localenv.write_targets(own.targets_file, fleet_targets_of(prometheus, namespace))
+            world.wait_condition("MetricsAvailable", "True", "WindowObserved", 90)
+            rollout = wait_for(lambda: world.status().get("lastRollout"), 120, "the change the traffic called for")
+    finally:
+        own.stop()
+    assert parse_time(rollout["startedAt"]) >= back and rollout["source"] == "Traffic", rollout
+    assert rollout["to"]["maxNumSeqs"] > 16

@@ -1,0 +1,70 @@
+"""Recommend mode changes nothing; a person's edit of the knobs is adopted, not fought.
+
+Under the overload of the chat test the policy wants more sequences. In
+Recommend mode that want must show in the status and an Event only: the Deployment
+keeps its generation and resourceVersion (nothing, not even an annotation,
+was written to it). Then a person edits the args and the tuning is switched
+to Auto: the operator must adopt the person's knobs as ``source: Manual``
+and respect them for the cooldown, though the traffic still calls for a
+change; its hold saying "cooldown" is the proof that it wanted to and
+did not.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from tests.e2e.conftest import Operators
+from tests.e2e.world import Load, World, knob_args, knobs_of, parse_time, tuning_spec
+from tests.support import H100, Cluster, wait_for
+
+from vllm_autotuner.sim import localenv
+
+pytestmark = pytest.mark.e2e
+
+START, MANUAL = (512, 16), (1024, 16)
+RECOMMENDED = re.compile(r"change to (tokens=\d+ seqs=\d+) recommended")
+COOLDOWN = 120
+
+
+def test_recommend_mode_only_reports_and_a_persons_edit_is_adopted_and_not_reverted(
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators,
+        tmp_path: Path) -> None:
+    world = World(cluster_with_crd, namespace)
+    world.create_deployment(H100, knob_args(*START), replicas=2)
+    untouched = world.deployment().metadata
+    world.create_tuning(tuning_spec(world.name, mode="Recommend", rollout={"cooldown": f"{COOLDOWN}s"}))
+    operator = operators.start()
+
+    with Load(world, tmp_path, rate=18):
+        recommendation = wait_for(lambda: world.status().get("recommendation"), 150, "a recommendation")
+        assert recommendation["maxNumSeqs"] > START[1] and "Recommend mode" in recommendation["reason"]
+        assert world.history()[-1]["action"] == "Hold"
+        wait_for(lambda: operator.metric("vllm_autotuner_decisions_total", reason="RecommendOnly") >= 3, 60,
+                 "three evaluations recommending")
+        # An Event per new recommendation, not per evaluation: consecutive ones name different knobs.
+        recommended = [RECOMMENDED.search(e.message).group(1) for e in world.events("Recommendation")]
+        assert recommended and all(a != b for a, b in zip(recommended, recommended[1:])), recommended
+        deployment = world.deployment().metadata
+        assert (deployment.generation, deployment.resource_version) == (untouched.generation,
+                                                                        untouched.resource_version)
+        assert "lastRollout" not in world.status() and world.has_condition("Ready", "True", "Recommending")
+        assert operator.metric("vllm_autotuner_kubernetes_api_calls_total", verb="patch", resource="deployments") == 0
+
+        # A person raises the token budget by hand, then lets the operator act.
+        world.apps.patch_namespaced_deployment(world.name, namespace, {"spec": {"template": {"spec": {
+            "containers": [{"name": "vllm", "args": knob_args(*MANUAL)}]}}}})
+        world.patch_tuning({"mode": "Auto"})
+        adopted = wait_for(lambda: (c := world.status().get("current") or {}).get("source") == "Manual" and c, 60,
+                           "the person's knobs adopted")
+        assert (adopted["maxNumBatchedTokens"], adopted["maxNumSeqs"]) == MANUAL
+        assert len(world.events("ManualChangeAdopted")) == 1
+        cooling = wait_for(lambda: "cooldown" in (h := world.history()[-1])["reason"] and h, COOLDOWN,
+                           "the traffic policy to want a change and wait for the cooldown")
+    assert (parse_time(cooling["time"]) - parse_time(adopted["since"])).total_seconds() < COOLDOWN
+    assert "lastRollout" not in world.status()
+    assert world.deployment().metadata.generation == untouched.generation + 1  # the person's edit only
+    assert knobs_of(world.template_args()) == MANUAL
+    assert operator.metric("vllm_autotuner_kubernetes_api_calls_total", verb="patch", resource="deployments") == 0

@@ -1,0 +1,75 @@
+"""A time-of-day window: its preset is live when the window opens, and the traffic policy resumes when it closes.
+
+The window is written as a platform team writes one, cron expressions in
+an IANA time zone, here computed from the clock so that it opens within a
+minute or two of the test starting. Asia/Kolkata is five and a half hours
+from UTC, so a schedule read in UTC, or in a whole-hour offset, would open
+at the wrong time and the test would see it. Pre-roll means the rolling
+restart happens before the window opens: the new pods must be Ready when
+it does, not start then.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from tests.e2e.conftest import Operators
+from tests.e2e.world import World, daily_cron, knob_args, parse_time, tuning_spec
+from tests.support import H100, Cluster, wait_for
+
+from vllm_autotuner.sim import localenv
+
+pytestmark = pytest.mark.e2e
+
+ZONE = "Asia/Kolkata"
+PRE_ROLL = timedelta(seconds=30)
+BEFORE, PRESET = (2048, 64), (8192, 128)
+
+
+def ready_since(pod) -> datetime:  # noqa: ANN001 - a V1Pod
+    return next(c.last_transition_time for c in pod.status.conditions if c.type == "Ready")
+
+
+def test_a_schedule_preset_is_live_at_the_window_start_and_the_traffic_policy_resumes_at_its_end(
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators) -> None:
+    world = World(cluster_with_crd, namespace)
+    world.create_deployment(H100, knob_args(*BEFORE), replicas=2)
+    # The first minute boundary at least 35 s away: time for the operator to start before the pre-roll.
+    opens = (datetime.now(timezone.utc) + timedelta(seconds=35 + 59)).replace(second=0, microsecond=0)
+    closes = opens + timedelta(minutes=1)
+    world.create_tuning(tuning_spec(world.name, schedules=[{
+        "name": "batch", "timeZone": ZONE, "start": daily_cron(opens, ZONE), "end": daily_cron(closes, ZONE),
+        "preRoll": f"{PRE_ROLL.seconds}s",
+        "knobs": {"maxNumBatchedTokens": PRESET[0], "maxNumSeqs": PRESET[1]}}]))
+    operators.start()
+
+    deadline = (opens - datetime.now(timezone.utc)).total_seconds() + 30
+    pods = world.wait_rolled_out(knob_args(*PRESET), deadline)
+    status = world.status()
+    rollout = status["lastRollout"]
+    assert rollout["source"] == "Schedule" and "pre-roll" in rollout["reason"], rollout
+    assert opens - PRE_ROLL <= parse_time(rollout["startedAt"]) < opens, (rollout["startedAt"], opens)
+    assert max(ready_since(p) for p in pods) <= opens, [(p.metadata.name, ready_since(p)) for p in pods]
+    in_window = wait_for(lambda: world.status().get("current", {}).get("source") == "Schedule" and world.status(),
+                         30, "the preset recorded as live")
+    assert in_window["activeSchedule"] == "batch"
+    assert in_window["resumeKnobs"] == {"maxNumBatchedTokens": BEFORE[0], "maxNumSeqs": BEFORE[1]}
+
+    deadline = (closes - datetime.now(timezone.utc)).total_seconds() + 60
+    world.wait_rolled_out(knob_args(*BEFORE), deadline)
+    back = wait_for(lambda: (r := world.status()["lastRollout"])["phase"] == "Succeeded"
+                    and r["to"]["maxNumBatchedTokens"] == BEFORE[0] and r, 60, "the restoring rollout recorded")
+    assert parse_time(back["startedAt"]) >= closes and "traffic policy resumes" in back["reason"], back
+    finished = parse_time(back["finishedAt"])
+
+    # Decisions are the traffic policy's again: no traffic here, so it holds for want of a usable window.
+    def traffic_decision() -> dict | None:
+        latest = world.history()[-1]
+        return latest if parse_time(latest["time"]) > finished else None
+
+    decision = wait_for(traffic_decision, 30, "a decision after the window closed")
+    status = world.status()
+    assert decision["action"] == "Hold" and "schedule" not in decision["reason"], decision
+    assert status.get("activeSchedule") is None and status.get("resumeKnobs") is None
+    assert len(world.replicasets()) == 3 and world.deployment().metadata.generation == 3

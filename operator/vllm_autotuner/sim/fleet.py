@@ -213,7 +213,8 @@ class SimulatedFleet:
     """The nodes, their pods and the targets file, in one asyncio loop."""
 
     def __init__(self, api: kubernetes.client.ApiClient, pools: list[Pool], *, targets_file: Path,
-                 prefix: str = "sim", time_scale: float = 1.0, tick: float = 0.05, seed: int = 0) -> None:
+                 prefix: str = "sim", time_scale: float = 1.0, tick: float = 0.05, seed: int = 0,
+                 runner: type[PodRunner] = PodRunner) -> None:
         self.core = kubernetes.client.CoreV1Api(api)
         self.coordination = kubernetes.client.CoordinationV1Api(api)
         self.version = kubernetes.client.VersionApi(api)
@@ -228,6 +229,8 @@ class SimulatedFleet:
         self.ctx = FleetContext(call=api_call, core=self.core, nodes=self.nodes, addresses=self.addresses,
                                 set_target=self._set_target, drop_target=self._drop_target,
                                 time_scale=time_scale, seed=seed)
+        self.runner = runner
+        """What runs a pod (the scale benchmark swaps in one without an engine)."""
         self.runners: dict[str, PodRunner] = {}
         self._node_uids: dict[str, str] = {}
         self._ready_since: dict[str, datetime] = {}
@@ -399,14 +402,14 @@ class SimulatedFleet:
         runner = self.runners.get(uid)
         if pod["metadata"].get("deletionTimestamp"):
             if runner is None:
-                runner = self.runners[uid] = PodRunner(self.ctx, pod)
+                runner = self.runners[uid] = self.runner(self.ctx, pod)
             if not runner.terminating:
                 self.ctx.spawn(runner.terminate(), f"terminate {runner.key}")
             return
         if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
             return
         if runner is None:
-            runner = self.runners[uid] = PodRunner(self.ctx, pod)
+            runner = self.runners[uid] = self.runner(self.ctx, pod)
             runner.task = self.ctx.spawn(runner.run(), f"run {runner.key}")
         else:
             runner.seen(pod)
@@ -432,8 +435,11 @@ class _WatchExpired(Exception):
     """The watch's resource version is too old (410): list again."""
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the fleet until SIGTERM or SIGINT. Prints ``READY`` once its nodes are Ready."""
+def main(args: argparse.Namespace, runner: type[PodRunner] = PodRunner) -> int:
+    """Run the fleet until SIGTERM or SIGINT. Prints ``READY`` once its nodes are Ready.
+
+    ``runner`` runs each pod (default: the simulated vLLM start-up and engine).
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.kubeconfig:
         print("sim fleet: no kubeconfig: pass --kubeconfig or set KUBECONFIG (`vllm-autotuner sim up` writes "
@@ -453,7 +459,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     api = kubernetes.config.new_client_from_config(config_file=args.kubeconfig)
     fleet = SimulatedFleet(api, pools, targets_file=args.targets_file,
-                  prefix=args.name_prefix, time_scale=args.time_scale, tick=args.tick, seed=args.seed)
+                  prefix=args.name_prefix, time_scale=args.time_scale, tick=args.tick, seed=args.seed,
+                  runner=runner)
 
     async def run() -> None:
         stop = asyncio.Event()

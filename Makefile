@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: help setup prometheus testenv up down test unit crd bench-sim
+.PHONY: help setup prometheus testenv up down test unit crd bench-sim bench-scale
 
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 # Root installs directly; anyone else needs sudo for the Debian package.
@@ -83,3 +83,6 @@ test: setup testenv ## Everything: unit, integration and e2e tests against real 
 
 bench-sim: setup ## Real-time factor of the engine simulator per profile (prints figures)
 	@$(PY) bench/sim_speed.py
+
+bench-scale: setup testenv ## Operator at 100 and 1000 VllmTunings, batched vs naive queries: bench/results/scale.md (QUICK=1: a toy run)
+	@nice $(PY) -m bench.scale $(if $(QUICK),--quick --out .local/bench-scale/quick)

@@ -134,6 +134,11 @@ async def run(options: RunOptions) -> int:
     """Run until SIGTERM/SIGINT (0) or until leadership is lost (1)."""
     kopf.configure(verbose=options.verbose, log_format=kopf.LogFormat.JSON if options.log_format == "json"
                    else kopf.LogFormat.FULL)
+    if not options.verbose:
+        # kopf logs each watch event its handlers took at INFO ("Handler ... succeeded"): our handlers
+        # only feed the cache, and each status write comes back as an event (2000 lines a minute
+        # at 1000 tunings). Handler failures are warnings and errors, and still logged.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     metrics = OperatorMetrics()
     http = HttpEndpoints(metrics, options.http_host, options.http_port)
     await http.start()

@@ -61,16 +61,19 @@ def registry_for(cache: ClusterCache) -> kopf.OperatorRegistry:
         # this, kopf has no credentials and stops at its first API request.
         return kopf.login_via_client(**kwargs)
 
+    # Coroutines, though they never wait: kopf runs a plain function in a worker thread, a hop per
+    # watch event, and every status write of the evaluator comes back as one.
     @kopf.index("apps", "v1", "deployments", id="deployments", registry=registry)
-    def deployments(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
+    async def deployments(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
         return deployment_index(namespace, name, body)
 
     @kopf.index("apps", "v1", "replicasets", id="replicasets", registry=registry)
-    def replicasets(namespace: str, body: kopf.Body, **_: Any) -> dict:
+    async def replicasets(namespace: str, body: kopf.Body, **_: Any) -> dict:
         return replicaset_index(namespace, body)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    def tunings(event: dict, body: kopf.Body, deployments: kopf.Index, replicasets: kopf.Index, **_: Any) -> None:
+    async def tunings(event: dict, body: kopf.Body, deployments: kopf.Index, replicasets: kopf.Index,
+                      **_: Any) -> None:
         cache.bind(deployments, replicasets)
         cache.on_tuning_event(event.get("type"), body)
 

@@ -51,6 +51,20 @@ class RunOptions:
     verbose: bool = False
 
 
+class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf's diff base, never built.
+
+    At every watch event kopf builds the object's "essence" (a deep copy of
+    it) to tell change handlers (``on.create``, ``on.update``, ``on.field``)
+    what changed. This operator has none: its handlers feed the cache
+    whatever changed, and at 1000 tunings the copies were a tenth of its CPU.
+    A change handler added to the registry would never fire with this storage.
+    """
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+
 def registry_for(cache: ClusterCache) -> kopf.OperatorRegistry:
     """kopf handlers: thin glue that only feeds the cache."""
     registry = kopf.OperatorRegistry()
@@ -82,6 +96,7 @@ def registry_for(cache: ClusterCache) -> kopf.OperatorRegistry:
         settings.posting.enabled = False  # Events are ours, with named reasons; not kopf's handler chatter
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
+        settings.persistence.diffbase_storage = NoDiffBase()
 
     return registry
 

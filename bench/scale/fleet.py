@@ -23,11 +23,12 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.utils import floatToGoString
 
-from bench.scale.traffic import Traffic, served_info, steady_state
+from bench.scale.traffic import SteadyState, Traffic, served_info, steady_state
 from vllm_autotuner.sim import cli as sim_cli
 from vllm_autotuner.sim import fleet
-from vllm_autotuner.sim.metrics import VllmCollector
+from vllm_autotuner.sim.metrics import ServerInfo, VllmCollector
 from vllm_autotuner.sim.podlaunch import LaunchError, VllmLaunch
 from vllm_autotuner.sim.podrunner import SHUTDOWN_TIMEOUT_S, PodRunner
 
@@ -35,6 +36,39 @@ TRAFFIC_ANNOTATION = "bench.vllm-autotuner.io/traffic"
 """Pod annotation naming the traffic its vLLM serves (``Traffic`` as text, e.g. ``chat@18``)."""
 TICK_S = 1.0
 """No engines to advance: the fleet's tick only has to notice that there are none."""
+
+
+def exported(state: SteadyState, info: ServerInfo, age: float) -> str:
+    """What the simulator's vLLM exporter serves for a pod ``age`` seconds into ``state``."""
+    registry = CollectorRegistry()
+    registry.register(VllmCollector(lambda: state.at(age), info))
+    return generate_latest(registry).decode()
+
+
+class Exposition:
+    """A pod's ``/metrics`` text at any age, as the simulator's vLLM exporter renders it, but fast.
+
+    Every sample of :meth:`SteadyState.at` is either constant (gauges,
+    ``_created``) or its per-second value times the age, so rendering the
+    exporter at two ages tells which is which; a scrape then only multiplies.
+    The exporter itself took a few milliseconds a scrape: most of a core's
+    fifth for a thousand pods scraped every 15 s.
+    """
+
+    def __init__(self, state: SteadyState, info: ServerInfo) -> None:
+        once, twice = (exported(state, info, age).splitlines() for age in (1.0, 2.0))
+        self._lines: list[tuple[str, float | None]] = []
+        for line, later in zip(once, twice, strict=True):
+            if line == later:
+                self._lines.append((line, None))
+            else:
+                name, value = line.rsplit(" ", 1)
+                self._lines.append((name + " ", float(value)))
+
+    def render(self, age: float) -> bytes:
+        """What the exporter would serve for a pod ``age`` seconds old."""
+        return "".join(f"{text}{floatToGoString(rate * age)}\n" if rate is not None else f"{text}\n"
+                       for text, rate in self._lines).encode()
 
 
 class SteadyPodRunner(PodRunner):
@@ -54,12 +88,11 @@ class SteadyPodRunner(PodRunner):
         traffic = Traffic.parse((self.pod["metadata"].get("annotations") or {})[TRAFFIC_ANNOTATION])
         state = await asyncio.to_thread(steady_state, traffic, launch.config, self.node.profile.name)
         started = time.time()
-        registry = CollectorRegistry()
-        registry.register(VllmCollector(lambda: state.at(time.time() - started),
-                                        served_info(state, launch.served_model_name, started)))
+        exposition = Exposition(state, served_info(state, launch.served_model_name, started))
 
         async def metrics(_: web.Request) -> web.Response:
-            return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+            return web.Response(body=exposition.render(time.time() - started),
+                                headers={"Content-Type": CONTENT_TYPE_LATEST})
 
         app = web.Application()
         app.router.add_get("/metrics", metrics)

@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: help setup prometheus testenv up down test unit crd manifests bench-sim bench-tuning
+.PHONY: help setup prometheus testenv up down test unit crd manifests bench-sim bench-tuning bench-scale
 
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 # Root installs directly; anyone else needs sudo for the Debian package.
@@ -91,3 +91,6 @@ bench-sim: setup ## Real-time factor of the engine simulator per profile (prints
 
 bench-tuning: $(SETUP_STAMP) ## Tuning quality of the decision core on simulated fleets (QUICK=1: a reduced run under 3 minutes)
 	@nice -n 10 $(PY) -m bench.tuning $(if $(QUICK),--quick)
+
+bench-scale: setup testenv ## Operator at 100 and 1000 VllmTunings, batched vs naive queries: bench/results/scale.md (QUICK=1: a toy run)
+	@nice $(PY) -m bench.scale $(if $(QUICK),--quick --out .local/bench-scale/quick)

@@ -73,6 +73,7 @@ class Evaluator:
         started = time.perf_counter()
         limit = asyncio.Semaphore(CONCURRENCY)
         await asyncio.gather(*(self._evaluate(key, at, limit) for key, at in due))
+        self.reconciler.observations.forget()  # the next tick looks at later windows
         for key, _ in due:
             body = self.cache.tunings.get(key)
             if body is not None:

@@ -6,12 +6,15 @@ first asks, the others await its answer. In the naive mode (the scale
 benchmark's baseline) each tuning adds its own pod matchers, so nothing is
 shared. Queries run in a worker thread; failures are shared too, so a dead
 Prometheus costs one timeout per tick, not one per tuning.
+
+Windows are kept until the evaluator's tick is over (``forget``): a later
+tick asks for a later instant, and a window of a thousand pods' histograms
+holds some 15 MiB.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from collections.abc import Callable
 
 from vllm_autotuner.observe.client import Connection, PrometheusClient
@@ -19,8 +22,6 @@ from vllm_autotuner.observe.queries import Matcher, Selector
 from vllm_autotuner.observe.window import WindowData, fetch_window
 
 WindowKey = tuple[Connection, Selector, float, float, tuple[Matcher, ...]]
-#: Windows kept after they were fetched: enough for every key of one tick.
-KEEP = 256
 
 
 class ObservationService:
@@ -29,7 +30,7 @@ class ObservationService:
     def __init__(self, client_for: Callable[[Connection], PrometheusClient] = PrometheusClient) -> None:
         self._client_for = client_for
         self._clients: dict[Connection, PrometheusClient] = {}
-        self._windows: OrderedDict[WindowKey, asyncio.Future[WindowData]] = OrderedDict()
+        self._windows: dict[WindowKey, asyncio.Future[WindowData]] = {}
 
     def client(self, connection: Connection) -> PrometheusClient:
         if connection not in self._clients:
@@ -52,6 +53,8 @@ class ObservationService:
                 asyncio.to_thread(fetch_window, client, selector, window_seconds, at, extra))
             future.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failure nobody awaits is not an error
             self._windows[key] = future
-            while len(self._windows) > KEEP:
-                self._windows.popitem(last=False)
         return await asyncio.shield(future)
+
+    def forget(self) -> None:
+        """Drop the windows fetched so far (those being fetched still answer whoever awaits them)."""
+        self._windows.clear()

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import random
@@ -45,6 +46,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -72,6 +74,7 @@ NODE_LEASE_NAMESPACE = "kube-node-lease"
 LEASE_DURATION_S = 40
 LEASE_RENEW_S = LEASE_DURATION_S / 4
 STATUS_REPORT_S = 300
+HEARTBEAT_THREADS = 8
 TAINT_NOT_READY = "node.kubernetes.io/not-ready"
 CPU_PER_GPU, MEMORY_GIB_PER_GPU = 24, 240
 """Host resources per GPU, as cloud GPU machines have (an 8x H100 machine: ~200 vCPUs, ~2 TiB)."""
@@ -188,12 +191,14 @@ def scrape_target(pod: dict[str, Any], address: str, container: str) -> dict[str
     return file_sd_target(address, meta["namespace"], meta["name"], meta.get("labels") or {}, container=container)
 
 
-async def api_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run a blocking Kubernetes client call in a worker thread, retrying what
-    may pass (throttling, server errors, a refused connection)."""
+async def api_call(fn: Callable[..., Any], *args: Any, executor: Executor | None = None, **kwargs: Any) -> Any:
+    """Run a blocking Kubernetes client call in a worker thread (of ``executor``;
+    default: the loop's), retrying what may pass (throttling, server errors, a
+    refused connection)."""
+    loop = asyncio.get_running_loop()
     for attempt in range(API_ATTEMPTS):
         try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+            return await loop.run_in_executor(executor, functools.partial(fn, *args, **kwargs))
         except ApiException as exc:
             if exc.status not in (429, 500, 502, 503, 504) or attempt == API_ATTEMPTS - 1:
                 raise
@@ -208,7 +213,8 @@ class SimulatedFleet:
     """The nodes, their pods and the targets file, in one asyncio loop."""
 
     def __init__(self, api: kubernetes.client.ApiClient, pools: list[Pool], *, targets_file: Path,
-                 prefix: str = "sim", time_scale: float = 1.0, tick: float = 0.05, seed: int = 0) -> None:
+                 prefix: str = "sim", time_scale: float = 1.0, tick: float = 0.05, seed: int = 0,
+                 runner: type[PodRunner] = PodRunner) -> None:
         self.core = kubernetes.client.CoreV1Api(api)
         self.coordination = kubernetes.client.CoordinationV1Api(api)
         self.version = kubernetes.client.VersionApi(api)
@@ -223,10 +229,16 @@ class SimulatedFleet:
         self.ctx = FleetContext(call=api_call, core=self.core, nodes=self.nodes, addresses=self.addresses,
                                 set_target=self._set_target, drop_target=self._drop_target,
                                 time_scale=time_scale, seed=seed)
+        self.runner = runner
+        """What runs a pod (the scale benchmark swaps in one without an engine)."""
         self.runners: dict[str, PodRunner] = {}
         self._node_uids: dict[str, str] = {}
         self._ready_since: dict[str, datetime] = {}
         self._kubelet_version = ""
+        # Heartbeats have threads of their own: queued behind the status writes of a thousand starting
+        # pods in the loop's pool, they came too late and the node lifecycle controller took the nodes
+        # (and so their pods) for dead.
+        self._heartbeat_threads = ThreadPoolExecutor(HEARTBEAT_THREADS, thread_name_prefix="heartbeats")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
 
@@ -259,6 +271,7 @@ class SimulatedFleet:
                     name, pool, self.nodes[name].host_ip, self._kubelet_version, (False, now), now)})
             except Exception as exc:  # noqa: BLE001 - the apiserver may be gone already; nothing more to do
                 log.warning("could not report %s NotReady: %s", name, exc)
+        self._heartbeat_threads.shutdown(wait=False)
         log.info("stopped; nodes reported NotReady")
         for task in background:  # a heartbeat or tick loop that died is a bug: fail loudly
             if not task.cancelled() and task.exception() is not None:
@@ -290,7 +303,9 @@ class SimulatedFleet:
         return True
 
     async def _heartbeats(self) -> None:
-        """Lease renewals every 10 s; a full status report every 5 minutes."""
+        """Lease renewals every 10 s; a full status report every 5 minutes. Nodes renew
+        side by side, as their kubelets do: one after another, a slow API server makes
+        the last node's renewal come later than its lease lasts."""
         loop = asyncio.get_running_loop()
         last_report = loop.time()
         while True:
@@ -298,26 +313,29 @@ class SimulatedFleet:
             report = loop.time() - last_report >= STATUS_REPORT_S
             if report:
                 last_report = loop.time()
-            for name, pool in self.pools:
-                try:
-                    await self._renew_lease(name)
-                    if report:
-                        now = datetime.now(timezone.utc)
-                        await api_call(self.core.patch_node_status, name, {"status": node_status(
-                            name, pool, self.nodes[name].host_ip, self._kubelet_version,
-                            (True, self._ready_since[name]), now)})
-                except Exception as exc:  # noqa: BLE001 - a missed heartbeat must not end the heartbeats
-                    log.warning("heartbeat of %s failed (will retry): %s", name, exc)
+            await asyncio.gather(*(self._heartbeat(name, pool, report) for name, pool in self.pools))
+
+    async def _heartbeat(self, name: str, pool: Pool, report: bool) -> None:
+        try:
+            await self._renew_lease(name)
+            if report:
+                now = datetime.now(timezone.utc)
+                await api_call(self.core.patch_node_status, name, {"status": node_status(
+                    name, pool, self.nodes[name].host_ip, self._kubelet_version,
+                    (True, self._ready_since[name]), now)}, executor=self._heartbeat_threads)
+        except Exception as exc:  # noqa: BLE001 - a missed heartbeat must not end the heartbeats
+            log.warning("heartbeat of %s failed (will retry): %s", name, exc)
 
     async def _renew_lease(self, name: str) -> None:
         body = lease(name, self._node_uids[name], datetime.now(timezone.utc))
         try:
             await api_call(self.coordination.patch_namespaced_lease, name, NODE_LEASE_NAMESPACE,
-                           {"spec": body["spec"]})
+                           {"spec": body["spec"]}, executor=self._heartbeat_threads)
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            await api_call(self.coordination.create_namespaced_lease, NODE_LEASE_NAMESPACE, body)
+            await api_call(self.coordination.create_namespaced_lease, NODE_LEASE_NAMESPACE, body,
+                           executor=self._heartbeat_threads)
 
     async def _ticks(self) -> None:
         """Advance every serving engine to the wall clock."""
@@ -384,14 +402,14 @@ class SimulatedFleet:
         runner = self.runners.get(uid)
         if pod["metadata"].get("deletionTimestamp"):
             if runner is None:
-                runner = self.runners[uid] = PodRunner(self.ctx, pod)
+                runner = self.runners[uid] = self.runner(self.ctx, pod)
             if not runner.terminating:
                 self.ctx.spawn(runner.terminate(), f"terminate {runner.key}")
             return
         if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
             return
         if runner is None:
-            runner = self.runners[uid] = PodRunner(self.ctx, pod)
+            runner = self.runners[uid] = self.runner(self.ctx, pod)
             runner.task = self.ctx.spawn(runner.run(), f"run {runner.key}")
         else:
             runner.seen(pod)
@@ -417,8 +435,11 @@ class _WatchExpired(Exception):
     """The watch's resource version is too old (410): list again."""
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the fleet until SIGTERM or SIGINT. Prints ``READY`` once its nodes are Ready."""
+def main(args: argparse.Namespace, runner: type[PodRunner] = PodRunner) -> int:
+    """Run the fleet until SIGTERM or SIGINT. Prints ``READY`` once its nodes are Ready.
+
+    ``runner`` runs each pod (default: the simulated vLLM start-up and engine).
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.kubeconfig:
         print("sim fleet: no kubeconfig: pass --kubeconfig or set KUBECONFIG (`vllm-autotuner sim up` writes "
@@ -438,7 +459,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     api = kubernetes.config.new_client_from_config(config_file=args.kubeconfig)
     fleet = SimulatedFleet(api, pools, targets_file=args.targets_file,
-                  prefix=args.name_prefix, time_scale=args.time_scale, tick=args.tick, seed=args.seed)
+                  prefix=args.name_prefix, time_scale=args.time_scale, tick=args.tick, seed=args.seed,
+                  runner=runner)
 
     async def run() -> None:
         stop = asyncio.Event()

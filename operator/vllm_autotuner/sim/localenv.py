@@ -34,7 +34,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +53,8 @@ FLEET_POOLS = ("llama3-8b-h100:4", "llama3-8b-l4:2")
 2-replica Deployment on H100s, and memory-tight L4s."""
 FLEET_TIME_SCALE = 0.1
 """`sim up`'s vLLM pods start in a tenth of the real time."""
+FLEET_COMMAND = ("-m", "vllm_autotuner.cli", "sim", "fleet")
+"""How :func:`start_fleet` runs the fleet (after the Python interpreter)."""
 
 T = TypeVar("T")
 
@@ -181,17 +183,18 @@ def start_control_plane(workdir: Path, *, kubeconfig: Path | None = None, timeou
 
 def start_fleet(workdir: Path, kubeconfig: Path, targets_file: Path, *, pools: Iterable[str] = FLEET_POOLS,
                 time_scale: float = FLEET_TIME_SCALE, name_prefix: str = "sim", timeout: float = 120,
-                detach: bool = False) -> Fleet:
+                detach: bool = False, command: Sequence[str] = FLEET_COMMAND) -> Fleet:
     """Run ``vllm-autotuner sim fleet`` (simulated GPU nodes and their kubelet)
     and return once its nodes are Ready.
 
     ``pools`` are ``PROFILE[:NODES[:GPUS]]``; ``time_scale`` shrinks vLLM's
     start-up times (0.1: about 10 s for an 8B model on an H100). Its log is
-    ``workdir/fleet.log``.
+    ``workdir/fleet.log``. ``command`` (Python's arguments before the
+    fleet's flags) runs another program that takes the same flags.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     out, log = workdir / "fleet.out", workdir / "fleet.log"
-    args = [sys.executable, "-m", "vllm_autotuner.cli", "sim", "fleet", f"--kubeconfig={kubeconfig}",
+    args = [sys.executable, *command, f"--kubeconfig={kubeconfig}",
             f"--targets-file={targets_file}", f"--time-scale={time_scale:g}", f"--name-prefix={name_prefix}"]
     args += [f"--pool={pool}" for pool in pools]
     server = _spawn("fleet", args, workdir, stdout=out, log=log, detach=detach)
@@ -212,19 +215,21 @@ def _wait_for_ready_line(server: Server, out: Path, timeout: float) -> str:
     return _wait_or_stop(server, ready_line, timeout, f"{server.name}'s READY line")
 
 
-def prometheus_config(targets_dir: Path) -> dict:
-    """Scrape every target listed in the ``*.json`` files of ``targets_dir`` each second.
+def prometheus_config(targets_dir: Path, scrape_interval: float = 1.0) -> dict:
+    """Scrape every target listed in the ``*.json`` files of ``targets_dir`` every ``scrape_interval`` seconds.
 
     One file per writer (the simulated fleet has its own), so that writers
     never replace each other's targets.
 
-    One-second intervals let tests see a change within a few seconds. The
+    One-second intervals (the default) let tests see a change within a few
+    seconds; the scale benchmark scrapes every 15 s, as production does. The
     relabelling turns Kubernetes service discovery's meta labels into the
     ``namespace``, ``pod`` and pod-label labels that a production Prometheus
     attaches, which the operator's PromQL selects on.
     """
     return {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "global": {"scrape_interval": f"{scrape_interval:g}s", "scrape_timeout": f"{min(scrape_interval, 10):g}s",
+                   "evaluation_interval": f"{scrape_interval:g}s"},
         "scrape_configs": [{
             "job_name": "vllm",
             "file_sd_configs": [{"files": [str(targets_dir / "*.json")], "refresh_interval": "1s"}],
@@ -260,9 +265,10 @@ def write_targets(path: Path, targets: Iterable[dict]) -> None:
     tmp.replace(path)
 
 
-def start_prometheus(workdir: Path, *, port: int | None = None, timeout: float = 60,
-                     detach: bool = False) -> Prometheus:
-    """Run Prometheus on a loopback port (``port``, else a free one) with its data under ``workdir``.
+def start_prometheus(workdir: Path, *, port: int | None = None, timeout: float = 60, detach: bool = False,
+                     scrape_interval: float = 1.0) -> Prometheus:
+    """Run Prometheus on a loopback port (``port``, else a free one) with its data under ``workdir``,
+    scraping every ``scrape_interval`` seconds.
 
     It starts with two empty targets files in ``workdir/targets.d/``:
     ``targets.json`` for anyone and ``fleet.json`` for the simulated fleet.
@@ -279,7 +285,7 @@ def start_prometheus(workdir: Path, *, port: int | None = None, timeout: float =
     write_targets(targets, [])
     write_targets(fleet_targets, [])
     config = workdir / "prometheus.yml"
-    config.write_text(yaml.safe_dump(prometheus_config(targets_dir), sort_keys=False))
+    config.write_text(yaml.safe_dump(prometheus_config(targets_dir, scrape_interval), sort_keys=False))
     url = f"http://127.0.0.1:{port or free_port()}"
     server = _spawn("prometheus", [
         str(PROMETHEUS),

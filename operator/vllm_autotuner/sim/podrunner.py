@@ -164,10 +164,21 @@ class PodRunner:
         return f"{self.namespace}/{self.name}"
 
     def seen(self, pod: dict[str, Any]) -> None:
-        """The latest version of the pod object (others' conditions, deletion)."""
+        """The latest version of the pod object (others' conditions, deletion).
+
+        A Ready condition that is not the one this kubelet wrote (the node
+        lifecycle controller marks the pods of a node it lost touch with not
+        Ready) is put right, as the kubelet's status manager does.
+        """
         self.pod = pod
-        if self.status is not None:
-            self.status.others = (pod.get("status") or {}).get("conditions") or []
+        if self.status is None:
+            return
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        self.status.others = conditions
+        ready = next((c.get("status") for c in conditions if c.get("type") == "Ready"), None)
+        ours = str(all(c.ready for c in self.status.containers))
+        if ready not in (None, ours) and not self.terminating:
+            self.ctx.spawn(self._write_status(), f"status of {self.key}")
 
     # ------------------------------------------------------------ lifecycle
 

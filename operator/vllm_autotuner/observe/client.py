@@ -119,8 +119,10 @@ class PrometheusClient:
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> list[Series]:
         """Evaluate ``promql`` at ``start``, ``start + step``, ... up to ``end`` (Unix seconds). Raises PrometheusError."""
+        # The library rounds start and end to whole seconds; its params override them with the exact times.
+        exact = {"start": f"{start:.3f}", "end": f"{end:.3f}"}
         rows = self._ask(lambda: self._prom.custom_query_range(
-            promql, datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC), f"{step:g}"))
+            promql, datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC), f"{step:g}", params=exact))
         return [Series(labels=row.get("metric", {}), times=[float(t) for t, _ in row["values"]],
                        values=[_number(v) for _, v in row["values"]]) for row in rows]
 

@@ -5,8 +5,9 @@ end-to-end runs and the demo talk to the real servers, started here on
 loopback: ``bin/testenv`` (etcd, kube-apiserver, kube-controller-manager and
 kube-scheduler; ``make testenv`` builds it) and Debian's ``prometheus``, plus
 ``vllm-autotuner sim fleet`` (:mod:`vllm_autotuner.sim.fleet`: GPU nodes and a
-kubelet that runs vLLM pods on the simulator). Every start picks free ports
-and its own directory, so two test sessions can run side by side.
+kubelet that runs vLLM pods on the simulator), and the operator itself as a
+local process (``start_operator``, for ``make demo``). Every start picks
+free ports and its own directory, so two test sessions can run side by side.
 
 Prometheus finds its scrape targets in file-based service discovery files,
 one per writer (the simulated GPU fleet has its own; see

@@ -119,7 +119,7 @@ def steps(goodput: list[float], generation: list[float]) -> report.Steps:
     n = len(goodput)
     return report.Steps(times=[10.0 * (i + 1) for i in range(n)], generation=generation, requests=[1.0] * n,
                         attainment=[g / t for g, t in zip(goodput, generation, strict=True)], goodput=goodput,
-                        ttft_p95=[0.1] * n, itl_p95=[0.05] * n, knobs=[None] * n)
+                        ttft_p95=[0.1] * n, itl_p95=[0.05] * n, slo_met=[g > 50 for g in goodput], knobs=[None] * n)
 
 
 def test_a_period_scores_the_steps_whose_middle_it_holds() -> None:
@@ -127,6 +127,7 @@ def test_a_period_scores_the_steps_whose_middle_it_holds() -> None:
                                              STATIC: steps([99, 50, 30], [100, 100, 100])}, 10.0)
     assert scored.goodput == {TUNED: 80.0, STATIC: 40.0}  # the steps (10, 20] and (20, 30]
     assert scored.attainment == {TUNED: 0.8, STATIC: 0.4}
+    assert scored.slo_met == {TUNED: 1.0, STATIC: 0.0}
     assert scored.ratio == 2.0
 
 

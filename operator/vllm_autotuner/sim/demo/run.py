@@ -244,6 +244,8 @@ class Traffic:
     view: LiveView
     seed: int
     loads: dict[str, Load] = field(default_factory=dict)
+    summaries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each sender's summary when the day ended or was interrupted."""
     interrupted: bool = False
 
     async def run(self) -> None:
@@ -266,12 +268,18 @@ class Traffic:
             await asyncio.sleep(max(0.0, self.day.start - time.time()))
             scenario = self.day.scenario()
             senders = [asyncio.ensure_future(self._send(name, scenario)) for name in (TUNED, STATIC)]
+            sending = asyncio.gather(*senders)
             watcher = asyncio.ensure_future(self._watch())
             stopped = asyncio.ensure_future(stop.wait())
-            await asyncio.wait([stopped, asyncio.gather(*senders)], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([stopped, sending], return_when=asyncio.FIRST_COMPLETED)
+            # Before cancelling: requests still open when the day was interrupted are neither answered nor failed.
+            self.summaries = {name: load.stats.summary(load.elapsed or time.time() - self.day.start)
+                              for name, load in self.loads.items()}
             for task in (*senders, watcher, stopped):
                 task.cancel()
-            await asyncio.gather(*senders, watcher, stopped, return_exceptions=True)
+            outcome, *_ = await asyncio.gather(sending, watcher, stopped, return_exceptions=True)
+            if isinstance(outcome, Exception):  # a sender failed (cancellation is no Exception)
+                raise outcome
             for line in self.view.new_decisions(await asyncio.to_thread(self.cluster.tuning_status)):
                 print(line, flush=True)
         finally:
@@ -334,9 +342,7 @@ def run_demo(args: argparse.Namespace, duration: float, world: World, command: s
     asyncio.run(traffic.run())
     end = min(time.time(), day.end)
     facts = report.RunFacts(decisions=view.decisions, events=cluster.events(), revisions=cluster.revisions(),
-                            interrupted=traffic.interrupted,
-                            load={name: load.stats.summary(load.elapsed or end - day.start)
-                                  for name, load in traffic.loads.items()})
+                            interrupted=traffic.interrupted, load=traffic.summaries)
     say("the day is over: stopping the operator, then writing the report from Prometheus")
     _stop(world.operator)
     world.operator = None

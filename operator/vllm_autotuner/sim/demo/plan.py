@@ -25,8 +25,8 @@ The traffic (rates per vLLM replica; the Deployments have two):
 * 22:00-06:00 night: chat at 1.5 requests/s, and a batch summarisation job
   (3k-token documents) at 2.5 requests/s in the nightly window.
 
-Loads sit where the knobs matter and nothing saturates: 85 % of a replica's
-capacity in the RAG hours (capacity measured by
+Loads sit where the knobs matter and nothing saturates: about 80 % of a
+replica's capacity in the RAG hours (capacity measured by
 ``sim.capacity.saturation_rate``: ~30 chat or ~7.7 RAG requests/s on the H100
 profile, whatever the budget), half of it at the chat peak, where any sane
 config meets the SLO. Each period's traffic sits clearly inside one of the

@@ -422,7 +422,7 @@ def markdown(report: Report, command: str) -> str:
     if facts.events:
         lines += ["", "Events (`kubectl get events`):", "", "| demo clock | object | reason | message |",
                   "|---|---|---|---|"]
-        lines += [f"| {day.clock(e['time'])} | {e['object']} | {e['reason']} | {e['message']} |" for e in facts.events]
+        lines += [f"| {_when(day, e['time'])} | {e['object']} | {e['reason']} | {e['message']} |" for e in facts.events]
     lines += [
         "",
         "## How SLO goodput is measured",
@@ -439,6 +439,10 @@ def markdown(report: Report, command: str) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _when(day: DemoDay, t: float) -> str:
+    return day.clock(t) if t >= day.start else "setup"
 
 
 def _requests(summary: Mapping[str, Any] | None) -> str:

@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: help setup prometheus testenv up down test unit crd manifests bench-sim bench-tuning bench-scale
+.PHONY: help setup prometheus testenv up down demo test unit crd manifests bench-sim bench-tuning bench-scale
 
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 # Root installs directly; anyone else needs sudo for the Debian package.
@@ -71,6 +71,12 @@ up: setup testenv ## Start the control plane, Prometheus and the simulated GPU f
 
 down: setup ## Stop everything `make up` started
 	@$(VENV)/bin/vllm-autotuner sim down
+
+# A simulated day squeezed into DURATION of wall-clock time (3m at the least).
+DURATION ?= 10m
+
+demo: setup bin/testenv bin/kubectl ## One compressed day, tuned vs static, on the local cluster; report in demo-report/ (DURATION=3m: shorter)
+	@$(VENV)/bin/vllm-autotuner sim demo --duration $(DURATION)
 
 CRD := vllmtunings.autotuner.vllm-tuning.io.yaml
 

@@ -15,6 +15,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 
 import requests
@@ -43,6 +44,15 @@ class PrometheusError(Exception):
 class Sample:
     labels: dict[str, str]
     value: float
+
+
+@dataclass(frozen=True)
+class Series:
+    """One series of a range query: its labels and a value per evaluation time (Unix seconds)."""
+
+    labels: dict[str, str]
+    times: list[float]
+    values: list[float]
 
 
 @dataclass(frozen=True)
@@ -85,7 +95,7 @@ def _classify(exc: Exception, url: str) -> PrometheusError:
 
 
 class PrometheusClient:
-    """Instant queries against one Prometheus, retried on transient errors."""
+    """Queries against one Prometheus, retried on transient errors."""
 
     ATTEMPTS = 3
 
@@ -107,7 +117,19 @@ class PrometheusClient:
 
     def query(self, promql: str, at: float) -> list[Sample]:
         """Evaluate ``promql`` at Unix time ``at``. Raises PrometheusError."""
+        rows = self._ask(lambda: self._prom.custom_query(promql, params={"time": f"{at:.3f}"}))
+        return [Sample(labels=row.get("metric", {}), value=_number(row["value"][1])) for row in rows]
 
+    def query_range(self, promql: str, start: float, end: float, step: float) -> list[Series]:
+        """Evaluate ``promql`` at ``start``, ``start + step``, ... up to ``end`` (Unix seconds). Raises PrometheusError."""
+        # The library rounds start and end to whole seconds; its params override them with the exact times.
+        exact = {"start": f"{start:.3f}", "end": f"{end:.3f}"}
+        rows = self._ask(lambda: self._prom.custom_query_range(
+            promql, datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC), f"{step:g}", params=exact))
+        return [Series(labels=row.get("metric", {}), times=[float(t) for t, _ in row["values"]],
+                       values=[_number(v) for _, v in row["values"]]) for row in rows]
+
+    def _ask(self, request: Callable[[], list[dict]]) -> list[dict]:
         @retry(
             retry=retry_if_exception(lambda e: _classify(e, self.connection.url).transient),
             stop=stop_after_attempt(self.ATTEMPTS),
@@ -117,13 +139,12 @@ class PrometheusClient:
         def attempt() -> list[dict]:
             self.queries += 1
             self.on_query()
-            return self._prom.custom_query(promql, params={"time": f"{at:.3f}"})
+            return request()
 
         try:
-            rows = attempt()
+            return attempt()
         except Exception as exc:  # noqa: BLE001 - every failure becomes a classified PrometheusError
             raise _classify(exc, self.connection.url) from exc
-        return [Sample(labels=row.get("metric", {}), value=_number(row["value"][1])) for row in rows]
 
 
 def _number(text: str) -> float:

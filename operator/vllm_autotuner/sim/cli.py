@@ -46,6 +46,12 @@ def _cmd_load(args: argparse.Namespace) -> int:
     return load.main(args)
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from vllm_autotuner.sim.demo import run
+
+    return run.main(args)
+
+
 def _kubeconfig(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
                         help="the cluster's kubeconfig (default: $KUBECONFIG)")
@@ -96,3 +102,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--wait", type=float, default=60.0, help="seconds to wait for a Ready pod")
     load.add_argument("--seed", type=int, default=0, help="seeds the scenario")
     load.set_defaults(func=_cmd_load)
+
+    demo = simsub.add_parser("demo", help="one compressed day on the local cluster: two identical vLLM Deployments, "
+                             "one tuned by the operator, the same traffic; writes a report comparing them")
+    demo.add_argument("--duration", default="10m",
+                      help="wall-clock time the 24 simulated hours take, e.g. 10m, 3m (the least), 600 (default: 10m)")
+    demo.add_argument("--report-dir", type=Path, default=None,
+                      help="where report.md, report.json and the charts go (default: demo-report/ in the repository)")
+    demo.add_argument("--seed", type=int, default=1, help="seeds the requests both Deployments get")
+    demo.add_argument("--kubeconfig", help="a running cluster to use (with --prometheus-url and "
+                                           "--prometheus-targets-dir); default: `make up`'s, else the demo's own")
+    demo.add_argument("--prometheus-url", help="the Prometheus that scrapes that cluster's simulated pods")
+    demo.add_argument("--prometheus-targets-dir", type=Path,
+                      help="the directory of file-SD target files that Prometheus reads (the demo adds its own file)")
+    demo.set_defaults(func=_cmd_demo)

@@ -5,8 +5,9 @@ end-to-end runs and the demo talk to the real servers, started here on
 loopback: ``bin/testenv`` (etcd, kube-apiserver, kube-controller-manager and
 kube-scheduler; ``make testenv`` builds it) and Debian's ``prometheus``, plus
 ``vllm-autotuner sim fleet`` (:mod:`vllm_autotuner.sim.fleet`: GPU nodes and a
-kubelet that runs vLLM pods on the simulator). Every start picks free ports
-and its own directory, so two test sessions can run side by side.
+kubelet that runs vLLM pods on the simulator), and the operator itself as a
+local process (``start_operator``, for ``make demo``). Every start picks
+free ports and its own directory, so two test sessions can run side by side.
 
 Prometheus finds its scrape targets in file-based service discovery files,
 one per writer (the simulated GPU fleet has its own; see
@@ -159,6 +160,12 @@ class Fleet(Server):
     nodes: list[str]
 
 
+@dataclass
+class Operator(Server):
+    url: str
+    """Where its /healthz and /metrics are."""
+
+
 def start_control_plane(workdir: Path, *, kubeconfig: Path | None = None, timeout: float = 300,
                         detach: bool = False) -> ControlPlane:
     """Run ``bin/testenv`` and return once it says READY.
@@ -294,18 +301,39 @@ def start_prometheus(workdir: Path, *, port: int | None = None, timeout: float =
         f"--web.listen-address={url.removeprefix('http://')}",
     ], workdir, log=workdir / "prometheus.log", detach=detach)
 
-    def ready() -> bool:
-        if not server.alive():
-            raise StartError(f"prometheus exited before it was ready; end of {server.log}:\n{server.log_tail()}")
-        try:
-            with urllib.request.urlopen(url + "/-/ready", timeout=2) as response:
-                return response.status == 200
-        except (OSError, urllib.error.URLError):
-            return False
-
-    _wait_or_stop(server, ready, timeout, f"Prometheus at {url}/-/ready")
+    _wait_or_stop(server, lambda: _answers(server, url + "/-/ready"), timeout, f"Prometheus at {url}/-/ready")
     return Prometheus(server.name, server.pid, server.log, process=server.process, url=url, targets_file=targets,
                       fleet_targets_file=fleet_targets)
+
+
+def start_operator(workdir: Path, kubeconfig: Path, prometheus_url: str, namespace: str, *, timeout: float = 60,
+                   detach: bool = False) -> Operator:
+    """Run the operator (``vllm-autotuner run``) for ``namespace`` and return once its /healthz answers.
+
+    It watches only that namespace and holds its leader Lease there, serves
+    /healthz and /metrics on a free loopback port, and logs in text to
+    ``workdir/operator.log``.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{free_port()}"
+    args = [sys.executable, "-m", "vllm_autotuner.cli", "run", f"--prometheus-url={prometheus_url}",
+            f"--namespace={namespace}", f"--lease-namespace={namespace}", "--http-host=127.0.0.1",
+            f"--http-port={url.rsplit(':', 1)[1]}", "--log-format=text"]
+    server = _spawn("operator", args, workdir, log=workdir / "operator.log", detach=detach,
+                    env=dict(os.environ, KUBECONFIG=str(kubeconfig)))
+    _wait_or_stop(server, lambda: _answers(server, url + "/healthz"), timeout, f"the operator's {url}/healthz")
+    return Operator(server.name, server.pid, server.log, process=server.process, url=url)
+
+
+def _answers(server: Server, url: str) -> bool:
+    """Whether ``url`` answers 200; StartError if ``server`` died meanwhile."""
+    if not server.alive():
+        raise StartError(f"{server.name} exited before it was ready; end of {server.log}:\n{server.log_tail()}")
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
 
 
 # --- `vllm-autotuner sim up` / `down` ------------------------------------------------------------
@@ -320,10 +348,10 @@ def up(state_dir: Path = STATE_DIR) -> str:
     """
     state_dir = state_dir.resolve()
     env_file = state_dir / "env"
-    running = _recorded(state_dir)
-    if running and all(s.alive() for s in running) and env_file.exists():
-        return f"already up ({', '.join(s.name for s in running)}); settings in {env_file}:\n{env_file.read_text()}"
-    if running:
+    if running(state_dir) is not None:
+        names = ", ".join(s.name for s in _recorded(state_dir))
+        return f"already up ({names}); settings in {env_file}:\n{env_file.read_text()}"
+    if _recorded(state_dir):
         down(state_dir)  # a half-dead environment is restarted whole
     state_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -353,6 +381,15 @@ def down(state_dir: Path = STATE_DIR) -> str:
     return "stopped " + ", ".join(s.name for s in reversed(servers))
 
 
+def running(state_dir: Path = STATE_DIR) -> dict[str, str] | None:
+    """The settings ``up`` wrote (KUBECONFIG, PROMETHEUS_URL, FLEET_TARGETS) if all its servers still run."""
+    servers = _recorded(state_dir)
+    env_file = state_dir / "env"
+    if not servers or not all(s.alive() for s in servers) or not env_file.exists():
+        return None
+    return dict(shlex.split(line)[0].split("=", 1) for line in env_file.read_text().splitlines() if line)
+
+
 def _record(state_dir: Path, server: Server) -> None:
     with (state_dir / "pids").open("a") as f:
         f.write(f"{server.name} {server.pid} {server.log}\n")
@@ -370,12 +407,12 @@ def _recorded(state_dir: Path) -> list[Server]:
 
 
 def _spawn(name: str, args: list[str], workdir: Path, *, log: Path, stdout: Path | None = None,
-           detach: bool) -> Server:
+           detach: bool, env: Mapping[str, str] | None = None) -> Server:
     # Both files are truncated: a READY line left from an earlier run must
     # not be taken for this one's.
     with log.open("wb") as err, (stdout.open("wb") if stdout else nullcontext(err)) as out:
         process = subprocess.Popen(
-            args, cwd=workdir, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            args, cwd=workdir, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
             start_new_session=True, preexec_fn=None if detach else _die_with_parent,
         )
     return Server(name, process.pid, log, process=process)

@@ -3,10 +3,14 @@
 The test runs a Prometheus of its own (the session's is shared by every
 test) that scrapes the test's pods, and points the operator at it. The
 traffic is the overload of the chat test, so the operator has a reason to
-change the knobs: the outage starts right after its first usable window,
-before the traffic has lasted long enough to act on, and the change must
-wait until Prometheus is back. Acting blind on the last numbers seen, or on
-a failed query read as zeros, would show as a patch during the outage.
+change the knobs. The tuning starts in Recommend mode, which shows that
+reason (a recommendation in status) without acting on it; then Prometheus
+stops and, during the outage, the tuning is switched to Auto. From then on
+the operator would act on any data it had: acting blind on the recommendation
+or the last numbers seen, or on a failed query read as zeros, would show as a
+patch during the outage. The change must wait until Prometheus is back.
+(The policy acts on its first usable window when the SLOs are badly
+breached, so an outage timed "before it acts" would be a race.)
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ def test_prometheus_stopped_mid_run_means_metrics_unavailable_and_no_patch_until
     own = localenv.start_prometheus(workdir)
     try:
         localenv.write_targets(own.targets_file, fleet_targets_of(prometheus, namespace))
-        world.create_tuning(tuning_spec(world.name, rollout={"cooldown": "10m"}))
+        world.create_tuning(tuning_spec(world.name, mode="Recommend"))
         operator = operators.start(prometheus_url=own.url)
         with Load(world, tmp_path, rate=18):
             wait_for(lambda: settled_window(world, (512, 16)), 150, "a first usable window")
+            wanted = wait_for(lambda: world.status().get("recommendation"), 60, "a recommendation from the traffic")
+            assert wanted["maxNumSeqs"] > 16, wanted
             own.stop()
 
             unavailable = world.wait_condition("MetricsAvailable", "False", "PrometheusUnreachable", 60)
@@ -45,6 +51,7 @@ def test_prometheus_stopped_mid_run_means_metrics_unavailable_and_no_patch_until
             assert [e.type for e in world.events("MetricsUnavailable")] == ["Warning"]
             errors = operator.metric("vllm_autotuner_prometheus_query_errors_total", kind="PrometheusUnreachable")
             assert errors >= 1
+            world.patch_tuning({"mode": "Auto"})
             wait_for(lambda: operator.metric("vllm_autotuner_prometheus_query_errors_total") >= errors + 3, 60,
                      "three more evaluations without Prometheus")
             status = world.status()

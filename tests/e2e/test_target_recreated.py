@@ -44,6 +44,7 @@ def test_a_deleted_and_recreated_target_is_reported_then_adopted_afresh(
     assert status["targetUid"] == second.metadata.uid != first.metadata.uid
     current = status["current"]
     assert (current["maxNumBatchedTokens"], current["maxNumSeqs"], current["source"]) == (4096, 128, "Initial")
-    assert any("re-created" in e.message for e in world.events("TargetNotFound"))
+    wait_for(lambda: any("re-created" in e.message for e in world.events("TargetNotFound")), 30,
+             "an Event saying the target was re-created (sent after the status patch)")
     assert world.deployment().metadata.generation == 1
     assert operator.metric("vllm_autotuner_kubernetes_api_calls_total", verb="patch", resource="deployments") == 0

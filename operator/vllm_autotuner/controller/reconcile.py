@@ -506,9 +506,10 @@ class Reconciler:
             # what the Events say goes to the log too: the one record that outlives their TTL
             log.log(logging.WARNING if type_ == events.WARNING else logging.INFO, "%s: %s", reason, message,
                     extra={"namespace": namespace, "tuning": name, "reason": reason})
+        # Events before the status: whoever sees a condition in the status finds its Event too, and
+        # an operator stopped between the two writes sends an Event twice rather than never (whether
+        # to send one is judged from the status).
         try:
-            if _pruned(status) != _pruned(body.get("status") or {}):
-                await self._call(self.kube.patch_tuning_status, namespace, name, status)
             tuning = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
             for reason, message, type_ in report.events:
                 await self._call(self.kube.create_event, events.event_body(tuning, reason, message, type_, report.now))
@@ -517,7 +518,12 @@ class Reconciler:
                 involved = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": deployment["metadata"]}
                 await self._call(self.kube.create_event, events.event_body(involved, reason, message, type_, report.now))
         except ApiException as exc:
-            log.warning("writing status/events of %s/%s failed: %s", namespace, name, exc.reason)
+            log.warning("sending the Events of %s/%s failed: %s", namespace, name, exc.reason)
+        try:
+            if _pruned(status) != _pruned(body.get("status") or {}):
+                await self._call(self.kube.patch_tuning_status, namespace, name, status)
+        except ApiException as exc:
+            log.warning("writing the status of %s/%s failed: %s", namespace, name, exc.reason)
         self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
 
 

@@ -25,7 +25,12 @@ and numbers Prometheus gives:
   utilisation to the candidate's; prefill time by the number of chunks.
 * **KV cache**: usage is proportional to running requests times context,
   which gives the pod's KV capacity in tokens; a candidate whose
-  concurrency would fill it is charged the preemptions measured now.
+  concurrency would fill it is charged the preemptions measured now. The
+  cache gets what vLLM's start-up profiling run leaves: the activations of
+  a forward pass over ``max_num_batched_tokens`` tokens and a sampler pass
+  over ``max_num_seqs`` sequences come out of it, so smaller knobs buy KV
+  capacity (and larger ones cost it), which is what stops preemptions on
+  a GPU whose memory is tight even where neither knob binds.
 * **SLO attainment**: the share of requests within the TTFT target and
   within the ITL target per request (time per output token). Each is a
   log-normal through the measured quantile and the measured share within
@@ -62,6 +67,13 @@ SATURATED = 0.98
 FULL_STEP = 0.8
 #: Ratio of a quantile prompt to the mean prompt, for prefill time at the TTFT quantile.
 PROMPT_TAIL = 2.0
+#: KV-cache tokens one token of ``max_num_batched_tokens`` displaces at start-up: the profiling pass holds the
+#: MLP activations of every batched token (2 x 14336 x 2 bytes on Llama-3-8B, 56 KiB, with attention and residual
+#: buffers about half of a KV token's 2 x 32 layers x 8 heads x 128 x 2 bytes = 128 KiB; 70B on four GPUs, alike).
+ACTIVATION_KV_TOKENS = 0.5
+#: KV-cache tokens one of ``max_num_seqs`` displaces at start-up: the dummy sampler pass holds fp32 logits over
+#: the vocabulary for every sequence (8 KV tokens on Llama-3's 128k vocabulary, 2 on a 32k one).
+SAMPLER_KV_TOKENS = 4.0
 
 
 @dataclass(frozen=True)
@@ -262,7 +274,8 @@ class Traffic:
         over a request's full length of requests fit at once. With
         ``max_num_seqs`` at nine tenths of that, no request is preempted; at the
         concurrency the pods reached (running plus waiting), as many as
-        measured; in between, in proportion.
+        measured; in between, in proportion. What the knobs free at start-up
+        raises the number that fits (and what they take lowers it).
         """
         base = self.base
         if not base.preemptions_per_second or base.request_rate <= 0:
@@ -271,9 +284,19 @@ class Traffic:
         usage = base.kv_cache_usage
         if usage is None or usage < 0.05 or self.running <= 0:
             return measured
-        fits = 0.9 * self.running * self.context / usage / (base.mean_prompt_tokens + base.mean_generation_tokens)
+        capacity = self.running * self.context / usage
+        length = base.mean_prompt_tokens + base.mean_generation_tokens
+        fits = 0.9 * capacity / length
+        fits_then = 0.9 * max(capacity + self.freed_kv_tokens(knobs), 0.0) / length
         peak = max(self.running + (base.waiting or 0.0), fits + 1)
-        return measured * min(max((knobs.max_num_seqs - fits) / (peak - fits), 0.0), 1.0)
+        return min(measured * max((min(knobs.max_num_seqs, peak) - fits_then) / (peak - fits), 0.0), 0.9)
+
+    def freed_kv_tokens(self, knobs: Knobs) -> float:
+        """KV-cache tokens these knobs leave free at start-up compared with the measured ones (negative: taken)."""
+        base = self.base
+        return ACTIVATION_KV_TOKENS * (base.max_num_batched_tokens - knobs.max_num_batched_tokens) + (
+            SAMPLER_KV_TOKENS * (base.max_num_seqs - knobs.max_num_seqs)
+        )
 
     def predict(self, knobs: Knobs) -> Prediction:
         base = self.base

@@ -152,6 +152,33 @@ def test_fewer_seqs_stop_preemptions_when_the_kv_cache_is_full():
     assert t.utilisation(knobs(8192, 64)) > 1  # too few for the ~100 decoding at once: the queue grows
 
 
+def test_smaller_knobs_free_kv_cache_and_cut_preemptions_where_neither_binds():
+    # a memory-tight GPU: ~11 long requests fill the cache; max_num_seqs 256 is far above them
+    tight = measurement(
+        tokens=2048,
+        seqs=256,
+        request_rate=0.25,
+        generation_tokens_per_second=0.25 * 512,
+        prompt_tokens_per_second=0.25 * 2048,
+        mean_prompt_tokens=2048,
+        mean_generation_tokens=512,
+        running=11,
+        waiting=1.2,
+        kv_cache_usage=0.68,
+        preemptions_per_second=0.1,
+    )
+    t = traffic(tight)
+    measured = 0.1 / 0.25
+    assert t.preempted_share(knobs(2048, 256)) == pytest.approx(measured)
+    # the profiling pass of a smaller budget and the sampler pass over fewer sequences leave more to the KV cache
+    assert t.freed_kv_tokens(knobs(512, 64)) > t.freed_kv_tokens(knobs(1024, 128)) > 0
+    assert t.preempted_share(knobs(512, 64)) < t.preempted_share(knobs(1024, 128)) < measured
+    # a larger budget takes KV cache: more preemptions, and their recomputation is demand
+    assert t.freed_kv_tokens(knobs(8192, 256)) < 0
+    assert t.preempted_share(knobs(8192, 256)) > measured
+    assert t.token_demand(knobs(8192, 256)) > t.token_demand(knobs(2048, 256)) > t.token_demand(knobs(512, 64))
+
+
 def test_saturation_predicts_a_breach():
     t = Traffic.of(measurement(), SLO_CHAT, StepModel(slope=1e-3, points=1))
     assert t.predict(knobs(256, 256)).utilisation > 1 and t.predict(knobs(256, 256)).attainment < 0.05

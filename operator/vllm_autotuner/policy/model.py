@@ -67,6 +67,10 @@ SATURATED = 0.98
 FULL_STEP = 0.8
 #: Ratio of a quantile prompt to the mean prompt, for prefill time at the TTFT quantile.
 PROMPT_TAIL = 2.0
+#: Tokens whose compute takes a step as long as reading the weights: a GPU's ridge point (peak bf16 FLOP/s over
+#: memory bandwidth, a token being 2 FLOP per 2-byte weight) is 150 on an A100, 300 on an H100, 400 on an L4 or
+#: L40S; taken low, so that a slope guessed from it errs high. Only used when no window shows a slope.
+RIDGE_TOKENS = 128.0
 #: KV-cache tokens one token of ``max_num_batched_tokens`` displaces at start-up: the profiling pass holds the
 #: MLP activations of every batched token (2 x 14336 x 2 bytes on Llama-3-8B, 56 KiB, with attention and residual
 #: buffers about half of a KV token's 2 x 32 layers x 8 heads x 128 x 2 bytes = 128 KiB; 70B on four GPUs, alike).
@@ -96,26 +100,31 @@ def fit_step_model(measurements: Iterable[Measurement]) -> StepModel | None:
     that mixes two traffic regimes pairs quantiles of different populations
     and is an outlier a median ignores. Windows with preemptions are left
     out of the median: there the slowest inter-token gaps are recomputations,
-    not steps. Without any usable spread, the smallest cap. None without data.
+    not steps. Without any usable spread (decode-bound traffic whose step
+    tokens hardly vary, or preemptions in every window), the line through
+    each point and an intercept of RIDGE_TOKENS tokens' compute, the
+    smallest over the windows: the zero-intercept cap would make a step of
+    fifty decodes all compute, and the pod look saturated by traffic it
+    serves with room to spare. None without data.
     """
-    slopes, caps = [], []
+    slopes, priors = [], []
     for m in measurements:
         x_mean, y_mean, x_q, y_q = m.step_tokens_mean, m.itl_mean_seconds, m.step_tokens_quantile, m.itl_seconds
         if x_mean is None or y_mean is None or x_q is None or min(x_mean, x_q) < 1 or min(y_mean, y_q) <= 0:
             continue
         cap = min(y_mean / x_mean, y_q / x_q)
-        caps.append(cap)
+        priors.append(min(y_mean / (x_mean + RIDGE_TOKENS), y_q / (x_q + RIDGE_TOKENS)))
         spread = x_q - x_mean
         # a preempted request's next token waits for its recomputation, not for one step: no slope from there
         preempted = (m.preemptions_per_second or 0.0) > PREEMPTED_WINDOW * m.request_rate
         if spread >= MIN_SPREAD_TOKENS and not preempted:
             slopes.append((min(max((y_q - y_mean) / spread, 0.05 * cap), cap), m.windows * spread))
     if not slopes:
-        return StepModel(slope=min(caps), points=len(caps)) if caps else None
+        return StepModel(slope=min(priors), points=len(priors)) if priors else None
     slopes.sort()
     cumulative = list(accumulate(weight for _, weight in slopes))
     median = slopes[bisect_left(cumulative, cumulative[-1] / 2)][0]
-    return StepModel(slope=median, points=len(caps))
+    return StepModel(slope=median, points=len(priors))
 
 
 def share_within(target: LatencyTarget, measured: float, share: float | None, predicted: float, kind: str) -> float:

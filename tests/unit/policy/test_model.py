@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from vllm_autotuner.api import SLO, LatencyTarget, Measurement
+from vllm_autotuner.policy import model
 from vllm_autotuner.policy.model import StepModel, Traffic, fit_step_model, share_within
 
 from .helpers import knobs
@@ -62,9 +63,12 @@ def test_slope_is_recovered_across_regimes_with_their_own_intercepts():
     assert fit_step_model(points).slope == pytest.approx(slope, rel=0.01)
 
 
-def test_slope_without_spread_falls_back_to_its_upper_bound():
+def test_slope_without_spread_falls_back_to_a_ridge_point_intercept():
     flat = on_line("a", 0.01, 20e-6, 1000, 1000)
-    assert fit_step_model([flat]).slope == pytest.approx(0.03 / 1000)
+    assert fit_step_model([flat]).slope == pytest.approx(0.03 / (1000 + model.RIDGE_TOKENS))
+    # decode-bound: fifty decodes a step take 80 ms, nearly all of it weight reads, not 1.6 ms a token
+    decodes = on_line("a", 0.075, 100e-6, 50, 40)
+    assert fit_step_model([decodes]).slope < 0.5 * decodes.itl_mean_seconds / 50
     assert fit_step_model([]) is None
 
 

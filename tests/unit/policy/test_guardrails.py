@@ -194,3 +194,18 @@ def test_same_inputs_same_decision(setup, data):
     window = data.draw(windows(state, the_spec, T0))
     first, second = decide(the_spec, state, window, T0), decide(the_spec, state, window, T0)
     assert first == second
+
+
+def test_a_regimes_expected_life_is_its_mean_remaining_life_within_the_horizon():
+    from vllm_autotuner.policy import guardrails
+
+    def life(hours_lasted: float) -> float:
+        since = T0 - timedelta(hours=hours_lasted)
+        return guardrails.regime_life_seconds(status(regime="r4/p4k/o128", regime_since=since.isoformat()), T0)
+
+    assert life(0) == guardrails.MIN_REGIME_LIFE_SECONDS
+    # young: it may well last hours, so more than the median remaining life (as long again)
+    assert life(1) == pytest.approx(3600 * math.log(7)) and life(1) > 3600
+    # old: the gain past the horizon does not count, so less than the horizon
+    assert life(6) == pytest.approx(6 * 3600 * math.log(2)) and life(6) < guardrails.MAX_REGIME_LIFE_SECONDS
+    assert life(0.5) < life(1) < life(6) < life(48) <= guardrails.MAX_REGIME_LIFE_SECONDS

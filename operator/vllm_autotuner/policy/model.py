@@ -238,21 +238,28 @@ class Traffic:
         return max(measured + per_preemption * (self.preempted_share(knobs) - self.preempted_share(base.knobs)), 1.0)
 
     def utilisation(self, knobs: Knobs) -> float:
-        """Demand over capacity: tokens per second against full steps, decoding requests against max_num_seqs.
+        """Demand over capacity: tokens per second against full steps, decoding requests against the slots.
 
         A step reads the weights once and computes its tokens, whichever is
         slower (the roofline): a budget too small to hide the weight reads
         (``intercept``) loses capacity, a larger one gains none past
         ``1 / slope`` tokens per second.
         Requests decoding at once follow Little's law at the mean step time,
-        which shrinks with the tokens a step must carry (less recomputation).
+        which shrinks with the tokens a step must carry (less recomputation);
+        they are held to ``max_num_seqs``, and to as many as the KV cache
+        holds at their mean context (a request waits for blocks as it waits
+        for a slot).
         """
         base = self.base
         tokens = self.token_demand(knobs)
         capacity = min(knobs.max_num_batched_tokens / self.intercept, 1 / self.slope)
         mean_tokens = (base.step_tokens_mean or 0.0) * tokens / self.token_demand(base.knobs)
         decoding = base.request_rate * base.mean_generation_tokens * self.step_seconds(mean_tokens)
-        return max(tokens / capacity, decoding / knobs.max_num_seqs)
+        cache = self.kv_cache_tokens()
+        slots = float(knobs.max_num_seqs)
+        if cache is not None:
+            slots = min(slots, max(cache + self.freed_kv_tokens(knobs), self.context) / self.context)
+        return max(tokens / capacity, decoding / slots)
 
     def quantile_step_tokens(self, knobs: Knobs) -> float:
         """Tokens of a step at the ITL quantile under these knobs."""
@@ -279,8 +286,9 @@ class Traffic:
     def preempted_share(self, knobs: Knobs) -> float:
         """Share of requests preempted under these knobs.
 
-        The KV cache holds ``running * context / usage`` tokens, so about that
-        over a request's full length of requests fit at once. With
+        The KV cache holds ``running * context / usage`` tokens
+        (``kv_cache_tokens``), so about that over a request's full length of
+        requests fit at once. With
         ``max_num_seqs`` at nine tenths of that, no request is preempted; at the
         concurrency the pods reached (running plus waiting), as many as
         measured; in between, in proportion. What the knobs free at start-up
@@ -290,15 +298,21 @@ class Traffic:
         if not base.preemptions_per_second or base.request_rate <= 0:
             return 0.0
         measured = min(base.preemptions_per_second / base.request_rate, 0.9)
-        usage = base.kv_cache_usage
-        if usage is None or usage < 0.05 or self.running <= 0:
+        capacity = self.kv_cache_tokens()
+        if capacity is None:
             return measured
-        capacity = self.running * self.context / usage
         length = base.mean_prompt_tokens + base.mean_generation_tokens
         fits = 0.9 * capacity / length
         fits_then = 0.9 * max(capacity + self.freed_kv_tokens(knobs), 0.0) / length
         peak = max(self.running + (base.waiting or 0.0), fits + 1)
         return min(measured * max((min(knobs.max_num_seqs, peak) - fits_then) / (peak - fits), 0.0), 0.9)
+
+    def kv_cache_tokens(self) -> float | None:
+        """Tokens the KV cache of a pod holds under the measured knobs: running requests' context over the usage."""
+        usage = self.base.kv_cache_usage
+        if usage is None or usage < 0.05 or self.running <= 0:
+            return None
+        return self.running * self.context / usage
 
     def freed_kv_tokens(self, knobs: Knobs) -> float:
         """KV-cache tokens these knobs leave free at start-up compared with the measured ones (negative: taken)."""

@@ -181,6 +181,9 @@ def test_smaller_knobs_free_kv_cache_and_cut_preemptions_where_neither_binds():
     assert t.freed_kv_tokens(knobs(8192, 256)) < 0
     assert t.preempted_share(knobs(8192, 256)) > measured
     assert t.token_demand(knobs(8192, 256)) > t.token_demand(knobs(2048, 256)) > t.token_demand(knobs(512, 64))
+    # requests wait for KV blocks as for a slot: the cache, not max_num_seqs 256, holds the ~16 at once
+    assert t.utilisation(knobs(2048, 256)) > 0.5 > 10 / 256
+    assert t.utilisation(knobs(512, 64)) < t.utilisation(knobs(2048, 256)) < t.utilisation(knobs(8192, 256))
 
 
 def test_saturation_predicts_a_breach():

@@ -111,12 +111,35 @@ def regime_life_seconds(state: VllmTuningStatus, now: datetime) -> float:
     ``t * ln(1 + H / t)``, more than ``t`` for a young regime (it may well
     last hours) and less than ``H`` for an old one. At least
     MIN_REGIME_LIFE_SECONDS.
+
+    The regime in force when the operator first looked (no other regime
+    measured yet) began before that, by an unknown time: its age is the
+    time observed plus an earlier part taken alike anywhere within the
+    horizon, and the expected life the mean over it (half the horizon for
+    a regime just seen), not that of a regime that has just begun.
     """
     lasted = (now - _time(state.regime_since)).total_seconds() if state.regime_since else 0.0
-    if lasted <= 0:
-        return MIN_REGIME_LIFE_SECONDS
-    expected = lasted * math.log1p(MAX_REGIME_LIFE_SECONDS / lasted)
-    return min(max(expected, MIN_REGIME_LIFE_SECONDS), MAX_REGIME_LIFE_SECONDS)
+    horizon = MAX_REGIME_LIFE_SECONDS
+    if _first_regime(state):
+        expected = (_life_integral(lasted + horizon) - _life_integral(lasted)) / horizon
+    elif lasted > 0:
+        expected = lasted * math.log1p(horizon / lasted)
+    else:
+        expected = 0.0
+    return min(max(expected, MIN_REGIME_LIFE_SECONDS), horizon)
+
+
+def _first_regime(state: VllmTuningStatus) -> bool:
+    """Whether the current regime is the only one measured: in force since the operator first looked."""
+    seen = {m.regime for m in state.measurements} | {x.regime for x in state.learned}
+    return state.regime is not None and seen <= {state.regime}
+
+
+def _life_integral(age: float) -> float:
+    """An antiderivative in ``age`` of the mean remaining life ``age * ln(1 + H / age)`` within the horizon H."""
+    h = MAX_REGIME_LIFE_SECONDS
+    tail = age * age / 2 * math.log(age) if age > 0 else 0.0
+    return (age * age - h * h) / 2 * math.log(age + h) + h * age / 2 - tail
 
 
 def restart_cost_seconds(state: VllmTuningStatus, pods: int, utilisation: float, ttft_target: float) -> float:

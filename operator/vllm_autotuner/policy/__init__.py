@@ -72,8 +72,11 @@ What it does
    traffic change before the last one is judged (and rolled back if it made
    things measurably worse once the restart's queue drained); an expected
    gain, net of the restarts' cost (measured, or estimated from the load the
-   other pods must carry) over the regime's expected life (as long as it has
-   lasted), of at least ``minImprovementPercent``; every hold with a reason.
+   other pods must carry) over the regime's expected life (its mean
+   remaining life within six hours, given how long it has lasted, and for
+   the regime in force when the operator first looked, that it began at an
+   unknown time before), of at least ``minImprovementPercent``; every hold
+   with a reason.
 """
 
 from vllm_autotuner.policy.decide import decide, effective_slo

@@ -5,9 +5,9 @@ strategy predicts, for every config on a grid of values people would pick
 (powers of two and their midpoints for the budget, powers of two for
 ``max_num_seqs``; within the bounds, accepted by vLLM, never one that
 failed), what it would do under the traffic just measured (``model``), and
-makes the one with the highest expected SLO attainment its goal; ties go
-to the one with the most headroom to the targets, then to the smallest
-move. Configs already measured in this regime count at their measured
+makes the one with the highest expected SLO attainment (headroom to the
+targets weighing a little) its goal; configs within RESOLUTION of it are
+equals, and the smallest move among them wins. Configs already measured in this regime count at their measured
 value and are reached in one jump, so a returning regime goes straight
 back to what it liked; a config the policy left in this regime counts only
 at a prediction's discount, and one it left twice not at all, so traffic
@@ -39,6 +39,9 @@ MODEL_TRUST = 0.7
 SLACK_WEIGHT = 0.02
 #: Attainment below which relative gains are measured against this floor.
 ATTAINMENT_FLOOR = 0.1
+#: Utility within which configs count as equals (the smallest move among them wins): the model ranks, it does not
+#: resolve a thousandth of attainment.
+RESOLUTION = 0.002
 
 _TOKEN_GRID = tuple(sorted({int(2**e * m) for e in range(4, 20) for m in (1, 1.5)}))
 _SEQ_GRID = tuple(2**e for e in range(0, 15))
@@ -143,7 +146,9 @@ def propose(
         options[base.knobs] = now
     if not options:
         return None
-    goal = max(options.values(), key=lambda p: (_utility(p, now, slo), -_distance(p.knobs, here)))
+    best = max(_utility(p, now, slo) for p in options.values())
+    equals = [p for p in options.values() if _utility(p, now, slo) >= best - RESOLUTION]
+    goal = min(equals, key=lambda p: (_distance(p.knobs, here), -_utility(p, now, slo)))
     step: Prediction | None = goal
     if not goal.measured and not within_step(goal.knobs, here, step_factor):
         near = [p for p in options.values() if within_step(p.knobs, here, step_factor) and p.knobs != here]

@@ -9,6 +9,7 @@ which policy proposed the change.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 
 from vllm_autotuner.api import Bounds, CurrentKnobs, Knobs, KnobSource, VllmTuningSpec, VllmTuningStatus
@@ -19,7 +20,7 @@ from vllm_autotuner.knobs import startup_errors
 DAY_SECONDS = 24 * 3600.0
 #: Per-pod restart time assumed before a rollout was measured (model load, compile, graph capture).
 DEFAULT_RESTART_SECONDS = 180.0
-#: Bounds of the expected life of a regime: how long it has lasted so far (it is likely to last as long again).
+#: Least expected life of a regime, and the horizon past which a change's gain is not counted.
 MIN_REGIME_LIFE_SECONDS = 1800.0
 MAX_REGIME_LIFE_SECONDS = 6 * 3600.0
 #: Utilisation a fleet is assumed to run at, at least, before a rollout's cost was measured.
@@ -99,9 +100,46 @@ def restart_seconds(state: VllmTuningStatus, pods: int) -> float:
 
 
 def regime_life_seconds(state: VllmTuningStatus, now: datetime) -> float:
-    """Expected remaining life of the current regime: as long as it has lasted, within fixed bounds."""
+    """Expected remaining life of the current regime, up to the horizon, from how long it has lasted.
+
+    Nothing but its age is known of a regime, so the moment is taken to be
+    anywhere in its life alike (the Copernican argument): having lasted
+    ``t``, it lasts ``r`` more with probability ``t / (t + r)``. The
+    median of that is ``t`` (as long again), but a change earns its gain
+    for as long as the regime actually lasts, so what it is worth is the
+    gain times the mean remaining life within the horizon ``H``:
+    ``t * ln(1 + H / t)``, more than ``t`` for a young regime (it may well
+    last hours) and less than ``H`` for an old one. At least
+    MIN_REGIME_LIFE_SECONDS.
+
+    The regime in force when the operator first looked (no other regime
+    measured yet) began before that, by an unknown time: its age is the
+    time observed plus an earlier part taken alike anywhere within the
+    horizon, and the expected life the mean over it (half the horizon for
+    a regime just seen), not that of a regime that has just begun.
+    """
     lasted = (now - _time(state.regime_since)).total_seconds() if state.regime_since else 0.0
-    return min(max(lasted, MIN_REGIME_LIFE_SECONDS), MAX_REGIME_LIFE_SECONDS)
+    horizon = MAX_REGIME_LIFE_SECONDS
+    if _first_regime(state):
+        expected = (_life_integral(lasted + horizon) - _life_integral(lasted)) / horizon
+    elif lasted > 0:
+        expected = lasted * math.log1p(horizon / lasted)
+    else:
+        expected = 0.0
+    return min(max(expected, MIN_REGIME_LIFE_SECONDS), horizon)
+
+
+def _first_regime(state: VllmTuningStatus) -> bool:
+    """Whether the current regime is the only one measured: in force since the operator first looked."""
+    seen = {m.regime for m in state.measurements} | {x.regime for x in state.learned}
+    return state.regime is not None and seen <= {state.regime}
+
+
+def _life_integral(age: float) -> float:
+    """An antiderivative in ``age`` of the mean remaining life ``age * ln(1 + H / age)`` within the horizon H."""
+    h = MAX_REGIME_LIFE_SECONDS
+    tail = age * age / 2 * math.log(age) if age > 0 else 0.0
+    return (age * age - h * h) / 2 * math.log(age + h) + h * age / 2 - tail
 
 
 def restart_cost_seconds(state: VllmTuningStatus, pods: int, utilisation: float, ttft_target: float) -> float:

@@ -25,7 +25,12 @@ and numbers Prometheus gives:
   utilisation to the candidate's; prefill time by the number of chunks.
 * **KV cache**: usage is proportional to running requests times context,
   which gives the pod's KV capacity in tokens; a candidate whose
-  concurrency would fill it is charged the preemptions measured now.
+  concurrency would fill it is charged the preemptions measured now. The
+  cache gets what vLLM's start-up profiling run leaves: the activations of
+  a forward pass over ``max_num_batched_tokens`` tokens and a sampler pass
+  over ``max_num_seqs`` sequences come out of it, so smaller knobs buy KV
+  capacity (and larger ones cost it), which is what stops preemptions on
+  a GPU whose memory is tight even where neither knob binds.
 * **SLO attainment**: the share of requests within the TTFT target and
   within the ITL target per request (time per output token). Each is a
   log-normal through the measured quantile and the measured share within
@@ -62,6 +67,17 @@ SATURATED = 0.98
 FULL_STEP = 0.8
 #: Ratio of a quantile prompt to the mean prompt, for prefill time at the TTFT quantile.
 PROMPT_TAIL = 2.0
+#: Tokens whose compute takes a step as long as reading the weights: a GPU's ridge point (peak bf16 FLOP/s over
+#: memory bandwidth, a token being 2 FLOP per 2-byte weight) is 150 on an A100, 300 on an H100, 400 on an L4 or
+#: L40S; taken low, so that a slope guessed from it errs high. Only used when no window shows a slope.
+RIDGE_TOKENS = 128.0
+#: KV-cache tokens one token of ``max_num_batched_tokens`` displaces at start-up: the profiling pass holds the
+#: MLP activations of every batched token (2 x 14336 x 2 bytes on Llama-3-8B, 56 KiB, with attention and residual
+#: buffers about half of a KV token's 2 x 32 layers x 8 heads x 128 x 2 bytes = 128 KiB; 70B on four GPUs, alike).
+ACTIVATION_KV_TOKENS = 0.5
+#: KV-cache tokens one of ``max_num_seqs`` displaces at start-up: the dummy sampler pass holds fp32 logits over
+#: the vocabulary for every sequence (8 KV tokens on Llama-3's 128k vocabulary, 2 on a 32k one).
+SAMPLER_KV_TOKENS = 4.0
 
 
 @dataclass(frozen=True)
@@ -84,26 +100,31 @@ def fit_step_model(measurements: Iterable[Measurement]) -> StepModel | None:
     that mixes two traffic regimes pairs quantiles of different populations
     and is an outlier a median ignores. Windows with preemptions are left
     out of the median: there the slowest inter-token gaps are recomputations,
-    not steps. Without any usable spread, the smallest cap. None without data.
+    not steps. Without any usable spread (decode-bound traffic whose step
+    tokens hardly vary, or preemptions in every window), the line through
+    each point and an intercept of RIDGE_TOKENS tokens' compute, the
+    smallest over the windows: the zero-intercept cap would make a step of
+    fifty decodes all compute, and the pod look saturated by traffic it
+    serves with room to spare. None without data.
     """
-    slopes, caps = [], []
+    slopes, priors = [], []
     for m in measurements:
         x_mean, y_mean, x_q, y_q = m.step_tokens_mean, m.itl_mean_seconds, m.step_tokens_quantile, m.itl_seconds
         if x_mean is None or y_mean is None or x_q is None or min(x_mean, x_q) < 1 or min(y_mean, y_q) <= 0:
             continue
         cap = min(y_mean / x_mean, y_q / x_q)
-        caps.append(cap)
+        priors.append(min(y_mean / (x_mean + RIDGE_TOKENS), y_q / (x_q + RIDGE_TOKENS)))
         spread = x_q - x_mean
         # a preempted request's next token waits for its recomputation, not for one step: no slope from there
         preempted = (m.preemptions_per_second or 0.0) > PREEMPTED_WINDOW * m.request_rate
         if spread >= MIN_SPREAD_TOKENS and not preempted:
             slopes.append((min(max((y_q - y_mean) / spread, 0.05 * cap), cap), m.windows * spread))
     if not slopes:
-        return StepModel(slope=min(caps), points=len(caps)) if caps else None
+        return StepModel(slope=min(priors), points=len(priors)) if priors else None
     slopes.sort()
     cumulative = list(accumulate(weight for _, weight in slopes))
     median = slopes[bisect_left(cumulative, cumulative[-1] / 2)][0]
-    return StepModel(slope=median, points=len(caps))
+    return StepModel(slope=median, points=len(priors))
 
 
 def share_within(target: LatencyTarget, measured: float, share: float | None, predicted: float, kind: str) -> float:
@@ -217,21 +238,28 @@ class Traffic:
         return max(measured + per_preemption * (self.preempted_share(knobs) - self.preempted_share(base.knobs)), 1.0)
 
     def utilisation(self, knobs: Knobs) -> float:
-        """Demand over capacity: tokens per second against full steps, decoding requests against max_num_seqs.
+        """Demand over capacity: tokens per second against full steps, decoding requests against the slots.
 
         A step reads the weights once and computes its tokens, whichever is
         slower (the roofline): a budget too small to hide the weight reads
         (``intercept``) loses capacity, a larger one gains none past
         ``1 / slope`` tokens per second.
         Requests decoding at once follow Little's law at the mean step time,
-        which shrinks with the tokens a step must carry (less recomputation).
+        which shrinks with the tokens a step must carry (less recomputation);
+        they are held to ``max_num_seqs``, and to as many as the KV cache
+        holds at their mean context (a request waits for blocks as it waits
+        for a slot).
         """
         base = self.base
         tokens = self.token_demand(knobs)
         capacity = min(knobs.max_num_batched_tokens / self.intercept, 1 / self.slope)
         mean_tokens = (base.step_tokens_mean or 0.0) * tokens / self.token_demand(base.knobs)
         decoding = base.request_rate * base.mean_generation_tokens * self.step_seconds(mean_tokens)
-        return max(tokens / capacity, decoding / knobs.max_num_seqs)
+        cache = self.kv_cache_tokens()
+        slots = float(knobs.max_num_seqs)
+        if cache is not None:
+            slots = min(slots, max(cache + self.freed_kv_tokens(knobs), self.context) / self.context)
+        return max(tokens / capacity, decoding / slots)
 
     def quantile_step_tokens(self, knobs: Knobs) -> float:
         """Tokens of a step at the ITL quantile under these knobs."""
@@ -258,22 +286,40 @@ class Traffic:
     def preempted_share(self, knobs: Knobs) -> float:
         """Share of requests preempted under these knobs.
 
-        The KV cache holds ``running * context / usage`` tokens, so about that
-        over a request's full length of requests fit at once. With
+        The KV cache holds ``running * context / usage`` tokens
+        (``kv_cache_tokens``), so about that over a request's full length of
+        requests fit at once. With
         ``max_num_seqs`` at nine tenths of that, no request is preempted; at the
         concurrency the pods reached (running plus waiting), as many as
-        measured; in between, in proportion.
+        measured; in between, in proportion. What the knobs free at start-up
+        raises the number that fits (and what they take lowers it).
         """
         base = self.base
         if not base.preemptions_per_second or base.request_rate <= 0:
             return 0.0
         measured = min(base.preemptions_per_second / base.request_rate, 0.9)
-        usage = base.kv_cache_usage
-        if usage is None or usage < 0.05 or self.running <= 0:
+        capacity = self.kv_cache_tokens()
+        if capacity is None:
             return measured
-        fits = 0.9 * self.running * self.context / usage / (base.mean_prompt_tokens + base.mean_generation_tokens)
+        length = base.mean_prompt_tokens + base.mean_generation_tokens
+        fits = 0.9 * capacity / length
+        fits_then = 0.9 * max(capacity + self.freed_kv_tokens(knobs), 0.0) / length
         peak = max(self.running + (base.waiting or 0.0), fits + 1)
-        return measured * min(max((knobs.max_num_seqs - fits) / (peak - fits), 0.0), 1.0)
+        return min(measured * max((min(knobs.max_num_seqs, peak) - fits_then) / (peak - fits), 0.0), 0.9)
+
+    def kv_cache_tokens(self) -> float | None:
+        """Tokens the KV cache of a pod holds under the measured knobs: running requests' context over the usage."""
+        usage = self.base.kv_cache_usage
+        if usage is None or usage < 0.05 or self.running <= 0:
+            return None
+        return self.running * self.context / usage
+
+    def freed_kv_tokens(self, knobs: Knobs) -> float:
+        """KV-cache tokens these knobs leave free at start-up compared with the measured ones (negative: taken)."""
+        base = self.base
+        return ACTIVATION_KV_TOKENS * (base.max_num_batched_tokens - knobs.max_num_batched_tokens) + (
+            SAMPLER_KV_TOKENS * (base.max_num_seqs - knobs.max_num_seqs)
+        )
 
     def predict(self, knobs: Knobs) -> Prediction:
         base = self.base

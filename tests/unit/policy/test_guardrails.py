@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vllm_autotuner.api import DecisionAction, FailedConfig, KnobSource
+from vllm_autotuner.api import DecisionAction, FailedConfig, KnobSource, LearnedOptimum
 from vllm_autotuner.api.types import duration_seconds, utc_timestamp
 from vllm_autotuner.knobs import startup_errors
 from vllm_autotuner.policy import Observation, decide, rollout_failed, rollout_succeeded
@@ -194,3 +194,36 @@ def test_same_inputs_same_decision(setup, data):
     window = data.draw(windows(state, the_spec, T0))
     first, second = decide(the_spec, state, window, T0), decide(the_spec, state, window, T0)
     assert first == second
+
+
+def test_a_regimes_expected_life_is_its_mean_remaining_life_within_the_horizon():
+    from vllm_autotuner.policy import guardrails
+
+    def life(hours_lasted: float) -> float:
+        since = T0 - timedelta(hours=hours_lasted)
+        seen = status(regime="r4/p4k/o128", regime_since=since.isoformat(), learned=[learned("r2/p512/o256")])
+        return guardrails.regime_life_seconds(seen, T0)
+
+    assert life(0) == guardrails.MIN_REGIME_LIFE_SECONDS
+    # young: it may well last hours, so more than the median remaining life (as long again)
+    assert life(1) == pytest.approx(3600 * math.log(7)) and life(1) > 3600
+    # old: the gain past the horizon does not count, so less than the horizon
+    assert life(6) == pytest.approx(6 * 3600 * math.log(2)) and life(6) < guardrails.MAX_REGIME_LIFE_SECONDS
+    assert life(0.5) < life(1) < life(6) < life(48) <= guardrails.MAX_REGIME_LIFE_SECONDS
+
+
+def test_the_regime_in_force_when_the_operator_first_looked_is_not_taken_to_have_just_begun():
+    from vllm_autotuner.policy import guardrails
+
+    first = status(regime="r4/p4k/o128", regime_since=(T0 - timedelta(minutes=10)).isoformat())
+    fresh = first.model_copy(update={"learned": [learned("r2/p512/o256")]})
+    # just seen, its earlier age unknown within the six-hour horizon: half the horizon, and more as it lasts
+    assert guardrails.regime_life_seconds(first, T0) > 3 * 3600
+    assert guardrails.regime_life_seconds(first, T0) > guardrails.regime_life_seconds(fresh, T0)
+    assert guardrails.regime_life_seconds(fresh, T0) == pytest.approx(600 * math.log(37))
+    own = first.model_copy(update={"learned": [learned("r4/p4k/o128")]})
+    assert guardrails.regime_life_seconds(own, T0) == guardrails.regime_life_seconds(first, T0)
+
+
+def learned(regime: str) -> LearnedOptimum:
+    return LearnedOptimum(regime=regime, max_num_batched_tokens=2048, max_num_seqs=256, goodput=1.0, measured_at="")

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from vllm_autotuner.api import SLO, LatencyTarget, Measurement
+from vllm_autotuner.policy import model
 from vllm_autotuner.policy.model import StepModel, Traffic, fit_step_model, share_within
 
 from .helpers import knobs
@@ -62,9 +63,12 @@ def test_slope_is_recovered_across_regimes_with_their_own_intercepts():
     assert fit_step_model(points).slope == pytest.approx(slope, rel=0.01)
 
 
-def test_slope_without_spread_falls_back_to_its_upper_bound():
+def test_slope_without_spread_falls_back_to_a_ridge_point_intercept():
     flat = on_line("a", 0.01, 20e-6, 1000, 1000)
-    assert fit_step_model([flat]).slope == pytest.approx(0.03 / 1000)
+    assert fit_step_model([flat]).slope == pytest.approx(0.03 / (1000 + model.RIDGE_TOKENS))
+    # decode-bound: fifty decodes a step take 80 ms, nearly all of it weight reads, not 1.6 ms a token
+    decodes = on_line("a", 0.075, 100e-6, 50, 40)
+    assert fit_step_model([decodes]).slope < 0.5 * decodes.itl_mean_seconds / 50
     assert fit_step_model([]) is None
 
 
@@ -150,6 +154,36 @@ def test_fewer_seqs_stop_preemptions_when_the_kv_cache_is_full():
     assert t.preempted_share(knobs(8192, 112)) == 0.0
     assert t.predict(knobs(8192, 112)).attainment > t.predict(knobs(8192, 1024)).attainment
     assert t.utilisation(knobs(8192, 64)) > 1  # too few for the ~100 decoding at once: the queue grows
+
+
+def test_smaller_knobs_free_kv_cache_and_cut_preemptions_where_neither_binds():
+    # a memory-tight GPU: ~11 long requests fill the cache; max_num_seqs 256 is far above them
+    tight = measurement(
+        tokens=2048,
+        seqs=256,
+        request_rate=0.25,
+        generation_tokens_per_second=0.25 * 512,
+        prompt_tokens_per_second=0.25 * 2048,
+        mean_prompt_tokens=2048,
+        mean_generation_tokens=512,
+        running=11,
+        waiting=1.2,
+        kv_cache_usage=0.68,
+        preemptions_per_second=0.1,
+    )
+    t = traffic(tight)
+    measured = 0.1 / 0.25
+    assert t.preempted_share(knobs(2048, 256)) == pytest.approx(measured)
+    # the profiling pass of a smaller budget and the sampler pass over fewer sequences leave more to the KV cache
+    assert t.freed_kv_tokens(knobs(512, 64)) > t.freed_kv_tokens(knobs(1024, 128)) > 0
+    assert t.preempted_share(knobs(512, 64)) < t.preempted_share(knobs(1024, 128)) < measured
+    # a larger budget takes KV cache: more preemptions, and their recomputation is demand
+    assert t.freed_kv_tokens(knobs(8192, 256)) < 0
+    assert t.preempted_share(knobs(8192, 256)) > measured
+    assert t.token_demand(knobs(8192, 256)) > t.token_demand(knobs(2048, 256)) > t.token_demand(knobs(512, 64))
+    # requests wait for KV blocks as for a slot: the cache, not max_num_seqs 256, holds the ~16 at once
+    assert t.utilisation(knobs(2048, 256)) > 0.5 > 10 / 256
+    assert t.utilisation(knobs(512, 64)) < t.utilisation(knobs(2048, 256)) < t.utilisation(knobs(8192, 256))
 
 
 def test_saturation_predicts_a_breach():

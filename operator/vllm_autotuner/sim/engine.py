@@ -64,6 +64,7 @@ import heapq
 import math
 from bisect import bisect_left
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,6 +111,10 @@ class FinishedRequest:
     """``(finish - first token) / (output_tokens - 1)``; 0 for one token."""
     max_itl: float
     """The longest gap between two of its tokens."""
+    slow_gaps: tuple[int, ...] = ()
+    """How many of its inter-token gaps were longer than each of the engine's ``slow_gap_seconds``, in order:
+    enough to judge it against an ITL target at any quantile (its own q-quantile gap is within ``t`` when at
+    most ``(1 - q)`` of its gaps are longer)."""
 
     @property
     def ttft(self) -> float:
@@ -216,9 +221,11 @@ class _Seq:
         "max_gap",
         "seg0",
         "cached",
+        "slow",
+        "slow0",
     )
 
-    def __init__(self, rid: int, req: Request, block_size: int) -> None:
+    def __init__(self, rid: int, req: Request, block_size: int, thresholds: int) -> None:
         self.rid = rid
         self.req = req
         self.arrival = req.arrival
@@ -240,6 +247,8 @@ class _Seq:
         self.max_gap = 0.0  # longest inter-token gap seen outside the current decode run
         self.seg0 = 0  # first segment of the current decode run
         self.cached = -1  # prompt tokens served from the prefix cache at first admission
+        self.slow = [0] * thresholds  # gaps over each slow-gap threshold, outside the current decode run
+        self.slow0 = self.slow  # the engine's slow-step counts when the current decode run began
 
 
 _JITTER_BATCH = 4096
@@ -252,10 +261,15 @@ class Engine:
     ``Engine(profile, config, seed)`` raises :class:`StartupError` with vLLM's
     message when the config cannot start on the profile. Then:
     :meth:`submit` requests, :meth:`advance` the clock, read
-    :meth:`snapshot` for metrics.
+    :meth:`snapshot` for metrics. ``slow_gap_seconds`` are latencies for
+    which every finished request counts its inter-token gaps above each
+    (``FinishedRequest.slow_gaps``): what judging each request against an
+    ITL target takes, without keeping every gap.
     """
 
-    def __init__(self, profile: Profile, config: EngineConfig, seed: int = 0) -> None:
+    def __init__(
+        self, profile: Profile, config: EngineConfig, seed: int = 0, slow_gap_seconds: Sequence[float] = ()
+    ) -> None:
         outcome = check_startup(profile, config)
         if outcome.error is not None:
             raise StartupError(outcome.error)
@@ -298,6 +312,9 @@ class Engine:
         # Monotonic stack of (segment, longest step in it) for max-ITL queries.
         self._stack_seg: list[int] = []
         self._stack_max: list[float] = []
+        # Decode steps (gaps of every decoding request) longer than each slow-gap threshold, so far.
+        self._slow_at = tuple(slow_gap_seconds)
+        self._slow_steps = [0] * len(self._slow_at)
         self._finished: list[FinishedRequest] = []
         # Work done so far, for vLLM's estimated FLOPs / bytes counters.
         self._attention_units = 0.0
@@ -342,7 +359,7 @@ class Engine:
             raise ValueError("requests must be submitted in arrival order")
         rid = self._next_rid
         self._next_rid += 1
-        self._pending.append(_Seq(rid, request, self._bs))
+        self._pending.append(_Seq(rid, request, self._bs, len(self._slow_at)))
         return rid
 
     def advance(self, until: float) -> list[FinishedRequest]:
@@ -520,6 +537,9 @@ class Engine:
         growth = cost.per_decode_context * n * jitter
         self._now += steps * first + growth * steps * (steps - 1) / 2
         metrics.itl.observe_linear(first, growth, steps, n)
+        slow = self._slow_steps
+        for i, threshold in enumerate(self._slow_at):
+            slow[i] += _steps_longer_than(threshold, first, growth, steps)
         metrics.iteration_tokens.observe_weighted(n, steps)
         metrics.counters["generation_tokens"] += n * steps
         context_sum = steps * context + n * steps * (steps - 1) / 2
@@ -591,6 +611,10 @@ class Engine:
         if n:
             metrics.itl.weighted_values.append(seconds)
             metrics.itl.weights.append(n)
+            slow = self._slow_steps
+            for i, threshold in enumerate(self._slow_at):
+                if seconds > threshold:
+                    slow[i] += 1
         metrics.counters["generation_tokens"] += sampled
         self._end_segment(seconds)
 
@@ -641,6 +665,9 @@ class Engine:
             metrics.itl.observe(gap)
             if gap > seq.max_gap:
                 seq.max_gap = gap
+            for i, threshold in enumerate(self._slow_at):
+                if gap > threshold:
+                    seq.slow[i] += 1
         seq.generated += 1
         seq.last_token_at = now
         if seq.pblocks and not seq.shared and self._prefix_caching and seq.prefix not in self._prefixes:
@@ -652,6 +679,7 @@ class Engine:
         seq.base = seq.target - g
         seq.fin = g + seq.output - seq.generated
         seq.seg0 = self._seg + 1
+        seq.slow0 = list(self._slow_steps)
         self._phase_counts[(1 - seq.base) % self._bs] += 1
         self._sum_base += seq.base
         self._n_dec += 1
@@ -671,6 +699,9 @@ class Engine:
             self._finish(seq, -(-(seq.base + g) // bs), now)
 
     def _leave_decoding(self, seq: _Seq) -> None:
+        """End ``seq``'s decode run after the step that produced its latest token."""
+        if self._slow_at:
+            seq.slow = [s + now - then for s, now, then in zip(seq.slow, self._slow_steps, seq.slow0, strict=True)]
         self._phase_counts[(1 - seq.base) % self._bs] -= 1
         self._sum_base -= seq.base
         self._n_dec -= 1
@@ -766,8 +797,18 @@ class Engine:
                 preemptions=seq.preemptions,
                 mean_itl=mean_itl,
                 max_itl=seq.max_gap,
+                slow_gaps=tuple(seq.slow),
             )
         )
+
+
+def _steps_longer_than(threshold: float, first: float, growth: float, steps: int) -> int:
+    """How many of ``steps`` consecutive steps, lasting ``first``, ``first + growth``... exceed ``threshold``."""
+    if first > threshold:
+        return steps
+    if growth <= 0:
+        return 0
+    return max(0, steps - (math.floor((threshold - first) / growth) + 1))
 
 
 def _steps_starting_before(window: float, first: float, growth: float) -> int:

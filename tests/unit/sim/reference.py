@@ -30,6 +30,7 @@ class _Req:
     first_token: float = -1.0
     last_token: float = -1.0
     max_gap: float = 0.0
+    gaps: list[float] = field(default_factory=list)
     finish: float = -1.0
 
 
@@ -39,6 +40,7 @@ class ReferenceResult:
     finish: dict[int, float] = field(default_factory=dict)
     preemptions: dict[int, int] = field(default_factory=dict)
     max_gap: dict[int, float] = field(default_factory=dict)
+    gaps: dict[int, list[float]] = field(default_factory=dict)
     steps: int = 0
     step_tokens: list[int] = field(default_factory=list)
 
@@ -132,6 +134,7 @@ def run_reference(
                 r.first_token = now
             else:
                 r.max_gap = max(r.max_gap, now - r.last_token)
+                r.gaps.append(now - r.last_token)
             r.last_token = now
             r.generated += 1
             if r.generated == r.req.output_tokens:
@@ -141,6 +144,7 @@ def run_reference(
                 out.finish[r.rid] = now
                 out.preemptions[r.rid] = r.preemptions
                 out.max_gap[r.rid] = r.max_gap
+                out.gaps[r.rid] = r.gaps
             else:
                 r.num_tokens += 1
     return out

@@ -1,8 +1,9 @@
 """The fast engine against the literal V1 scheduling loop (reference.py).
 
 Same requests, same step-cost model, no noise: every request must get its
-first token and finish at the same instant, be preempted as often, and see
-the same longest inter-token gap. The configs cover chunked prefill on and
+first token and finish at the same instant, be preempted as often, see
+the same longest inter-token gap and as many gaps over each slow-gap
+threshold. The configs cover chunked prefill on and
 off, budgets below and above the prompt sizes, and KV caches small enough to
 preempt hundreds of times.
 """
@@ -14,6 +15,9 @@ import pytest
 from tests.unit.sim.helpers import noiseless, random_requests
 from tests.unit.sim.reference import run_reference
 from vllm_autotuner.sim.engine import Engine, EngineConfig
+
+#: Slow-gap thresholds (s): short enough that decode steps cross them, off the cost model's round numbers.
+SLOW = (0.0123, 0.0377, 0.1011)
 
 CASES = [
     # (profile, config, arrival rate, seed)
@@ -55,7 +59,7 @@ CASES = [
 
 @pytest.mark.parametrize(("profile", "config", "rate", "seed"), CASES)
 def test_engine_matches_literal_scheduler(profile: str, config: EngineConfig, rate: float, seed: int) -> None:
-    engine = Engine(noiseless(profile), config, seed=0)
+    engine = Engine(noiseless(profile), config, seed=0, slow_gap_seconds=SLOW)
     requests = random_requests(500, rate, seed)
     for request in requests:
         engine.submit(request)
@@ -75,11 +79,15 @@ def test_engine_matches_literal_scheduler(profile: str, config: EngineConfig, ra
         chunked=cfg.enable_chunked_prefill,
     )
     assert sorted(f.rid for f in finished) == list(range(len(requests)))
+    slow_seen = 0
     for f in finished:
         assert f.first_token_time == pytest.approx(ref.first_token[f.rid], rel=1e-9)
         assert f.finish_time == pytest.approx(ref.finish[f.rid], rel=1e-9)
         assert f.preemptions == ref.preemptions[f.rid]
         assert f.max_itl == pytest.approx(ref.max_gap[f.rid], rel=1e-9, abs=1e-12)
+        assert f.slow_gaps == tuple(sum(gap > t for gap in ref.gaps[f.rid]) for t in SLOW)
+        slow_seen += sum(f.slow_gaps)
+    assert slow_seen > 0, "no gap exceeded a threshold: the counts were not exercised"
     snap = engine.snapshot()
     tokens = snap.histograms["vllm:iteration_tokens_total"]
     assert tokens.count == ref.steps

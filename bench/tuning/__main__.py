@@ -7,7 +7,8 @@ Runs go to a process pool (one per core): every grid config of every
 scenario as a static run, and the adaptive run. Progress is printed as runs
 finish. A static run does not depend on the decision core, so its result is
 kept in ``.cache/bench-tuning/``, keyed by the scenario, the config and the
-source of the simulator and of the benchmark's fleet and runner: a rerun
+source of the simulator, of the benchmark's fleet and runner and of the
+rule that scores a request against the ITL target: a rerun
 after a policy change simulates only the adaptive runs (``--no-cache`` to
 simulate and keep nothing). Outputs (``--out``, default ``bench/results``, ``bench/results/quick``
 for the quick run): ``tuning.json``, ``tuning.md`` and one
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import os
 import pickle
 import sys
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from vllm_autotuner.api import Knobs
 from vllm_autotuner.observe import quantile
+from vllm_autotuner.policy.model import slow_gaps_allowed
 from vllm_autotuner.sim import capacity, engine, metricstate, profiles, startup, workload
 from vllm_autotuner.sim.profiles import get_profile
 
@@ -55,8 +58,10 @@ def grid(scenario: BenchScenario, tokens: Sequence[int], seqs: Sequence[float]) 
 
 CACHE = Path(".cache/bench-tuning")
 #: The code a static run executes: the simulator's engine and what it is built from, the benchmark's fleet and runner
-#: (the scenario itself, traffic and spec, is in the key by value).
+#: (the scenario itself, traffic and spec, is in the key by value), and the decision core's rule for a request within
+#: the ITL target, which the runner scores with (the rest of the decision core is not in the key).
 _SOURCES = (engine, metricstate, profiles, startup, workload, capacity, quantile, fleet, runner)
+_SCORING = (slow_gaps_allowed,)
 
 
 def _cache_key(scenario: BenchScenario, knobs: Knobs) -> str:
@@ -64,6 +69,8 @@ def _cache_key(scenario: BenchScenario, knobs: Knobs) -> str:
     digest = hashlib.sha256(repr((scenario, knobs)).encode())
     for module in _SOURCES:
         digest.update(Path(module.__file__).read_bytes())
+    for function in _SCORING:
+        digest.update(inspect.getsource(function).encode())
     return digest.hexdigest()[:32]
 
 

@@ -70,8 +70,8 @@ class Outcomes:
     """What happened to every request of the workload."""
 
     ttft: np.ndarray
-    tpot: np.ndarray
-    """Mean inter-token latency of the request (time per output token)."""
+    slow_gaps: np.ndarray
+    """Per request (rows) and ITL target (columns, ``Fleet.itl_targets``): its inter-token gaps over the target."""
     finished: np.ndarray
     lost: np.ndarray
     """Killed with its pod during a rolling restart."""
@@ -101,8 +101,19 @@ def _mean(h: HistogramSnapshot) -> float | None:
 class Fleet:
     """The replicas of one Deployment running a workload under simulated time."""
 
-    def __init__(self, profile: Profile, knobs: Knobs, replicas: int, workload: Workload, seed: int, keep: int) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        knobs: Knobs,
+        replicas: int,
+        workload: Workload,
+        seed: int,
+        keep: int,
+        itl_targets: tuple[float, ...],
+    ) -> None:
         self.profile = profile
+        self.itl_targets = itl_targets
+        """The ITL targets (s) each request's gaps are counted against: every SLO of the scenario."""
         self.workload = workload
         self.seed = seed
         self.keep = keep
@@ -116,7 +127,10 @@ class Fleet:
         """Pod-seconds out of service (terminating, starting or crash-looping): capacity lost to restarts."""
         n = len(workload)
         self.outcomes = Outcomes(
-            ttft=np.full(n, math.nan), tpot=np.full(n, math.nan), finished=np.zeros(n, bool), lost=np.zeros(n, bool)
+            ttft=np.full(n, math.nan),
+            slow_gaps=np.zeros((n, len(itl_targets)), np.int64),
+            finished=np.zeros(n, bool),
+            lost=np.zeros(n, bool),
         )
         self._next = 0  # next workload index to route
         self._rr = 0
@@ -151,7 +165,10 @@ class Fleet:
 
     def _start_engine(self, pod: Pod, at: float) -> None:
         pod.engine = Engine(
-            self.profile, self._config(pod.knobs), seed=self.seed * 1000 + pod.index + 17 * self.restarts
+            self.profile,
+            self._config(pod.knobs),
+            seed=self.seed * 1000 + pod.index + 17 * self.restarts,
+            slow_gap_seconds=self.itl_targets,
         )
         pod.offset = at
         pod.state = PodState.READY
@@ -220,7 +237,7 @@ class Fleet:
             for done in pod.engine.advance(until - pod.offset):
                 index = pod.in_flight.pop(done.rid)
                 outcomes.ttft[index] = done.ttft
-                outcomes.tpot[index] = done.mean_itl
+                outcomes.slow_gaps[index] = done.slow_gaps
                 outcomes.finished[index] = True
             pod.scrapes.append((until, pod.engine.snapshot()))
             while len(pod.scrapes) > self.keep:
@@ -249,7 +266,6 @@ class Fleet:
         scrapes = [s for _, _, series in deltas for s in series]
         ttft, itl = histograms["vllm:time_to_first_token_seconds"], histograms["vllm:inter_token_latency_seconds"]
         steps = histograms["vllm:iteration_tokens_total"]
-        tpot = histograms["vllm:request_time_per_output_token_seconds"]
         knobs = {pod.knobs for pod, _, _ in deltas}
 
         def quantile(h: HistogramSnapshot, q: float) -> float | None:
@@ -275,9 +291,8 @@ class Fleet:
             e2e_seconds=quantile(histograms["vllm:e2e_request_latency_seconds"], slo.ttft.quantile),
             queue_seconds=quantile(histograms["vllm:request_queue_time_seconds"], slo.ttft.quantile),
             itl_mean_seconds=_mean(itl),
-            tpot_seconds=quantile(tpot, slo.itl.quantile),
             ttft_within_slo=share(ttft, slo.ttft.seconds),
-            tpot_within_slo=share(tpot, slo.itl.seconds),
+            itl_within_slo=share(itl, slo.itl.seconds),
             running=float(np.mean([s.gauges.num_requests_running for s in scrapes])),
             waiting=float(np.mean([s.gauges.num_requests_waiting for s in scrapes])),
             kv_cache_usage=float(np.mean([s.gauges.kv_cache_usage_perc for s in scrapes])),

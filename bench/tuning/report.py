@@ -171,8 +171,9 @@ def write_markdown(
         "# Tuning benchmark",
         "",
         f"Made by `{command}` in {wall / 60:.1f} minutes. SLO goodput: output tokens per GPU-hour of requests",
-        "within both the TTFT target and the ITL target per request (time per output token); attainment: their",
-        "share of all requests. Ratios are adaptive's SLO goodput over the policy named.",
+        "within both the TTFT target and the ITL target (a request is within it when no more than 1 - q of its",
+        "inter-token gaps exceed it: its own ITL at the quantile q); attainment: their share of all requests.",
+        "Ratios are adaptive's SLO goodput over the policy named.",
         "",
         "| scenario | profile | h | vllm_default | best_static | phase_oracle | adaptive | /oracle | /static "
         "| /default | rollouts | failed | pod-h lost |",

@@ -28,6 +28,7 @@ from vllm_autotuner.policy import (
     rollout_failed,
     rollout_succeeded,
 )
+from vllm_autotuner.policy.model import slow_gaps_allowed
 from vllm_autotuner.policy.schedule import window_in_force
 from vllm_autotuner.sim.engine import EngineConfig
 from vllm_autotuner.sim.profiles import get_profile
@@ -87,17 +88,26 @@ class RunResult:
     """(time, config, reason) of every change and rollback."""
 
 
-def slo_targets(spec: VllmTuningSpec, arrival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """TTFT and ITL targets in force when each request arrived (schedule windows without pre-roll)."""
+def itl_targets(spec: VllmTuningSpec) -> tuple[float, ...]:
+    """Every ITL target of the spec: its SLO's and its schedules' (a fleet counts each request's gaps over each)."""
+    slos = [spec.slo, *(s.slo for s in spec.schedules if s.slo is not None)]
+    return tuple(sorted({slo.itl.seconds for slo in slos}))
+
+
+def slo_in_force(spec: VllmTuningSpec, arrival: np.ndarray) -> tuple[list[SLO], np.ndarray]:
+    """The SLOs of the scenario, and which of them was in force when each request arrived (schedule windows
+    without pre-roll)."""
     schedules = [s.model_copy(update={"pre_roll": "0s"}) for s in spec.schedules]
     minutes = int(math.ceil((arrival.max() if len(arrival) else 0) / 60)) + 1
-    ttft, itl = np.empty(minutes), np.empty(minutes)
+    slos: list[SLO] = []
+    which = np.empty(minutes, np.int64)
     for minute in range(minutes):
         window, _ = window_in_force(schedules, VllmTuningStatus(), START + timedelta(minutes=minute))
         slo = window.schedule.slo if window and window.schedule.slo else spec.slo
-        ttft[minute], itl[minute] = slo.ttft.seconds, slo.itl.seconds
-    index = (arrival // 60).astype(np.int64)
-    return ttft[index], itl[index]
+        if slo not in slos:
+            slos.append(slo)
+        which[minute] = slos.index(slo)
+    return slos, which[(arrival // 60).astype(np.int64)]
 
 
 def score(
@@ -106,12 +116,20 @@ def score(
     """Requests, requests within both targets, and their output tokens, per phase of the scenario.
 
     A request meets the SLO when it finished, its TTFT is within the TTFT
-    target and its time per output token (mean inter-token latency) within
-    the ITL target: the per-request goodput of vLLM's benchmark and DistServe.
+    target and its own inter-token latency at the ITL quantile is within the
+    ITL target (at most ``1 - quantile`` of its gaps longer: a stream that
+    stalls behind long prefills misses it even when its mean gap is short).
+    The decision core estimates this share from the token-level histogram
+    (``policy.model.request_itl_share``).
     """
-    ttft_target, itl_target = slo_targets(scenario.spec, arrival)
+    slos, which = slo_in_force(scenario.spec, arrival)
+    targets = itl_targets(scenario.spec)
+    ttft_target = np.array([s.ttft.seconds for s in slos])[which]
+    column = np.array([targets.index(s.itl.seconds) for s in slos])[which]
+    allowed = np.array([slow_gaps_allowed(s.itl.quantile, output - 1) for s in slos])[which, np.arange(len(which))]
+    slow = outcomes.slow_gaps[np.arange(len(which)), column]
     with np.errstate(invalid="ignore"):
-        met = outcomes.finished & (outcomes.ttft <= ttft_target) & (outcomes.tpot <= itl_target)
+        met = outcomes.finished & (outcomes.ttft <= ttft_target) & (slow <= allowed)
     phases = {}
     for phase in scenario.traffic.phases:
         mask = (arrival >= phase.start) & (arrival < phase.end)
@@ -148,7 +166,8 @@ def run_static(scenario: BenchScenario, knobs: Knobs) -> RunResult:
         result.started = False
         return result
     workload = scenario.traffic.generate(scenario.seed)
-    fleet = Fleet(profile, knobs, scenario.replicas, workload, scenario.seed, keep=2)
+    fleet = Fleet(profile, knobs, scenario.replicas, workload, scenario.seed, keep=2,
+                  itl_targets=itl_targets(scenario.spec))
     now, end = 0.0, scenario.traffic.duration + DRAIN
     while now < end:
         now += SAMPLE
@@ -180,7 +199,7 @@ def run_adaptive(scenario: BenchScenario) -> RunResult:
     deadline = duration_seconds(spec.rollout.progress_deadline)
     fleet = Fleet(
         get_profile(scenario.profile), start_knobs, scenario.replicas, workload, scenario.seed,
-        keep=int(max(window, SAMPLE) / TICK) + 2,
+        keep=int(max(window, SAMPLE) / TICK) + 2, itl_targets=itl_targets(spec),
     )  # fmt: skip
     state = _initial_state(start_knobs)
     failed: set[Knobs] = set()

@@ -108,12 +108,11 @@ def test_long_prompts_breaching_the_itl_slo_at_a_large_budget_bring_the_budget_d
 
     The operator first brings the budget into bounds, then finds the
     8192-token prefill chunks of 4k-token prompts stalling the decodes beyond
-    the ITL target, and lowers the budget further. Only the ~15% of tokens
-    that share a step with a prefill chunk miss the target, so the expected
-    gain is ~8%. That pays for a restart measured by the first rollout here
-    (seconds), not for the 180 s per pod the policy assumes before any
-    rollout (10% of a regime's expected life); and the spec asks for 2%
-    rather than the default 5%, which would leave the decision to noise.
+    the ITL target, and lowers the budget further: the ~15% of gaps that
+    follow a step with a prefill chunk are more than a p95 target allows
+    each stream, so nearly every request misses it. The spec asks for a 2%
+    minimum improvement rather than the default 5%, so that the test does
+    not depend on how large the predicted gain comes out.
     """
     world = World(cluster_with_crd, namespace)
     world.create_deployment(H100, knob_args(16384, 64), replicas=2)

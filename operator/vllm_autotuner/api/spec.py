@@ -309,7 +309,8 @@ class RolloutSpec(SpecModel):
     rollback_on_regression: bool = True
     """After settling, compare with the window before the change and roll back a measured regression."""
     regression_tolerance_percent: float = Field(default=10.0, ge=0, le=100)
-    """How much worse SLO goodput may be after a change before it counts as a regression."""
+    """How much worse SLO goodput may be after a change before it counts as a regression (and two points of
+    attainment more: window-to-window noise)."""
 
 
 class EngineSpec(SpecModel):

@@ -262,17 +262,15 @@ class Measurement(StatusModel):
     mean_generation_tokens: float = Field(ge=0)
     """Mean output length."""
     attainment: float = Field(ge=0, le=1)
-    """Estimated share of requests within both latency targets (TTFT, and time per output token against ITL)."""
+    """Estimated share of requests within both latency targets (TTFT, and their own ITL at the ITL quantile)."""
     ttft_within_slo: float | None = Field(default=None, ge=0, le=1)
     """Measured share of requests whose TTFT is within the target."""
-    tpot_within_slo: float | None = Field(default=None, ge=0, le=1)
-    """Measured share of requests whose time per output token is within the ITL target."""
+    itl_within_slo: float | None = Field(default=None, ge=0, le=1)
+    """Measured share of inter-token gaps within the ITL target."""
     ttft_seconds: float = Field(ge=0)
     """TTFT at the SLO quantile."""
     itl_seconds: float = Field(ge=0)
     """Inter-token latency at the SLO quantile."""
-    tpot_seconds: float | None = Field(default=None, ge=0)
-    """A request's time per output token at the ITL quantile."""
     queue_seconds: float | None = Field(default=None, ge=0)
     """Queue time at the TTFT quantile."""
     itl_mean_seconds: float | None = Field(default=None, ge=0)

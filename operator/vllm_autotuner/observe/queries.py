@@ -58,7 +58,6 @@ FAMILIES: tuple[Family, ...] = (
     Family("itl", Kind.BUCKETS, ("vllm:inter_token_latency_seconds_bucket", "vllm:time_per_output_token_seconds_bucket")),
     Family("e2e", Kind.BUCKETS, ("vllm:e2e_request_latency_seconds_bucket",)),
     Family("queue", Kind.BUCKETS, ("vllm:request_queue_time_seconds_bucket",)),
-    Family("tpot", Kind.BUCKETS, ("vllm:request_time_per_output_token_seconds_bucket",)),
     Family("step_tokens", Kind.BUCKETS, ("vllm:iteration_tokens_total_bucket",)),
     Family("last_seen", Kind.LAST_SEEN, ("vllm:num_requests_running",)),
 )

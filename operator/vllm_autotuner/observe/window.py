@@ -120,9 +120,9 @@ def observe_target(
         "output_len_sum", "output_len_count", "step_tokens_sum", "steps", "itl_sum", "itl_count",
         "running", "waiting", "kv_usage")}
     hist = {key: _summed_histogram(data.buckets.get(key, {}), pods)
-            for key in ("ttft", "itl", "e2e", "queue", "step_tokens", "tpot")}
+            for key in ("ttft", "itl", "e2e", "queue", "step_tokens")}
     newest = max(v["last_seen"][p] for p in pods)
-    ttft, itl, tpot = hist["ttft"], hist["itl"], hist["tpot"]
+    ttft, itl = hist["ttft"], hist["itl"]
     end = datetime.fromtimestamp(data.at, UTC)
     observation = Observation(
         window_start=datetime.fromtimestamp(data.at - data.window_seconds, UTC),
@@ -141,9 +141,8 @@ def observe_target(
         e2e_seconds=hist["e2e"].quantile(slo.ttft.quantile) if hist["e2e"] else None,
         queue_seconds=hist["queue"].quantile(slo.ttft.quantile) if hist["queue"] else None,
         itl_mean_seconds=_ratio(rates["itl_sum"], rates["itl_count"]),
-        tpot_seconds=tpot.quantile(slo.itl.quantile) if tpot else None,
         ttft_within_slo=ttft.within(slo.ttft.seconds) if ttft else None,
-        tpot_within_slo=tpot.within(slo.itl.seconds) if tpot else None,
+        itl_within_slo=itl.within(slo.itl.seconds) if itl else None,
         running=_ratio(rates["running"], n),
         waiting=_ratio(rates["waiting"], n),
         kv_cache_usage=_ratio(rates["kv_usage"], n),

@@ -29,10 +29,15 @@ Stable API
     None when pods differ): they never drive a change, but what they fell
     short of the pre-change window is the rollout's measured cost
     (``status.restartCostSeconds``), which prices the next change. A request
-    meets the SLO when its TTFT is within the TTFT target and its time per
-    output token (``vllm:request_time_per_output_token_seconds``) within the
-    ITL target, as vLLM's benchmark counts goodput; the token-level ITL
-    quantile drives the step-time model and the reasons.
+    meets the SLO when its TTFT is within the TTFT target and its own
+    inter-token latency at the ITL quantile within the ITL target (no more
+    than ``1 - quantile`` of its gaps longer): a stream that stalls every few
+    tokens behind long prefill steps misses a p95 target even when its mean
+    gap is short. Prometheus has no per-request gaps, so the share of such
+    requests is estimated from the share of all gaps within the target
+    (``vllm:inter_token_latency_seconds``) and the mean output length
+    (``model.request_itl_share``); the benchmark counts it request by
+    request.
 
 ``effective_slo(spec, state, now) -> SLO``
     The SLO (quantiles and targets) the observation must be computed for: a

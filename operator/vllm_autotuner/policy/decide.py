@@ -65,6 +65,9 @@ from vllm_autotuner.policy.schedule import ActiveWindow, preset_boundaries, wind
 
 #: Windows a rollout's first settled window may stay short of its baseline before the change counts as a regression.
 REGRESSION_PATIENCE = 6
+#: Attainment two windows of the same traffic may differ by without either config being worse: sampling noise.
+#: A regression must fall this far below the tolerance too (a change from 0.4% to 0.1% is no evidence).
+ATTAINMENT_NOISE = 0.02
 #: Regime name of traffic no tier matches (not a valid tier name, so it never collides with one).
 NO_TIER = "(no tier)"
 
@@ -110,8 +113,9 @@ def _measurement(observation: Observation, regime: str, slo: SLO) -> Measurement
         return (value or 0.0) / pods
 
     ttft, itl = observation.ttft_seconds or 0.0, observation.itl_seconds or 0.0
-    tpot = observation.tpot_seconds if observation.tpot_seconds is not None else itl
-    share = attainment(slo, ttft, tpot, observation.ttft_within_slo, observation.tpot_within_slo)
+    share = attainment(
+        slo, ttft, itl, observation.ttft_within_slo, observation.itl_within_slo, observation.mean_generation_tokens or 0
+    )
     return Measurement(
         regime=regime,
         max_num_batched_tokens=observation.config.max_num_batched_tokens,
@@ -124,8 +128,7 @@ def _measurement(observation: Observation, regime: str, slo: SLO) -> Measurement
         mean_generation_tokens=observation.mean_generation_tokens or 0.0,
         attainment=min(max(share, 0.0), 1.0),
         ttft_within_slo=observation.ttft_within_slo,
-        tpot_within_slo=observation.tpot_within_slo,
-        tpot_seconds=observation.tpot_seconds,
+        itl_within_slo=observation.itl_within_slo,
         ttft_seconds=ttft,
         itl_seconds=itl,
         queue_seconds=observation.queue_seconds,
@@ -410,8 +413,7 @@ def _traffic_change(
     goal, step, here = proposal.goal, proposal.step, proposal.now
     summary = (
         f"regime {base.regime}: now TTFT p{_pct(settings.slo.ttft.quantile)} {here.ttft_seconds:.2f}s, "
-        f"ITL p{_pct(settings.slo.itl.quantile)} {here.itl_seconds * 1000:.0f}ms (per request "
-        f"{here.tpot_seconds * 1000:.0f}ms), attainment {here.attainment:.0%}"
+        f"ITL p{_pct(settings.slo.itl.quantile)} {here.itl_seconds * 1000:.0f}ms, attainment {here.attainment:.0%}"
     )
     if goal.knobs == current.knobs:
         return HoldReason.NO_BETTER_CONFIG, f"{summary}; no config expected to do better than {current.knobs}"
@@ -422,8 +424,7 @@ def _traffic_change(
     net = proposal.gain_percent - cost
     way = "" if step is goal else f", {proposal.rollouts} rollouts away: first {step.knobs if step else 'nothing'}"
     reason = (
-        f"{summary}; {goal.knobs} {basis}: TTFT {goal.ttft_seconds:.2f}s, ITL {goal.itl_seconds * 1000:.0f}ms "
-        f"({goal.tpot_seconds * 1000:.0f}ms), "
+        f"{summary}; {goal.knobs} {basis}: TTFT {goal.ttft_seconds:.2f}s, ITL {goal.itl_seconds * 1000:.0f}ms, "
         f"attainment {goal.attainment:.0%}{way}; gain {proposal.gain_percent:+.1f}% minus restarts {cost:.1f}%"
     )
     if net < spec.rollout.min_improvement_percent:
@@ -462,13 +463,13 @@ def _restart_loss(
         return state
     if rollout.phase not in (RolloutPhase.IN_PROGRESS, RolloutPhase.SUCCEEDED) or observation is None:
         return state
-    ttft = observation.ttft_seconds
-    tpot = observation.tpot_seconds if observation.tpot_seconds is not None else observation.itl_seconds
-    shares = (observation.ttft_within_slo, observation.tpot_within_slo)
-    numbers = [ttft, tpot, *(x for x in shares if x is not None)]
-    if ttft is None or tpot is None or not all(x is not None and math.isfinite(x) and x >= 0 for x in numbers):
+    ttft, itl, tokens = observation.ttft_seconds, observation.itl_seconds, observation.mean_generation_tokens
+    shares = (observation.ttft_within_slo, observation.itl_within_slo)
+    numbers = [ttft, itl, tokens, *(x for x in shares if x is not None)]
+    if not all(x is not None and math.isfinite(x) and x >= 0 for x in numbers):
         return state
-    shortfall = max(0.0, rollout.baseline_attainment - attainment(slo, ttft, tpot, *shares))
+    assert ttft is not None and itl is not None and tokens is not None
+    shortfall = max(0.0, rollout.baseline_attainment - attainment(slo, ttft, itl, *shares, tokens))
     lost = rollout.lost_seconds + shortfall * duration_seconds(spec.traffic.evaluation_interval)
     return state.model_copy(update={"last_rollout": rollout.model_copy(update={"lost_seconds": lost})})
 
@@ -495,7 +496,9 @@ def _verify(
     since = datetime.fromisoformat(state.current.since)
     if window_start < since + timedelta(seconds=grace):
         return state
-    floor = (rollout.baseline_attainment or 0.0) * (1 - spec.rollout.regression_tolerance_percent / 100)
+    floor = (rollout.baseline_attainment or 0.0) * (1 - spec.rollout.regression_tolerance_percent / 100) - (
+        ATTAINMENT_NOISE
+    )
     window = duration_seconds(spec.traffic.window)
     if base.attainment < floor and window_start < since + timedelta(seconds=grace + REGRESSION_PATIENCE * window):
         drained = base.queue_seconds is not None and base.queue_seconds <= slo.ttft.seconds / 2

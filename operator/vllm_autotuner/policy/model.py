@@ -32,11 +32,11 @@ and numbers Prometheus gives:
   capacity (and larger ones cost it), which is what stops preemptions on
   a GPU whose memory is tight even where neither knob binds.
 * **SLO attainment**: the share of requests within the TTFT target and
-  within the ITL target per request (time per output token). Each is a
-  log-normal through the measured quantile and the measured share within
-  the target, shifted to the predicted quantile. A request's time per
-  output token is the mean of the steps it decoded through, so its excess
-  over the mean step time follows the token-level ITL quantile's.
+  within the ITL target at its quantile. The shares of TTFT samples and of
+  inter-token gaps within target are each a log-normal through the measured
+  quantile and the measured share, shifted to the predicted quantile; a
+  request is within the ITL target when few enough of its own gaps are
+  slow, taken as binomial at the gaps' share (``request_itl_share``).
 
 The model is deliberately simple: it only has to rank candidates and
 estimate the gain; every change is measured afterwards, measured configs
@@ -56,7 +56,7 @@ from vllm_autotuner.api import SLO, Knobs, LatencyTarget, Measurement
 
 _NORMAL = NormalDist()
 #: Log-normal spread assumed when the measured share within target cannot fix it.
-DEFAULT_SPREAD = {"ttft": 0.8, "tpot": 0.5}
+DEFAULT_SPREAD = {"ttft": 0.8, "itl": 0.5}
 #: Least spread of step tokens within a window (quantile over mean) that gives a usable slope.
 MIN_SPREAD_TOKENS = 100.0
 #: Preemptions per completed request above which a window's ITL says nothing about step times.
@@ -145,16 +145,56 @@ def share_within(target: LatencyTarget, measured: float, share: float | None, pr
     return _NORMAL.cdf(z_q + math.log(target.seconds / max(predicted, 1e-6)) / spread)
 
 
-def attainment(slo: SLO, ttft: float, tpot: float, ttft_share: float | None, tpot_share: float | None) -> float:
+def slow_gaps_allowed(quantile: float, gaps: float) -> float:
+    """How many of a request's ``gaps`` inter-token gaps may be longer than the ITL target with the request
+    still within it: its own latency at ``quantile`` is within the target while at most ``1 - quantile`` of
+    its gaps are longer. ``gaps`` may be a numpy array of them."""
+    return ((1 - quantile) * gaps + 1e-9) // 1
+
+
+def request_itl_share(quantile: float, token_share: float, generation_tokens: float) -> float:
+    """Share of requests within the ITL target when ``token_share`` of all inter-token gaps are.
+
+    A request of ``n`` output tokens has ``n - 1`` gaps; it is within the
+    target at ``quantile`` when at most ``slow_gaps_allowed`` of them are
+    longer. A long prefill chunk stalls every request decoding in its step,
+    so each gap is taken to be slow with the token-level probability,
+    independently: the binomial distribution at the mean output length. A
+    few stalls per stream are tolerated, a steady share above ``1 - quantile``
+    fails almost every stream, which the share of gaps within target alone
+    (or a request's mean gap) would hide.
+    """
+    gaps = max(round(generation_tokens) - 1, 0)
+    slow = min(max(1.0 - token_share, 0.0), 1.0)
+    if gaps == 0 or slow == 0.0:
+        return 1.0
+    if slow == 1.0:
+        return 0.0
+    allowed = int(slow_gaps_allowed(quantile, gaps))
+    log_term = gaps * math.log1p(-slow)  # log P(no slow gap)
+    ratio = math.log(slow) - math.log1p(-slow)
+    total = 0.0
+    for k in range(allowed + 1):  # allowed < gaps
+        total += math.exp(log_term)
+        log_term += math.log(gaps - k) - math.log(k + 1) + ratio
+    return min(total, 1.0)
+
+
+def attainment(
+    slo: SLO, ttft: float, itl: float, ttft_share: float | None, itl_share: float | None, generation_tokens: float
+) -> float:
     """Estimated share of requests within both targets, from the quantiles and measured shares of one window.
 
-    A request is within the ITL target when its time per output token (its
-    mean inter-token latency) is: the per-request goodput of vLLM's
-    benchmark (``--goodput tpot:``) and of DistServe.
+    ``ttft_share`` is the share of TTFT samples within the TTFT target,
+    ``itl_share`` the share of inter-token gaps within the ITL target (the
+    buckets of ``vllm:inter_token_latency_seconds``); without them, what a
+    log-normal through the quantile gives. A request is within the ITL
+    target when its own gaps are at the ITL quantile (``request_itl_share``
+    at the mean output length ``generation_tokens``).
     """
     ttft_ok = ttft_share if ttft_share is not None else share_within(slo.ttft, ttft, None, ttft, "ttft")
-    tpot_ok = tpot_share if tpot_share is not None else share_within(slo.itl, tpot, None, tpot, "tpot")
-    return ttft_ok * tpot_ok
+    gaps_ok = itl_share if itl_share is not None else share_within(slo.itl, itl, None, itl, "itl")
+    return ttft_ok * request_itl_share(slo.itl.quantile, gaps_ok, generation_tokens)
 
 
 @dataclass(frozen=True)
@@ -165,15 +205,14 @@ class Prediction:
     attainment: float
     ttft_seconds: float
     itl_seconds: float
-    tpot_seconds: float
     utilisation: float
     measured: bool
     """True when the numbers are a measurement of this config in this regime, not the model's."""
 
     def slack(self, slo: SLO) -> float:
-        """Smallest relative headroom to the TTFT target, the ITL target (per request) and full utilisation."""
+        """Smallest relative headroom to the TTFT target, the ITL target and full utilisation."""
         return min(
-            1 - self.ttft_seconds / slo.ttft.seconds, 1 - self.tpot_seconds / slo.itl.seconds, 1 - self.utilisation
+            1 - self.ttft_seconds / slo.ttft.seconds, 1 - self.itl_seconds / slo.itl.seconds, 1 - self.utilisation
         )
 
 
@@ -205,26 +244,6 @@ class Traffic:
             running=running,
             context=base.mean_prompt_tokens + base.mean_generation_tokens / 2,
         )
-
-    @property
-    def base_tpot(self) -> float:
-        """The measured per-request time per output token at the ITL quantile (the token-level ITL if unknown)."""
-        return self.base.tpot_seconds if self.base.tpot_seconds is not None else self.base.itl_seconds
-
-    def request_tpot(self, itl: float) -> float:
-        """A request's time per output token at the ITL quantile when the token-level quantile moves to ``itl``.
-
-        A request's TPOT is the mean of the steps it decoded through, so its
-        excess over the mean step time follows the excess of the token-level
-        quantile over the mean: both come from the long prefill steps a
-        smaller budget cuts short.
-        """
-        base = self.base
-        mean = base.itl_mean_seconds if base.itl_mean_seconds is not None else self.intercept
-        excess = base.itl_seconds - mean
-        if excess <= 1e-3:
-            return max(self.base_tpot + itl - base.itl_seconds, 1e-4)
-        return max(mean + (self.base_tpot - mean) * (itl - mean) / excess, 1e-4)
 
     def step_seconds(self, tokens: float) -> float:
         return self.intercept + self.slope * tokens
@@ -339,9 +358,8 @@ class Traffic:
             base.ttft_seconds + self.prefill_seconds(knobs) - self.prefill_seconds(old) + queue_new - queue, 1e-3
         )
         share_ttft = share_within(self.slo.ttft, base.ttft_seconds, base.ttft_within_slo, ttft, "ttft")
-        tpot = self.request_tpot(itl)
-        share_tpot = share_within(self.slo.itl, self.base_tpot, base.tpot_within_slo, tpot, "tpot")
-        within = share_ttft * share_tpot
+        share_gaps = share_within(self.slo.itl, base.itl_seconds, base.itl_within_slo, itl, "itl")
+        within = share_ttft * request_itl_share(self.slo.itl.quantile, share_gaps, base.mean_generation_tokens)
         # requests no longer preempted are no longer stalled by their recomputation
         within += max(self.preempted_share(old) - self.preempted_share(knobs), 0.0) * (1 - within)
         if saturated:  # the queue grows without bound: over the regime's life, no request meets TTFT
@@ -351,7 +369,6 @@ class Traffic:
             attainment=min(within, 1.0),
             ttft_seconds=ttft,
             itl_seconds=itl,
-            tpot_seconds=tpot,
             utilisation=rho_new,
             measured=False,
         )
@@ -364,7 +381,6 @@ def measured_prediction(m: Measurement, traffic: Traffic) -> Prediction:
         attainment=m.attainment,
         ttft_seconds=m.ttft_seconds,
         itl_seconds=m.itl_seconds,
-        tpot_seconds=m.tpot_seconds if m.tpot_seconds is not None else m.itl_seconds,
         utilisation=traffic.utilisation(m.knobs),
         measured=True,
     )

@@ -27,10 +27,10 @@ class Observation:
     Rates are per second over the window, summed over pods; gauges (running,
     waiting, KV usage) are means per pod. Latency quantiles are taken at the
     quantiles of ``slo`` (TTFT, e2e and queue time at the TTFT quantile, ITL
-    and per-request time per output token at the ITL quantile) with
-    ``histogram_quantile`` over the rate of the vLLM histograms;
-    ``*_within_slo`` are the shares of requests at or under the targets, read
-    from the same buckets (``histogram_fraction_below``).
+    at the ITL quantile) with ``histogram_quantile`` over the rate of the vLLM
+    histograms; ``*_within_slo`` are the shares of samples (requests' TTFTs,
+    inter-token gaps) at or under the targets, read from the same buckets
+    (``histogram_fraction_below``).
     """
 
     window_start: datetime
@@ -67,12 +67,10 @@ class Observation:
     """Queue time (vllm:request_queue_time_seconds) at the TTFT quantile."""
     itl_mean_seconds: float | None = None
     """Mean inter-token latency (histogram sum over count): about the mean engine step time."""
-    tpot_seconds: float | None = None
-    """A request's time per output token (vllm:request_time_per_output_token_seconds) at the ITL quantile."""
     ttft_within_slo: float | None = None
     """Share of requests whose TTFT is at or under the TTFT target, 0 to 1."""
-    tpot_within_slo: float | None = None
-    """Share of requests whose time per output token is at or under the ITL target, 0 to 1."""
+    itl_within_slo: float | None = None
+    """Share of inter-token gaps (vllm:inter_token_latency_seconds) at or under the ITL target, 0 to 1."""
 
     running: float | None = None
     """Mean running requests per pod (vllm:num_requests_running)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,10 +28,9 @@ def measurement(regime="r", tokens=8192, seqs=1024, **fields):
         mean_generation_tokens=128,
         attainment=0.6,
         ttft_within_slo=0.99,
-        tpot_within_slo=0.6,
+        itl_within_slo=0.8,
         ttft_seconds=0.9,
         itl_seconds=0.19,
-        tpot_seconds=0.12,
         queue_seconds=0.1,
         itl_mean_seconds=0.09,
         step_tokens_mean=3200,
@@ -76,16 +76,44 @@ TARGET = LatencyTarget(quantile=0.95, seconds=0.1)
 
 
 def test_share_within_reproduces_the_measurement_and_falls_as_latency_rises():
-    assert share_within(TARGET, 0.19, 0.62, 0.19, "tpot") == pytest.approx(0.62)
-    assert share_within(TARGET, 0.1, None, 0.1, "tpot") == pytest.approx(0.95)
+    assert share_within(TARGET, 0.19, 0.62, 0.19, "itl") == pytest.approx(0.62)
+    assert share_within(TARGET, 0.1, None, 0.1, "itl") == pytest.approx(0.95)
 
 
 @given(st.floats(0.01, 1.0), st.floats(0.01, 0.99), st.floats(0.01, 1.0), st.floats(0.01, 1.0))
 def test_share_within_is_a_probability_that_falls_with_latency(measured, share, a, b):
     low, high = sorted((a, b))
-    s_low = share_within(TARGET, measured, share, low, "tpot")
-    s_high = share_within(TARGET, measured, share, high, "tpot")
+    s_low = share_within(TARGET, measured, share, low, "itl")
+    s_high = share_within(TARGET, measured, share, high, "itl")
     assert 0 <= s_high <= s_low <= 1
+
+
+def test_request_itl_share_is_the_binomial_share_of_streams_with_few_enough_slow_gaps():
+    # 21 tokens: 20 gaps, at p95 one of them may be slow
+    exact = sum(math.comb(20, k) * 0.05**k * 0.95 ** (20 - k) for k in range(2))
+    assert model.request_itl_share(0.95, 0.95, 21) == pytest.approx(exact, rel=1e-9)
+    assert model.request_itl_share(0.95, 1.0, 500) == 1.0 and model.request_itl_share(0.95, 0.0, 500) == 0.0
+    assert model.request_itl_share(0.95, 0.5, 1) == 1.0  # one token: no gap to judge
+    # a steady 8 % of slow gaps fails nearly every long stream, though 92 % of all gaps are within target
+    assert model.request_itl_share(0.95, 0.92, 1000) < 0.01
+    assert model.request_itl_share(0.95, 0.99, 1000) > 0.99
+
+
+def test_request_itl_share_matches_streams_counted_one_by_one():
+    """What the benchmark counts per request (its slow gaps against slow_gaps_allowed), drawn at random."""
+    rng = np.random.default_rng(7)
+    for slow, tokens in ((0.03, 200), (0.05, 101), (0.1, 40)):
+        counts = rng.binomial(tokens - 1, slow, 200_000)
+        counted = float(np.mean(counts <= model.slow_gaps_allowed(0.95, np.full(counts.size, tokens - 1))))
+        assert model.request_itl_share(0.95, 1 - slow, tokens) == pytest.approx(counted, abs=0.005)
+
+
+@given(st.floats(0.5, 0.999), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(1.0, 4000.0))
+def test_request_itl_share_is_a_probability_that_rises_with_the_token_share(quantile, a, b, tokens):
+    low, high = sorted((a, b))
+    s_low = model.request_itl_share(quantile, low, tokens)
+    s_high = model.request_itl_share(quantile, high, tokens)
+    assert 0 <= s_low <= s_high + 1e-12 <= 1 + 1e-12
 
 
 SLO_CHAT = SLO(ttft=LatencyTarget(quantile=0.95, seconds=2.0), itl=LatencyTarget(quantile=0.95, seconds=0.1))
@@ -120,7 +148,7 @@ def test_larger_budget_cuts_queueing_when_a_small_one_cannot_hide_the_step_overh
         itl_mean_seconds=0.016,
         step_tokens_mean=300,
         step_tokens_quantile=512,
-        tpot_within_slo=1.0,
+        itl_within_slo=1.0,
     )
     t = traffic(busy)
     assert t.utilisation(knobs(512, 256)) > t.utilisation(knobs(1024, 256))

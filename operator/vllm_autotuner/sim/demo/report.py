@@ -13,9 +13,12 @@ the Deployment, old ReplicaSets included):
 
 ``A``, the estimated share of requests within both SLO targets, is what the
 decision core computes for a window (``policy.model.attainment``): the share
-of TTFT samples within the TTFT target times the share of inter-token gaps
-within the ITL target, each read off the histogram with Prometheus's
-interpolation (``observe.quantile.histogram_fraction_below``). The targets
+of TTFT samples within the TTFT target times the share of requests whose own
+inter-token gaps meet the ITL target at its quantile, estimated from the
+share of all gaps within the target and the mean output length (requests
+over generated tokens per second); the shares are read off the histograms
+with Prometheus's interpolation
+(``observe.quantile.histogram_fraction_below``). The targets
 are the VllmTuning's SLO in force at the step: the chat SLO by day, the
 nightly window's relaxed one while that window is open (its pre-roll does
 not count), for both Deployments alike.
@@ -167,12 +170,14 @@ def within(histogram: Histogram, target: float) -> float:
     return histogram_fraction_below(target, *_curve(histogram))
 
 
-def step_attainment(slo: SLO, ttft: Histogram, itl: Histogram) -> float:
+def step_attainment(slo: SLO, ttft: Histogram, itl: Histogram, output_tokens: float) -> float:
     """The decision core's estimate of the share of requests within both targets; NaN without data."""
     ttft_share, itl_share = within(ttft, slo.ttft.seconds), within(itl, slo.itl.seconds)
-    if math.isnan(ttft_share) or math.isnan(itl_share):
+    if math.isnan(ttft_share) or math.isnan(itl_share) or math.isnan(output_tokens):
         return math.nan
-    return attainment(slo, quantile(ttft, slo.ttft.quantile), quantile(itl, slo.itl.quantile), ttft_share, itl_share)
+    return attainment(
+        slo, quantile(ttft, slo.ttft.quantile), quantile(itl, slo.itl.quantile), ttft_share, itl_share, output_tokens
+    )
 
 
 @dataclass
@@ -195,7 +200,9 @@ def score_steps(measured: Measured, spec: VllmTuningSpec, step: float, pod_knobs
     """Goodput, attainment, p95s and serving knobs per step (the SLO of each step taken at its middle)."""
     generation = [0.0 if math.isnan(g) else g for g in measured.generation]
     slos = [slo_at(spec, t - step / 2) for t in measured.times]
-    shares = [step_attainment(slo, ttft, itl) for slo, ttft, itl in zip(slos, measured.ttft, measured.itl, strict=True)]
+    lengths = [g / r if r > 0 else math.nan for g, r in zip(measured.generation, measured.requests, strict=True)]
+    shares = [step_attainment(slo, ttft, itl, n)
+              for slo, ttft, itl, n in zip(slos, measured.ttft, measured.itl, lengths, strict=True)]
     goodput = [g * a if not math.isnan(a) else 0.0 for g, a in zip(generation, shares, strict=True)]
     ttft_p95 = [quantile(h, slo.ttft.quantile) for h, slo in zip(measured.ttft, slos, strict=True)]
     itl_p95 = [quantile(h, slo.itl.quantile) for h, slo in zip(measured.itl, slos, strict=True)]

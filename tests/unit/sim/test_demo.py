@@ -53,8 +53,8 @@ def test_a_short_day_still_has_a_window_of_a_minute_and_a_shorter_one_is_refused
 def test_the_tuning_scales_its_clock_to_the_simulated_hour(day: DemoDay) -> None:
     spec = VllmTuningSpec.model_validate(day.tuning()["spec"])
     assert spec.target_ref.name == TUNED
-    assert (spec.traffic.window, spec.traffic.evaluation_interval) == ("12.5s", "2.5s")  # half an hour, a tenth
-    assert (spec.rollout.cooldown, spec.rollout.settle_time) == ("25s", "2.5s")
+    assert (spec.traffic.window, spec.traffic.evaluation_interval) == ("6.3s", "1.3s")  # a quarter hour, 1/20
+    assert (spec.rollout.cooldown, spec.rollout.settle_time) == ("25s", "1.3s")
     assert spec.slo.itl.seconds == 0.075 and spec.schedules[0].slo.itl.seconds == 0.25
     assert DemoDay.plan(START, 180.0).spec().traffic.window == "6s"  # at least enough for the night's requests
 
@@ -71,7 +71,7 @@ def test_both_deployments_get_the_same_requests_and_the_traffic_follows_the_plan
     assert batch.min() >= lo and batch.max() < hi
     peak = (arrival >= day.at(10) - START) & (arrival < day.at(12) - START) & (kind == "chat")
     assert peak.sum() == pytest.approx(14 * plan.REPLICAS * 2 * day.hour, rel=0.1)
-    assert day.offered(day.at(13)) == {"chat": 1.0, "rag": 12.0, "batch": 0.0}
+    assert day.offered(day.at(13)) == {"chat": 1.0, "rag": 9.6, "batch": 0.0}
     assert day.offered(day.at(26))["batch"] == plan.BATCH_RATE * plan.REPLICAS
 
 

@@ -16,20 +16,24 @@ The traffic (rates per vLLM replica; the Deployments have two):
 * 06:00-09:00 morning ramp: chat from 1.5 to 12 requests/s.
 * 09:00-12:00 chat peak: 14 requests/s.
 * 12:00-18:00 RAG: the document assistant's busy hours, questions with
-  4k-token prompts at 6 requests/s, and a little chat (0.5 requests/s).
-  vLLM's default budget of 8192 tokens lets
-  one step carry whole long prompts, and every decoding request waits for
-  that step (~0.2 s): the inter-token latency target breaks. A budget of
-  2048 chunks the prompts and keeps every step near 70 ms.
+  4k-token prompts answered in a few paragraphs (256 tokens on average) at
+  4.8 requests/s, and a little chat (0.5 requests/s). vLLM's default budget
+  of 8192 tokens lets one step carry whole long prompts, and every decoding
+  request waits for that step (~0.15 s): a stream stalls every few tokens
+  and misses the inter-token latency target. A budget of 2048 chunks the
+  prompts and keeps every step near 70 ms.
 * 18:00-22:00 evening: chat falling from 7 to 3 requests/s.
 * 22:00-06:00 night: chat at 1.5 requests/s, and a batch summarisation job
   (3k-token documents) at 2.5 requests/s in the nightly window.
 
 Loads sit where the knobs matter and nothing saturates: about 80 % of a
 replica's capacity in the RAG hours (capacity measured by
-``sim.capacity.saturation_rate``: ~30 chat or ~7.7 RAG requests/s on the H100
+``sim.capacity.saturation_rate``: ~30 chat or ~5.9 RAG requests/s on the H100
 profile, whatever the budget), half of it at the chat peak, where any sane
-config meets the SLO. Each period's traffic sits clearly inside one of the
+config meets the SLO. (A first version answered RAG questions in 128 tokens:
+its six RAG hours then carried a sixth of the day's tokens, and even a
+policy at the best config from the first RAG request could not have passed
+1.2x the static Deployment's SLO goodput over the day.) Each period's traffic sits clearly inside one of the
 policy's traffic regimes (rate, prompt and output length binned in powers
 of two, with hysteresis), not on a boundary where the noise of a short
 window would make the regime flap and restart the policy's wait.
@@ -64,7 +68,18 @@ import yaml
 from vllm_autotuner.api import API_VERSION, KIND, VllmTuningSpec
 from vllm_autotuner.sim.fleet import FLEET_LABEL
 from vllm_autotuner.sim.localenv import ROOT
-from vllm_autotuner.sim.workload import CHAT, RAG, SUMMARIZATION, Phase, Piecewise, Poisson, Scenario, Stream
+from vllm_autotuner.sim.workload import (
+    CHAT,
+    SUMMARIZATION,
+    LengthDist,
+    Mix,
+    Phase,
+    Piecewise,
+    Poisson,
+    RequestClass,
+    Scenario,
+    Stream,
+)
 
 NAMESPACE = "vllm-demo"
 TUNED = "llama-3-8b-tuned"
@@ -87,7 +102,9 @@ CHAT_RATE = ((6.0, 1.5), (9.0, 12.0), (9.5, 14.0), (12.0, 14.0), (12.0, 0.5), (1
              (22.0, 3.0), (22.5, 1.5), (30.0, 1.5))
 """Chat requests/s per replica through the day, as (hour, rate) points joined by straight lines;
 hours past 24 are the next morning."""
-RAG_HOURS, RAG_RATE = (12.0, 18.0), 6.0
+RAG_HOURS, RAG_RATE = (12.0, 18.0), 4.8
+DOCUMENT_QA = Mix("rag", (RequestClass("rag", LengthDist(4096, 0.3, 1024, 7680), LengthDist(256, 0.5, 16, 1024)),))
+"""The document assistant's requests: retrieved passages in the prompt, an answer of a few paragraphs."""
 BATCH_HOURS, BATCH_RATE = (24.0, 28.0), 2.5
 PHASES = (("morning ramp", 6.0, 9.0), ("chat peak", 9.0, 12.0), ("RAG", 12.0, 18.0), ("evening", 18.0, 22.0),
           ("night", 22.0, 30.0))
@@ -174,7 +191,7 @@ class DemoDay:
         rag = (self.at(RAG_HOURS[0]) - self.start, self.at(RAG_HOURS[1]) - self.start)
         streams = [
             Stream(Piecewise(tuple((t, rate * REPLICAS) for t, rate in self.chat_steps())), CHAT, 0.0, self.duration),
-            Stream(Poisson(RAG_RATE * REPLICAS), RAG, *rag),
+            Stream(Poisson(RAG_RATE * REPLICAS), DOCUMENT_QA, *rag),
         ]
         batch = self.batch_span()
         if batch[1] > batch[0]:
@@ -198,15 +215,16 @@ class DemoDay:
     def tuning(self) -> dict[str, Any]:
         """The VllmTuning of the tuned Deployment: Adaptive under chat SLOs, and the nightly batch window.
 
-        Its observation window is half a simulated hour (at least
-        :data:`MIN_WINDOW_S`, for enough requests at night); it evaluates five
-        times per window, counts a new config's samples a fifth of a window
-        after it went live, and waits a simulated hour between traffic-driven
-        changes. The policy acts on a traffic regime once it has lasted a
-        window, so it answers a change of traffic within about an hour.
+        Its observation window is a quarter of a simulated hour (at least
+        :data:`MIN_WINDOW_S`, for enough requests); it evaluates five times
+        per window, counts a new config's samples a fifth of a window after it
+        went live, and waits a simulated hour between traffic-driven changes.
+        The policy acts on a traffic regime once it has lasted a window, so it
+        answers a change of traffic within about half an hour, and the
+        rolling restart takes about as long again.
         """
         hour = self.hour
-        window = max(hour / 2, MIN_WINDOW_S)
+        window = max(hour / 4, MIN_WINDOW_S)
         opens, closes = (datetime.fromtimestamp(t, UTC) for t in self.window)
         spec = {
             "targetRef": {"name": TUNED},

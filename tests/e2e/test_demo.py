@@ -26,6 +26,7 @@ from tests.support import Cluster
 from vllm_autotuner.api import GROUP, PLURAL, VERSION
 from vllm_autotuner.knobs import EngineArgs, find_vllm_container
 from vllm_autotuner.observe.quantile import histogram_fraction_below
+from vllm_autotuner.policy.model import request_itl_share
 from vllm_autotuner.sim import localenv
 from vllm_autotuner.sim.demo.plan import NAMESPACE, STATIC, TUNED
 
@@ -108,14 +109,19 @@ def test_the_reports_numbers_are_what_prometheus_answers(demo: dict, cluster: Cl
     means = {}
     for name in (TUNED, STATIC):
         queries = report["queries"][name]
-        generation = {round(t, 3): float(v) for row in query_range(demo["prometheus"], queries["generation"], start,
-                                                                   end, step) for t, v in row["values"]}
+        generation, requests = ({round(t, 3): float(v) for row in query_range(demo["prometheus"], queries[key], start,
+                                                                               end, step) for t, v in row["values"]}
+                                for key in ("generation", "requests"))
         ttft = query_range(demo["prometheus"], queries["ttft_buckets"], start, end, step)
         itl = query_range(demo["prometheus"], queries["itl_buckets"], start, end, step)
         expected = []
         for t, slo in zip(report["steps"][name]["times"], report["slo_by_step"], strict=True):
-            share = share_within(ttft, slo["ttft"]["seconds"], t) * share_within(itl, slo["itl"]["seconds"], t)
-            expected.append(generation.get(round(t, 3), 0.0) * share if not math.isnan(share) else 0.0)
+            tokens, done = generation.get(round(t, 3), 0.0), requests.get(round(t, 3), 0.0)
+            # the decision core's estimate: TTFT share times the share of streams whose own ITL p95 is within target
+            gaps = share_within(itl, slo["itl"]["seconds"], t)
+            share = share_within(ttft, slo["ttft"]["seconds"], t) * (
+                request_itl_share(slo["itl"]["quantile"], gaps, tokens / done) if done > 0 else math.nan)
+            expected.append(tokens * share if not math.isnan(share) else 0.0)
         assert report["steps"][name]["goodput"] == pytest.approx(expected, rel=1e-9, abs=1e-9)
         means[name] = sum(expected) / len(expected)
         assert report["headline"]["goodput"][name] == pytest.approx(means[name], rel=1e-9)

@@ -126,7 +126,7 @@ def score(
     targets = itl_targets(scenario.spec)
     ttft_target = np.array([s.ttft.seconds for s in slos])[which]
     column = np.array([targets.index(s.itl.seconds) for s in slos])[which]
-    allowed = np.array([slow_gaps_allowed(s.itl.quantile, output - 1) for s in slos])[which, np.arange(len(which))]
+    allowed = slow_gaps_allowed(np.array([s.itl.quantile for s in slos])[which], output - 1)
     slow = outcomes.slow_gaps[np.arange(len(which)), column]
     with np.errstate(invalid="ignore"):
         met = outcomes.finished & (outcomes.ttft <= ttft_target) & (slow <= allowed)

@@ -148,7 +148,7 @@ def share_within(target: LatencyTarget, measured: float, share: float | None, pr
 def slow_gaps_allowed(quantile: float, gaps: float) -> float:
     """How many of a request's ``gaps`` inter-token gaps may be longer than the ITL target with the request
     still within it: its own latency at ``quantile`` is within the target while at most ``1 - quantile`` of
-    its gaps are longer. ``gaps`` may be a numpy array of them."""
+    its gaps are longer. Either argument may be a numpy array (one value per request)."""
     return ((1 - quantile) * gaps + 1e-9) // 1
 
 

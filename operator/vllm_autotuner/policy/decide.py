@@ -65,6 +65,8 @@ from vllm_autotuner.policy.schedule import ActiveWindow, preset_boundaries, wind
 
 #: Windows a rollout's first settled window may stay short of its baseline before the change counts as a regression.
 REGRESSION_PATIENCE = 6
+#: Further windows (times REGRESSION_PATIENCE) a change is given while the restart's queue is still shrinking.
+DRAIN_PATIENCE = 3
 #: Attainment two windows of the same traffic may differ by without either config being worse: sampling noise.
 #: A regression must fall this far below the tolerance too (a change from 0.4% to 0.1% is no evidence).
 ATTAINMENT_NOISE = 0.02
@@ -475,7 +477,13 @@ def _restart_loss(
 
 
 def _verify(
-    spec: VllmTuningSpec, slo: SLO, state: VllmTuningStatus, base: Measurement, window_start: datetime, now: datetime
+    spec: VllmTuningSpec,
+    slo: SLO,
+    state: VllmTuningStatus,
+    base: Measurement,
+    waiting_before: float | None,
+    window_start: datetime,
+    now: datetime,
 ) -> Decision | VllmTuningStatus:
     """Judge the last rollout once its restart has settled: record its cost, roll back a regression.
 
@@ -485,7 +493,10 @@ def _verify(
     queue has drained (queue time p95 within half the TTFT target) for a
     further window, or when REGRESSION_PATIENCE windows have passed: a busy
     fleet drains slowly, and rolling back a config for its restart's queue
-    builds another. Only traffic-driven changes are rolled back; schedule
+    builds another. Past that patience a queue that is still shrinking
+    (5 % fewer waiting requests per pod than at the last evaluation,
+    ``waiting_before``) is the restart's, not the config's: the judgement
+    waits up to DRAIN_PATIENCE times longer. Only traffic-driven changes are rolled back; schedule
     presets are the user's.
     """
     rollout = state.last_rollout
@@ -500,10 +511,14 @@ def _verify(
         ATTAINMENT_NOISE
     )
     window = duration_seconds(spec.traffic.window)
+    drained = base.queue_seconds is not None and base.queue_seconds <= slo.ttft.seconds / 2
     if base.attainment < floor and window_start < since + timedelta(seconds=grace + REGRESSION_PATIENCE * window):
-        drained = base.queue_seconds is not None and base.queue_seconds <= slo.ttft.seconds / 2
         if not drained or window_start < since + timedelta(seconds=grace + window):
             return state
+    shrinking = waiting_before is not None and base.waiting is not None and base.waiting < 0.95 * waiting_before
+    patience = grace + DRAIN_PATIENCE * REGRESSION_PATIENCE * window
+    if base.attainment < floor and not drained and shrinking and window_start < since + timedelta(seconds=patience):
+        return state
     update: dict[str, object] = {"last_rollout": rollout.model_copy(update={"verified_at": utc_timestamp(now)})}
     if rollout.baseline_attainment is not None:
         # lost attainment-seconds over the attainment there was to lose: seconds of the target's whole goodput
@@ -541,8 +556,9 @@ def decide(spec: VllmTuningSpec, state: VllmTuningStatus, observation: Observati
     base = None
     if problem is None:
         assert observation is not None
+        waiting_before = state.observed.waiting if state.observed else None
         state, base = _observe(spec, settings, state, observation, now)
-        checked = _verify(spec, settings.slo, state, base, observation.window_start, now)
+        checked = _verify(spec, settings.slo, state, base, waiting_before, observation.window_start, now)
         if isinstance(checked, Decision):
             return checked
         state = _remember(checked, observation, base)

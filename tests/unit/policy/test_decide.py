@@ -202,6 +202,22 @@ def test_a_regression_behind_a_standing_queue_is_judged_after_six_windows():
     assert decision.action == DecisionAction.ROLLBACK
 
 
+def test_a_queue_still_shrinking_after_six_windows_is_the_restarts_not_a_regression():
+    backlog = {"itl_within_slo": 0.3, "itl_seconds": 0.3, "queue_seconds": 5.0}
+    state = warmed()
+    state = succeed(decide(SPEC, state, long_prompt_window(state, SPEC), T0), T0 + timedelta(minutes=4))
+    waiting = 40.0
+    for minutes in (7, 12, 17, 41, 46, 70):  # past the six windows while the queue keeps shrinking: held
+        waiting *= 0.8
+        at = T0 + timedelta(minutes=4 + minutes, seconds=1)
+        held = decide(SPEC, state, long_prompt_window(state, SPEC, now=at, waiting=waiting, **backlog), at)
+        assert held.action == DecisionAction.HOLD and held.state.last_rollout.verified_at is None, minutes
+        state = held.state
+    at = T0 + timedelta(minutes=4 + 71, seconds=1)  # the queue stands still: now it is the config's
+    decision = decide(SPEC, state, long_prompt_window(state, SPEC, now=at, waiting=waiting, **backlog), at)
+    assert decision.action == DecisionAction.ROLLBACK
+
+
 def test_a_drop_within_window_noise_is_no_regression():
     # 0.2% of requests within target before, 0.02% after: no evidence either way, and nothing to roll back to
     state = warmed()

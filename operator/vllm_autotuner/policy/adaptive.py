@@ -14,7 +14,9 @@ at a prediction's discount, and one it left twice not at all, so traffic
 that drifts while configs are compared cannot make it oscillate. A predicted goal is approached through the config
 within ``maxStepFactor`` closest to it, measured before the next step: a
 goal four times away pays for two restarts, and each step re-plans from
-fresh data. The physics the search follows: a smaller budget when ITL
+fresh data. A step predicted as good as now (within RESOLUTION) is taken:
+a budget far above the steps the traffic fills is a plateau, where halving
+it changes nothing until it binds, and the goal lies beyond. The physics the search follows: a smaller budget when ITL
 breaches (big prefill chunks stall decodes), a larger one when TTFT or
 queueing breaches and steps are full, more sequences when requests wait
 for a slot, fewer when the KV cache fills and requests are preempted. The
@@ -153,7 +155,7 @@ def propose(
     if not goal.measured and not within_step(goal.knobs, here, step_factor):
         near = [p for p in options.values() if within_step(p.knobs, here, step_factor) and p.knobs != here]
         step = min(near, key=lambda p: (_distance(p.knobs, goal.knobs), -_utility(p, now, slo)), default=None)
-        if step is not None and _utility(step, now, slo) < _utility(now, now, slo):
+        if step is not None and _utility(step, now, slo) < _utility(now, now, slo) - RESOLUTION:
             step = None
     gain = 100.0 * (_expected(goal, now) - now.attainment) / max(now.attainment, ATTAINMENT_FLOOR)
     rollouts = 1 if step is goal else _rollouts(goal.knobs, here, step_factor)

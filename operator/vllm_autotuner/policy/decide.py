@@ -379,7 +379,12 @@ def _regime_wait_seconds(spec: VllmTuningSpec, state: VllmTuningStatus, now: dat
 
 
 def _traffic_change(
-    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, base: Measurement, now: datetime
+    spec: VllmTuningSpec,
+    settings: Settings,
+    state: VllmTuningStatus,
+    base: Measurement,
+    waiting_before: float | None,
+    now: datetime,
 ) -> _Change | tuple[HoldReason, str]:
     current = state.current
     assert current is not None
@@ -438,6 +443,9 @@ def _traffic_change(
         return HoldReason.NO_BETTER_CONFIG, f"{reason}, but every step toward it is predicted worse than now"
     if judging:
         return HoldReason.NOT_SETTLED, f"{reason}; the last change is not judged yet"
+    if _draining(settings.slo, base, waiting_before):
+        # a restart now would add its own backlog to one the current config is already clearing
+        return HoldReason.NOT_SETTLED, f"{reason}; the queue is still draining ({base.waiting:.1f} waiting per pod)"
     if young > 0:
         return HoldReason.DWELL, f"{reason}; regime must last {young:.0f}s more"
     return _Change(step.knobs, KnobSource.TRAFFIC, reason, gain=net, regime=base.regime, baseline=here.attainment)
@@ -476,6 +484,15 @@ def _restart_loss(
     return state.model_copy(update={"last_rollout": rollout.model_copy(update={"lost_seconds": lost})})
 
 
+def _draining(slo: SLO, base: Measurement, waiting_before: float | None) -> bool:
+    """A queue is draining: requests wait (queue time p95 over half the TTFT target) and 5 % fewer of them per pod
+    than at the last evaluation (``waiting_before``). The config serves more than arrives; what the window shows is
+    the queue's, not the config's steady state."""
+    if base.queue_seconds is None or base.queue_seconds <= slo.ttft.seconds / 2:
+        return False
+    return waiting_before is not None and base.waiting is not None and base.waiting < 0.95 * waiting_before
+
+
 def _verify(
     spec: VllmTuningSpec,
     slo: SLO,
@@ -493,10 +510,9 @@ def _verify(
     queue has drained (queue time p95 within half the TTFT target) for a
     further window, or when REGRESSION_PATIENCE windows have passed: a busy
     fleet drains slowly, and rolling back a config for its restart's queue
-    builds another. Past that patience a queue that is still shrinking
-    (5 % fewer waiting requests per pod than at the last evaluation,
-    ``waiting_before``) is the restart's, not the config's: the judgement
-    waits up to DRAIN_PATIENCE times longer. Only traffic-driven changes are rolled back; schedule
+    builds another. Past that patience a queue that is still draining
+    (``_draining``) is the restart's, not the config's: the judgement waits
+    up to DRAIN_PATIENCE times longer. Only traffic-driven changes are rolled back; schedule
     presets are the user's.
     """
     rollout = state.last_rollout
@@ -511,13 +527,14 @@ def _verify(
         ATTAINMENT_NOISE
     )
     window = duration_seconds(spec.traffic.window)
-    drained = base.queue_seconds is not None and base.queue_seconds <= slo.ttft.seconds / 2
     if base.attainment < floor and window_start < since + timedelta(seconds=grace + REGRESSION_PATIENCE * window):
+        drained = base.queue_seconds is not None and base.queue_seconds <= slo.ttft.seconds / 2
         if not drained or window_start < since + timedelta(seconds=grace + window):
             return state
-    shrinking = waiting_before is not None and base.waiting is not None and base.waiting < 0.95 * waiting_before
     patience = grace + DRAIN_PATIENCE * REGRESSION_PATIENCE * window
-    if base.attainment < floor and not drained and shrinking and window_start < since + timedelta(seconds=patience):
+    if base.attainment < floor and _draining(slo, base, waiting_before) and window_start < since + timedelta(
+        seconds=patience
+    ):
         return state
     update: dict[str, object] = {"last_rollout": rollout.model_copy(update={"verified_at": utc_timestamp(now)})}
     if rollout.baseline_attainment is not None:
@@ -554,9 +571,9 @@ def decide(spec: VllmTuningSpec, state: VllmTuningStatus, observation: Observati
         return _hold(state, now, HoldReason.ROLLOUT_IN_PROGRESS, "a rollout of the target is in progress", settings)
     problem = hold_reason(spec, settings.slo, state, observation, now)
     base = None
+    waiting_before = state.observed.waiting if state.observed else None
     if problem is None:
         assert observation is not None
-        waiting_before = state.observed.waiting if state.observed else None
         state, base = _observe(spec, settings, state, observation, now)
         checked = _verify(spec, settings.slo, state, base, waiting_before, observation.window_start, now)
         if isinstance(checked, Decision):
@@ -573,7 +590,7 @@ def decide(spec: VllmTuningSpec, state: VllmTuningStatus, observation: Observati
     if problem is not None:
         return _hold(state, now, problem[0], problem[1], settings)
     assert base is not None
-    wanted = _traffic_change(spec, settings, state, base, now)
+    wanted = _traffic_change(spec, settings, state, base, waiting_before, now)
     if isinstance(wanted, _Change):
         return _apply(spec, settings, state, now, wanted)
     return _hold(state, now, wanted[0], wanted[1], settings)

@@ -218,6 +218,33 @@ def test_a_queue_still_shrinking_after_six_windows_is_the_restarts_not_a_regress
     assert decision.action == DecisionAction.ROLLBACK
 
 
+def test_no_change_while_the_queue_drains_and_one_once_it_stands():
+    state = warmed()
+    assert state.observed.waiting == 0.5
+    queue = {"queue_seconds": 5.0}
+    draining = decide(SPEC, state, long_prompt_window(state, SPEC, waiting=0.4, **queue), T0)
+    assert draining.hold == HoldReason.NOT_SETTLED and "queue is still draining" in draining.reason
+    standing = decide(SPEC, state, long_prompt_window(state, SPEC, waiting=0.5, **queue), T0)
+    assert standing.action == DecisionAction.CHANGE
+
+
+def test_a_budget_far_above_what_steps_fill_is_halved_toward_the_goal():
+    # chat: steps never fill 2k tokens, so 4096 behaves as 8192 does; the goal lies beyond the plateau
+    state = warmed()
+    chat = long_prompt_window(
+        state, SPEC, request_rate=48.0, requests=48.0 * 300, prompt_tokens_rate=48.0 * 512,
+        generation_tokens_rate=48.0 * 256, mean_prompt_tokens=512.0, mean_generation_tokens=256.0,
+        step_tokens_mean=700.0, step_tokens_quantile=1500.0, itl_within_slo=0.8, itl_seconds=0.14,
+        running=150.0, steps_per_second=20.0,
+    )  # fmt: skip
+    first = decide(SPEC, state, chat, T0)
+    assert first.hold == HoldReason.DWELL  # a new regime
+    later = T0 + timedelta(minutes=5)
+    decision = decide(SPEC, first.state, shifted(chat, 300), later)
+    assert decision.action == DecisionAction.CHANGE, decision.reason
+    assert decision.knobs.max_num_batched_tokens == 4096 and "rollouts away" in decision.reason
+
+
 def test_a_drop_within_window_noise_is_no_regression():
     # 0.2% of requests within target before, 0.02% after: no evidence either way, and nothing to roll back to
     state = warmed()

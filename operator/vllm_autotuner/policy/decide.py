@@ -485,12 +485,12 @@ def _restart_loss(
 
 
 def _draining(slo: SLO, base: Measurement, waiting_before: float | None) -> bool:
-    """A queue is draining: requests wait (queue time p95 over half the TTFT target) and 1 % fewer of them per pod
+    """A queue is draining: requests wait (queue time p95 over half the TTFT target) and 5 % fewer of them per pod
     than at the last evaluation (``waiting_before``). The config serves more than arrives; what the window shows is
     the queue's, not the config's steady state."""
     if base.queue_seconds is None or base.queue_seconds <= slo.ttft.seconds / 2:
         return False
-    return waiting_before is not None and base.waiting is not None and base.waiting < 0.99 * waiting_before
+    return waiting_before is not None and base.waiting is not None and base.waiting < 0.95 * waiting_before
 
 
 def _verify(
@@ -537,11 +537,9 @@ def _verify(
     ):
         return state
     update: dict[str, object] = {"last_rollout": rollout.model_copy(update={"verified_at": utc_timestamp(now)})}
-    if rollout.baseline_attainment is not None and rollout.baseline_attainment >= ATTAINMENT_FLOOR:
-        # lost attainment-seconds over the attainment there was to lose: seconds of the target's whole goodput. A
-        # restart from a config that met the SLO for almost nobody had nothing to lose and shows nothing of what a
-        # restart costs (it would price the next one at zero): the estimate, or the last measurement, stands.
-        cost = rollout.lost_seconds / rollout.baseline_attainment
+    if rollout.baseline_attainment is not None:
+        # lost attainment-seconds over the attainment there was to lose: seconds of the target's whole goodput
+        cost = rollout.lost_seconds / max(rollout.baseline_attainment, ATTAINMENT_FLOOR)
         before = state.restart_cost_seconds
         update["restart_cost_seconds"] = cost if before is None else (before + cost) / 2
     state = state.model_copy(update=update)

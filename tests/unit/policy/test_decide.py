@@ -351,18 +351,6 @@ def test_a_rollouts_cost_is_measured_on_the_windows_while_it_runs():
     assert state.restart_cost_seconds == pytest.approx(lost / baseline)  # seconds of the whole goodput
 
 
-def test_a_restart_from_a_config_that_met_the_slo_for_nobody_prices_nothing():
-    state = warmed()
-    assert state.restart_cost_seconds == 60.0
-    change = decide(SPEC, state, long_prompt_window(state, SPEC, itl_within_slo=0.87), T0)
-    assert change.action == DecisionAction.CHANGE, change.reason
-    assert change.state.last_rollout.baseline_attainment < 0.01
-    state = rollout_succeeded(change.state, T0 + timedelta(minutes=4))
-    at = T0 + timedelta(minutes=16)
-    state = decide(SPEC, state, long_prompt_window(state, SPEC, now=at, itl_within_slo=0.97), at).state
-    assert state.last_rollout.verified_at is not None and state.restart_cost_seconds == 60.0
-
-
 def test_only_steady_windows_become_measurements():
     # a window that opened before its regime began mixes two kinds of traffic
     fresh = decide(SPEC, status(), long_prompt_window(status(), SPEC), T0)

@@ -16,12 +16,13 @@ within ``maxStepFactor`` closest to it, measured before the next step: a
 goal four times away pays for two restarts, and each step re-plans from
 fresh data. A step predicted as good as now (within RESOLUTION) is taken:
 a budget far above the steps the traffic fills is a plateau, where halving
-it changes nothing until it binds, and the goal lies beyond. The physics the search follows: a smaller budget when ITL
-breaches (big prefill chunks stall decodes), a larger one when TTFT or
-queueing breaches and steps are full, more sequences when requests wait
-for a slot, fewer when the KV cache fills and requests are preempted. The
-proposal is a change only when the goal's expected gain, discounted while
-it is only predicted, pays for the restarts on the way over the regime's
+it changes nothing until it binds, and the goal lies beyond. The physics
+the search follows: a smaller budget when ITL breaches (big prefill
+chunks stall decodes), a larger one when TTFT or queueing breaches and
+steps are full, more sequences when requests wait for a slot, fewer when
+the KV cache fills and requests are preempted. The proposal is a change
+only when the goal's expected gain, discounted while it is only
+predicted, pays for the restarts on the way over the regime's
 expected life.
 """
 

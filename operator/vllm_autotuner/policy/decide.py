@@ -484,11 +484,16 @@ def _restart_loss(
     return state.model_copy(update={"last_rollout": rollout.model_copy(update={"lost_seconds": lost})})
 
 
+def _drained(slo: SLO, base: Measurement) -> bool:
+    """No queue to speak of: queue time p95 within half the TTFT target."""
+    return base.queue_seconds is not None and base.queue_seconds <= slo.ttft.seconds / 2
+
+
 def _draining(slo: SLO, base: Measurement, waiting_before: float | None) -> bool:
     """A queue is draining: requests wait (queue time p95 over half the TTFT target) and 5 % fewer of them per pod
     than at the last evaluation (``waiting_before``). The config serves more than arrives; what the window shows is
     the queue's, not the config's steady state."""
-    if base.queue_seconds is None or base.queue_seconds <= slo.ttft.seconds / 2:
+    if base.queue_seconds is None or _drained(slo, base):
         return False
     return waiting_before is not None and base.waiting is not None and base.waiting < 0.95 * waiting_before
 
@@ -512,8 +517,8 @@ def _verify(
     fleet drains slowly, and rolling back a config for its restart's queue
     builds another. Past that patience a queue that is still draining
     (``_draining``) is the restart's, not the config's: the judgement waits
-    up to DRAIN_PATIENCE times longer. Only traffic-driven changes are rolled back; schedule
-    presets are the user's.
+    up to DRAIN_PATIENCE times longer. Only traffic-driven changes are
+    rolled back; schedule presets are the user's.
     """
     rollout = state.last_rollout
     if rollout is None or rollout.phase != RolloutPhase.SUCCEEDED or rollout.verified_at is not None:
@@ -528,8 +533,7 @@ def _verify(
     )
     window = duration_seconds(spec.traffic.window)
     if base.attainment < floor and window_start < since + timedelta(seconds=grace + REGRESSION_PATIENCE * window):
-        drained = base.queue_seconds is not None and base.queue_seconds <= slo.ttft.seconds / 2
-        if not drained or window_start < since + timedelta(seconds=grace + window):
+        if not _drained(slo, base) or window_start < since + timedelta(seconds=grace + window):
             return state
     patience = grace + DRAIN_PATIENCE * REGRESSION_PATIENCE * window
     if base.attainment < floor and _draining(slo, base, waiting_before) and window_start < since + timedelta(

@@ -184,6 +184,8 @@ class Rollout(StatusModel):
     """Traffic regime the change was made for."""
     baseline_attainment: float | None = Field(default=None, ge=0, le=1)
     """Estimated share of requests within the SLO in the window before the change: the regression check's baseline."""
+    baseline_request_rate: float | None = Field(default=None, ge=0)
+    """Requests per second per pod in the window before the change: a window judged under heavier traffic is no evidence of a regression."""
     verified_at: str | None = None
     """When a settled window after the rollout was compared with the baseline (RFC 3339)."""
     lost_seconds: float = Field(default=0.0, ge=0)

@@ -70,6 +70,9 @@ DRAIN_PATIENCE = 3
 #: Attainment two windows of the same traffic may differ by without either config being worse: sampling noise.
 #: A regression must fall this far below the tolerance too (a change from 0.4% to 0.1% is no evidence).
 ATTAINMENT_NOISE = 0.02
+#: Requests per pod a judged window may exceed the baseline's by and still show a regression: near capacity a few
+#: percent more traffic costs attainment whatever the config, and a ramp would pass for a regression.
+COMPARABLE_LOAD = 1.05
 #: Regime name of traffic no tier matches (not a valid tier name, so it never collides with one).
 NO_TIER = "(no tier)"
 
@@ -272,8 +275,8 @@ class _Change:
     reason: str
     gain: float | None = None
     regime: str | None = None
-    baseline: float | None = None
-    """Attainment of the window before the change: what the regression check and the restart's cost compare with."""
+    baseline: Measurement | None = None
+    """The window before the change: what the regression check and the restart's cost compare with."""
     resume: Knobs | None = None
     """resume_knobs to persist with the change (schedule presets remember what to go back to)."""
 
@@ -310,7 +313,17 @@ def _apply(
         return _hold(state, now, HoldReason.RECOMMEND_ONLY, reason, settings, change.knobs, change.gain)
     if change.source == KnobSource.TRAFFIC:
         state = _abandon(state, change.regime, state.current.knobs)
-    state = with_rollout(state, now, change.knobs, change.source, change.reason, change.regime, change.baseline)
+    base = change.baseline
+    state = with_rollout(
+        state,
+        now,
+        change.knobs,
+        change.source,
+        change.reason,
+        change.regime,
+        baseline_attainment=base.attainment if base else None,
+        baseline_request_rate=base.request_rate if base else None,
+    )
     state = with_history(state, now, DecisionAction.CHANGE, change.knobs, change.reason)
     recommendation = _recommendation(change.knobs, change.reason, change.gain, now)
     state = state.model_copy(update={"resume_knobs": change.resume, "recommendation": recommendation})
@@ -448,7 +461,7 @@ def _traffic_change(
         return HoldReason.NOT_SETTLED, f"{reason}; the queue is still draining ({base.waiting:.1f} waiting per pod)"
     if young > 0:
         return HoldReason.DWELL, f"{reason}; regime must last {young:.0f}s more"
-    return _Change(step.knobs, KnobSource.TRAFFIC, reason, gain=net, regime=base.regime, baseline=here.attainment)
+    return _Change(step.knobs, KnobSource.TRAFFIC, reason, gain=net, regime=base.regime, baseline=base)
 
 
 def _pct(quantile: float) -> str:
@@ -517,8 +530,11 @@ def _verify(
     fleet drains slowly, and rolling back a config for its restart's queue
     builds another. Past that patience a queue that is still draining
     (``_draining``) is the restart's, not the config's: the judgement waits
-    up to DRAIN_PATIENCE times longer. Only traffic-driven changes are
-    rolled back; schedule presets are the user's.
+    up to DRAIN_PATIENCE times longer. A window judged under more than
+    COMPARABLE_LOAD times the baseline's requests per pod is no evidence
+    against the config (near capacity a morning ramp costs attainment
+    whatever the config), so it rolls nothing back. Only traffic-driven
+    changes are rolled back; schedule presets are the user's.
     """
     rollout = state.last_rollout
     if rollout is None or rollout.phase != RolloutPhase.SUCCEEDED or rollout.verified_at is not None:
@@ -551,6 +567,9 @@ def _verify(
         return state
     if not spec.rollout.rollback_on_regression or base.attainment >= floor or spec.mode != Mode.AUTO:
         return state
+    before = rollout.baseline_request_rate
+    if before is not None and base.request_rate > COMPARABLE_LOAD * before:
+        return state  # more traffic than before the change: attainment lost to it is no evidence against the config
     reason = (
         f"regression: attainment {base.attainment:.0%} under {rollout.to_knobs} against "
         f"{rollout.baseline_attainment:.0%} under {rollout.from_knobs} before the change "
@@ -585,8 +604,7 @@ def decide(spec: VllmTuningSpec, state: VllmTuningStatus, observation: Observati
         state = _remember(checked, observation, base)
     scheduled = _schedule_change(spec, settings, state, now)
     if isinstance(scheduled, _Change):
-        baseline = base.attainment if base is not None else None  # to measure what the restart costs
-        return _apply(spec, settings, state, now, replace(scheduled, baseline=baseline))
+        return _apply(spec, settings, state, now, replace(scheduled, baseline=base))  # to measure what it costs
     if isinstance(scheduled, str):
         return _hold(state, now, HoldReason.SCHEDULE, scheduled, settings)
     if state.resume_knobs is not None:

@@ -80,6 +80,7 @@ def with_rollout(
     reason: str,
     regime: str | None = None,
     baseline_attainment: float | None = None,
+    baseline_request_rate: float | None = None,
 ) -> VllmTuningStatus:
     """The status once the target is patched to ``target``: a rollout in progress, counted in the daily budget."""
     assert state.current is not None
@@ -92,6 +93,7 @@ def with_rollout(
         phase=RolloutPhase.IN_PROGRESS,
         regime=regime,
         baseline_attainment=baseline_attainment,
+        baseline_request_rate=baseline_request_rate,
     )
     times = [*rollouts_last_day(state, now), utc_timestamp(now)]
     return state.model_copy(update={"last_rollout": rollout, "rollout_times": times})

@@ -76,8 +76,8 @@ What it does
    room for the day's schedule windows; a regime must last one window; no
    traffic change before the last one is judged (and rolled back if it made
    things measurably worse once the restart's queue drained); an expected
-   gain, net of the restarts' cost (measured, or estimated from the load the
-   other pods must carry) over the regime's expected life (its mean
+   gain, net of the restarts' cost (measured, but never below the estimate
+   from the load the other pods must carry now) over the regime's expected life (its mean
    remaining life within six hours, given how long it has lasted, and for
    the regime in force when the operator first looked, that it began at an
    unknown time before), of at least ``minImprovementPercent``; every hold

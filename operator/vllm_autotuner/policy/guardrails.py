@@ -146,7 +146,11 @@ def restart_cost_seconds(state: VllmTuningStatus, pods: int, utilisation: float,
     """What one rolling restart costs, in seconds of the target's whole SLO goodput.
 
     Measured on the rollouts so far (``status.restartCostSeconds``) once there
-    are any. Before that, estimated: the pods restart one at a time, each out
+    are any, but never below the estimate at the current load: the
+    measurement averages rollouts made at their own loads, and a restart at
+    the daily peak costs more than the morning's did (a measured minute at
+    half load must not price a restart at 95 % load, whose queue takes an
+    hour to drain). The estimate: the pods restart one at a time, each out
     for the restart time ``d``; at ``utilisation`` of the fleet's capacity,
     the ``(pods - 1) / pods`` left carry what they can and the rest queues,
     to drain with the spare capacity once the pod is back. Requests that
@@ -158,9 +162,8 @@ def restart_cost_seconds(state: VllmTuningStatus, pods: int, utilisation: float,
     busy: guessing high costs a change not made, guessing low a fleet that
     queues for half an hour.
     """
-    if state.restart_cost_seconds is not None:
-        return state.restart_cost_seconds
-    utilisation = max(utilisation, ASSUMED_UTILISATION)
+    measured = state.restart_cost_seconds
+    utilisation = max(utilisation, ASSUMED_UTILISATION) if measured is None else utilisation
     d = restart_seconds(state, pods)
     excess = utilisation - (pods - 1) / pods
     per_pod = 0.1 * d / pods
@@ -169,7 +172,7 @@ def restart_cost_seconds(state: VllmTuningStatus, pods: int, utilisation: float,
     elif excess > 0:
         peak = excess * d
         per_pod += max(0.0, d - ttft_target / excess) + max(0.0, peak - ttft_target) / (1 - utilisation)
-    return pods * per_pod
+    return pods * per_pod if measured is None else max(measured, pods * per_pod)
 
 
 def restart_cost_percent(

@@ -182,8 +182,11 @@ def test_restart_cost_grows_with_the_load_the_other_pods_must_carry():
     assert restart_cost_seconds(state, 2, 0.95, 2.0) > busy  # one of two pods out hurts more than one of eight
     # before any rollout was measured the fleet counts as busy
     assert restart_cost_seconds(state, 4, 0.3, 2.0) == restart_cost_seconds(state, 4, ASSUMED_UTILISATION, 2.0)
+    # once measured, the measurement counts, but never below the estimate at the current load: rollouts measured
+    # in the morning do not price a restart at the daily peak
     measured = state.model_copy(update={"restart_cost_seconds": 123.0})
-    assert restart_cost_seconds(measured, 4, 0.9, 2.0) == 123.0
+    assert restart_cost_seconds(measured, 4, 0.5, 2.0) == 123.0
+    assert restart_cost_seconds(measured, 4, 0.95, 2.0) == restart_cost_seconds(state, 4, 0.95, 2.0) > 123.0
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -75,13 +75,14 @@ What it does
    step into unmeasured territory; cooldown; a daily rollout budget that keeps
    room for the day's schedule windows; a regime must last one window; no
    traffic change before the last one is judged (and rolled back if it made
-   things measurably worse once the restart's queue drained); an expected
+   things measurably worse once the restart's queue drained, under no more
+   traffic than before it); an expected
    gain, net of the restarts' cost (measured, but never below the estimate
-   from the load the other pods must carry now) over the regime's expected life (its mean
-   remaining life within six hours, given how long it has lasted, and for
-   the regime in force when the operator first looked, that it began at an
-   unknown time before), of at least ``minImprovementPercent``; every hold
-   with a reason.
+   from the load the other pods must carry now) over the regime's expected
+   life (its mean remaining life within six hours, given how long it has
+   lasted, and for the regime in force when the operator first looked, that
+   it began at an unknown time before), of at least
+   ``minImprovementPercent``; every hold with a reason.
 """
 
 from vllm_autotuner.policy.decide import decide, effective_slo

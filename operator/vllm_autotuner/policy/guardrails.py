@@ -163,7 +163,8 @@ def restart_cost_seconds(state: VllmTuningStatus, pods: int, utilisation: float,
     queues for half an hour.
     """
     measured = state.restart_cost_seconds
-    utilisation = max(utilisation, ASSUMED_UTILISATION) if measured is None else utilisation
+    if measured is None:
+        utilisation = max(utilisation, ASSUMED_UTILISATION)
     d = restart_seconds(state, pods)
     excess = utilisation - (pods - 1) / pods
     per_pod = 0.1 * d / pods
@@ -172,7 +173,8 @@ def restart_cost_seconds(state: VllmTuningStatus, pods: int, utilisation: float,
     elif excess > 0:
         peak = excess * d
         per_pod += max(0.0, d - ttft_target / excess) + max(0.0, peak - ttft_target) / (1 - utilisation)
-    return pods * per_pod if measured is None else max(measured, pods * per_pod)
+    estimate = pods * per_pod
+    return estimate if measured is None else max(measured, estimate)
 
 
 def restart_cost_percent(

@@ -7,7 +7,11 @@ surge without a spare GPU): one pod at a time stops receiving traffic, is
 killed after a grace period (what it had not finished is lost), and its
 replacement becomes Ready after the profile's start-up time (``torch.compile``
 cold for a token budget the pod never ran) or crash-loops when the simulator's
-start-up model refuses the config. ``observe`` builds the ``Observation``
+start-up model refuses the config. The replacement runs on the GPU its
+predecessor freed, so its engine keeps the pod's seed: the same speed factor
+(GPUs of one type differ by a few percent, and at the knee a pod a few percent
+slower queues for hours), whatever the config. Static runs and the adaptive
+run so compare configs on the same hardware. ``observe`` builds the ``Observation``
 the operator builds from PromQL: increases of counters and histograms over
 the window summed over the current pods, quantiles with Prometheus's own
 ``histogram_quantile``, shares within target with ``histogram_fraction_below``,
@@ -167,7 +171,7 @@ class Fleet:
         pod.engine = Engine(
             self.profile,
             self._config(pod.knobs),
-            seed=self.seed * 1000 + pod.index + 17 * self.restarts,
+            seed=self.seed * 1000 + pod.index,
             slow_gap_seconds=self.itl_targets,
         )
         pod.offset = at

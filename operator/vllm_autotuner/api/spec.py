@@ -301,7 +301,7 @@ class RolloutSpec(SpecModel):
     min_improvement_percent: float = Field(default=5.0, ge=0, le=1000)
     """Least expected SLO-goodput gain, net of the capacity a rolling restart costs, for a traffic-driven change."""
     max_step_factor: float = Field(default=2.0, ge=1.1, le=16)
-    """Largest factor by which one traffic-driven change may raise or lower a knob."""
+    """Largest factor by which one traffic-driven change may raise a knob, or lower it below the requests running."""
     settle_time: Duration = "2m"
     """Time after a rollout before metrics of the new config count (warm-up, queue drain)."""
     progress_deadline: Duration = "10m"

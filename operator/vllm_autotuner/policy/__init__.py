@@ -65,9 +65,9 @@ What it does
    every candidate config with a model fitted online from the windows (step
    time linear in batched tokens, roofline capacity and queueing against
    utilisation, KV cache against concurrency, recomputation of preempted
-   requests) and heads for the best, within ``maxStepFactor`` per rollout,
-   preferring configs measured in the regime (in a steady state: not across
-   a change of traffic, not while a restart's queue drains) and going
+   requests) and heads for the best in as few rollouts as the step limit
+   allows, preferring configs measured in the regime (in a steady state: not
+   across a change of traffic, not while a restart's queue drains) and going
    straight back to a regime's learned optimum; a config it left twice in a
    regime it does not return to.
 3. **Guardrails** (``guardrails``): bounds and vLLM's start-up rules; never a

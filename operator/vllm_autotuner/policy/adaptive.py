@@ -1,29 +1,33 @@
 """The Adaptive strategy: find the knee of the throughput/latency curve online, under the SLOs.
 
-Each usable window becomes a ``Measurement`` of (regime, config). The
-strategy predicts, for every config on a grid of values people would pick
-(powers of two and their midpoints for the budget, powers of two for
-``max_num_seqs``; within the bounds, accepted by vLLM, never one that
-failed), what it would do under the traffic just measured (``model``), and
-makes the one with the highest expected SLO attainment (headroom to the
-targets weighing a little) its goal; configs within RESOLUTION of it are
-equals, and the smallest move among them wins. Configs already measured in this regime count at their measured
-value and are reached in one jump, so a returning regime goes straight
-back to what it liked; a config the policy left in this regime counts only
-at a prediction's discount, and one it left twice not at all, so traffic
-that drifts while configs are compared cannot make it oscillate. A predicted goal is approached through the config
-within ``maxStepFactor`` closest to it, measured before the next step: a
-goal four times away pays for two restarts, and each step re-plans from
-fresh data. A step predicted as good as now (within RESOLUTION) is taken:
-a budget far above the steps the traffic fills is a plateau, where halving
-it changes nothing until it binds, and the goal lies beyond. The physics
-the search follows: a smaller budget when ITL breaches (big prefill
-chunks stall decodes), a larger one when TTFT or queueing breaches and
-steps are full, more sequences when requests wait for a slot, fewer when
-the KV cache fills and requests are preempted. The proposal is a change
-only when the goal's expected gain, discounted while it is only
-predicted, pays for the restarts on the way over the regime's
-expected life.
+Each usable window becomes a ``Measurement`` of (regime, config). The strategy
+predicts, for every config on a grid of values people would pick (powers of
+two and their midpoints for the budget, powers of two for ``max_num_seqs``;
+within the bounds, accepted by vLLM, never one that failed), what it would do
+under the traffic just measured (``model``), and makes the one with the
+highest expected SLO attainment (headroom to the targets weighing a little)
+its goal; configs within RESOLUTION of it are equals, and the smallest move
+among them wins. Configs already measured in this regime count at their
+measured value and are reached in one jump, so a returning regime goes
+straight back to what it liked; a config the policy left in this regime counts
+only at a prediction's discount, and one it left twice not at all, so traffic
+that drifts while configs are compared cannot make it oscillate. A predicted
+goal is reached in one rollout when it lies within the step limit
+(``guardrails.step_range``): a knob may fall as far as the requests the window
+ran at once still fit (the model then predicts from steps of sizes it
+measured) and go ``maxStepFactor`` past that or past its current value, where
+the model extrapolates. A goal farther out is approached through the config
+within the limit closest to it, measured before the next step, and each step
+re-plans from fresh data; every restart at the knee leaves a queue, so the
+fewer the better. A step predicted as good as now (within RESOLUTION) is
+taken: a budget far above the steps the traffic fills is a plateau, where
+halving it changes nothing until it binds, and the goal lies beyond. The
+physics the search follows: a smaller budget when ITL breaches (big prefill
+chunks stall decodes), a larger one when TTFT or queueing breaches and steps
+are full, more sequences when requests wait for a slot, fewer when the KV
+cache fills and requests are preempted. The proposal is a change only when the
+goal's expected gain, discounted while it is only predicted, pays for the
+restarts on the way over the regime's expected life.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from vllm_autotuner.api import SLO, Bounds, CurrentKnobs, Knobs, Measurement
-from vllm_autotuner.policy.guardrails import acceptable, within_step
+from vllm_autotuner.policy.guardrails import acceptable, step_range, within_step
 from vllm_autotuner.policy.model import Prediction, StepModel, Traffic, fit_step_model, measured_prediction
 
 #: Share of a predicted (not yet measured) gain the policy counts on.
@@ -57,7 +61,7 @@ class Proposal:
     goal: Prediction
     """The best config in the bounds: measured in this regime, or predicted."""
     step: Prediction | None
-    """The config to roll out now: the goal, or the config within maxStepFactor closest to it; None when every
+    """The config to roll out now: the goal, or the config within the step limit closest to it; None when every
     such config is predicted worse than the current one."""
     now: Prediction
     model: StepModel
@@ -101,13 +105,14 @@ def _utility(p: Prediction, now: Prediction, slo: SLO) -> float:
     return _expected(p, now) + SLACK_WEIGHT * max(-1.0, min(1.0, p.slack(slo)))
 
 
-def _rollouts(goal: Knobs, here: Knobs, step_factor: float) -> int:
-    """Rollouts from ``here`` to ``goal`` when no knob may move by more than ``step_factor`` in one."""
-    farthest = max(
-        abs(math.log2(goal.max_num_batched_tokens / here.max_num_batched_tokens)),
-        abs(math.log2(goal.max_num_seqs / here.max_num_seqs)),
-    )
-    return max(1, math.ceil(farthest / math.log2(step_factor) - 1e-9))
+def _rollouts(goal: Knobs, here: Knobs, step_factor: float, running: float | None) -> int:
+    """Rollouts from ``here`` to ``goal``: one into ``step_range``, then ``step_factor`` each."""
+    beyond = 0.0
+    pairs = ((goal.max_num_batched_tokens, here.max_num_batched_tokens), (goal.max_num_seqs, here.max_num_seqs))
+    for target, value in pairs:
+        low, high = step_range(value, running, step_factor)
+        beyond = max(beyond, math.log2(low / target), math.log2(target / high))
+    return 1 + math.ceil(beyond / math.log2(step_factor) - 1e-9)
 
 
 def propose(
@@ -153,11 +158,13 @@ def propose(
     equals = [p for p in options.values() if _utility(p, now, slo) >= best - RESOLUTION]
     goal = min(equals, key=lambda p: (_distance(p.knobs, here), -_utility(p, now, slo)))
     step: Prediction | None = goal
-    if not goal.measured and not within_step(goal.knobs, here, step_factor):
-        near = [p for p in options.values() if within_step(p.knobs, here, step_factor) and p.knobs != here]
+    if not goal.measured and not within_step(goal.knobs, here, step_factor, base.running):
+        near = [
+            p for p in options.values() if within_step(p.knobs, here, step_factor, base.running) and p.knobs != here
+        ]
         step = min(near, key=lambda p: (_distance(p.knobs, goal.knobs), -_utility(p, now, slo)), default=None)
         if step is not None and _utility(step, now, slo) < _utility(now, now, slo) - RESOLUTION:
             step = None
     gain = 100.0 * (_expected(goal, now) - now.attainment) / max(now.attainment, ATTAINMENT_FLOOR)
-    rollouts = 1 if step is goal else _rollouts(goal.knobs, here, step_factor)
+    rollouts = 1 if step is goal else _rollouts(goal.knobs, here, step_factor, base.running)
     return Proposal(goal=goal, step=step, now=now, model=model, gain_percent=gain, rollouts=rollouts)

@@ -57,10 +57,32 @@ def failed_configs(state: VllmTuningStatus) -> set[Knobs]:
     }
 
 
-def within_step(knobs: Knobs, current: Knobs, factor: float) -> bool:
-    """Neither knob moves by more than ``factor`` up or down."""
+def step_range(value: int, running: float | None, factor: float) -> tuple[float, float]:
+    """How far one rollout may take a knob now at ``value``: up to ``factor`` above it, and down to ``factor``
+    below the requests the measured window ran at once (or below ``value``, whichever is lower).
+
+    The limit bounds extrapolation. A knob above what the traffic uses of it
+    (a budget above the decodes running, a ``max_num_seqs`` above the requests
+    running) can be lowered to that use and the model still predicts from
+    steps it measured: smaller steps, of sizes the window ran, with the same
+    requests running. Below it, or above the current value, the model
+    extrapolates (fewer requests at once, steps larger than any it saw), and
+    one rollout goes at most ``factor`` into it before the next is measured.
+    Without ``running`` (nothing measured) the range is ``factor`` either
+    way of ``value``.
+    """
+    floor = value if running is None else min(value, max(running, 1.0))
+    return floor / factor, value * factor
+
+
+def within_step(knobs: Knobs, current: Knobs, factor: float, running: float | None = None) -> bool:
+    """Both knobs of ``knobs`` lie within ``step_range`` of ``current``'s."""
     pairs = ((knobs.max_num_batched_tokens, current.max_num_batched_tokens), (knobs.max_num_seqs, current.max_num_seqs))
-    return all(new <= old * factor + 1e-9 and new * factor + 1e-9 >= old for new, old in pairs)
+    for new, old in pairs:
+        low, high = step_range(old, running, factor)
+        if not low - 1e-9 <= new <= high + 1e-9:
+            return False
+    return True
 
 
 def _time(value: str) -> datetime:

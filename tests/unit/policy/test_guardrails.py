@@ -9,11 +9,11 @@ from datetime import datetime, timedelta
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vllm_autotuner.api import DecisionAction, FailedConfig, KnobSource, LearnedOptimum
+from vllm_autotuner.api import DecisionAction, FailedConfig, KnobSource, Knobs, LearnedOptimum
 from vllm_autotuner.api.types import duration_seconds, utc_timestamp
 from vllm_autotuner.knobs import startup_errors
 from vllm_autotuner.policy import Observation, decide, rollout_failed, rollout_succeeded
-from vllm_autotuner.policy.guardrails import in_bounds, within_step
+from vllm_autotuner.policy.guardrails import in_bounds, step_range, within_step
 
 from .helpers import T0, long_prompt_window, spec, status
 
@@ -110,7 +110,10 @@ def check(change, the_spec, state, measured):
     )
     outside = not in_bounds(state.current.knobs, the_spec.bounds)
     if change.source == KnobSource.TRAFFIC and not outside and the_spec.traffic.strategy == "Adaptive":
-        assert within_step(change.knobs, state.current.knobs, the_spec.rollout.max_step_factor) or (
+        # the window the change was decided on, as the policy remembers it: what it ran at once bounds the step
+        key = (change.state.last_rollout.regime, state.current.knobs)
+        base = next(m for m in change.state.measurements if (m.regime, m.knobs) == key)
+        assert within_step(change.knobs, state.current.knobs, the_spec.rollout.max_step_factor, base.running) or (
             change.knobs in measured
         )
 
@@ -170,6 +173,18 @@ def test_a_day_of_random_traffic_respects_cooldown_budget_and_failures(setup, da
         state = decision.state
         now += timedelta(minutes=2)
     assert decision.action in (DecisionAction.HOLD, DecisionAction.CHANGE, DecisionAction.ROLLBACK)
+
+
+def test_a_step_goes_down_to_what_the_traffic_runs_and_at_most_the_factor_past_it():
+    assert step_range(8192, 170.0, 2.0) == (85.0, 16384)
+    assert step_range(256, 300.0, 2.0) == (128.0, 512)  # more running than the budget: the budget is the floor
+    assert step_range(1024, None, 2.0) == (512.0, 2048)  # nothing measured: the factor either way
+    here = Knobs(max_num_batched_tokens=8192, max_num_seqs=1024)
+    goal = Knobs(max_num_batched_tokens=512, max_num_seqs=512)
+    assert within_step(goal, here, 2.0, running=170.0)
+    assert not within_step(goal, here, 2.0)
+    assert not within_step(goal, here, 2.0, running=2000.0)  # 512 slots for 2,000 requests: past the factor
+    assert not within_step(Knobs(max_num_batched_tokens=32768, max_num_seqs=1024), here, 2.0, running=170.0)
 
 
 def test_restart_cost_grows_with_the_load_the_other_pods_must_carry():

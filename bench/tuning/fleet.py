@@ -126,7 +126,6 @@ class Fleet:
         self.target = knobs
         self.rollout_started: float | None = None
         self.progressed = 0.0
-        self.restarts = 0
         self.down_pod_seconds = 0.0
         """Pod-seconds out of service (terminating, starting or crash-looping): capacity lost to restarts."""
         n = len(workload)
@@ -203,7 +202,6 @@ class Fleet:
                 )
                 pod.state = PodState.STARTING if outcome.ok else PodState.CRASHING
                 pod.until = now + outcome.seconds
-                self.restarts += 1
             elif pod.state == PodState.STARTING and now >= pod.until:
                 pod.compiled.add(pod.knobs.max_num_batched_tokens)
                 self._start_engine(pod, pod.until)

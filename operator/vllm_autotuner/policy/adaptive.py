@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from vllm_autotuner.api import SLO, Bounds, CurrentKnobs, Knobs, Measurement
-from vllm_autotuner.policy.guardrails import acceptable, step_range, within_step
+from vllm_autotuner.policy.guardrails import acceptable, steps_beyond, within_step
 from vllm_autotuner.policy.model import Prediction, StepModel, Traffic, fit_step_model, measured_prediction
 
 #: Share of a predicted (not yet measured) gain the policy counts on.
@@ -107,12 +107,7 @@ def _utility(p: Prediction, now: Prediction, slo: SLO) -> float:
 
 def _rollouts(goal: Knobs, here: Knobs, step_factor: float, running: float | None) -> int:
     """Rollouts from ``here`` to ``goal``: one into ``step_range``, then ``step_factor`` each."""
-    beyond = 0.0
-    pairs = ((goal.max_num_batched_tokens, here.max_num_batched_tokens), (goal.max_num_seqs, here.max_num_seqs))
-    for target, value in pairs:
-        low, high = step_range(value, running, step_factor)
-        beyond = max(beyond, math.log2(low / target), math.log2(target / high))
-    return 1 + math.ceil(beyond / math.log2(step_factor) - 1e-9)
+    return 1 + math.ceil(steps_beyond(goal, here, step_factor, running) - 1e-9)
 
 
 def propose(

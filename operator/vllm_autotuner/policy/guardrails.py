@@ -75,14 +75,20 @@ def step_range(value: int, running: float | None, factor: float) -> tuple[float,
     return floor / factor, value * factor
 
 
-def within_step(knobs: Knobs, current: Knobs, factor: float, running: float | None = None) -> bool:
-    """Both knobs of ``knobs`` lie within ``step_range`` of ``current``'s."""
+def steps_beyond(knobs: Knobs, current: Knobs, factor: float, running: float | None = None) -> float:
+    """How many ``factor`` steps the farther knob of ``knobs`` lies outside ``step_range`` of ``current``'s
+    (0 inside it): the rollouts still needed after one into the range, before rounding up."""
     pairs = ((knobs.max_num_batched_tokens, current.max_num_batched_tokens), (knobs.max_num_seqs, current.max_num_seqs))
+    beyond = 0.0
     for new, old in pairs:
         low, high = step_range(old, running, factor)
-        if not low - 1e-9 <= new <= high + 1e-9:
-            return False
-    return True
+        beyond = max(beyond, math.log(low / new, factor), math.log(new / high, factor))
+    return beyond
+
+
+def within_step(knobs: Knobs, current: Knobs, factor: float, running: float | None = None) -> bool:
+    """Both knobs of ``knobs`` lie within ``step_range`` of ``current``'s."""
+    return steps_beyond(knobs, current, factor, running) <= 1e-9
 
 
 def _time(value: str) -> datetime:

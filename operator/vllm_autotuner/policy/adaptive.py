@@ -7,11 +7,15 @@ within the bounds, accepted by vLLM, never one that failed), what it would do
 under the traffic just measured (``model``), and makes the one with the
 highest expected SLO attainment (headroom to the targets weighing a little)
 its goal; configs within RESOLUTION of it are equals, and the smallest move
-among them wins. Configs already measured in this regime count at their
-measured value and are reached in one jump, so a returning regime goes
-straight back to what it liked; a config the policy left in this regime counts
-only at a prediction's discount, and one it left twice not at all, so traffic
-that drifts while configs are compared cannot make it oscillate. A predicted
+among them wins. Configs already measured in this regime, under traffic at
+least about as heavy as now (COMPARABLE_LOAD), count at their measured value
+and are reached in one jump, so a returning regime goes straight back to what
+it liked; one measured under lighter traffic (a calm spell between bursts, the
+morning before the peak) would over-promise, and only the model prices it, so
+bursts do not send the policy back to what served the calm. A config the
+policy left in this regime counts only at a prediction's discount, and one it
+left twice not at all, so traffic that drifts while configs are compared
+cannot make it oscillate. A predicted
 goal is reached in one rollout when it lies within the step limit
 (``guardrails.step_range``): a knob may fall as far as the requests the window
 ran at once still fit (the model then predicts from steps of sizes it
@@ -49,6 +53,10 @@ ATTAINMENT_FLOOR = 0.1
 #: Utility within which configs count as equals (the smallest move among them wins): the model ranks, it does not
 #: resolve a thousandth of attainment.
 RESOLUTION = 0.002
+#: Requests per pod the window now may exceed a measurement's by with the measurement still counting as what its
+#: config would do now: near capacity a few percent more traffic costs attainment whatever the config, so a config
+#: measured under lighter traffic (a calm window between bursts, the morning before the peak) would over-promise.
+COMPARABLE_LOAD = 1.05
 
 _TOKEN_GRID = tuple(sorted({int(2**e * m) for e in range(4, 20) for m in (1, 1.5)}))
 _SEQ_GRID = tuple(2**e for e in range(0, 15))
@@ -139,7 +147,9 @@ def propose(
     for m in measurements:
         if m.regime != base.regime or m.knobs in excluded or not acceptable(m.knobs, bounds, current):
             continue
-        if m.abandoned == 0:
+        if m.abandoned < 2 and base.request_rate > COMPARABLE_LOAD * m.request_rate:
+            options[m.knobs] = traffic.predict(m.knobs)  # measured under lighter traffic: the model's word instead
+        elif m.abandoned == 0:
             options[m.knobs] = measured_prediction(m, traffic)
         elif m.abandoned == 1:
             options[m.knobs] = replace(measured_prediction(m, traffic), measured=False)

@@ -46,7 +46,7 @@ from vllm_autotuner.api import (
 from vllm_autotuner.api.status import LEARNED_LIMIT, MEASUREMENT_LIMIT, RolloutPhase
 from vllm_autotuner.api.types import duration_seconds, utc_timestamp
 from vllm_autotuner.policy import adaptive
-from vllm_autotuner.policy.adaptive import ATTAINMENT_FLOOR
+from vllm_autotuner.policy.adaptive import ATTAINMENT_FLOOR, COMPARABLE_LOAD
 from vllm_autotuner.policy.decision import Decision, with_history, with_rollout
 from vllm_autotuner.policy.guardrails import (
     DAY_SECONDS,
@@ -70,9 +70,6 @@ DRAIN_PATIENCE = 3
 #: Attainment two windows of the same traffic may differ by without either config being worse: sampling noise.
 #: A regression must fall this far below the tolerance too (a change from 0.4% to 0.1% is no evidence).
 ATTAINMENT_NOISE = 0.02
-#: Requests per pod a judged window may exceed the baseline's by and still show a regression: near capacity a few
-#: percent more traffic costs attainment whatever the config, and a ramp would pass for a regression.
-COMPARABLE_LOAD = 1.05
 #: Regime name of traffic no tier matches (not a valid tier name, so it never collides with one).
 NO_TIER = "(no tier)"
 

@@ -332,6 +332,34 @@ def test_a_returning_regime_goes_straight_back_to_its_learned_optimum():
     assert decision.knobs == knobs(2048, 1024) and "measured" in decision.reason
 
 
+def test_a_config_measured_under_lighter_traffic_counts_only_as_the_models_prediction():
+    """2048 measured for long prompts at 13 requests/s; now 20% more arrive (same regime): its numbers would
+    over-promise (near capacity more traffic costs attainment whatever the config), so the model prices it."""
+    state = status(
+        tokens=2048, since=T0 - timedelta(hours=5), regime="r4/p4k/o128", regime_since="2024-05-01T08:00:00Z"
+    )
+    good = long_prompt_window(
+        state,
+        SPEC,
+        now=T0 - timedelta(hours=3),
+        itl_seconds=0.06,
+        itl_within_slo=0.99,
+        step_tokens_quantile=2048.0,
+        step_tokens_mean=1500.0,
+        itl_mean_seconds=0.045,
+    )
+    state = decide(SPEC, state, good, T0 - timedelta(hours=3)).state
+    state = state.model_copy(update={"current": status().current})
+    rate = 13.0 * 1.2
+    busier = long_prompt_window(
+        state, SPEC, request_rate=rate, prompt_tokens_rate=rate * 4000, generation_tokens_rate=rate * 128
+    )
+    decision = decide(SPEC, state, busier, T0)
+    assert decision.state.regime == "r4/p4k/o128"
+    assert "tokens=2048 seqs=1024 measured" not in decision.reason and "predicted" in decision.reason
+    assert decide(SPEC, state, long_prompt_window(state, SPEC), T0).knobs == knobs(2048, 1024)
+
+
 def test_tiers_map_the_traffic_to_the_users_knobs():
     tiers = [
         Tier(name="long", match=TierMatch(min_prompt_tokens=2000), knobs=knobs(2048, 256)).model_dump(by_alias=True)

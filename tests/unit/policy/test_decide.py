@@ -310,8 +310,9 @@ def test_manual_change_is_adopted_and_respected_for_a_cooldown():
     assert decision.hold == HoldReason.COOLDOWN
 
 
-def test_a_returning_regime_goes_straight_back_to_its_learned_optimum():
-    """Measured 2048 for long prompts earlier; back at 8192 with long prompts again, one jump past maxStepFactor."""
+def learned_2048_for_long_prompts():
+    """A status that measured 2048 for long prompts three hours ago (13 requests/s) and learned it as the
+    regime's optimum, with the knobs back at vLLM's defaults since (e.g. a person reset them)."""
     state = status(
         tokens=2048, since=T0 - timedelta(hours=5), regime="r4/p4k/o128", regime_since="2024-05-01T08:00:00Z"
     )
@@ -327,7 +328,12 @@ def test_a_returning_regime_goes_straight_back_to_its_learned_optimum():
     )
     state = decide(SPEC, state, good, T0 - timedelta(hours=3)).state
     assert state.learned[0].max_num_batched_tokens == 2048
-    state = state.model_copy(update={"current": status().current})  # e.g. a person reset it hours ago
+    return state.model_copy(update={"current": status().current})
+
+
+def test_a_returning_regime_goes_straight_back_to_its_learned_optimum():
+    """Measured 2048 for long prompts earlier; back at 8192 with long prompts again, one jump past maxStepFactor."""
+    state = learned_2048_for_long_prompts()
     decision = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
     assert decision.knobs == knobs(2048, 1024) and "measured" in decision.reason
 
@@ -335,21 +341,7 @@ def test_a_returning_regime_goes_straight_back_to_its_learned_optimum():
 def test_a_config_measured_under_lighter_traffic_counts_only_as_the_models_prediction():
     """2048 measured for long prompts at 13 requests/s; now 20% more arrive (same regime): its numbers would
     over-promise (near capacity more traffic costs attainment whatever the config), so the model prices it."""
-    state = status(
-        tokens=2048, since=T0 - timedelta(hours=5), regime="r4/p4k/o128", regime_since="2024-05-01T08:00:00Z"
-    )
-    good = long_prompt_window(
-        state,
-        SPEC,
-        now=T0 - timedelta(hours=3),
-        itl_seconds=0.06,
-        itl_within_slo=0.99,
-        step_tokens_quantile=2048.0,
-        step_tokens_mean=1500.0,
-        itl_mean_seconds=0.045,
-    )
-    state = decide(SPEC, state, good, T0 - timedelta(hours=3)).state
-    state = state.model_copy(update={"current": status().current})
+    state = learned_2048_for_long_prompts()
     rate = 13.0 * 1.2
     busier = long_prompt_window(
         state, SPEC, request_rate=rate, prompt_tokens_rate=rate * 4000, generation_tokens_rate=rate * 128

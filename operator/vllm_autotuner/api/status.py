@@ -331,7 +331,7 @@ class VllmTuningStatus(StatusModel):
     regime: str | None = None
     """Traffic regime of the last observation (load level and length mix, or the matching tier)."""
     regime_since: str | None = None
-    """When the traffic entered that regime (RFC 3339); how long a regime has lasted is the estimate of how long it will last."""
+    """When the traffic entered that regime, or its length mix last moved (RFC 3339); how long a regime has lasted is the estimate of how long it will last."""
     resume_knobs: Knobs | None = None
     """Knobs in force before the active schedule window's preset, restored when the window closes."""
     observed: ObservedTraffic | None = None

@@ -73,7 +73,8 @@ What it does
 3. **Guardrails** (``guardrails``): bounds and vLLM's start-up rules; never a
    config that failed to start under this spec; at most ``maxStepFactor`` per
    step into unmeasured territory; cooldown; a daily rollout budget that keeps
-   room for the day's schedule windows; a regime must last one window; no
+   room for the day's schedule windows; a regime, and its length mix, must last
+   one window; no
    traffic change before the last one is judged (and rolled back if it made
    things measurably worse once the restart's queue drained, under no more
    traffic than before it); an expected

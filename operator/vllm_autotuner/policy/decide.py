@@ -60,7 +60,7 @@ from vllm_autotuner.policy.guardrails import (
 from vllm_autotuner.policy.lifecycle import regression_measured
 from vllm_autotuner.policy.model import attainment
 from vllm_autotuner.policy.observation import HoldReason, Observation, hold_reason, rollout_active
-from vllm_autotuner.policy.regime import classify, matching_tier
+from vllm_autotuner.policy.regime import classify, matching_tier, mix_moved
 from vllm_autotuner.policy.schedule import ActiveWindow, preset_boundaries, window_in_force
 
 #: Windows a rollout's first settled window may stay short of its baseline before the change counts as a regression.
@@ -184,9 +184,16 @@ def _regime_name(spec: VllmTuningSpec, settings: Settings, state: VllmTuningStat
 def _observe(
     spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, observation: Observation, now: datetime
 ) -> tuple[VllmTuningStatus, Measurement]:
-    """The status after a usable window (observed numbers, regime and since when), and the window as a measurement."""
+    """The status after a usable window (observed numbers, regime and since when), and the window as a measurement.
+
+    The regime starts afresh when its name changes and when its length mix
+    moved since the last window (``mix_moved``): then the window is not
+    remembered and the traffic policy waits one window more, as for a new
+    regime.
+    """
     regime = _regime_name(spec, settings, state, observation)
-    since = state.regime_since if regime == state.regime and state.regime_since else utc_timestamp(now)
+    same = regime == state.regime and state.regime_since and not mix_moved(state.observed, observation)
+    since = state.regime_since if same else utc_timestamp(now)
     state = state.model_copy(update={"observed": _observed(observation), "regime": regime, "regime_since": since})
     return state, _measurement(observation, regime, settings.slo)
 
@@ -414,7 +421,7 @@ def _traffic_change(
         if target is None or target == current.knobs:
             return HoldReason.NO_BETTER_CONFIG, f"tier {tier.name} in force: {current.knobs}"
         if young > 0:
-            return HoldReason.DWELL, f"tier {tier.name} matched {young:.0f}s too recently"
+            return HoldReason.DWELL, f"tier {tier.name} matched (or its length mix moved) {young:.0f}s too recently"
         return _Change(target, KnobSource.TRAFFIC, f"traffic matches tier {tier.name}: {target}", regime=base.regime)
     proposal = adaptive.propose(
         base,
@@ -457,7 +464,7 @@ def _traffic_change(
         # a restart now would add its own backlog to one the current config is already clearing
         return HoldReason.NOT_SETTLED, f"{reason}; the queue is still draining ({base.waiting:.1f} waiting per pod)"
     if young > 0:
-        return HoldReason.DWELL, f"{reason}; regime must last {young:.0f}s more"
+        return HoldReason.DWELL, f"{reason}; regime and length mix must hold {young:.0f}s more"
     return _Change(step.knobs, KnobSource.TRAFFIC, reason, gain=net, regime=base.regime, baseline=base)
 
 

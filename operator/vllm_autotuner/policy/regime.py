@@ -10,7 +10,10 @@ until the value is clearly in another (hysteresis), so traffic that
 hovers at a boundary does not flap between regimes. Regimes measured
 under a schedule window that overrides bounds or SLO get the window's
 name as a suffix (``@night``): what was best under other targets is
-another memory.
+another memory. Because a bin holds, the first windows of a shift from
+chat to long prompts still carry chat's name while their mean lengths climb
+(``mix_moved`` tells them apart): they mix two populations, and neither what
+they measure nor what the model extrapolates from them belongs to either.
 """
 
 from __future__ import annotations
@@ -19,11 +22,18 @@ import math
 import re
 from dataclasses import dataclass
 
-from vllm_autotuner.api import Tier, TierMatch
+from vllm_autotuner.api import ObservedTraffic, Tier, TierMatch
 from vllm_autotuner.policy.observation import Observation
 
 #: How far past a bin's edge (in powers of two) a value must go to leave it.
 HYSTERESIS = 0.25
+#: Relative move of the mean prompt or output length from one usable window to the next past which the length mix
+#: counts as changing, on top of its sampling noise.
+MIX_SHIFT = 0.1
+#: Sampling noise of the difference of two mean lengths, in multiples of one over the square root of the window's
+#: requests: three standard errors (request lengths spread about as widely as their mean, and each of the two means
+#: has its own error), rarely passed by chance.
+MIX_NOISE = 4.0
 _LEVELS = {"r": (-6, 12), "p": (3, 17), "o": (0, 15)}
 _NAME = re.compile(r"^r([0-9.]+k?)/p([0-9.]+k?)/o([0-9.]+k?)(@.+)?$")
 
@@ -85,6 +95,34 @@ def classify(
         output_level=_bin("o", mean_output, before.output_level if same_window and before else None),
         window=window,
     )
+
+
+def mix_moved(before: ObservedTraffic | None, observation: Observation) -> bool:
+    """Whether the length mix is changing: moving within the window, or since the last usable one (``before``, the
+    status's ``observed``), by more than chance explains.
+
+    vLLM counts a request's prompt tokens when its prefill ends and its
+    lengths (the means) when it finishes, so while the mix changes the prompt
+    tokens per finished request part from the mean prompt of the finished
+    ones: new requests are still running. That shows a change in its first
+    window, before the finished requests (and the regime's name) do. The
+    window's means are compared with the last window's as well. The
+    allowance is MIX_SHIFT plus MIX_NOISE over the square root of the
+    window's requests (at 50 requests 67%, at 4,000 16%). Only the length mix
+    counts: load moves within a regime all the time (bursts), and the model
+    prices it.
+    """
+    requests, rate = observation.requests, observation.request_rate
+    if not requests:
+        return False
+    allowed = MIX_SHIFT + MIX_NOISE / math.sqrt(requests)
+    pairs = []
+    if rate and observation.prompt_tokens_rate is not None:
+        pairs.append((observation.prompt_tokens_rate / rate, observation.mean_prompt_tokens))
+    if before is not None:
+        pairs.append((before.mean_prompt_tokens, observation.mean_prompt_tokens))
+        pairs.append((before.mean_generation_tokens, observation.mean_generation_tokens))
+    return any(old and new and max(old / new, new / old) - 1 > allowed for old, new in pairs)
 
 
 def _within(value: float | None, low: float | None, high: float | None) -> bool:

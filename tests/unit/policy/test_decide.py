@@ -58,6 +58,28 @@ def test_a_new_regime_must_last_one_window():
     assert decision.hold == HoldReason.DWELL and "tokens=1024" in decision.reason
 
 
+def test_a_window_whose_length_mix_moved_within_its_regime_neither_decides_nor_is_remembered():
+    state = warmed()  # 4,000-token prompts for 10 minutes, regime r4/p4k/o128
+    longer = {"mean_prompt_tokens": 5200.0, "prompt_tokens_rate": 13.0 * 5200}  # +30%: still the p4k bin
+    moving = decide(SPEC, state, long_prompt_window(state, SPEC, **longer), T0)
+    assert moving.hold == HoldReason.DWELL and "length mix must hold 300s more" in moving.reason
+    assert moving.state.regime == state.regime and moving.state.measurements == []
+    later = T0 + timedelta(minutes=5)  # one window of the new mix: it is acted on
+    settled = decide(SPEC, moving.state, long_prompt_window(state, SPEC, now=later, **longer), later)
+    assert settled.action == DecisionAction.CHANGE
+    # a move within the sampling noise of 3,900 requests (allowance 16%) is no change of the mix
+    noise = {"mean_prompt_tokens": 4400.0, "prompt_tokens_rate": 13.0 * 4400}
+    assert decide(SPEC, state, long_prompt_window(state, SPEC, **noise), T0).action == DecisionAction.CHANGE
+
+
+def test_the_first_window_of_longer_prompts_holds_before_the_finished_requests_show_them():
+    state = warmed()
+    # prefills of 6,000-token prompts: the requests that finished in the window still averaged 4,000
+    arriving = long_prompt_window(state, SPEC, prompt_tokens_rate=13.0 * 6000)
+    decision = decide(SPEC, state, arriving, T0)
+    assert decision.hold == HoldReason.DWELL and decision.state.measurements == []
+
+
 def test_healthy_traffic_holds_with_the_numbers_in_the_reason():
     state = status(tokens=2048)
     fine = long_prompt_window(

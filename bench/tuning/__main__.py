@@ -143,7 +143,8 @@ def run(
     document = report.write_json(out / "tuning.json", rows, command)
     report.write_markdown(out / "tuning.md", rows, command, time.perf_counter() - started)
     for target in report.targets(rows):
-        print(f"{'met ' if target.met else 'MISS'}  {target.text}: {target.value}")
+        reach = f" (phase_oracle in its place: {target.oracle})" if target.oracle else ""
+        print(f"{'met ' if target.met else 'MISS'}  {target.text}: {target.value}{reach}")
     print(f"wrote {out}/tuning.json, tuning.md and {len(rows)} timelines in {time.perf_counter() - started:.0f}s")
     return document
 

@@ -102,35 +102,47 @@ class Target:
     text: str
     value: str
     met: bool
+    oracle: str = ""
+    """The ratio targets' figure with phase_oracle in adaptive's place: about the most any policy could reach on these
+    scenarios (per phase, the best grid config, for free), so a target above it is out of reach in this run."""
 
 
-def ratio(scores: dict[str, PolicyScore], other: str) -> float:
+def ratio(scores: dict[str, PolicyScore], other: str, policy: str = "adaptive") -> float:
     base = scores[other].slo_goodput
-    return scores["adaptive"].slo_goodput / base if base > 0 else math.inf
+    return scores[policy].slo_goodput / base if base > 0 else math.inf
+
+
+def _ratio_target(
+    text: str, bound: float, rows: list[tuple[BenchScenario, dict[str, PolicyScore], RunResult]], other: str, mean: bool
+) -> Target:
+    """``adaptive / other >= bound``, on average or on the worst scenario of ``rows``."""
+
+    def figure(policy: str) -> tuple[float, str]:
+        ratios = [(ratio(s, other, policy), sc.key) for sc, s, _ in rows]
+        if mean:
+            return sum(r for r, _ in ratios) / len(ratios), ""
+        low, key = min(ratios)
+        return low, f" ({key})"
+
+    value, where = figure("adaptive")
+    ceiling, _ = figure("phase_oracle")
+    return Target(text, f"{value:.3f}{where}", value >= bound, f"{ceiling:.3f}")
 
 
 def targets(rows: list[tuple[BenchScenario, dict[str, PolicyScore], RunResult]]) -> list[Target]:
     """Issue 5's targets, evaluated on this run (on the scenarios it ran)."""
-    out = []
-    oracle = [ratio(s, "phase_oracle") for _, s, _ in rows]
-    mean = sum(oracle) / len(oracle)
-    out.append(Target("adaptive >= 0.95x phase_oracle on average", f"{mean:.3f}", mean >= 0.95))
-    worst = min(zip(oracle, rows, strict=True), key=lambda x: x[0])
-    out.append(Target("adaptive >= 0.90x phase_oracle on every scenario", f"{worst[0]:.3f} ({worst[1][0].key})",
-                      worst[0] >= 0.90))  # fmt: skip
-    static = [(ratio(s, "best_static"), sc) for sc, s, _ in rows]
-    low = min(static, key=lambda x: x[0])
-    out.append(Target("adaptive >= 1.0x best_static on every scenario", f"{low[0]:.3f} ({low[1].key})", low[0] >= 1.0))
-    for name, bound, kinds in (
-        ("shift and time-of-day", 1.10, ("shift", "diurnal-batch")),
-        ("long-prompt and shift", 1.5, ("long-prompt", "shift")),
+    out = [
+        _ratio_target("adaptive >= 0.95x phase_oracle on average", 0.95, rows, "phase_oracle", mean=True),
+        _ratio_target("adaptive >= 0.90x phase_oracle on every scenario", 0.90, rows, "phase_oracle", mean=False),
+        _ratio_target("adaptive >= 1.0x best_static on every scenario", 1.0, rows, "best_static", mean=False),
+    ]
+    for name, bound, other, kinds in (
+        ("shift and time-of-day", 1.10, "best_static", ("shift", "diurnal-batch")),
+        ("long-prompt and shift", 1.5, "vllm_default", ("long-prompt", "shift")),
     ):
-        other = "best_static" if bound == 1.10 else "vllm_default"
-        picked = [(ratio(s, other), sc) for sc, s, _ in rows if sc.name in kinds]
+        picked = [row for row in rows if row[0].name in kinds]
         if picked:
-            low = min(picked, key=lambda x: x[0])
-            out.append(Target(f"adaptive >= {bound:.2f}x {other} on {name}", f"{low[0]:.3f} ({low[1].key})",
-                              low[0] >= bound))  # fmt: skip
+            out.append(_ratio_target(f"adaptive >= {bound:.2f}x {other} on {name}", bound, picked, other, mean=False))
     per_day = max(_most_in_a_day([t for t, _, _ in r.changes]) for _, _, r in rows)
     out.append(Target("<= 8 rollouts in any 24 simulated hours", f"max {per_day}", per_day <= 8))
     retried = sum(r.failed_retried for _, _, r in rows)
@@ -158,7 +170,10 @@ def write_json(path: Path, rows: list[tuple[BenchScenario, dict[str, PolicyScore
             }
             for sc, scores, result in rows
         ],
-        "targets": [{"target": t.text, "value": t.value, "met": t.met} for t in targets(rows)],
+        "targets": [
+            {"target": t.text, "value": t.value, "met": t.met, **({"phase_oracle": t.oracle} if t.oracle else {})}
+            for t in targets(rows)
+        ],
     }
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return doc
@@ -187,8 +202,16 @@ def write_markdown(
             f"| {ratio(s, 'best_static'):.3f} | {ratio(s, 'vllm_default'):.3f} | {a.rollouts} | {a.failed_rollouts} "
             f"| {a.capacity_lost_pod_hours:.2f} |"
         )
-    lines += ["", "## Targets", "", "| target | this run | met |", "|---|---|---|"]
-    lines += [f"| {t.text} | {t.value} | {'yes' if t.met else '**no**'} |" for t in targets(rows)]
+    lines += [
+        "",
+        "## Targets",
+        "",
+        "The last column puts phase_oracle in adaptive's place: about the most any policy could reach here.",
+        "",
+        "| target | this run | met | phase_oracle |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {t.text} | {t.value} | {'yes' if t.met else '**no**'} | {t.oracle} |" for t in targets(rows)]
     lines += ["", "## What each policy ran", ""]
     for sc, s, result in rows:
         lines.append(f"**{sc.key}** ({sc.replicas} replicas): best_static {s['best_static'].config}; "

@@ -37,6 +37,11 @@ def test_toy_run_writes_json_markdown_and_a_timeline(tmp_path):
     assert policies["phase_oracle"]["slo_goodput"] >= policies["best_static"]["slo_goodput"]
     assert policies["best_static"]["slo_goodput"] >= policies["vllm_default"]["slo_goodput"]
     assert {t["target"] for t in on_disk["targets"]} >= {"no failed config tried twice"}
+    # the ratio targets say what phase_oracle would score in adaptive's place: at least best_static, by the above
+    reach = {t["target"]: t.get("phase_oracle") for t in on_disk["targets"]}
+    assert float(reach["adaptive >= 1.0x best_static on every scenario"]) >= 1.0
+    assert reach["adaptive >= 0.90x phase_oracle on every scenario"] == "1.000"
+    assert reach["no failed config tried twice"] is None
     markdown = (tmp_path / "tuning.md").read_text()
     assert "`pytest toy`" in markdown and "| toy-shift | llama3-8b-a100 |" in markdown
     assert (tmp_path / "tuning-toy-shift-llama3-8b-a100.png").stat().st_size > 10_000

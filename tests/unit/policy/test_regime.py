@@ -6,8 +6,8 @@ import dataclasses
 
 from hypothesis import given
 from hypothesis import strategies as st
-from vllm_autotuner.api import Tier, TierMatch
-from vllm_autotuner.policy.regime import Regime, classify, matching_tier
+from vllm_autotuner.api import ObservedTraffic, Tier, TierMatch
+from vllm_autotuner.policy.regime import MIX_NOISE, MIX_SHIFT, Regime, classify, matching_tier, mix_moved
 
 from .helpers import knobs, long_prompt_window, spec, status
 
@@ -30,6 +30,39 @@ def test_a_value_must_clearly_leave_a_bin():
     assert classify(14.0, 4000, 128, "r8/p4k/o128", None).rate_level == 4
     # another schedule window is another memory: no hysteresis across it
     assert classify(12.0, 4000, 128, "r8/p4k/o128@night", None).rate_level == 4
+
+
+def _last(prompt: float, generation: float) -> ObservedTraffic:
+    """The status's record of a previous window with these mean lengths."""
+    stamp = "2026-03-02T12:00:00Z"
+    return ObservedTraffic(
+        window_start=stamp, window_end=stamp, pods=4, request_rate=13.0, prompt_tokens_per_second=13.0 * prompt,
+        generation_tokens_per_second=13.0 * generation, mean_prompt_tokens=prompt, mean_generation_tokens=generation,
+    )  # fmt: skip
+
+
+@given(
+    st.floats(16, 100_000), st.floats(1, 10_000), st.floats(1, 1e6), st.sampled_from(["prompt", "generation", "rate"])
+)
+def test_the_length_mix_moves_exactly_when_a_mean_leaves_its_allowance(prompt, generation, requests, which):
+    state = status()
+    window = long_prompt_window(
+        state, spec(), requests=requests, mean_prompt_tokens=prompt, mean_generation_tokens=generation,
+        prompt_tokens_rate=13.0 * prompt,
+    )  # fmt: skip
+    assert not mix_moved(_last(prompt, generation), window) and not mix_moved(None, window)
+    allowed = MIX_SHIFT + MIX_NOISE / requests**0.5
+    for factor, moved in ((1 + 0.99 * allowed, False), (1 + 1.01 * allowed, True), (1 / (1 + 1.01 * allowed), True)):
+        if which == "prompt":  # the finished requests' prompts moved since the last window
+            moved_prompt = prompt * factor
+            changed = dataclasses.replace(
+                window, mean_prompt_tokens=moved_prompt, prompt_tokens_rate=13.0 * moved_prompt
+            )
+        elif which == "generation":
+            changed = dataclasses.replace(window, mean_generation_tokens=generation * factor)
+        else:  # prefills of other lengths than the requests that finished in the window
+            changed = dataclasses.replace(window, prompt_tokens_rate=13.0 * prompt * factor)
+        assert mix_moved(_last(prompt, generation), changed) == moved, (factor, allowed)
 
 
 def test_tiers_first_match_wins_and_missing_numbers_fail_conditions_that_need_them():

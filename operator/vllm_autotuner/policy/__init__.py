@@ -74,10 +74,9 @@ What it does
    config that failed to start under this spec; at most ``maxStepFactor`` per
    step into unmeasured territory; cooldown; a daily rollout budget that keeps
    room for the day's schedule windows; a regime, and its length mix, must last
-   one window; no
-   traffic change before the last one is judged (and rolled back if it made
-   things measurably worse once the restart's queue drained, under no more
-   traffic than before it); an expected
+   one window; no traffic change before the last one is judged (and rolled
+   back if it made things measurably worse once the restart's queue drained,
+   under no more traffic than before it); an expected
    gain, net of the restarts' cost (measured, but never below the estimate
    from the load the other pods must carry now) over the regime's expected
    life (its mean remaining life within six hours, given how long it has

@@ -31,7 +31,7 @@ requests). They were kept, not re-chosen to suit the new scores.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cache
 
@@ -103,7 +103,7 @@ def _spec(profile: str, slo: dict, **fields: object) -> VllmTuningSpec:
 def _shortened(scenario: Scenario, hours: float) -> Scenario:
     """The first ``hours`` of a scenario (streams and phases cut at the new end), for the quick run."""
     end = hours * HOUR
-    streams = tuple(Stream(s.arrivals, s.mix, s.start, min(s.end, end)) for s in scenario.streams if s.start < end)
+    streams = tuple(replace(s, end=min(s.end, end)) for s in scenario.streams if s.start < end)
     phases = tuple(Phase(p.name, p.start, min(p.end, end)) for p in scenario.phases if p.start < end)
     return Scenario(scenario.name, streams, phases, end)
 

@@ -23,6 +23,11 @@ What it reproduces (vLLM V1 ``Scheduler.schedule``):
   proportion to context, the LM head only for sampled tokens, all-reduces for
   tensor parallelism, a fixed per-step and a per-request overhead, all with
   the profile's efficiency factors.
+* Clients that give up: a request still without a first token when its
+  ``first_token_timeout`` has passed is aborted at the next step boundary
+  (it leaves the waiting queue, or its unfinished prefill frees its blocks),
+  as vLLM aborts a request whose client closed the connection; as in V1, it
+  leaves nothing in the metrics.
 * Metrics are what vLLM exports (:mod:`.metricstate`), observed at the same
   moments: TTFT at the first token, ITL per token per request, request
   histograms when a request finishes, tokens per step per step.
@@ -84,6 +89,11 @@ class Request:
     ``ignore_eos``, or the length the model happens to stop at). A request may
     name a shared prompt prefix (a system prompt, a RAG template) of
     ``prefix_tokens`` tokens, which must be shorter than the prompt.
+
+    ``first_token_timeout`` is how long its client waits for a first token:
+    a request still without one at ``arrival + first_token_timeout`` is
+    aborted, as vLLM aborts a request whose client closed the connection
+    (:attr:`Engine.timed_out`).
     """
 
     arrival: float
@@ -91,6 +101,7 @@ class Request:
     output_tokens: int
     prefix_id: int | None = None
     prefix_tokens: int = 0
+    first_token_timeout: float = math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +327,9 @@ class Engine:
         self._slow_at = tuple(slow_gap_seconds)
         self._slow_steps = [0] * len(self._slow_at)
         self._finished: list[FinishedRequest] = []
+        self.timed_out: list[int] = []
+        """Ids of the requests the latest :meth:`advance` aborted at their first-token timeout."""
+        self._deadlines: list[tuple[float, int, _Seq]] = []  # (first-token deadline, id): a heap
         # Work done so far, for vLLM's estimated FLOPs / bytes counters.
         self._attention_units = 0.0
         self._kv_read = 0.0
@@ -355,11 +369,16 @@ class Engine:
             )
         if request.prefix_id is not None and not 0 <= request.prefix_tokens < request.prompt_tokens:
             raise ValueError("prefix_tokens must be shorter than the prompt")
+        if not request.first_token_timeout > 0:
+            raise ValueError("first_token_timeout must be positive")
         if self._pending and request.arrival < self._pending[-1].arrival:
             raise ValueError("requests must be submitted in arrival order")
         rid = self._next_rid
         self._next_rid += 1
-        self._pending.append(_Seq(rid, request, self._bs, len(self._slow_at)))
+        seq = _Seq(rid, request, self._bs, len(self._slow_at))
+        self._pending.append(seq)
+        if request.first_token_timeout < math.inf:
+            heapq.heappush(self._deadlines, (request.arrival + request.first_token_timeout, rid, seq))
         return rid
 
     def advance(self, until: float) -> list[FinishedRequest]:
@@ -368,14 +387,19 @@ class Engine:
 
         Steps are atomic: the last one may end a little after ``until``
         (``now`` then says where the clock stands); a later call continues
-        from there. An idle engine's clock jumps to the next arrival.
+        from there. An idle engine's clock jumps to the next arrival. The
+        requests it aborted at their first-token timeout are in
+        :attr:`timed_out`.
         """
         finished = self._finished = []
-        pending, waiting = self._pending, self._waiting
+        self.timed_out = []
+        pending, waiting, deadlines = self._pending, self._waiting, self._deadlines
         while True:
             now = self._now
             while pending and pending[0].arrival <= now:
                 waiting.append(pending.popleft())
+            if deadlines and deadlines[0][0] <= now:
+                self._expire(now)
             if not self._running and not waiting:
                 if pending and pending[0].arrival < until:
                     self._now = pending[0].arrival
@@ -491,6 +515,11 @@ class Engine:
         if steps <= 1:
             return steps
         bound = until
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][2].generated:
+            heapq.heappop(deadlines)  # it has its first token: its client waits on
+        if deadlines and deadlines[0][0] < bound:
+            bound = deadlines[0][0]  # a waiting request is aborted, and the next in line may be admissible
         if (
             self._pending
             and not self._waiting
@@ -630,6 +659,27 @@ class Engine:
         if self._fin_heap and self._fin_heap[0][0] <= g:
             self._finish_decodes(g)
         self._g = g + 1
+
+    def _expire(self, now: float) -> None:
+        """Abort the requests still without a first token whose clients gave up by ``now``.
+
+        vLLM aborts a request when its client goes away: it leaves the waiting
+        queue (or frees the blocks of its unfinished prefill) and V1 records no
+        metrics for it (the output processor drops its state without the
+        finished-request stats), so only ``num_requests_waiting`` shows it.
+        """
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, rid, seq = heapq.heappop(deadlines)
+            if seq.generated:
+                continue  # its first token came in time
+            if seq is self._partial:
+                del self._running[rid]
+                self._partial = None
+                self._release(seq, seq.blocks)
+            else:
+                self._waiting.remove(seq)
+            self.timed_out.append(rid)
 
     def _admit(self, seq: _Seq, cached: int, blocks: int, growth: int, now: float) -> None:
         """Move ``seq`` from waiting to running."""

@@ -33,6 +33,10 @@ from vllm_autotuner.sim.engine import Request
 
 HOUR = 3600.0
 DAY = 24 * HOUR
+CLIENT_TIMEOUT_S = 600.0
+"""How long a client waits for a first token: the OpenAI Python client's default timeout (an httpx read timeout of
+600 s: a streaming client that has read nothing for that long raises and closes the connection). Its default two
+retries of a timed-out request are not modelled."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,12 +178,14 @@ class Diurnal:
 
 @dataclass(frozen=True, slots=True)
 class Stream:
-    """Traffic of one kind over ``[start, end)``."""
+    """Traffic of one kind over ``[start, end)``, from clients that give up on a request without a first token
+    after ``first_token_timeout`` seconds (the engine then aborts it; ``sim load`` waits on)."""
 
     arrivals: ArrivalProcess
     mix: Mix
     start: float = 0.0
     end: float = DAY
+    first_token_timeout: float = CLIENT_TIMEOUT_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +207,8 @@ class Workload:
     prefix_id: np.ndarray
     """-1 for no shared prefix."""
     prefix_tokens: np.ndarray
+    first_token_timeout: np.ndarray
+    """Seconds each request's client waits for a first token (its stream's)."""
     stream: np.ndarray
     """Index of the :class:`Stream` each request came from."""
     request_class: np.ndarray
@@ -218,12 +226,13 @@ class Workload:
             self.output_tokens[lo:hi].tolist(),
             self.prefix_id[lo:hi].tolist(),
             self.prefix_tokens[lo:hi].tolist(),
+            self.first_token_timeout[lo:hi].tolist(),
         )
-        for arrival, prompt, output, prefix, prefix_tokens in zip(*columns, strict=True):
+        for arrival, prompt, output, prefix, prefix_tokens, timeout in zip(*columns, strict=True):
             if prefix < 0:
-                yield Request(arrival, prompt, output)
+                yield Request(arrival, prompt, output, first_token_timeout=timeout)
             else:
-                yield Request(arrival, prompt, output, prefix, prefix_tokens)
+                yield Request(arrival, prompt, output, prefix, prefix_tokens, timeout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +299,7 @@ def _draw(stream: Stream, rng: np.random.Generator, index: int) -> dict[str, np.
         "output_tokens": output,
         "prefix_id": prefix_id,
         "prefix_tokens": prefix_tokens,
+        "first_token_timeout": np.full(n, stream.first_token_timeout),
         "stream": np.full(n, index, dtype=np.int64),
         "request_class": np.array([c.name for c in classes], dtype=object)[which],
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -25,10 +26,13 @@ def random_requests(
     output: float = 128,
     max_prompt: int = 3000,
     max_output: int = 1000,
+    timeout: float = math.inf,
 ) -> list[Request]:
-    """Poisson arrivals with log-normal prompt and output lengths."""
+    """Poisson arrivals with log-normal prompt and output lengths, from clients that wait ``timeout`` seconds for
+    a first token."""
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1 / rate, n))
     prompts = np.clip(rng.lognormal(np.log(prompt), 0.8, n), 1, max_prompt).astype(int)
     outputs = np.clip(rng.lognormal(np.log(output), 0.8, n), 1, max_output).astype(int)
-    return [Request(float(a), int(p), int(o)) for a, p, o in zip(arrivals, prompts, outputs, strict=True)]
+    return [Request(float(a), int(p), int(o), first_token_timeout=timeout)
+            for a, p, o in zip(arrivals, prompts, outputs, strict=True)]  # fmt: skip

@@ -4,7 +4,10 @@ fast engine is checked against.
 Every step walks the running list in order (decodes take one token, a
 partial prefill a chunk of the budget left), allocates KV blocks one request
 at a time and preempts the newest running request when a block is missing,
-then admits waiting requests FCFS unless the step preempted. It prices steps
+then admits waiting requests FCFS unless the step preempted. Before each
+step, a request still without a first token whose client's timeout has
+passed is aborted (out of the waiting queue, or out of the running list with
+its blocks freed). It prices steps
 with the same :class:`StepCost` and no noise, and keeps no aggregates, spans
 or heaps: if the engine's shortcuts drift from the plain algorithm, the two
 disagree.
@@ -43,6 +46,11 @@ class ReferenceResult:
     gaps: dict[int, list[float]] = field(default_factory=dict)
     steps: int = 0
     step_tokens: list[int] = field(default_factory=list)
+    preempted: int = 0
+    """Preemptions of every request, the aborted included."""
+    timed_out: list[int] = field(default_factory=list)
+    timed_out_prefilling: int = 0
+    """Of those, aborted while their prompt was partly computed."""
 
 
 def run_reference(
@@ -68,7 +76,18 @@ def run_reference(
     while pending or waiting or running:
         while pending and pending[0].req.arrival <= now:
             waiting.append(pending.popleft())
+        for r in [r for r in (*waiting, *running) if r.generated == 0]:
+            if r.req.arrival + r.req.first_token_timeout <= now:
+                if r in running:
+                    running.remove(r)
+                    free += r.blocks
+                    out.timed_out_prefilling += 1
+                else:
+                    waiting.remove(r)
+                out.timed_out.append(r.rid)
         if not waiting and not running:
+            if not pending:
+                break
             now = pending[0].req.arrival
             continue
         left = budget
@@ -88,6 +107,7 @@ def run_reference(
                 free += victim.blocks
                 victim.blocks = victim.computed = 0
                 victim.preemptions += 1
+                out.preempted += 1
                 waiting.appendleft(victim)
                 preempted = True
                 if victim is r:

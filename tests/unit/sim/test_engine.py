@@ -142,3 +142,37 @@ def test_tokens_generated_never_goes_back_under_preemption() -> None:
                 assert sent[rid] <= count < requests[rid].output_tokens
                 sent[rid] = count
     assert engine.snapshot().counters["num_preemptions"] > 0  # the case this test is about happened
+
+
+def test_a_client_that_gives_up_leaves_no_trace_in_the_metrics() -> None:
+    """vLLM V1 aborts a request whose client went away and records nothing for it: the waiting gauge drops."""
+    engine = Engine(noiseless("llama3-8b-h100"), EngineConfig(max_num_seqs=1), seed=0)
+    long = engine.submit(Request(0.0, 256, 2000))  # about 2000 steps: the only slot is busy for seconds
+    gave_up = engine.submit(Request(0.1, 256, 16, first_token_timeout=1.0))
+    assert engine.advance(1.05) == [] and engine.timed_out == []
+    assert engine.num_waiting == 1
+    assert engine.advance(1.2) == [] and engine.timed_out == [gave_up]
+    assert engine.num_waiting == 0
+    assert engine.tokens_generated(gave_up) is None
+    assert engine.unfinished() == [Request(0.0, 256, 2000)]
+    (done,) = engine.advance(float("inf"))
+    assert done.rid == long and engine.timed_out == []
+    snap = engine.snapshot()
+    assert snap.counters["request_success"] == 1
+    assert snap.histograms["vllm:time_to_first_token_seconds"].count == 1
+    assert snap.histograms["vllm:request_queue_time_seconds"].count == 1
+
+
+def test_the_timeout_is_for_the_first_token_only() -> None:
+    """A request streaming longer than its client's timeout is not aborted: its client is reading tokens."""
+    engine = Engine(noiseless("llama3-8b-h100"), EngineConfig(), seed=0)
+    rid = engine.submit(Request(0.0, 256, 2000, first_token_timeout=1.0))
+    (done,) = engine.advance(float("inf"))
+    assert done.rid == rid and done.e2e > 5.0 and engine.timed_out == []
+
+
+def test_submit_rejects_a_timeout_that_is_not_positive() -> None:
+    engine = Engine(get_profile("llama3-8b-h100"), EngineConfig(), seed=0)
+    for timeout in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="first_token_timeout must be positive"):
+            engine.submit(Request(0.0, 100, 10, first_token_timeout=timeout))

@@ -3,12 +3,16 @@
 Same requests, same step-cost model, no noise: every request must get its
 first token and finish at the same instant, be preempted as often, see
 the same longest inter-token gap and as many gaps over each slow-gap
-threshold. The configs cover chunked prefill on and
-off, budgets below and above the prompt sizes, and KV caches small enough to
-preempt hundreds of times.
+threshold; every request whose client's first-token timeout passes is
+aborted by both. The configs cover chunked prefill on and off, budgets
+below and above the prompt sizes, KV caches small enough to preempt
+hundreds of times, and overloads where clients give up (on requests
+waiting, preempted, or part way through a chunked prefill).
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
@@ -55,20 +59,31 @@ CASES = [
     ),
     ("llama3-70b-h100-tp4", EngineConfig(max_num_batched_tokens=1024, max_num_seqs=96), 30, 7),
 ]
+#: Overloads whose clients give up after a few seconds without a first token: (profile, config, rate, seed, timeout).
+TIMEOUT_CASES = [
+    ("llama3-8b-h100", EngineConfig(max_num_batched_tokens=512, max_num_seqs=64), 50, 8, 1.5),
+    ("llama3-8b-h100", EngineConfig(max_num_batched_tokens=4096, max_num_seqs=32, max_model_len=4096,
+                                    enable_chunked_prefill=False), 30, 9, 1.0),
+    (CASES[5][0], CASES[5][1], 2, 10, 6.0),  # preempts: requests that have their first token wait on
+]
 
 
-@pytest.mark.parametrize(("profile", "config", "rate", "seed"), CASES)
-def test_engine_matches_literal_scheduler(profile: str, config: EngineConfig, rate: float, seed: int) -> None:
+@pytest.mark.parametrize(("profile", "config", "rate", "seed", "timeout"),
+                         [(*case, math.inf) for case in CASES] + TIMEOUT_CASES)  # fmt: skip
+def test_engine_matches_literal_scheduler(
+    profile: str, config: EngineConfig, rate: float, seed: int, timeout: float
+) -> None:
     engine = Engine(noiseless(profile), config, seed=0, slow_gap_seconds=SLOW)
-    requests = random_requests(500, rate, seed)
+    requests = random_requests(500, rate, seed, timeout=timeout)
     for request in requests:
         engine.submit(request)
     # Advance in uneven windows: window edges must not change the outcome.
-    finished = []
+    finished, timed_out = [], []
     t = 0.0
-    while len(finished) < len(requests):
+    while len(finished) + len(timed_out) < len(requests):
         t += 0.37
         finished += engine.advance(t)
+        timed_out += engine.timed_out
     cfg = engine.config
     ref = run_reference(
         engine.cost,
@@ -78,7 +93,12 @@ def test_engine_matches_literal_scheduler(profile: str, config: EngineConfig, ra
         num_blocks=engine.num_gpu_blocks,
         chunked=cfg.enable_chunked_prefill,
     )
-    assert sorted(f.rid for f in finished) == list(range(len(requests)))
+    assert sorted(timed_out) == sorted(ref.timed_out)
+    assert sorted([f.rid for f in finished] + timed_out) == list(range(len(requests)))
+    if timeout < math.inf:
+        assert len(timed_out) > 20, "no client gave up: the aborts were not exercised"
+        if config.enable_chunked_prefill:
+            assert ref.timed_out_prefilling > 0, "no client gave up on a chunked prefill"
     slow_seen = 0
     for f in finished:
         assert f.first_token_time == pytest.approx(ref.first_token[f.rid], rel=1e-9)
@@ -92,7 +112,7 @@ def test_engine_matches_literal_scheduler(profile: str, config: EngineConfig, ra
     tokens = snap.histograms["vllm:iteration_tokens_total"]
     assert tokens.count == ref.steps
     assert tokens.sum == sum(ref.step_tokens)
-    assert snap.counters["num_preemptions"] == sum(ref.preemptions.values())
+    assert snap.counters["num_preemptions"] == ref.preempted
 
 
 def test_some_cases_preempt() -> None:

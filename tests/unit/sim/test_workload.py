@@ -9,6 +9,7 @@ import pytest
 from vllm_autotuner.sim.engine import Request
 from vllm_autotuner.sim.workload import (
     CHAT,
+    CLIENT_TIMEOUT_S,
     HOUR,
     MIXES,
     RAG,
@@ -127,3 +128,16 @@ def test_requests_window_and_types() -> None:
     assert all(600 <= r.arrival < 1200 for r in window)
     assert len(window) == ((work.arrival >= 600) & (work.arrival < 1200)).sum()
     assert isinstance(window[0], Request) and window[0].prefix_id is None
+
+
+def test_streams_carry_their_clients_timeout_to_the_requests() -> None:
+    patient = Scenario(
+        "two-clients",
+        (Stream(Poisson(2), CHAT, 0, HOUR), Stream(Poisson(2), CHAT, 0, HOUR, first_token_timeout=30.0)),
+        (Phase("all", 0, HOUR),),
+        HOUR,
+    )
+    work = patient.generate(0)
+    assert set(work.first_token_timeout[work.stream == 0]) == {CLIENT_TIMEOUT_S}
+    assert set(work.first_token_timeout[work.stream == 1]) == {30.0}
+    assert [r.first_token_timeout for r in work.requests()] == work.first_token_timeout.tolist()

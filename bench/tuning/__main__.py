@@ -100,6 +100,8 @@ def _describe(result: RunResult) -> str:
         return "does not start on this GPU"
     total = report._total(result.phases)
     text = f"attainment {total.met / total.requests:.3f}" if total.requests else "no requests"
+    if total.timed_out:
+        text += f", {total.timed_out} timed out"
     if result.policy == "adaptive":
         text += f", {result.rollouts} rollouts ({result.failed_rollouts} failed)"
     return text

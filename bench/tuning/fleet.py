@@ -79,6 +79,8 @@ class Outcomes:
     finished: np.ndarray
     lost: np.ndarray
     """Killed with its pod during a rolling restart."""
+    timed_out: np.ndarray
+    """Aborted when its client gave up waiting for a first token (``Request.first_token_timeout``)."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ class Fleet:
             slow_gaps=np.zeros((n, len(itl_targets)), np.int64),
             finished=np.zeros(n, bool),
             lost=np.zeros(n, bool),
+            timed_out=np.zeros(n, bool),
         )
         self._next = 0  # next workload index to route
         self._rr = 0
@@ -221,14 +224,15 @@ class Fleet:
         end = int(np.searchsorted(self._arrival, until, side="left"))
         w = self.workload
         if serving:
-            arrival, prompt, output = w.arrival, w.prompt_tokens, w.output_tokens
+            arrival, prompt, output, timeout = w.arrival, w.prompt_tokens, w.output_tokens, w.first_token_timeout
             for index in range(self._next, end):
                 pod = serving[self._rr % len(serving)]
                 self._rr += 1
                 assert pod.engine is not None
                 rid = pod.engine.submit(
-                    Request(float(arrival[index]) - pod.offset, int(prompt[index]), int(output[index]))
-                )
+                    Request(float(arrival[index]) - pod.offset, int(prompt[index]), int(output[index]),
+                            first_token_timeout=float(timeout[index]))
+                )  # fmt: skip
                 pod.in_flight[rid] = index
             self._next = end
         outcomes = self.outcomes
@@ -241,6 +245,8 @@ class Fleet:
                 outcomes.ttft[index] = done.ttft
                 outcomes.slow_gaps[index] = done.slow_gaps
                 outcomes.finished[index] = True
+            for rid in pod.engine.timed_out:
+                outcomes.timed_out[pod.in_flight.pop(rid)] = True
             pod.scrapes.append((until, pod.engine.snapshot()))
             while len(pod.scrapes) > self.keep:
                 pod.scrapes.popleft()

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from vllm_autotuner.sim.workload import CLIENT_TIMEOUT_S
 
 from bench.tuning.runner import PhaseScore, RunResult
 from bench.tuning.scenarios import BenchScenario
@@ -34,6 +36,8 @@ class PolicyScore:
     capacity_lost_pod_hours: float = 0.0
     config: str = ""
     """The static config, or what the adaptive policy did."""
+    timed_out: int = 0
+    """Requests whose clients gave up waiting for a first token."""
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -43,6 +47,7 @@ class PolicyScore:
             "failed_rollouts": self.failed_rollouts,
             "capacity_lost_pod_hours": round(self.capacity_lost_pod_hours, 3),
             "config": self.config,
+            "timed_out_requests": self.timed_out,
         }
 
 
@@ -51,12 +56,14 @@ def _total(phases: dict[str, PhaseScore]) -> PhaseScore:
         sum(p.requests for p in phases.values()),
         sum(p.met for p in phases.values()),
         sum(p.good_tokens for p in phases.values()),
+        sum(p.timed_out for p in phases.values()),
     )
 
 
-def _score(phases: dict[str, PhaseScore], gpu_hours: float) -> tuple[float, float]:
+def _score(phases: dict[str, PhaseScore], gpu_hours: float) -> PolicyScore:
     total = _total(phases)
-    return total.good_tokens / gpu_hours, total.met / total.requests if total.requests else math.nan
+    attainment = total.met / total.requests if total.requests else math.nan
+    return PolicyScore(total.good_tokens / gpu_hours, attainment, timed_out=total.timed_out)
 
 
 def gpu_hours(scenario: BenchScenario, tp: int) -> float:
@@ -81,12 +88,9 @@ def score_scenario(
         ("best_static", best.phases, str(best.knobs)),
         ("phase_oracle", oracle_phases, "; ".join(oracle_configs)),
     ):
-        goodput, attainment = _score(phases, hours)
-        scores[name] = PolicyScore(goodput, attainment, config=config)
-    goodput, attainment = _score(adaptive.phases, hours)
-    scores["adaptive"] = PolicyScore(
-        goodput,
-        attainment,
+        scores[name] = replace(_score(phases, hours), config=config)
+    scores["adaptive"] = replace(
+        _score(adaptive.phases, hours),
         rollouts=adaptive.rollouts,
         failed_rollouts=adaptive.failed_rollouts,
         capacity_lost_pod_hours=adaptive.down_pod_seconds / 3600,
@@ -188,7 +192,8 @@ def write_markdown(
         f"Made by `{command}` in {wall / 60:.1f} minutes. SLO goodput: output tokens per GPU-hour of requests",
         "within both the TTFT target and the ITL target (a request is within it when no more than 1 - q of its",
         "inter-token gaps exceed it: its own ITL at the quantile q); attainment: their share of all requests.",
-        "Ratios are adaptive's SLO goodput over the policy named.",
+        "Ratios are adaptive's SLO goodput over the policy named. Clients give up on a request without a first",
+        f"token after {CLIENT_TIMEOUT_S:g} s (the OpenAI Python client's default timeout): vLLM aborts it, a miss.",
         "",
         "| scenario | profile | h | vllm_default | best_static | phase_oracle | adaptive | /oracle | /static "
         "| /default | rollouts | failed | pod-h lost |",
@@ -216,6 +221,9 @@ def write_markdown(
     for sc, s, result in rows:
         lines.append(f"**{sc.key}** ({sc.replicas} replicas): best_static {s['best_static'].config}; "
                      f"phase_oracle {s['phase_oracle'].config}; vllm_default {s['vllm_default'].config}.")  # fmt: skip
+        if any(s[p].timed_out for p in POLICIES):
+            counts = ", ".join(f"{p} {s[p].timed_out:,}" for p in POLICIES)
+            lines.append(f"Requests whose clients gave up waiting for a first token: {counts}.")
         for t, knobs, reason in result.changes:
             lines.append(f"- {t / 3600:5.2f} h -> {knobs}: {reason}")
         lines.append("")

@@ -51,6 +51,8 @@ class PhaseScore:
     requests: int = 0
     met: int = 0
     good_tokens: float = 0.0
+    timed_out: int = 0
+    """Requests whose clients gave up waiting for a first token."""
 
 
 @dataclass
@@ -133,7 +135,10 @@ def score(
     phases = {}
     for phase in scenario.traffic.phases:
         mask = (arrival >= phase.start) & (arrival < phase.end)
-        phases[phase.name] = PhaseScore(int(mask.sum()), int((met & mask).sum()), float(output[met & mask].sum()))
+        phases[phase.name] = PhaseScore(
+            int(mask.sum()), int((met & mask).sum()), float(output[met & mask].sum()),
+            int((outcomes.timed_out & mask).sum()),
+        )  # fmt: skip
     return phases
 
 

@@ -6,7 +6,9 @@ import json
 
 from bench.tuning.__main__ import run
 from bench.tuning.report import POLICIES
-from bench.tuning.scenarios import RAG_SLO, BenchScenario, _spec
+from bench.tuning.runner import run_static
+from bench.tuning.scenarios import CHAT_SLO, RAG_SLO, BenchScenario, _spec
+from vllm_autotuner.api import Knobs
 from vllm_autotuner.sim.workload import CHAT, HOUR, RAG, Phase, Poisson, Scenario, Stream
 
 
@@ -45,3 +47,18 @@ def test_toy_run_writes_json_markdown_and_a_timeline(tmp_path):
     markdown = (tmp_path / "tuning.md").read_text()
     assert "`pytest toy`" in markdown and "| toy-shift | llama3-8b-a100 |" in markdown
     assert (tmp_path / "tuning-toy-shift-llama3-8b-a100.png").stat().st_size > 10_000
+
+
+def test_requests_whose_clients_give_up_are_counted_and_missed():
+    """An overloaded replica: clients that wait 20 s for a first token give up in numbers, and each one misses."""
+    minutes = 300.0
+    traffic = Scenario(
+        "toy-overload",
+        (Stream(Poisson(18.0), CHAT, 0, minutes, first_token_timeout=20.0),),
+        (Phase("all", 0, minutes),),
+        minutes,
+    )
+    scenario = BenchScenario("toy-overload", "llama3-8b-a100", 1, traffic, _spec("llama3-8b-a100", CHAT_SLO))
+    (phase,) = run_static(scenario, Knobs(max_num_batched_tokens=512, max_num_seqs=256)).phases.values()
+    assert phase.timed_out > 0.2 * phase.requests
+    assert 0 < phase.met <= phase.requests - phase.timed_out

@@ -193,7 +193,8 @@ def write_markdown(
         "within both the TTFT target and the ITL target (a request is within it when no more than 1 - q of its",
         "inter-token gaps exceed it: its own ITL at the quantile q); attainment: their share of all requests.",
         "Ratios are adaptive's SLO goodput over the policy named. Clients give up on a request without a first",
-        f"token after {CLIENT_TIMEOUT_S:g} s (the OpenAI Python client's default timeout): vLLM aborts it, a miss.",
+        f"token after {CLIENT_TIMEOUT_S:g} s (the OpenAI Python client's default timeout); vLLM aborts it, "
+        "and it misses.",
         "",
         "| scenario | profile | h | vllm_default | best_static | phase_oracle | adaptive | /oracle | /static "
         "| /default | rollouts | failed | pod-h lost |",

@@ -51,12 +51,12 @@ def test_toy_run_writes_json_markdown_and_a_timeline(tmp_path):
 
 def test_requests_whose_clients_give_up_are_counted_and_missed():
     """An overloaded replica: clients that wait 20 s for a first token give up in numbers, and each one misses."""
-    minutes = 300.0
+    seconds = 300.0
     traffic = Scenario(
         "toy-overload",
-        (Stream(Poisson(18.0), CHAT, 0, minutes, first_token_timeout=20.0),),
-        (Phase("all", 0, minutes),),
-        minutes,
+        (Stream(Poisson(18.0), CHAT, 0, seconds, first_token_timeout=20.0),),
+        (Phase("all", 0, seconds),),
+        seconds,
     )
     scenario = BenchScenario("toy-overload", "llama3-8b-a100", 1, traffic, _spec("llama3-8b-a100", CHAT_SLO))
     (phase,) = run_static(scenario, Knobs(max_num_batched_tokens=512, max_num_seqs=256)).phases.values()

@@ -226,6 +226,37 @@ def test_load_sends_requests_that_both_pods_serve_and_prometheus_counts(
     assert min(by_pod.values()) > 0
 
 
+def test_requests_whose_clients_give_up_are_aborted(
+    cluster: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus
+) -> None:
+    """``sim load``'s clients give up after ``--timeout``; the pod aborts what they left, as vLLM does: nothing
+    runs on for nobody, and Prometheus counts only the answered requests."""
+    api = Api(cluster, namespace)
+    api.create(vllm_deployment("one-seq", H100, ["--max-num-seqs", "1"], replicas=1))
+    wait_for(lambda: api.ready_pods("one-seq", 1), 90, "the pod")
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_autotuner.cli", "sim", "load", f"--kubeconfig={cluster.kubeconfig}",
+         f"--namespace={namespace}", "--deployment=one-seq", "--scenario=steady", "--mix=chat", "--rate=4",
+         "--duration=15", "--timeout=4", "--progress=5"],
+        capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.splitlines()[-1])
+    # One request at a time, about two seconds each: most of the 60 wait longer than their clients do.
+    assert summary["errors"].get("gave up after 4s", 0) > summary["sent"] // 2
+    assert summary["ok"] + summary["errors"]["gave up after 4s"] == summary["sent"]
+
+    def settled() -> dict[str, float]:
+        promql = (f'sum(vllm:num_requests_running{{namespace="{namespace}"}}) + '
+                  f'sum(vllm:num_requests_waiting{{namespace="{namespace}"}})')  # fmt: skip
+        unserved = query(prometheus, promql)
+        counted = query(prometheus, f'sum(vllm:request_success_total{{namespace="{namespace}"}})')
+        values = {"unserved": float(unserved[0]["value"][1]), "counted": float(counted[0]["value"][1])}
+        return values if values == {"unserved": 0.0, "counted": summary["ok"]} else {}
+
+    # Without the aborts the pod would work through its queue for over a minute more.
+    wait_for(settled, 20, f"the pod to be idle with the {summary['ok']} answered requests counted")
+
+
 def test_a_stopped_fleet_reports_its_nodes_not_ready(cluster: Cluster, tmp_path) -> None:
     core = kubernetes.client.CoreV1Api(cluster.api)
     fleet = localenv.start_fleet(tmp_path, cluster.kubeconfig, tmp_path / "targets.json",

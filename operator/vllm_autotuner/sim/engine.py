@@ -23,11 +23,12 @@ What it reproduces (vLLM V1 ``Scheduler.schedule``):
   proportion to context, the LM head only for sampled tokens, all-reduces for
   tensor parallelism, a fixed per-step and a per-request overhead, all with
   the profile's efficiency factors.
-* Clients that give up: a request still without a first token when its
-  ``first_token_timeout`` has passed is aborted at the next step boundary
-  (it leaves the waiting queue, or its unfinished prefill frees its blocks),
-  as vLLM aborts a request whose client closed the connection; as in V1, it
-  leaves nothing in the metrics.
+* Clients that go away: :meth:`Engine.abort` removes a request between two
+  steps, wherever it is (waiting, prefilling, decoding, preempted), and frees
+  its blocks, as vLLM aborts a request whose client closed the connection; a
+  request still without a first token when its ``first_token_timeout`` has
+  passed is aborted so at the next step boundary. As in V1, an aborted
+  request leaves nothing in the metrics.
 * Metrics are what vLLM exports (:mod:`.metricstate`), observed at the same
   moments: TTFT at the first token, ITL per token per request, request
   histograms when a request finishes, tokens per step per step.
@@ -234,6 +235,7 @@ class _Seq:
         "cached",
         "slow",
         "slow0",
+        "aborted",
     )
 
     def __init__(self, rid: int, req: Request, block_size: int, thresholds: int) -> None:
@@ -260,6 +262,7 @@ class _Seq:
         self.cached = -1  # prompt tokens served from the prefix cache at first admission
         self.slow = [0] * thresholds  # gaps over each slow-gap threshold, outside the current decode run
         self.slow0 = self.slow  # the engine's slow-step counts when the current decode run began
+        self.aborted = False
 
 
 _JITTER_BATCH = 4096
@@ -456,6 +459,20 @@ class Engine:
         # steps up to ``_g - 1`` have run.
         return seq.output - (seq.fin - (self._g - 1))
 
+    def abort(self, rid: int) -> bool:
+        """Abort request ``rid`` now, between two steps, as vLLM does when its
+        client goes away: it leaves the queue or the batch, its blocks are
+        freed and it records nothing. False when it is not here any more
+        (finished, or aborted before). Finds it by a scan of the queues: meant
+        for the occasional disconnect, not for every request."""
+        seq = self._running.get(rid)
+        if seq is None:
+            seq = next((s for s in (*self._waiting, *self._pending) if s.rid == rid), None)
+            if seq is None:
+                return False
+        self._drop(seq)
+        return True
+
     def unfinished(self) -> list[Request]:
         """Every submitted request that has not finished (running, waiting or
         not yet arrived), in submission order: what a replica that is shut down
@@ -516,8 +533,8 @@ class Engine:
             return steps
         bound = until
         deadlines = self._deadlines
-        while deadlines and deadlines[0][2].generated:
-            heapq.heappop(deadlines)  # it has its first token: its client waits on
+        while deadlines and (deadlines[0][2].generated or deadlines[0][2].aborted):
+            heapq.heappop(deadlines)  # it has its first token (its client waits on), or it is gone
         if deadlines and deadlines[0][0] < bound:
             bound = deadlines[0][0]  # a waiting request is aborted, and the next in line may be admissible
         if (
@@ -661,25 +678,35 @@ class Engine:
         self._g = g + 1
 
     def _expire(self, now: float) -> None:
-        """Abort the requests still without a first token whose clients gave up by ``now``.
-
-        vLLM aborts a request when its client goes away: it leaves the waiting
-        queue (or frees the blocks of its unfinished prefill) and V1 records no
-        metrics for it (the output processor drops its state without the
-        finished-request stats), so only ``num_requests_waiting`` shows it.
-        """
+        """Abort the requests still without a first token whose clients gave up by ``now``."""
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
             _, rid, seq = heapq.heappop(deadlines)
-            if seq.generated:
-                continue  # its first token came in time
-            if seq is self._partial:
-                del self._running[rid]
-                self._partial = None
-                self._release(seq, seq.blocks)
-            else:
-                self._waiting.remove(seq)
+            if seq.generated or seq.aborted:
+                continue  # its first token came in time, or its client went away before
+            self._drop(seq)
             self.timed_out.append(rid)
+
+    def _drop(self, seq: _Seq) -> None:
+        """Abort ``seq`` at the start of step ``_g``: out of the batch (its
+        blocks freed) or out of the queues.
+
+        vLLM V1 records no metrics for an aborted request (the output
+        processor drops its state without the finished-request stats), so
+        only the running and waiting gauges show it. Its entries in the heaps
+        of finish steps and deadlines go stale and are skipped there.
+        """
+        seq.aborted = True
+        if self._running.pop(seq.rid, None) is None:
+            (self._waiting if seq in self._waiting else self._pending).remove(seq)
+            return
+        if seq is self._partial:
+            self._partial = None
+            blocks = seq.blocks
+        else:
+            self._leave_decoding(seq)
+            blocks = -(-(seq.base + self._g - 1) // self._bs)
+        self._release(seq, blocks)
 
     def _admit(self, seq: _Seq, cached: int, blocks: int, growth: int, now: float) -> None:
         """Move ``seq`` from waiting to running."""

@@ -13,6 +13,11 @@ rolling update moves the traffic to the new pods as it would move a
 Service's. Only loopback pod addresses are used: this drives the simulated
 fleet, never a real cluster's pods.
 
+Its clients give up as the OpenAI Python client does: after ``--timeout``
+seconds (600, that client's default) without a byte of the answer, which,
+for the whole (not streamed) answers it asks for, bounds the whole request.
+The connection closes and the simulated vLLM aborts the request.
+
 Bounded: it stops sending after ``--duration`` seconds or
 ``--max-requests`` requests, never has more than ``--max-in-flight``
 requests open (arrivals beyond are counted as dropped), and gives the open
@@ -41,6 +46,7 @@ from vllm_autotuner.knobs import CommandLineError, find_vllm_container
 from vllm_autotuner.sim.cli import SCENARIOS
 from vllm_autotuner.sim.podlaunch import serving_port
 from vllm_autotuner.sim.workload import (
+    CLIENT_TIMEOUT_S,
     HOUR,
     MIXES,
     Scenario,
@@ -134,10 +140,11 @@ class Stats:
 class Load:
     """One run of ``sim load``."""
 
-    def __init__(self, api: kubernetes.client.ApiClient, namespace: str, deployment: str) -> None:
+    def __init__(self, api: kubernetes.client.ApiClient, namespace: str, deployment: str,
+                 timeout: float = CLIENT_TIMEOUT_S) -> None:
         self.core = kubernetes.client.CoreV1Api(api)
         self.apps = kubernetes.client.AppsV1Api(api)
-        self.namespace, self.deployment = namespace, deployment
+        self.namespace, self.deployment, self.timeout = namespace, deployment, timeout
         self.urls: list[str] = []
         self.stats = Stats()
         self._next = 0
@@ -183,7 +190,10 @@ class Load:
                 if response.status != 200:
                     self.stats.errors[f"HTTP {response.status}"] += 1
                     return
-        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
+        except TimeoutError:
+            self.stats.errors[f"gave up after {self.timeout:g}s"] += 1
+            return
+        except (aiohttp.ClientError, json.JSONDecodeError) as exc:
             self.stats.errors[type(exc).__name__] += 1
             return
         self.stats.ok += 1
@@ -208,7 +218,7 @@ class Load:
                                "check `kubectl get pods` and that `vllm-autotuner sim fleet` runs")
         print(f"sending {len(arrivals)} requests over {duration:g}s to {len(self.urls)} pod(s) of "
               f"{self.namespace}/{self.deployment}", flush=True)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=self.timeout)
         open_requests: set[asyncio.Task[None]] = set()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
             begin = time.monotonic()
@@ -246,8 +256,9 @@ def main(args: argparse.Namespace) -> int:
     if not args.kubeconfig:
         print("sim load: no kubeconfig: pass --kubeconfig or set KUBECONFIG", file=sys.stderr)
         return 2
-    if args.rate <= 0 or args.duration <= 0:
-        print("sim load: --rate and --duration must be positive", file=sys.stderr)
+    timeout = CLIENT_TIMEOUT_S if args.timeout is None else args.timeout
+    if not (args.rate > 0 and args.duration > 0 and timeout > 0):
+        print("sim load: --rate, --duration and --timeout must be positive", file=sys.stderr)
         return 2
     if args.mix not in MIXES:
         print(f"sim load: unknown --mix {args.mix!r}; known: {', '.join(sorted(MIXES))}", file=sys.stderr)
@@ -255,7 +266,7 @@ def main(args: argparse.Namespace) -> int:
     hours = math.ceil((args.start_hour * HOUR + args.duration) / HOUR)
     scenario = build_scenario(args.scenario, args.rate, args.mix, hours)
     load = Load(kubernetes.config.new_client_from_config(config_file=args.kubeconfig), args.namespace,
-                args.deployment)
+                args.deployment, timeout)
     try:
         stats = asyncio.run(load.run(scenario, start_s=args.start_hour * HOUR, duration=args.duration,
                                      max_requests=args.max_requests, max_in_flight=args.max_in_flight,

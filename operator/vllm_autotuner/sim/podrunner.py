@@ -50,7 +50,7 @@ from vllm_autotuner.sim.kubelet import (
 )
 from vllm_autotuner.sim.podlaunch import LaunchError, VllmLaunch, serving_port, vllm_launch
 from vllm_autotuner.sim.profiles import Profile
-from vllm_autotuner.sim.serving import ServedEngine, build_app
+from vllm_autotuner.sim.serving import ServedEngine, app_runner
 from vllm_autotuner.sim.startup import check_startup
 
 log = logging.getLogger(__name__)
@@ -293,7 +293,7 @@ class PodRunner:
         seed = zlib.crc32(f"{self.ctx.seed}/{self.key}".encode())
         engine = Engine(self.node.profile, launch.config, seed=seed)
         self._served = ServedEngine(engine, launch.served_model_name)
-        self._server = web.AppRunner(build_app(self._served), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        self._server = app_runner(self._served, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await self._server.setup()
         assert self._sock is not None
         await web.SockSite(self._server, self._sock, shutdown_timeout=SHUTDOWN_TIMEOUT_S).start()

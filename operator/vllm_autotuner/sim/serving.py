@@ -15,6 +15,12 @@ a client sees its first token and each later one when the engine made them,
 quantised to the tick (tens of milliseconds). The engine's own latency
 histograms are exact.
 
+A client that goes away (closes the connection, or times out) has its
+request aborted in the engine, as vLLM does: the runner (:func:`app_runner`)
+cancels the handler of a connection that is lost, as vLLM's
+``with_cancellation`` and Starlette's disconnect listener do, and the
+handler's cleanup aborts what its client had not received in full.
+
 Token counts: a prompt given as token ids (what ``sim load`` sends, and the
 OpenAI API allows) counts exactly; text is estimated at four characters per
 token (Llama-3's tokenizer on English), plus the chat template's tokens for
@@ -23,8 +29,7 @@ stops early: ``finish_reason`` is ``length``); absent, vLLM's defaults apply
 (16 for completions, the rest of the context for chat).
 
 Not modelled: prefix sharing between text prompts (no hashing: prefix-cache
-hits stay zero), aborting a request whose client went away (the engine
-finishes it, a real vLLM would abort), several prompts or choices per request.
+hits stay zero), several prompts or choices per request.
 """
 
 from __future__ import annotations
@@ -113,9 +118,13 @@ class ServedEngine:
         return flight
 
     def forget(self, flight: InFlight) -> None:
-        """The client went away: stop reporting progress to it."""
+        """The handler is done with ``flight``: stop reporting progress to it
+        and, when it has not finished (its client went away), abort it in the
+        engine."""
         self._waiting.pop(flight.rid, None)
         self._streaming.pop(flight.rid, None)
+        if flight.finished is None and not flight.aborted:
+            self.engine.abort(flight.rid)
 
     def tick(self) -> None:
         """Advance the engine to now and wake the requests that progressed."""
@@ -192,6 +201,13 @@ def build_app(served: ServedEngine) -> web.Application:
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat_completions)
     return app
+
+
+def app_runner(served: ServedEngine, **options: Any) -> web.AppRunner:
+    """The runner of :func:`build_app` for ``served``: it cancels the handler
+    of a request whose client went away, whose cleanup then aborts the
+    request in the engine (aiohttp's default lets the handler run on)."""
+    return web.AppRunner(build_app(served), handler_cancellation=True, **options)
 
 
 async def _health(request: web.Request) -> web.Response:

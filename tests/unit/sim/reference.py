@@ -7,7 +7,8 @@ at a time and preempts the newest running request when a block is missing,
 then admits waiting requests FCFS unless the step preempted. Before each
 step, a request still without a first token whose client's timeout has
 passed is aborted (out of the waiting queue, or out of the running list with
-its blocks freed). It prices steps
+its blocks freed), and so is any request whose client went away (``aborts``:
+request id -> when) by then, wherever it is. It prices steps
 with the same :class:`StepCost` and no noise, and keeps no aggregates, spans
 or heaps: if the engine's shortcuts drift from the plain algorithm, the two
 disagree.
@@ -51,6 +52,9 @@ class ReferenceResult:
     timed_out: list[int] = field(default_factory=list)
     timed_out_prefilling: int = 0
     """Of those, aborted while their prompt was partly computed."""
+    aborted: dict[str, list[int]] = field(default_factory=dict)
+    """Requests aborted by their clients going away, by where they were: waiting, preempted (waiting after a
+    preemption), prefilling, decoding."""
 
 
 def run_reference(
@@ -62,6 +66,7 @@ def run_reference(
     num_blocks: int,
     chunked: bool,
     block_size: int = 16,
+    aborts: dict[int, float] | None = None,
 ) -> ReferenceResult:
     pending = deque(_Req(i, r, r.prompt_tokens) for i, r in enumerate(requests))
     waiting: deque[_Req] = deque()
@@ -85,6 +90,15 @@ def run_reference(
                 else:
                     waiting.remove(r)
                 out.timed_out.append(r.rid)
+        for r in [r for r in (*waiting, *running) if r.rid in (aborts or {}) and aborts[r.rid] <= now]:
+            if r in running:
+                running.remove(r)
+                free += r.blocks
+                where = "prefilling" if r.generated == 0 or r.num_tokens - r.computed > 1 else "decoding"
+            else:
+                waiting.remove(r)
+                where = "preempted" if r.generated else "waiting"
+            out.aborted.setdefault(where, []).append(r.rid)
         if not waiting and not running:
             if not pending:
                 break

@@ -176,3 +176,32 @@ def test_submit_rejects_a_timeout_that_is_not_positive() -> None:
     for timeout in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="first_token_timeout must be positive"):
             engine.submit(Request(0.0, 100, 10, first_token_timeout=timeout))
+
+
+def test_abort_frees_a_streaming_request_and_records_nothing() -> None:
+    """A client that closes the connection mid-stream: vLLM aborts the request, frees its KV blocks and counts
+    no finished request; one not arrived yet is dropped as well; a second abort finds nothing."""
+    engine = Engine(noiseless("llama3-8b-h100"), EngineConfig(), seed=0)
+    streaming = engine.submit(Request(0.0, 2000, 2000))
+    later = engine.submit(Request(10.0, 100, 10, first_token_timeout=5.0))
+    busy = engine.submit(Request(12.0, 100, 2000))  # still running when ``later``'s deadline passes
+    engine.advance(1.0)
+    assert 0 < engine.tokens_generated(streaming) < 2000 and engine.kv_usage > 0
+    assert engine.abort(streaming) and engine.abort(later)
+    assert engine.num_running == 0 and engine.kv_usage == 0 and engine.unfinished() == [Request(12.0, 100, 2000)]
+    assert not engine.abort(streaming)
+    (done,) = engine.advance(float("inf"))
+    assert done.rid == busy and done.finish_time > 15.0
+    assert engine.timed_out == []  # ``later``'s deadline passed: skipped, not aborted twice
+    snap = engine.snapshot()
+    assert snap.counters["request_success"] == 1
+    assert snap.histograms["vllm:e2e_request_latency_seconds"].count == 1
+    assert snap.histograms["vllm:time_to_first_token_seconds"].count == 2  # the aborted one's came before
+
+
+def test_abort_of_a_finished_request_finds_nothing() -> None:
+    engine = Engine(noiseless("llama3-8b-h100"), EngineConfig(), seed=0)
+    rid = engine.submit(Request(0.0, 100, 10))
+    (done,) = engine.advance(float("inf"))
+    assert done.rid == rid and not engine.abort(rid)
+    assert engine.snapshot().counters["request_success"] == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from tests.unit.sim.helpers import noiseless, random_requests
@@ -122,3 +123,49 @@ def test_some_cases_preempt() -> None:
         engine.submit(request)
     engine.advance(1e9)
     assert engine.snapshot().counters["num_preemptions"] > 100
+
+
+#: Clients that go away: (profile, config, rate, seed, mean prompt, mean seconds from arrival to abort,
+#: where the aborted requests were).
+ABORT_CASES = [
+    ("llama3-8b-h100", EngineConfig(max_num_batched_tokens=512, max_num_seqs=64), 40, 1, 512, 1.0,
+     {"waiting", "decoding"}),
+    ("llama3-8b-h100", EngineConfig(max_num_batched_tokens=128, max_num_seqs=64), 10, 11, 2000, 1.0,
+     {"waiting", "prefilling", "decoding"}),  # 2k-token prompts in 128-token chunks
+    (*CASES[4][:2], 50, 5, 512, 3.0, {"waiting", "preempted", "decoding"}),  # chunked prefill off, preempts
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("profile", "config", "rate", "seed", "prompt", "after", "where"), ABORT_CASES)
+def test_engine_aborts_like_literal_scheduler(
+    profile: str, config: EngineConfig, rate: float, seed: int, prompt: float, after: float, where: set[str]
+) -> None:
+    """Requests aborted between two steps (waiting, preempted, mid-prefill, mid-decode) leave both schedulers
+    alike: every other request is served at the same instants."""
+    engine = Engine(noiseless(profile), config, seed=0)
+    requests = random_requests(500, rate, seed, prompt=prompt)
+    for request in requests:
+        engine.submit(request)
+    rng = np.random.default_rng(seed)
+    window = 0.37
+    windows = {rid: math.ceil((r.arrival + rng.exponential(after)) / window)
+               for rid, r in enumerate(requests) if rng.random() < 0.3}  # fmt: skip
+    finished, aborted = [], []
+    k = 0
+    while len(finished) + len(aborted) < len(requests):
+        k += 1
+        finished += engine.advance(k * window)
+        aborted += [rid for rid, w in windows.items() if w == k and engine.abort(rid)]
+    cfg = engine.config
+    ref = run_reference(engine.cost, requests, budget=cfg.max_num_batched_tokens, max_seqs=cfg.max_num_seqs,
+                        num_blocks=engine.num_gpu_blocks, chunked=cfg.enable_chunked_prefill,
+                        aborts={rid: w * window for rid, w in windows.items()})
+    assert set(ref.aborted) == where
+    assert sorted(aborted) == sorted(rid for rids in ref.aborted.values() for rid in rids)
+    assert sorted([f.rid for f in finished] + aborted) == list(range(len(requests)))
+    for f in finished:
+        assert f.first_token_time == pytest.approx(ref.first_token[f.rid], rel=1e-9)
+        assert f.finish_time == pytest.approx(ref.finish[f.rid], rel=1e-9)
+        assert f.preemptions == ref.preemptions[f.rid]
+    assert engine.snapshot().histograms["vllm:iteration_tokens_total"].count == ref.steps
+    assert engine.kv_usage == 0, "an aborted request's blocks were not all freed, or freed twice"

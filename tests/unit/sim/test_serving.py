@@ -11,13 +11,21 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.unit.sim.helpers import noiseless
 from vllm_autotuner.sim.engine import Engine, EngineConfig
-from vllm_autotuner.sim.serving import ServedEngine, build_app, chat_prompt_tokens, completion_prompt_tokens
+from vllm_autotuner.sim.serving import (
+    ServedEngine,
+    app_runner,
+    build_app,
+    chat_prompt_tokens,
+    completion_prompt_tokens,
+)
 
 MODEL = "org/served-name"
 
@@ -117,6 +125,50 @@ def test_stream_delivers_each_token_as_the_engine_produces_it() -> None:
             assert chunks[-1]["usage"] == {"prompt_tokens": 500, "completion_tokens": 300, "total_tokens": 800}
             # Tokens arrived over many ticks, not all at the end.
             assert len([n for n in seen_while_running if 0 < n < 300]) > 10
+
+    run(scenario)
+
+
+async def until(predicate: Callable[[], bool], what: str, seconds: float = 10) -> None:
+    """Poll ``predicate`` until it holds (the server reacts on its own task), failing after ``seconds``."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.01)
+
+
+def test_a_client_that_goes_away_has_its_request_aborted() -> None:
+    """vLLM aborts a request whose client closed the connection: mid-stream, or while waiting for a whole answer;
+    the engine frees its slot and blocks and counts no finished request. Served by the runner the fleet's pods
+    use (aiohttp's test server would cancel handlers whatever the runner's setting)."""
+
+    async def scenario() -> None:
+        clock = Clock()
+        served = ServedEngine(Engine(noiseless("llama3-8b-h100"), EngineConfig(), seed=0), MODEL, clock=clock)
+        engine, runner = served.engine, app_runner(served)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1/completions"
+        try:
+            async with aiohttp.ClientSession() as session:
+                response = await session.post(url, json={"prompt": list(range(500)), "max_tokens": 2000,
+                                                         "stream": True})  # fmt: skip
+                whole = asyncio.ensure_future(session.post(url, json={"prompt": [1, 2], "max_tokens": 2000}))
+                await until(lambda: engine.num_running + engine.num_waiting == 2, "both requests are in the engine")
+                first = asyncio.ensure_future(response.content.readline())
+                await run_until(served, clock, first)
+                assert (await first).startswith(b"data: ")  # the stream has begun
+                assert engine.num_running == 2 and engine.kv_usage > 0
+                response.close()  # the streaming client goes away mid-stream
+                whole.cancel()  # and the other gives up on its whole answer
+                await until(lambda: engine.num_running + engine.num_waiting == 0, "both requests are aborted")
+        finally:
+            await runner.cleanup()
+        assert engine.kv_usage == 0
+        clock.now += 60
+        served.tick()
+        assert engine.snapshot().counters["request_success"] == 0
 
     run(scenario)
 

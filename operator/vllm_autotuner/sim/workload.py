@@ -35,8 +35,10 @@ HOUR = 3600.0
 DAY = 24 * HOUR
 CLIENT_TIMEOUT_S = 600.0
 """How long a client waits for a first token: the OpenAI Python client's default timeout (an httpx read timeout of
-600 s: a streaming client that has read nothing for that long raises and closes the connection). Its default two
-retries of a timed-out request are not modelled."""
+600 s: a streaming client that has read nothing for that long raises and closes the connection). It does not try
+again: the client retries a timeout only while it waits for the response headers (``SyncAPIClient.request`` wraps
+the send, not the reading of the stream), and vLLM's ``StreamingResponse`` sends a stream's headers before its
+first token."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +181,7 @@ class Diurnal:
 @dataclass(frozen=True, slots=True)
 class Stream:
     """Traffic of one kind over ``[start, end)``, from clients that give up on a request without a first token
-    after ``first_token_timeout`` seconds (the engine then aborts it; ``sim load`` waits on)."""
+    after ``first_token_timeout`` seconds (the engine then aborts it)."""
 
     arrivals: ArrivalProcess
     mix: Mix

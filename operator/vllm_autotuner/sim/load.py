@@ -13,10 +13,11 @@ rolling update moves the traffic to the new pods as it would move a
 Service's. Only loopback pod addresses are used: this drives the simulated
 fleet, never a real cluster's pods.
 
-Its clients give up as the OpenAI Python client does: after ``--timeout``
-seconds (600, that client's default) without a byte of the answer, which,
-for the whole (not streamed) answers it asks for, bounds the whole request.
-The connection closes and the simulated vLLM aborts the request.
+Its clients give up after ``--timeout`` seconds without a byte of the answer
+(by default 600, the OpenAI Python client's timeout), which, for the whole
+(not streamed) answers it asks for, bounds the whole request: the connection
+closes, the simulated vLLM aborts the request, and the summary counts it.
+They do not send it again (that client would, twice, for a whole answer).
 
 Bounded: it stops sending after ``--duration`` seconds or
 ``--max-requests`` requests, never has more than ``--max-in-flight``

@@ -4,7 +4,8 @@ An in-process loop runs the real ``decide`` against simulated vLLM replicas
 (the simulator's engine) in simulated time: ``fleet`` (replicas, rolling
 restarts, the Observation as the operator builds it), ``runner`` (a static
 config or the adaptive loop, every request scored against the SLO in force),
-``scenarios`` (traffic, fleet size and spec per profile) and ``report``
-(best_static and phase_oracle from the grid, targets, JSON, Markdown and
-timelines). ``python -m bench.tuning`` runs it; ``make bench-tuning``.
+``hindsight`` (phase_oracle's configs reached from vLLM's defaults by rolling
+restarts: what foresight gets from where a policy starts), ``scenarios``
+(traffic, fleet size and spec per profile) and ``report`` (best_static and
+phase_oracle from the grid, targets, JSON, Markdown and timelines). ``python -m bench.tuning`` runs it; ``make bench-tuning``.
 """

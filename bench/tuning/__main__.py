@@ -4,8 +4,9 @@
     make bench-tuning QUICK=1    # two shortened scenarios on a small grid, in under 3 minutes
 
 Runs go to a process pool (one per core): every grid config of every
-scenario as a static run, and the adaptive run. Progress is printed as runs
-finish. A static run does not depend on the decision core, so its result is
+scenario as a static run, and the adaptive run; then, once the grid has
+picked phase_oracle's configs, the hindsight run (``bench.tuning.hindsight``).
+Progress is printed as runs finish. A static run does not depend on the decision core, so its result is
 kept in ``.cache/bench-tuning/``, keyed by the scenario, the config and the
 source of the simulator, of the benchmark's fleet and runner and of the
 rule that scores a request against the ITL target: a rerun
@@ -24,7 +25,7 @@ import os
 import pickle
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from vllm_autotuner.policy.model import slow_gaps_allowed
 from vllm_autotuner.sim import capacity, engine, metricstate, profiles, startup, workload
 from vllm_autotuner.sim.profiles import get_profile
 
-from bench.tuning import fleet, report, runner, scenarios
+from bench.tuning import fleet, hindsight, report, runner, scenarios
 from bench.tuning.runner import RunResult, default_config, run_adaptive, run_static
 from bench.tuning.scenarios import BenchScenario
 
@@ -95,6 +96,12 @@ def _work(task: tuple[int, BenchScenario, Knobs | None, bool]) -> tuple[int, Run
     return index, result, time.perf_counter() - start, False
 
 
+def _hindsight_work(task: tuple[int, BenchScenario, list[tuple[float, Knobs]]]) -> tuple[int, RunResult, float, bool]:
+    index, scenario, changes = task
+    start = time.perf_counter()
+    return index, hindsight.run_hindsight(scenario, changes), time.perf_counter() - start, False
+
+
 def _describe(result: RunResult) -> str:
     if not result.started:
         return "does not start on this GPU"
@@ -102,7 +109,7 @@ def _describe(result: RunResult) -> str:
     text = f"attainment {total.met / total.requests:.3f}" if total.requests else "no requests"
     if total.timed_out:
         text += f", {total.timed_out} timed out"
-    if result.policy == "adaptive":
+    if result.policy != "static":
         text += f", {result.rollouts} rollouts ({result.failed_rollouts} failed)"
     return text
 
@@ -122,30 +129,42 @@ def run(
     for i, scenario in enumerate(chosen):
         tasks.append((i, scenario, None, use_cache))
         tasks.extend((i, scenario, knobs, use_cache) for knobs in grid(scenario, tokens, seqs))
-    print(f"{len(tasks)} runs over {len(chosen)} scenarios on {jobs} processes", flush=True)
+    total = len(tasks) + len(chosen)
+    print(f"{total} runs over {len(chosen)} scenarios on {jobs} processes (hindsight after the grid)", flush=True)
     results: dict[int, list[RunResult]] = {i: [] for i in range(len(chosen))}
     with Pool(jobs) as pool:
-        for done, (i, result, wall, cached) in enumerate(pool.imap_unordered(_work, tasks), 1):
+
+        def finished() -> Iterator[tuple[int, RunResult, float, bool]]:
+            yield from pool.imap_unordered(_work, tasks)
+            # every grid run is in ``results`` now: hindsight follows phase_oracle's choices
+            plans = []
+            for i, scenario in enumerate(chosen):
+                best = report.phase_best(scenario, [r for r in results[i] if r.policy == "static"])
+                plans.append((i, scenario, hindsight.plan(scenario, {name: r.knobs for name, r in best.items()})))
+            yield from pool.imap_unordered(_hindsight_work, plans)
+
+        for done, (i, result, wall, cached) in enumerate(finished(), 1):
             results[i].append(result)
-            what = "adaptive" if result.policy == "adaptive" else str(result.knobs)
+            what = str(result.knobs) if result.policy == "static" else result.policy
             took = "cached" if cached else f"{wall:.0f}s"
-            print(f"[{done}/{len(tasks)}] {chosen[i].key} {what}: {_describe(result)} ({took})", flush=True)
+            print(f"[{done}/{total}] {chosen[i].key} {what}: {_describe(result)} ({took})", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for i, scenario in enumerate(chosen):
         adaptive = next(r for r in results[i] if r.policy == "adaptive")
+        foresight = next(r for r in results[i] if r.policy == "hindsight")
         static = [r for r in results[i] if r.policy == "static"]
         default = next(r for r in static if r.knobs == default_config(scenario))
         hours = report.gpu_hours(scenario, get_profile(scenario.profile).tp)
-        scores = report.score_scenario(scenario, default, static, adaptive, hours)
+        scores = report.score_scenario(scenario, default, static, foresight, adaptive, hours)
         rows.append((scenario, scores, adaptive))
         best = next(r for r in static if str(r.knobs) == scores["best_static"].config)
-        runs = {"vllm_default": default, "best_static": best, "adaptive": adaptive}
+        runs = {"vllm_default": default, "best_static": best, "hindsight": foresight, "adaptive": adaptive}
         report.plot(out / f"tuning-{scenario.name}-{scenario.profile}.png", scenario, runs)
     document = report.write_json(out / "tuning.json", rows, command)
     report.write_markdown(out / "tuning.md", rows, command, time.perf_counter() - started)
     for target in report.targets(rows):
-        reach = f" (phase_oracle in its place: {target.oracle})" if target.oracle else ""
+        reach = f" (in its place phase_oracle {target.oracle}, hindsight {target.hindsight})" if target.oracle else ""
         print(f"{'met ' if target.met else 'MISS'}  {target.text}: {target.value}{reach}")
     print(f"wrote {out}/tuning.json, tuning.md and {len(rows)} timelines in {time.perf_counter() - started:.0f}s")
     return document

@@ -1,11 +1,14 @@
-"""Scores of the four policies per scenario, the targets they are held to, and the files the benchmark writes.
+"""Scores of the policies per scenario, the targets they are held to, and the files the benchmark writes.
 
 ``vllm_default`` and every grid config are static runs; ``best_static`` is
 the grid config with the most SLO goodput over the whole scenario (an
 offline tuning run with hindsight); ``phase_oracle`` takes, for every phase,
 the grid config with the most SLO goodput in that phase, switched instantly
-and for free (an upper bound no real policy reaches); ``adaptive`` is the
-decide loop starting from vLLM's defaults.
+and for free (an upper bound no real policy reaches); ``hindsight`` runs
+phase_oracle's configs from vLLM's defaults with real rolling restarts, the
+first after one observation window (``bench.tuning.hindsight``): what
+foresight of the grid reaches under a real policy's handicaps; ``adaptive``
+is the decide loop starting from vLLM's defaults.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from vllm_autotuner.sim.workload import CLIENT_TIMEOUT_S
 from bench.tuning.runner import PhaseScore, RunResult
 from bench.tuning.scenarios import BenchScenario
 
-POLICIES = ("vllm_default", "best_static", "phase_oracle", "adaptive")
+POLICIES = ("vllm_default", "best_static", "phase_oracle", "hindsight", "adaptive")
 
 
 @dataclass
@@ -35,7 +38,7 @@ class PolicyScore:
     failed_rollouts: int = 0
     capacity_lost_pod_hours: float = 0.0
     config: str = ""
-    """The static config, or what the adaptive policy did."""
+    """The static config, or what a policy that changes configs did."""
     timed_out: int = 0
     """Requests whose clients gave up waiting for a first token."""
 
@@ -70,32 +73,46 @@ def gpu_hours(scenario: BenchScenario, tp: int) -> float:
     return scenario.replicas * tp * scenario.hours
 
 
-def score_scenario(
-    scenario: BenchScenario, default: RunResult, grid: list[RunResult], adaptive: RunResult, hours: float
-) -> dict[str, PolicyScore]:
-    """The four policies' scores from the static runs and the adaptive run (``hours``: GPU-hours of the fleet)."""
+def phase_best(scenario: BenchScenario, grid: list[RunResult]) -> dict[str, RunResult]:
+    """For each phase of the scenario, the grid run with the most SLO goodput in it (phase_oracle's choice)."""
     started = [r for r in grid if r.started]
-    best = max(started, key=lambda r: _total(r.phases).good_tokens)
-    oracle_phases = {}
-    oracle_configs = []
-    for phase in scenario.traffic.phases:
-        top = max(started, key=lambda r: r.phases[phase.name].good_tokens)
-        oracle_phases[phase.name] = top.phases[phase.name]
-        oracle_configs.append(f"{phase.name}: {top.knobs}")
+    return {p.name: max(started, key=lambda r: r.phases[p.name].good_tokens) for p in scenario.traffic.phases}
+
+
+def _moves(run: RunResult, hours: float) -> PolicyScore:
+    """A policy that changes configs: its score, rollouts, capacity lost and what it ran when."""
+    return replace(
+        _score(run.phases, hours),
+        rollouts=run.rollouts,
+        failed_rollouts=run.failed_rollouts,
+        capacity_lost_pod_hours=run.down_pod_seconds / 3600,
+        config="; ".join(f"{t / 3600:.2f}h {knobs}" for t, knobs, _ in run.changes) or "no change",
+    )
+
+
+def score_scenario(
+    scenario: BenchScenario,
+    default: RunResult,
+    grid: list[RunResult],
+    hindsight: RunResult,
+    adaptive: RunResult,
+    hours: float,
+) -> dict[str, PolicyScore]:
+    """The policies' scores from the static runs, the hindsight run and the adaptive run (``hours``: GPU-hours
+    of the fleet)."""
+    best = max((r for r in grid if r.started), key=lambda r: _total(r.phases).good_tokens)
+    tops = phase_best(scenario, grid)
+    oracle_phases = {name: run.phases[name] for name, run in tops.items()}
+    oracle_config = "; ".join(f"{name}: {run.knobs}" for name, run in tops.items())
     scores = {}
     for name, phases, config in (
         ("vllm_default", default.phases, str(default.knobs)),
         ("best_static", best.phases, str(best.knobs)),
-        ("phase_oracle", oracle_phases, "; ".join(oracle_configs)),
+        ("phase_oracle", oracle_phases, oracle_config),
     ):
         scores[name] = replace(_score(phases, hours), config=config)
-    scores["adaptive"] = replace(
-        _score(adaptive.phases, hours),
-        rollouts=adaptive.rollouts,
-        failed_rollouts=adaptive.failed_rollouts,
-        capacity_lost_pod_hours=adaptive.down_pod_seconds / 3600,
-        config="; ".join(f"{t / 3600:.2f}h {knobs}" for t, knobs, _ in adaptive.changes) or "no change",
-    )
+    scores["hindsight"] = _moves(hindsight, hours)
+    scores["adaptive"] = _moves(adaptive, hours)
     return scores
 
 
@@ -109,6 +126,10 @@ class Target:
     oracle: str = ""
     """The ratio targets' figure with phase_oracle in adaptive's place: about the most any policy could reach on these
     scenarios (per phase, the best grid config, for free), so a target above it is out of reach in this run."""
+    hindsight: str = ""
+    """The same with hindsight in adaptive's place: phase_oracle's configs reached from vLLM's defaults by rolling
+    restarts, the first after one observation window. A target above it asks more than foresight of the grid gives
+    a policy that has to start from the defaults."""
 
 
 def ratio(scores: dict[str, PolicyScore], other: str, policy: str = "adaptive") -> float:
@@ -130,7 +151,8 @@ def _ratio_target(
 
     value, where = figure("adaptive")
     ceiling, _ = figure("phase_oracle")
-    return Target(text, f"{value:.3f}{where}", value >= bound, f"{ceiling:.3f}")
+    reached, _ = figure("hindsight")
+    return Target(text, f"{value:.3f}{where}", value >= bound, f"{ceiling:.3f}", f"{reached:.3f}")
 
 
 def targets(rows: list[tuple[BenchScenario, dict[str, PolicyScore], RunResult]]) -> list[Target]:
@@ -175,7 +197,12 @@ def write_json(path: Path, rows: list[tuple[BenchScenario, dict[str, PolicyScore
             for sc, scores, result in rows
         ],
         "targets": [
-            {"target": t.text, "value": t.value, "met": t.met, **({"phase_oracle": t.oracle} if t.oracle else {})}
+            {
+                "target": t.text,
+                "value": t.value,
+                "met": t.met,
+                **({"phase_oracle": t.oracle, "hindsight": t.hindsight} if t.oracle else {}),
+            }
             for t in targets(rows)
         ],
     }
@@ -196,32 +223,39 @@ def write_markdown(
         f"token after {CLIENT_TIMEOUT_S:g} s (the OpenAI Python client's default timeout); vLLM aborts it, "
         "and it misses.",
         "",
-        "| scenario | profile | h | vllm_default | best_static | phase_oracle | adaptive | /oracle | /static "
-        "| /default | rollouts | failed | pod-h lost |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "hindsight runs phase_oracle's configs from vLLM's defaults, the first change after one observation window,",
+        "each a rolling restart like adaptive's: what foresight of the grid reaches from where a policy starts.",
+        "",
+        "| scenario | profile | h | vllm_default | best_static | phase_oracle | hindsight | adaptive | /oracle "
+        "| /static | /default | /hindsight | rollouts | failed | pod-h lost |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for sc, s, _ in rows:
         cells = " | ".join(f"{s[p].slo_goodput:,.0f} ({s[p].slo_attainment:.1%})" for p in POLICIES)
         a = s["adaptive"]
         lines.append(
             f"| {sc.name} | {sc.profile} | {sc.hours:g} | {cells} | {ratio(s, 'phase_oracle'):.3f} "
-            f"| {ratio(s, 'best_static'):.3f} | {ratio(s, 'vllm_default'):.3f} | {a.rollouts} | {a.failed_rollouts} "
-            f"| {a.capacity_lost_pod_hours:.2f} |"
+            f"| {ratio(s, 'best_static'):.3f} | {ratio(s, 'vllm_default'):.3f} | {ratio(s, 'hindsight'):.3f} "
+            f"| {a.rollouts} | {a.failed_rollouts} | {a.capacity_lost_pod_hours:.2f} |"
         )
     lines += [
         "",
         "## Targets",
         "",
-        "The last column puts phase_oracle in adaptive's place: about the most any policy could reach here.",
+        "The last columns put phase_oracle, then hindsight, in adaptive's place: the best grid config of each phase",
+        "for free, and the same configs reached from vLLM's defaults by rolling restarts.",
         "",
-        "| target | this run | met | phase_oracle |",
-        "|---|---|---|---|",
+        "| target | this run | met | phase_oracle | hindsight |",
+        "|---|---|---|---|---|",
     ]
-    lines += [f"| {t.text} | {t.value} | {'yes' if t.met else '**no**'} | {t.oracle} |" for t in targets(rows)]
+    lines += [
+        f"| {t.text} | {t.value} | {'yes' if t.met else '**no**'} | {t.oracle} | {t.hindsight} |" for t in targets(rows)
+    ]
     lines += ["", "## What each policy ran", ""]
     for sc, s, result in rows:
         lines.append(f"**{sc.key}** ({sc.replicas} replicas): best_static {s['best_static'].config}; "
-                     f"phase_oracle {s['phase_oracle'].config}; vllm_default {s['vllm_default'].config}.")  # fmt: skip
+                     f"phase_oracle {s['phase_oracle'].config}; vllm_default {s['vllm_default'].config}; "
+                     f"hindsight {s['hindsight'].config}.")  # fmt: skip
         if any(s[p].timed_out for p in POLICIES):
             counts = ", ".join(f"{p} {s[p].timed_out:,}" for p in POLICIES)
             lines.append(f"Requests whose clients gave up waiting for a first token: {counts}.")
@@ -239,7 +273,7 @@ def plot(path: Path, scenario: BenchScenario, runs: dict[str, RunResult]) -> Non
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(4, 1, figsize=(11, 10), sharex=True)
-    colors = {"vllm_default": "tab:gray", "best_static": "tab:blue", "adaptive": "tab:red"}
+    colors = {"vllm_default": "tab:gray", "best_static": "tab:blue", "hindsight": "tab:purple", "adaptive": "tab:red"}
     for name, run in runs.items():
         hours = [s.t / 3600 for s in run.timeline]
         style = {"color": colors[name], "label": f"{name} ({run.knobs})" if run.knobs else name, "lw": 1}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 from bench.tuning.__main__ import run
+from bench.tuning.hindsight import plan, run_hindsight
 from bench.tuning.report import POLICIES
-from bench.tuning.runner import run_static
+from bench.tuning.runner import default_config, run_static
 from bench.tuning.scenarios import CHAT_SLO, RAG_SLO, BenchScenario, _spec
 from vllm_autotuner.api import Knobs
 from vllm_autotuner.sim.workload import CHAT, HOUR, RAG, Phase, Poisson, Scenario, Stream
@@ -44,6 +45,10 @@ def test_toy_run_writes_json_markdown_and_a_timeline(tmp_path):
     assert float(reach["adaptive >= 1.0x best_static on every scenario"]) >= 1.0
     assert reach["adaptive >= 0.90x phase_oracle on every scenario"] == "1.000"
     assert reach["no failed config tried twice"] is None
+    # hindsight: 512 tokens wins both phases; it gets there from the defaults after settle (2m) + window (5m)
+    assert policies["hindsight"]["config"] == "0.12h tokens=512 seqs=256"
+    assert policies["hindsight"]["rollouts"] == 1 and policies["hindsight"]["capacity_lost_pod_hours"] > 0
+    assert all(t.get("hindsight") for t in on_disk["targets"] if t.get("phase_oracle"))
     markdown = (tmp_path / "tuning.md").read_text()
     assert "`pytest toy`" in markdown and "| toy-shift | llama3-8b-a100 |" in markdown
     assert (tmp_path / "tuning-toy-shift-llama3-8b-a100.png").stat().st_size > 10_000
@@ -62,3 +67,26 @@ def test_requests_whose_clients_give_up_are_counted_and_missed():
     (phase,) = run_static(scenario, Knobs(max_num_batched_tokens=512, max_num_seqs=256)).phases.values()
     assert phase.timed_out > 0.2 * phase.requests
     assert 0 < phase.met <= phase.requests - phase.timed_out
+
+
+SMALL = Knobs(max_num_batched_tokens=512, max_num_seqs=256)
+
+
+def test_hindsight_plans_the_first_change_after_one_window_and_later_ones_at_their_phase():
+    scenario = toy()
+    default = default_config(scenario)
+    assert plan(scenario, {"chat": SMALL, "rag": SMALL}) == [(420.0, SMALL)]
+    assert plan(scenario, {"chat": default, "rag": SMALL}) == [(600.0, SMALL)]
+    assert plan(scenario, {"chat": SMALL, "rag": default}) == [(420.0, SMALL), (600.0, default)]
+    assert plan(scenario, {"chat": default, "rag": default}) == []
+
+
+def test_hindsight_starts_on_the_defaults_and_pays_for_its_rolling_restart():
+    scenario = toy()
+    result = run_hindsight(scenario, [(420.0, SMALL)])
+    assert [(s.t, s.tokens) for s in result.timeline] == [(300.0, 2048), (600.0, 512), (900.0, 512), (1200.0, 512)]
+    assert result.rollouts == 1 and result.down_pod_seconds > 0
+    # the same config all along meets more of the chat phase: hindsight spent 7 minutes on the defaults, then
+    # restarted the pods one at a time
+    static = run_static(scenario, SMALL)
+    assert result.phases["chat"].met < static.phases["chat"].met

@@ -6,8 +6,12 @@ client-go algorithm instead: a replica holds the Lease while it renews it;
 the others watch the record and take over once it has not changed for the
 lease duration *by their own clock* (no cross-node clock comparison), with
 every write guarded by resourceVersion so two candidates cannot both win.
-A leader that cannot renew in time stops acting (the process exits and
-Kubernetes restarts it as a candidate), as controller-runtime does.
+A leader that has not renewed for the renew deadline, which is shorter than
+the lease duration, stops acting (the process exits and Kubernetes restarts
+it as a candidate), as controller-runtime does: it has stopped before any
+standby can take over. So that a hung connection cannot hold it past that
+point, every API call has a timeout and every round is cut off at the
+deadline.
 """
 
 from __future__ import annotations
@@ -21,18 +25,35 @@ from datetime import UTC, datetime
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class LeaseConfig:
+    """Timings as in client-go (leaseDuration 15s, renewDeadline 10s, retryPeriod 2s).
+
+    lease_seconds: a standby takes over once the Lease has not changed for this long.
+    renew_deadline_seconds: the leader stops once no renewal has succeeded for this long
+        (counted from when the renewal was sent); shorter than lease_seconds, so it stops
+        before a standby can take over, whatever its API calls do.
+    renew_seconds: how often the leader renews; retry_seconds: how often a standby
+        tries, or the leader retries a failed renewal.
+    """
+
     namespace: str
     name: str
     identity: str
     lease_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
     renew_seconds: float = 5.0
     retry_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.renew_deadline_seconds < self.lease_seconds:
+            raise ValueError(f"renew deadline {self.renew_deadline_seconds}s must be positive and below "
+                             f"the lease duration {self.lease_seconds}s")
 
 
 def _now_micro() -> str:
@@ -49,6 +70,10 @@ class LeaderElector:
         self._monotonic = monotonic
         self._observed: tuple[str | None, str | None] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
+        self._renewed_at = 0.0  # when the last successful round started
+        # Per API call, as client-go's leader-election client (renewDeadline / 2): a hung
+        # connection fails instead of keeping the thread, and shutdown, waiting.
+        self._timeout = config.renew_deadline_seconds / 2
         self.is_leader = False
 
     def _body(self, resource_version: str | None, transitions: int, acquire_time: str | None) -> client.V1Lease:
@@ -68,18 +93,21 @@ class LeaderElector:
     def try_acquire_or_renew(self) -> bool:
         """One round of the algorithm; True when this replica holds the lease afterwards."""
         cfg = self.config
+        started = self._monotonic()
         try:
-            lease = self.api.read_namespaced_lease(cfg.name, cfg.namespace)
+            lease = self.api.read_namespaced_lease(cfg.name, cfg.namespace, _request_timeout=self._timeout)
         except ApiException as exc:
             if exc.status != 404:
                 raise
             try:
-                self.api.create_namespaced_lease(cfg.namespace, self._body(None, 0, None))
+                self.api.create_namespaced_lease(cfg.namespace, self._body(None, 0, None),
+                                                 _request_timeout=self._timeout)
             except ApiException as create_exc:
                 if create_exc.status == 409:
                     return False
                 raise
             self._observed, self._observed_at = None, self._monotonic()
+            self._renewed_at = started
             return True
         spec = lease.spec
         record = (spec.holder_identity, str(spec.renew_time))
@@ -94,7 +122,8 @@ class LeaderElector:
         acquire = spec.acquire_time.strftime("%Y-%m-%dT%H:%M:%S.%fZ") if held_by_me and spec.acquire_time else None
         try:
             updated = self.api.replace_namespaced_lease(
-                cfg.name, cfg.namespace, self._body(lease.metadata.resource_version, transitions, acquire)
+                cfg.name, cfg.namespace, self._body(lease.metadata.resource_version, transitions, acquire),
+                _request_timeout=self._timeout,
             )
         except ApiException as exc:
             if exc.status == 409:  # someone else wrote first
@@ -102,50 +131,62 @@ class LeaderElector:
             raise
         self._observed = (updated.spec.holder_identity, str(updated.spec.renew_time))
         self._observed_at = self._monotonic()
+        self._renewed_at = started
         return True
+
+    async def _round(self, timeout: float) -> bool:
+        """try_acquire_or_renew in a thread; False when it fails or has not finished within timeout."""
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self.try_acquire_or_renew), timeout)
+        except TimeoutError:
+            log.warning("lease update did not finish within %.1fs", timeout)
+        except ApiException as exc:
+            log.warning("lease update failed: %s", exc.reason)
+        except HTTPError as exc:
+            log.warning("lease update failed: %s", exc)
+        return False
 
     async def acquire(self) -> None:
         """Wait until this replica is the leader."""
         announced = False
         while True:
-            try:
-                if await asyncio.to_thread(self.try_acquire_or_renew):
-                    self.is_leader = True
-                    log.info("became leader", extra={"lease": self.config.name, "identity": self.config.identity})
-                    return
-            except ApiException as exc:
-                log.warning("leader election failed: %s", exc.reason)
+            if await self._round(self.config.renew_deadline_seconds):
+                self.is_leader = True
+                log.info("became leader", extra={"lease": self.config.name, "identity": self.config.identity})
+                return
             if not announced:
                 log.info("another replica leads; standing by", extra={"lease": self.config.name})
                 announced = True
             await asyncio.sleep(self.config.retry_seconds)
 
     async def hold(self) -> None:
-        """Renew while leading; return when the lease could not be renewed within its duration."""
-        last_renewed = self._monotonic()
+        """Renew while leading; return once no renewal has succeeded for the renew deadline."""
+        cfg = self.config
+        pause = cfg.renew_seconds
         while True:
-            await asyncio.sleep(self.config.renew_seconds)
-            try:
-                if await asyncio.to_thread(self.try_acquire_or_renew):
-                    last_renewed = self._monotonic()
-                    continue
-            except ApiException as exc:
-                log.warning("lease renewal failed: %s", exc.reason)
-            if self._monotonic() - last_renewed > self.config.lease_seconds:
-                self.is_leader = False
-                log.error("lost leadership: lease not renewed for %.0fs", self.config.lease_seconds)
-                return
+            deadline = self._renewed_at + cfg.renew_deadline_seconds
+            await asyncio.sleep(min(pause, deadline - self._monotonic()))
+            left = deadline - self._monotonic()
+            if left <= 0:
+                break
+            pause = cfg.renew_seconds if await self._round(left) else cfg.retry_seconds
+        self.is_leader = False
+        log.error("lost leadership: lease not renewed for %.1fs", cfg.renew_deadline_seconds)
 
     def release(self) -> None:
         """Give the lease up on clean shutdown so a standby takes over at once."""
         if not self.is_leader:
             return
         try:
-            lease = self.api.read_namespaced_lease(self.config.name, self.config.namespace)
+            lease = self.api.read_namespaced_lease(self.config.name, self.config.namespace,
+                                                   _request_timeout=self._timeout)
             if lease.spec.holder_identity == self.config.identity:
                 lease.spec.holder_identity = None
                 lease.spec.lease_duration_seconds = 1
-                self.api.replace_namespaced_lease(self.config.name, self.config.namespace, lease)
+                self.api.replace_namespaced_lease(self.config.name, self.config.namespace, lease,
+                                                  _request_timeout=self._timeout)
         except ApiException as exc:
             log.warning("could not release the lease: %s", exc.reason)
+        except HTTPError as exc:
+            log.warning("could not release the lease: %s", exc)
         self.is_leader = False

@@ -34,3 +34,13 @@ def test_quoting_and_label_validation():
     assert quote('a"b\\c') == '"a\\"b\\\\c"'
     with pytest.raises(ValueError, match="invalid Prometheus label name"):
         Selector(matchers=(("bad-label", "x"),))
+
+
+def test_server_start_is_the_newest_created_gauge_at_the_window_end_batched_or_per_target():
+    selector = Selector(matchers=(("cluster", "prod"),))
+    q = family_query(FAMILY["started"], selector, 300)
+    assert q == '(max by (namespace, pod) (vllm:prompt_tokens_created{cluster="prod"}))'
+    extra = pod_prefix_matchers(selector, "llm", "llama-abc-")
+    assert family_query(FAMILY["started"], selector, 300, extra) == (
+        '(max by (namespace, pod) (vllm:prompt_tokens_created{cluster="prod",namespace="llm",pod=~"llama-abc-.*"}))'
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 
 import pytest
 
@@ -73,3 +74,15 @@ def test_a_family_missing_for_one_pod_is_none_not_zero():
     del data.values["preemptions"][B]
     obs, _ = observe_target(data, "llm", "llama-abc-", 2, KNOBS, SLO_, False)
     assert obs is not None and obs.preemption_rate is None
+
+
+def test_started_at_is_the_newest_server_start_among_the_current_pods():
+    data = window()
+    data.values["started"] = {A: 700.0, B: 905.0, OTHER: 990.0}  # the other ReplicaSet's pod does not count
+    obs, _ = observe_target(data, "llm", "llama-abc-", 2, KNOBS, SLO_, False)
+    assert obs is not None and obs.started_at == datetime.fromtimestamp(905.0, UTC)
+
+
+def test_started_at_is_none_without_created_series():
+    obs, _ = observe_target(window(), "llm", "llama-abc-", 2, KNOBS, SLO_, False)
+    assert obs is not None and obs.started_at is None

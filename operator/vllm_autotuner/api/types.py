@@ -29,9 +29,13 @@ CRON_PATTERN = r"^\s*([0-9A-Za-z*,/?-]+\s+){4}[0-9A-Za-z*,/?-]+\s*$"
 #: "Etc/GMT+5"). Admission checks the shape; the controller checks the name exists.
 TIME_ZONE_PATTERN = r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+){0,2}$"
 
+#: A Prometheus label name (the data model's rule).
+LABEL_NAME_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+
 Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32, examples=["30s", "5m", "1h30m"])]
 CronExpression = Annotated[str, Field(pattern=CRON_PATTERN, max_length=128, examples=["0 22 * * *"])]
 TimeZoneName = Annotated[str, Field(pattern=TIME_ZONE_PATTERN, max_length=64, examples=["UTC", "Europe/Berlin"])]
+LabelName = Annotated[str, Field(pattern=LABEL_NAME_PATTERN, max_length=128)]
 
 
 def duration_seconds(value: str) -> float:

@@ -21,12 +21,15 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from vllm_autotuner.api.types import LABEL_NAME_PATTERN
+
 
 class Kind(StrEnum):
     RATE = "rate"  # counter: per-second rate over the window
     AVERAGE = "average"  # gauge: mean over the window
     BUCKETS = "buckets"  # histogram: per-second rate of each bucket
     LAST_SEEN = "last_seen"  # gauge: timestamp of the newest sample (freshness)
+    STARTED = "started"  # prometheus-client `_created` gauge: newest value at the window end (server start)
 
 
 @dataclass(frozen=True)
@@ -60,10 +63,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("queue", Kind.BUCKETS, ("vllm:request_queue_time_seconds_bucket",)),
     Family("step_tokens", Kind.BUCKETS, ("vllm:iteration_tokens_total_bucket",)),
     Family("last_seen", Kind.LAST_SEEN, ("vllm:num_requests_running",)),
+    Family("started", Kind.STARTED, ("vllm:prompt_tokens_created",)),
 )
 FAMILY = {f.key: f for f in FAMILIES}
 
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_LABEL_NAME = re.compile(LABEL_NAME_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,9 @@ def _expr(family: Family, metric: str, labels: str, window: float, by: str) -> s
             return f"sum by ({by}) (avg_over_time({sel}[{w}]))"
         case Kind.LAST_SEEN:
             return f"max by ({by}) (timestamp({sel}))"
+        case Kind.STARTED:
+            # an instant value, not over the window: a pod restarted in the window counts from its newest start
+            return f"max by ({by}) ({sel})"
     raise AssertionError(family.kind)
 
 

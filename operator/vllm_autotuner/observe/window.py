@@ -10,6 +10,9 @@ baseline), so what reaches ``decide`` does not depend on how it was asked.
 Missing data stays missing: a family without rows for the target's pods
 is None in the Observation, never zero, and ``observe_target`` refuses
 partial windows (fewer pods with data than Ready replicas) outright.
+The newest ``_created`` time among the target's pods (when its vLLM
+servers started) goes into the Observation as is; whether a restart in or
+just before the window makes it unfit is the decision core's call.
 """
 
 from __future__ import annotations
@@ -122,6 +125,8 @@ def observe_target(
     hist = {key: _summed_histogram(data.buckets.get(key, {}), pods)
             for key in ("ttft", "itl", "e2e", "queue", "step_tokens")}
     newest = max(v["last_seen"][p] for p in pods)
+    started = v.get("started", {})
+    starts = [started[p] for p in pods if p in started and math.isfinite(started[p])]
     ttft, itl = hist["ttft"], hist["itl"]
     end = datetime.fromtimestamp(data.at, UTC)
     observation = Observation(
@@ -131,6 +136,7 @@ def observe_target(
         pods=n,
         rollout_in_progress=rollout_in_progress,
         data_age_seconds=max(0.0, data.at - newest),
+        started_at=datetime.fromtimestamp(max(starts), UTC) if starts else None,
         slo=slo,
         requests=None if rates["requests"] is None else rates["requests"] * data.window_seconds,
         request_rate=rates["requests"],

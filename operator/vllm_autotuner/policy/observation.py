@@ -45,6 +45,9 @@ class Observation:
     """Whether the target Deployment was rolling out (by anyone) during the window."""
     data_age_seconds: float | None = None
     """Age of the newest sample at window_end: scrape lag, or a target that stopped being scraped."""
+    started_at: datetime | None = None
+    """Latest start of a target pod's vLLM server (timezone-aware), from the ``_created`` gauges of its
+    counters; None when not exported (prometheus-client's PROMETHEUS_DISABLE_CREATED_SERIES)."""
     slo: SLO | None = None
     """The quantiles and targets the latency fields were computed for."""
 
@@ -111,7 +114,7 @@ REQUIRED = (
 _NUMBERS = tuple(
     f.name
     for f in fields(Observation)
-    if f.name not in ("window_start", "window_end", "config", "slo", "rollout_in_progress")
+    if f.name not in ("window_start", "window_end", "config", "slo", "rollout_in_progress", "started_at")
 )
 
 
@@ -156,8 +159,13 @@ def hold_reason(
 
     ``slo`` is the SLO in force (a schedule window may override the spec's).
     Checked in order: no data, a rollout, staleness, samples under another
-    config, samples from before the config settled or a short window,
-    quantiles for another SLO, too few requests, NaN or missing numbers.
+    config, samples from before the config settled, from pods whose vLLM
+    server (re)started less than the settle time before the window (a
+    restart that is not a knob change: ``kubectl rollout restart``, an image
+    bump, a crashed container, a scale-up), or a short window, quantiles for
+    another SLO, too few requests, NaN or missing numbers. An unknown start
+    (``started_at`` None: no ``_created`` series) does not hold, so setups
+    without them keep working on the knob-change settle time alone.
     """
     if observation is None:
         return HoldReason.NO_DATA, "no observation: Prometheus returned no series for the target's pods"
@@ -175,6 +183,13 @@ def hold_reason(
     settled = datetime.fromisoformat(current.since) + timedelta(seconds=duration_seconds(spec.rollout.settle_time))
     if observation.window_start < settled:
         return HoldReason.NOT_SETTLED, f"the window starts before the current config settled ({settled.isoformat()})"
+    if observation.started_at is not None:
+        pod_settled = observation.started_at + timedelta(seconds=duration_seconds(spec.rollout.settle_time))
+        if observation.window_start < pod_settled:
+            return HoldReason.NOT_SETTLED, (
+                f"a target pod's vLLM server started at {observation.started_at.isoformat()}: the window starts"
+                f" before it settled ({pod_settled.isoformat()})"
+            )
     window = duration_seconds(spec.traffic.window)
     if observation.duration_seconds < 0.9 * window:
         return HoldReason.NOT_SETTLED, (

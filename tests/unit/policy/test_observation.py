@@ -71,6 +71,21 @@ def test_window_must_start_after_the_settle_time_and_be_full():
     assert reason_of(short) == HoldReason.NOT_SETTLED
 
 
+@pytest.mark.parametrize("before_window", [timedelta(minutes=-1), timedelta(0), timedelta(seconds=119)])
+def test_a_pod_started_in_or_within_the_settle_time_before_the_window_holds(before_window):
+    # a restart that is not a knob change (rollout restart, image bump, crash, scale-up): settleTime is 2m
+    window = long_prompt_window(STATE, SPEC)
+    restarted = dataclasses.replace(window, started_at=window.window_start - before_window)
+    found = hold_reason(SPEC, SPEC.slo, STATE, restarted, T0)
+    assert found is not None and found[0] == HoldReason.NOT_SETTLED
+    assert restarted.started_at.isoformat() in found[1]
+
+
+@pytest.mark.parametrize("started_at", [None, T0 - timedelta(minutes=7), T0 - timedelta(hours=1)])
+def test_pods_started_long_before_the_window_or_an_unknown_start_do_not_hold(started_at):
+    assert reason_of(long_prompt_window(STATE, SPEC, started_at=started_at)) is None
+
+
 def test_quantiles_for_another_slo():
     other = SLO(ttft=LatencyTarget(quantile=0.99, seconds=2.0))
     assert reason_of(long_prompt_window(STATE, SPEC, slo=other)) == HoldReason.OTHER_SLO

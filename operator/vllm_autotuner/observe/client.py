@@ -10,6 +10,7 @@ which the controller turns into ``MetricsAvailable=False`` and a hold.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import tempfile
@@ -94,6 +95,18 @@ def _classify(exc: Exception, url: str) -> PrometheusError:
     return PrometheusError(ErrorKind.QUERY, f"query to {url} failed: {text[:300]}", transient=False)
 
 
+def _ca_file(pem: str) -> str:
+    """A file holding ``pem`` (requests verifies against a path), one per distinct bundle: clients made again
+    for a rotated token reuse it rather than fill the operator's small /tmp."""
+    path = os.path.join(tempfile.gettempdir(), f"prometheus-ca-{hashlib.sha256(pem.encode()).hexdigest()[:32]}.pem")
+    if not os.path.exists(path):
+        fd, partial = tempfile.mkstemp(prefix="prometheus-ca-", suffix=".partial")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(pem)
+        os.replace(partial, path)  # whole or not at all, if two clients write it at once
+    return path
+
+
 class PrometheusClient:
     """Queries against one Prometheus, retried on transient errors."""
 
@@ -101,19 +114,19 @@ class PrometheusClient:
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
-        self.queries = 0  # queries sent, for the scale benchmark
         self.on_query: Callable[[], object] = lambda: None  # e.g. the operator's query counter
-        session = requests.Session()
+        self._session = session = requests.Session()
         headers = {"Authorization": f"Bearer {connection.bearer_token}"} if connection.bearer_token else None
         if connection.ca_pem:
-            fd, path = tempfile.mkstemp(prefix="prometheus-ca-", suffix=".pem")
-            with os.fdopen(fd, "w") as handle:
-                handle.write(connection.ca_pem)
-            session.verify = path
+            session.verify = _ca_file(connection.ca_pem)
         # No retries inside: prometheus-api-client's default (3 more tries, 1 s backoff) under
         # ours made a refused connection cost 18 s per window instead of one second.
         self._prom = PrometheusConnect(url=connection.url, headers=headers, session=session,
                                        timeout=connection.timeout_seconds, retry=Retry(total=0, read=False))
+
+    def close(self) -> None:
+        """Close its connections (the service drops a client whose connection no tuning uses any more)."""
+        self._session.close()
 
     def query(self, promql: str, at: float) -> list[Sample]:
         """Evaluate ``promql`` at Unix time ``at``. Raises PrometheusError."""
@@ -137,7 +150,6 @@ class PrometheusClient:
             reraise=True,
         )
         def attempt() -> list[dict]:
-            self.queries += 1
             self.on_query()
             return request()
 

@@ -30,17 +30,14 @@ class ObservationService:
     def __init__(self, client_for: Callable[[Connection], PrometheusClient] = PrometheusClient) -> None:
         self._client_for = client_for
         self._clients: dict[Connection, PrometheusClient] = {}
+        self._used: set[Connection] = set()  # connections asked for since the last ``forget``
         self._windows: dict[WindowKey, asyncio.Future[WindowData]] = {}
 
     def client(self, connection: Connection) -> PrometheusClient:
         if connection not in self._clients:
             self._clients[connection] = self._client_for(connection)
+        self._used.add(connection)
         return self._clients[connection]
-
-    @property
-    def queries(self) -> int:
-        """Queries sent so far, all connections."""
-        return sum(c.queries for c in self._clients.values())
 
     async def window(self, connection: Connection, selector: Selector, window_seconds: float, at: float,
                      extra: tuple[Matcher, ...] = ()) -> WindowData:
@@ -56,5 +53,9 @@ class ObservationService:
         return await asyncio.shield(future)
 
     def forget(self) -> None:
-        """Drop the windows fetched so far (those being fetched still answer whoever awaits them)."""
+        """Drop the windows fetched so far (those being fetched still answer whoever awaits them), and the
+        clients of connections no tuning asked for since the last call (a rotated token, an edited URL)."""
         self._windows.clear()
+        for connection in set(self._clients) - self._used:
+            self._clients.pop(connection).close()
+        self._used.clear()

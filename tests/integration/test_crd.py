@@ -129,6 +129,8 @@ BAD_SPECS = [
                  "spec.targetRef.kind", 'Unsupported value: "StatefulSet"', id="target-not-a-deployment"),
     pytest.param({"targetRef": {"name": "Llama_3"}}, "spec.targetRef.name", "should match", id="bad-target-name"),
     pytest.param(target(prometheus={"url": "prometheus:9090"}), "spec.prometheus.url", "should match", id="bad-url"),
+    pytest.param(target(prometheus={"labelMatchers": {"app.kubernetes.io/name": "vllm"}}),
+                 "spec.prometheus.labelMatchers", "keys must be Prometheus label names", id="bad-label-name"),
 ]
 
 
@@ -148,6 +150,24 @@ def test_unknown_fields_are_pruned_or_rejected_when_strict(cluster_with_crd: Clu
     # Without strict validation the apiserver drops what the schema does not know.
     stored = create(cluster_with_crd, namespace, vllm_tuning("pruned", spec))["spec"]
     assert "maxNumBatchedTokens" not in stored and stored["bounds"]["maxNumSeqs"] == {"min": 8, "max": 1024}
+
+
+def test_status_takes_knobs_that_vllm_would_refuse(cluster_with_crd: Cluster, namespace: str) -> None:
+    """Status records what happened: a rollout from knobs assumed from vLLM's defaults (512 tokens set by hand,
+    1024 seqs assumed for a GPU of unknown memory) is written as it was, not refused by a spec rule."""
+    create(cluster_with_crd, namespace, vllm_tuning("assumed", target()))
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    refused = {"maxNumBatchedTokens": 512, "maxNumSeqs": 1024}
+    status = {"status": {
+        "resumeKnobs": refused,
+        "lastRollout": {"from": refused, "to": {"maxNumBatchedTokens": 2048, "maxNumSeqs": 256}, "source": "Schedule",
+                        "reason": "schedule night", "startedAt": now, "phase": "InProgress"},
+    }}
+    cluster_with_crd.kubectl("patch", "vlt", "assumed", "-n", namespace, "--subresource=status", "--type=merge",
+                             "-p", json.dumps(status))
+    stored = client.CustomObjectsApi(cluster_with_crd.api).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "assumed")["status"]
+    assert stored["lastRollout"]["from"] == stored["resumeKnobs"] == refused
 
 
 def test_kubectl_get_shows_the_printer_columns(cluster_with_crd: Cluster, namespace: str) -> None:

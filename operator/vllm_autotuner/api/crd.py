@@ -135,10 +135,21 @@ def _model_schema(model: type) -> dict[str, Any]:
     return structural(raw, raw.get("$defs", {}))
 
 
+def _without_rules(node: Any) -> Any:
+    """``node`` without its CEL rules: the status schema's. Status records what was observed, a config vLLM
+    refuses included (knobs assumed from the defaults, a rollout that failed), and a rule there would make the
+    apiserver refuse every status write of the operator (a 422 on each), freezing the status."""
+    if isinstance(node, dict):
+        return {k: _without_rules(v) for k, v in node.items() if k != "x-kubernetes-validations"}
+    if isinstance(node, list):
+        return [_without_rules(v) for v in node]
+    return node
+
+
 def crd() -> dict[str, Any]:
     """The CustomResourceDefinition object."""
     spec_schema = _model_schema(VllmTuningSpec)
-    status_schema = _model_schema(VllmTuningStatus)
+    status_schema = _without_rules(_model_schema(VllmTuningStatus))
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

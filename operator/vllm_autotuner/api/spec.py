@@ -11,10 +11,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
-from vllm_autotuner.api.types import CronExpression, Duration, TimeZoneName
+from vllm_autotuner.api.types import LABEL_NAME_PATTERN, CronExpression, Duration, LabelName, TimeZoneName
 
 #: Largest values the API accepts; far above any GPU's real limits, they only
 #: catch typos (an extra zero) before they reach a Deployment.
@@ -47,6 +47,9 @@ class SpecModel(BaseModel):
         use_attribute_docstrings=True,
     )
 
+
+#: Most extra label matchers on the target's series.
+MAX_LABEL_MATCHERS = 16
 
 BatchedTokens = Annotated[int, Field(ge=1, le=MAX_BATCHED_TOKENS)]
 NumSeqs = Annotated[int, Field(ge=1, le=MAX_SEQS)]
@@ -112,11 +115,21 @@ class PrometheusSpec(SpecModel):
 
     url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
     """Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090. Default: the operator's --prometheus-url setting."""
-    label_matchers: dict[str, str] = Field(default_factory=dict)
+    label_matchers: Annotated[
+        dict[LabelName, Annotated[str, Field(max_length=1024)]],
+        # Kubernetes schemas have no propertyNames: a CEL rule checks the keys at admission
+        WithJsonSchema({
+            "type": "object",
+            "additionalProperties": {"type": "string", "maxLength": 1024},
+            "maxProperties": MAX_LABEL_MATCHERS,
+            "x-kubernetes-validations": [cel(f"self.all(k, k.matches('{LABEL_NAME_PATTERN}'))",
+                                             "keys must be Prometheus label names ([a-zA-Z_][a-zA-Z0-9_]*)")],
+        }),
+    ] = Field(default_factory=dict, max_length=MAX_LABEL_MATCHERS)
     """Extra exact-match label matchers added to every query, e.g. {cluster: prod}, for a Prometheus that holds several clusters."""
-    namespace_label: str = Field(default="namespace", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+    namespace_label: LabelName = "namespace"
     """Name of the label that carries the pod's namespace on the vLLM series."""
-    pod_label: str = Field(default="pod", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+    pod_label: LabelName = "pod"
     """Name of the label that carries the pod name on the vLLM series."""
     bearer_token_secret_ref: SecretKeyRef | None = None
     """Secret holding a bearer token sent as 'Authorization: Bearer ...' (e.g. for a managed Prometheus)."""
@@ -297,7 +310,7 @@ class RolloutSpec(SpecModel):
     cooldown: Duration = "15m"
     """Least time between the end of one rollout and the start of the next traffic-driven change."""
     max_rollouts_per_day: int = Field(default=8, ge=0, le=288)
-    """Most rollouts in any 24 hours (schedule changes included); 0 forbids changes."""
+    """Most rollouts in any 24 hours, schedule changes and rollbacks included (a traffic change keeps room for its own rollback; at 1, a rollback may be the one past it); 0 forbids changes."""
     min_improvement_percent: float = Field(default=5.0, ge=0, le=1000)
     """Least expected SLO-goodput gain, net of the capacity a rolling restart costs, for a traffic-driven change."""
     max_step_factor: float = Field(default=2.0, ge=1.1, le=16)
@@ -305,7 +318,7 @@ class RolloutSpec(SpecModel):
     settle_time: Duration = "2m"
     """Time after a rollout before metrics of the new config count (warm-up, queue drain)."""
     progress_deadline: Duration = "10m"
-    """A rollout not complete by then (pods not Ready, crash loops) is rolled back and its config recorded as failed."""
+    """A rollout that makes no progress for this long (no pod of the new config created or become available; time paused does not count), or whose pods crash-loop, is rolled back and its config recorded as failed."""
     rollback_on_regression: bool = True
     """After settling, compare with the window before the change and roll back a measured regression."""
     regression_tolerance_percent: float = Field(default=10.0, ge=0, le=100)

@@ -178,6 +178,10 @@ class Rollout(StatusModel):
     """InProgress, Succeeded, Failed (did not become Ready; rolled back) or RolledBack (measured regression)."""
     deployment_generation: int | None = None
     """metadata.generation of the Deployment after the patch; the rollout is complete when status.observedGeneration reaches it and all replicas are updated and available."""
+    progressed_at: str | None = None
+    """When the rollout last made progress, a pod of the new config created or become available (RFC 3339): spec.rollout.progressDeadline counts from here (from startedAt before any), as the Deployment controller's progressDeadlineSeconds does."""
+    progress_mark: int = Field(default=0, ge=0)
+    """Pods of the new config created plus those of them available, when the rollout last made progress."""
     message: str = ""
     """Details, e.g. the vLLM error of a crash-looping pod."""
     regime: str | None = None
@@ -328,6 +332,8 @@ class VllmTuningStatus(StatusModel):
     """The latest recommendation."""
     active_schedule: str | None = None
     """Name of the schedule window in force, if any."""
+    active_schedule_start: str | None = None
+    """When that window opens or opened (RFC 3339): entered in its pre-roll, it stays in force until this opening closes."""
     regime: str | None = None
     """Traffic regime of the last observation (load level and length mix, or the matching tier)."""
     regime_since: str | None = None

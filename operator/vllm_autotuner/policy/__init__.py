@@ -44,10 +44,15 @@ Stable API
     schedule window may override the spec's.
 
 Rollout lifecycle (the operator calls these when the Deployment tells it):
+    ``rollout_progressed(state, now, mark, paused)`` a pod of the new config
+    was created or became available (``mark`` rose), or the Deployment is
+    paused: the progress deadline counts from ``now`` again;
     ``rollout_succeeded(state, now)`` the new pods are all Ready;
     ``rollout_failed(state, now, message, generation) -> Decision`` they did
     not start: the config is recorded as failed and the Decision rolls back;
     ``manual_change_detected(state, knobs, now)`` a person changed the args;
+    ``defaults_resolved(state, knobs, table)`` the args still leave a knob to
+    vLLM, whose default for the pods' GPU is now known better;
     ``adopt_generation(state, generation)`` the spec changed (failed configs
     of older specs may be tried again). A measured regression is found by
     ``decide`` itself, which then returns a Rollback (``regression_measured``).
@@ -89,9 +94,11 @@ from vllm_autotuner.policy.decide import decide, effective_slo
 from vllm_autotuner.policy.decision import Decision
 from vllm_autotuner.policy.lifecycle import (
     adopt_generation,
+    defaults_resolved,
     manual_change_detected,
     regression_measured,
     rollout_failed,
+    rollout_progressed,
     rollout_succeeded,
 )
 from vllm_autotuner.policy.observation import HoldReason, Observation, hold_reason
@@ -103,9 +110,11 @@ __all__ = [
     "Observation",
     "HoldReason",
     "hold_reason",
+    "rollout_progressed",
     "rollout_succeeded",
     "rollout_failed",
     "regression_measured",
     "manual_change_detected",
     "adopt_generation",
+    "defaults_resolved",
 ]

@@ -11,12 +11,13 @@ The order of the questions is the order of precedence:
    back a traffic-driven change that left things measurably worse.
 4. Does a schedule window want a preset, or did a preset window just close?
    Clock-driven: this needs no traffic data (a nightly batch window starts
-   on time even when the night is quiet), only rollout budget.
+   on time even when the night is quiet), only rollout budget, and the
+   cooldown after a person's change of the knobs.
 5. Otherwise the traffic policy (Tiers or Adaptive), which needs a usable
    window, a regime that has lasted one window, the last change judged,
    the cooldown, rollout budget beyond what the day's schedule windows
-   will need, and, for Adaptive, an expected gain that pays for the
-   restarts.
+   and a rollback of the change will need, and, for Adaptive, an expected
+   gain that pays for the restarts.
 
 ``Paused`` stops after learning; ``Recommend`` reports the change it would
 make and holds.
@@ -56,12 +57,13 @@ from vllm_autotuner.policy.guardrails import (
     cooldown_left,
     failed_configs,
     restart_cost_percent,
+    rollback_room,
 )
 from vllm_autotuner.policy.lifecycle import regression_measured
 from vllm_autotuner.policy.model import attainment
 from vllm_autotuner.policy.observation import HoldReason, Observation, hold_reason, rollout_active
 from vllm_autotuner.policy.regime import classify, matching_tier, mix_moved
-from vllm_autotuner.policy.schedule import ActiveWindow, preset_boundaries, window_in_force
+from vllm_autotuner.policy.schedule import ActiveWindow, scheduled_rollouts, window_in_force
 
 #: Windows a rollout's first settled window may stay short of its baseline before the change counts as a regression.
 REGRESSION_PATIENCE = 6
@@ -198,18 +200,28 @@ def _observe(
     return state, _measurement(observation, regime, settings.slo)
 
 
+def _unjudged(state: VllmTuningStatus) -> bool:
+    """The last rollout succeeded and its settled window was not compared with the baseline yet.
+
+    Only a succeeded rollout is ever judged: one that failed or was superseded
+    by a person's change is not waited for.
+    """
+    last = state.last_rollout
+    return last is not None and last.phase == RolloutPhase.SUCCEEDED and last.verified_at is None
+
+
 def _remember(state: VllmTuningStatus, observation: Observation, m: Measurement) -> VllmTuningStatus:
     """The status with the measurement remembered, and the regime's learned optimum updated.
 
     Only a window that shows the config in a steady state counts: the regime
     was already in force when the window opened (a window across a change of
-    traffic mixes two regimes) and the last rollout was judged (until then
-    the queue the restart built is still draining). Otherwise a config
-    measured in calm would look better than one measured in a storm.
+    traffic mixes two regimes) and the last rollout, if it succeeded, was
+    judged (until then the queue the restart built is still draining).
+    Otherwise a config measured in calm would look better than one measured
+    in a storm.
     """
-    rollout = state.last_rollout
     assert state.regime_since is not None
-    if observation.window_start < datetime.fromisoformat(state.regime_since) or (rollout and not rollout.verified_at):
+    if observation.window_start < datetime.fromisoformat(state.regime_since) or _unjudged(state):
         return state
     regime = m.regime
     before = next((x for x in state.measurements if x.regime == regime and x.knobs == m.knobs), None)
@@ -288,25 +300,34 @@ class _Change:
 def _apply(
     spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, now: datetime, change: _Change
 ) -> Decision:
-    """Guardrails every change passes, then the mode: Auto applies, Recommend reports, Paused holds."""
+    """Guardrails every change passes, then the mode: Auto applies, Recommend reports, Paused holds.
+
+    The cooldown holds traffic changes, and every change while the knobs are
+    a person's (schedules respect them too). A traffic change also leaves in
+    the day's budget the rollouts the schedule windows will need and room for
+    its own rollback (``rollback_room``); a schedule change needs one rollout
+    left, the traffic policy having kept it.
+    """
     assert state.current is not None
     if change.knobs in failed_configs(state):
         return _hold(
             state, now, HoldReason.NO_BETTER_CONFIG, f"{change.knobs} failed to start before: not retried", settings
         )
-    reserved = 0
-    if change.source == KnobSource.TRAFFIC:
+    manual = state.current.source == KnobSource.MANUAL
+    if change.source == KnobSource.TRAFFIC or manual:
         wait = cooldown_left(spec, state, now)
         if wait > 0:
-            reason = f"cooldown: {wait:.0f}s left before a traffic change ({change.reason})"
+            after = " after a person's change" if manual else ""
+            reason = f"cooldown{after}: {wait:.0f}s left before a {change.source.lower()} change ({change.reason})"
             return _hold(state, now, HoldReason.COOLDOWN, reason, settings, change.knobs, change.gain)
-        reserved = preset_boundaries(spec.schedules, now, DAY_SECONDS)
-    if budget_left(spec, state, now, reserved) < 1:
-        reason = (
-            f"rollout budget spent: {spec.rollout.max_rollouts_per_day} per day"
-            + (f", {reserved} kept for schedule windows" if reserved else "")
-            + f" ({change.reason})"
+    windows = rollback = 0
+    if change.source == KnobSource.TRAFFIC:
+        windows, rollback = scheduled_rollouts(spec.schedules, now, DAY_SECONDS), rollback_room(spec)
+    if budget_left(spec, state, now, windows + rollback) < 1:
+        kept = "".join(
+            f", {n} kept for {what}" for n, what in ((windows, "schedule windows"), (rollback, "its rollback")) if n
         )
+        reason = f"rollout budget spent: {spec.rollout.max_rollouts_per_day} per day{kept} ({change.reason})"
         return _hold(state, now, HoldReason.BUDGET, reason, settings, change.knobs, change.gain)
     if spec.mode == Mode.PAUSED:
         return _hold(
@@ -411,8 +432,6 @@ def _traffic_change(
             return HoldReason.NO_BETTER_CONFIG, "the bounds hold no config vLLM accepts"
         return _Change(target, KnobSource.TRAFFIC, f"{current.knobs} is outside spec.bounds", regime=base.regime)
     young = _regime_wait_seconds(spec, state, now)
-    last = state.last_rollout
-    judging = last is not None and last.phase == RolloutPhase.SUCCEEDED and last.verified_at is None
     if spec.traffic.strategy == Strategy.TIERS:
         tier = next((t for t in spec.traffic.tiers if t.name == base.regime), None)
         if tier is None:
@@ -458,7 +477,7 @@ def _traffic_change(
         )
     if step is None:
         return HoldReason.NO_BETTER_CONFIG, f"{reason}, but every step toward it is predicted worse than now"
-    if judging:
+    if _unjudged(state):
         return HoldReason.NOT_SETTLED, f"{reason}; the last change is not judged yet"
     if _draining(settings.slo, base, waiting_before):
         # a restart now would add its own backlog to one the current config is already clearing
@@ -590,7 +609,13 @@ def decide(spec: VllmTuningSpec, state: VllmTuningStatus, observation: Observati
     timezone-aware.
     """
     settings = settings_at(spec, state, now)
-    state = state.model_copy(update={"active_schedule": settings.window.schedule.name if settings.window else None})
+    window = settings.window
+    state = state.model_copy(
+        update={
+            "active_schedule": window.schedule.name if window else None,
+            "active_schedule_start": utc_timestamp(window.start) if window else None,
+        }
+    )
     state = _restart_loss(spec, settings.slo, state, observation)
     if state.current is None:
         return _hold(state, now, HoldReason.UNKNOWN_CONFIG, "the target's current knobs are not known yet", settings)

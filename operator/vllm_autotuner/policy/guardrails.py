@@ -118,6 +118,18 @@ def budget_left(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime, re
     return spec.rollout.max_rollouts_per_day - len(rollouts_last_day(state, now)) - reserved
 
 
+def rollback_room(spec: VllmTuningSpec) -> int:
+    """Rollouts a traffic change keeps in the daily budget for its own rollback: one, unless the limit is 1.
+
+    A failed start is always rolled back, and the rollback is a rollout of
+    the budget too; keeping room for it holds the day within the limit.
+    Under a limit of 1 that would forbid every change: there the one change
+    a day is made, and its rollback, if one is needed, is the one rollout
+    past the limit.
+    """
+    return 1 if spec.rollout.max_rollouts_per_day > 1 else 0
+
+
 def restart_seconds(state: VllmTuningStatus, pods: int) -> float:
     """Seconds one pod is out of service in a rolling restart: the last successful rollout's time per pod."""
     last = state.last_rollout

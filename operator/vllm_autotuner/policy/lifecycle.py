@@ -29,24 +29,44 @@ def adopt_generation(state: VllmTuningStatus, generation: int) -> VllmTuningStat
     return state.model_copy(update={"observed_generation": generation, "failed_configs": failed})
 
 
+def rollout_progressed(state: VllmTuningStatus, now: datetime, mark: int, paused: bool = False) -> VllmTuningStatus:
+    """The rollout in progress got further (``mark`` above the last one), or its Deployment is paused: its
+    progress deadline counts from ``now`` again. A slow rollout of many pods is not a failed one, and a paused
+    Deployment does not roll (the Deployment controller does not count paused time either)."""
+    if not _in_progress(state):
+        return state
+    assert state.last_rollout is not None
+    if mark <= state.last_rollout.progress_mark and not paused:
+        return state
+    rollout = state.last_rollout.model_copy(
+        update={"progressed_at": utc_timestamp(now), "progress_mark": max(mark, state.last_rollout.progress_mark)}
+    )
+    return state.model_copy(update={"last_rollout": rollout})
+
+
 def rollout_succeeded(state: VllmTuningStatus, now: datetime) -> VllmTuningStatus:
     """All pods of the rollout in progress are updated and Ready: its config is live from ``now``."""
     if not _in_progress(state) or state.current is None:
         return state
     assert state.last_rollout is not None
     rollout = state.last_rollout.model_copy(update={"phase": RolloutPhase.SUCCEEDED, "finished_at": utc_timestamp(now)})
-    target = rollout.to_knobs
-    current = state.current.model_copy(
+    current = _written(state, rollout.to_knobs, rollout.source, now)
+    return state.model_copy(update={"last_rollout": rollout, "current": current})
+
+
+def _written(state: VllmTuningStatus, knobs: Knobs, source: KnobSource, now: datetime) -> CurrentKnobs:
+    """``state.current`` once the template holds ``knobs``, written by us for ``source``, from ``now`` on."""
+    assert state.current is not None
+    return state.current.model_copy(
         update={
-            "max_num_batched_tokens": target.max_num_batched_tokens,
-            "max_num_seqs": target.max_num_seqs,
+            "max_num_batched_tokens": knobs.max_num_batched_tokens,
+            "max_num_seqs": knobs.max_num_seqs,
             "since": utc_timestamp(now),
-            "source": rollout.source,
+            "source": source,
             "from_defaults": False,
             "defaults_table": None,
         }
     )
-    return state.model_copy(update={"last_rollout": rollout, "current": current})
 
 
 def _roll_back(state: VllmTuningStatus, now: datetime, phase: RolloutPhase, reason: str) -> Decision:
@@ -81,7 +101,10 @@ def rollout_failed(state: VllmTuningStatus, now: datetime, message: str, generat
     ``message`` is what went wrong (e.g. the vLLM error of a crash-looping
     pod); the config is remembered as failed under spec ``generation``.
     A failed rollback (the old config no longer starts) is not a config's
-    fault: it is recorded in the rollout and nothing is rolled back.
+    fault: it is recorded in the rollout and nothing is rolled back; the
+    config rolled back to is the current one from now on (the template says
+    so, and the Deployment controller keeps rolling it out), so that the
+    template is not taken for a patch of ours whose status write was lost.
     """
     if not _in_progress(state) or state.current is None:
         raise ValueError("no rollout in progress to fail")
@@ -91,9 +114,11 @@ def rollout_failed(state: VllmTuningStatus, now: datetime, message: str, generat
         closed = state.last_rollout.model_copy(
             update={"phase": RolloutPhase.FAILED, "finished_at": utc_timestamp(now), "message": message}
         )
+        current = _written(state, failed, KnobSource.ROLLBACK, now)
         reason = f"rollback to {failed} did not become Ready: {message}"
         state = with_history(
-            state.model_copy(update={"last_rollout": closed}), now, DecisionAction.HOLD, failed, reason
+            state.model_copy(update={"last_rollout": closed, "current": current}), now, DecisionAction.HOLD, failed,
+            reason,
         )
         return Decision(
             action=DecisionAction.HOLD, knobs=state.current.knobs if state.current else None, reason=reason, state=state
@@ -119,6 +144,22 @@ def regression_measured(state: VllmTuningStatus, now: datetime, reason: str) -> 
     if state.last_rollout is None or state.current is None:
         raise ValueError("no rollout to roll back")
     return _roll_back(state, now, RolloutPhase.ROLLED_BACK, reason)
+
+
+def defaults_resolved(state: VllmTuningStatus, knobs: Knobs, table: str | None) -> VllmTuningStatus:
+    """The template still leaves a knob to vLLM, but which default that means is now known better (the GPU of
+    a node a pod landed on): ``current`` is corrected, not changed. Nothing was restarted, so it keeps its
+    source and since, and it is no person's change (no cooldown)."""
+    if state.current is None:
+        raise ValueError("no current knobs to correct")
+    current = state.current.model_copy(
+        update={
+            "max_num_batched_tokens": knobs.max_num_batched_tokens,
+            "max_num_seqs": knobs.max_num_seqs,
+            "defaults_table": table,
+        }
+    )
+    return state.model_copy(update={"current": current})
 
 
 def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime) -> VllmTuningStatus:

@@ -8,8 +8,9 @@ fall-back fires once). All comparisons are made in UTC, because Python
 compares two datetimes of one zone by wall clock and would misorder the
 repeated hour. A window is also in force during its *pre-roll*, the time
 before it opens, so that a preset's rolling restart is complete when the
-window starts. Overlaps go to the highest ``priority``, then the earlier
-entry.
+window starts; once in force, it stays in force until that opening closes,
+even when the pre-roll, recomputed from the last rollout (the preset's own),
+shrinks. Overlaps go to the highest ``priority``, then the earlier entry.
 """
 
 from __future__ import annotations
@@ -50,16 +51,21 @@ def _previous(expr: str, zone_name: str, moment: datetime) -> datetime | None:
     """The last occurrence at or before ``moment`` (UTC), or None within cronsim's 50-year horizon."""
     local = moment.astimezone(time_zone(zone_name)).replace(microsecond=0) + timedelta(seconds=1)
     try:
-        return next(CronSim(expr, local, reverse=True)).astimezone(UTC)
+        found = next(CronSim(expr, local, reverse=True)).astimezone(UTC)
     except StopIteration:
         return None
+    # in the second pass of a repeated hour the wall clock lies behind an occurrence already past: step up to it
+    while (later := _following(expr, zone_name, found)) is not None and later <= moment:
+        found = later
+    return found
 
 
 def _following(expr: str, zone_name: str, moment: datetime) -> datetime | None:
     """The first occurrence strictly after ``moment`` (UTC)."""
     local = moment.astimezone(time_zone(zone_name)).replace(microsecond=0)
     try:
-        return next(CronSim(expr, local)).astimezone(UTC)
+        # in the second pass of a repeated hour, cronsim yields the occurrence of its first pass: not after moment
+        return next(found for found in (x.astimezone(UTC) for x in CronSim(expr, local)) if found > moment)
     except StopIteration:
         return None
 
@@ -98,12 +104,22 @@ def pre_roll_seconds(schedule: Schedule, state: VllmTuningStatus) -> float:
 def window_in_force(
     schedules: Sequence[Schedule], state: VllmTuningStatus, now: datetime
 ) -> tuple[ActiveWindow | None, list[str]]:
-    """The window in force at ``now`` (highest priority, then list order), and one error per unreadable schedule."""
+    """The window in force at ``now`` (highest priority, then list order), and one error per unreadable schedule.
+
+    The window in force at the last evaluation (``state.active_schedule``)
+    keeps its pre-roll up to the opening it was in force for
+    (``state.active_schedule_start``): otherwise the preset's own rollout,
+    shorter than the pre-roll it was started in, would take the window out
+    of force before it opens, and the preset would be undone and redone.
+    """
     best: ActiveWindow | None = None
     errors = []
     for index, schedule in enumerate(schedules):
+        pre_roll = pre_roll_seconds(schedule, state)
+        if schedule.name == state.active_schedule and state.active_schedule_start is not None:
+            pre_roll = max(pre_roll, (datetime.fromisoformat(state.active_schedule_start) - now).total_seconds())
         try:
-            found = window_at(schedule, now, pre_roll_seconds(schedule, state))
+            found = window_at(schedule, now, pre_roll)
         except ValueError as exc:
             errors.append(f"schedule {schedule.name} ignored: {exc}")
             continue
@@ -112,14 +128,23 @@ def window_in_force(
     return best, errors
 
 
-def preset_boundaries(schedules: Sequence[Schedule], now: datetime, horizon_seconds: float) -> int:
-    """How many times a preset window opens or closes within the horizon: rollouts to keep in the budget."""
+def scheduled_rollouts(schedules: Sequence[Schedule], now: datetime, horizon_seconds: float) -> int:
+    """How many times a window may force a rollout within the horizon: rollouts to keep in the budget.
+
+    A preset window forces one when it opens and one when it closes; a window
+    with bounds one when it opens (the knobs may lie outside them); a window
+    that only overrides the SLO none.
+    """
     until = now + timedelta(seconds=horizon_seconds)
     count = 0
     for schedule in schedules:
-        if schedule.knobs is None:
+        if schedule.knobs is not None:
+            boundaries = (schedule.start, schedule.end)
+        elif schedule.bounds is not None:
+            boundaries = (schedule.start,)
+        else:
             continue
-        for expr in (schedule.start, schedule.end):
+        for expr in boundaries:
             try:
                 parse_cron(expr)
                 moment = _following(expr, schedule.time_zone, now)

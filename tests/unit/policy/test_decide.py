@@ -7,13 +7,25 @@ from datetime import timedelta
 
 import pytest
 
-from vllm_autotuner.api import SLO, Bounds, CurrentKnobs, DecisionAction, KnobSource, Measurement, Tier, TierMatch
+from vllm_autotuner.api import (
+    SLO,
+    Bounds,
+    CurrentKnobs,
+    DecisionAction,
+    KnobSource,
+    Measurement,
+    Tier,
+    TierMatch,
+    VllmTuningStatus,
+)
 from vllm_autotuner.api.status import RolloutPhase
+from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.policy import (
     HoldReason,
     adaptive,
     adopt_generation,
     decide,
+    defaults_resolved,
     manual_change_detected,
     rollout_failed,
     rollout_succeeded,
@@ -136,7 +148,7 @@ def test_cooldown_after_a_rollout():
 
 
 def test_daily_budget_counts_the_last_24_hours():
-    the_spec = spec(rollout={"maxRolloutsPerDay": 2})
+    the_spec = spec(rollout={"maxRolloutsPerDay": 3})  # two used: the last one is kept for a rollback
     times = ["2024-04-30T12:30:00Z", "2024-05-01T06:00:00Z"]
     state = warmed(the_spec, status(rollout_times=times))
     decision = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
@@ -325,6 +337,30 @@ def test_failed_start_is_rolled_back_and_never_retried_under_this_generation():
     assert adopt_generation(back, 4).failed_configs == []
 
 
+def test_a_rollback_that_fails_too_makes_its_config_current_and_is_not_retried():
+    state = adopt_generation(warmed(), 3)
+    change = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
+    back = rollout_failed(change.state, T0 + timedelta(minutes=10), "CUDA out of memory", generation=3)
+    at = T0 + timedelta(minutes=20)
+    stuck = rollout_failed(back.state, at, "pods not Ready (no GPU left)", generation=3)
+    assert stuck.action == DecisionAction.HOLD and not stuck.changes
+    # the template holds the rolled-back config and the Deployment keeps rolling it out: it is the current one
+    assert stuck.state.current.knobs == knobs(8192, 1024) and stuck.state.current.source == KnobSource.ROLLBACK
+    assert stuck.state.current.since == "2024-05-01T12:20:00Z"
+    assert stuck.state.last_rollout.phase == "Failed" and len(stuck.state.failed_configs) == 1
+
+
+def test_defaults_known_better_correct_the_current_knobs_without_a_cooldown():
+    assumed = status().model_copy(update={"current": status().current.model_copy(
+        update={"from_defaults": True, "defaults_table": "GPU memory unknown, >= 70 GiB assumed"})})
+    state = defaults_resolved(warmed(state=assumed), knobs(2048, 256), "GPU with 48 GiB (< 70)")
+    current = state.current
+    assert current.knobs == knobs(2048, 256) and current.defaults_table == "GPU with 48 GiB (< 70)"
+    assert current.source == KnobSource.INITIAL and current.since == assumed.current.since and current.from_defaults
+    decision = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
+    assert decision.hold != HoldReason.COOLDOWN
+
+
 def test_manual_change_is_adopted_and_respected_for_a_cooldown():
     state = manual_change_detected(warmed(), knobs(8192, 512), T0 - timedelta(minutes=8))
     assert state.current.source == KnobSource.MANUAL
@@ -434,3 +470,98 @@ def test_only_steady_windows_become_measurements():
     assert judged.last_rollout.verified_at is not None
     assert knobs(1024, 1024) in [m.knobs for m in judged.measurements]
     assert next(m for m in judged.measurements if m.knobs == knobs(8192, 1024)).abandoned == 1
+
+
+PRESET = {"maxNumBatchedTokens": 16384, "maxNumSeqs": 512}
+
+
+def _evaluated(the_spec, state, start, end, step, rollout=timedelta(seconds=80)):
+    """Evaluate without traffic data every ``step`` from ``start`` until ``end``, each change taking ``rollout``:
+    the changes made, and the status at the end."""
+    changes, now = [], start
+    while now < end:
+        decision = decide(the_spec, state, None, now)
+        state = decision.state
+        if decision.changes:
+            changes.append(decision)
+            state = rollout_succeeded(state, now + rollout)
+        now += step
+    return changes, state
+
+
+def test_a_preset_stays_in_force_when_its_own_quick_rollout_shortens_the_pre_roll():
+    # pre-rolled 5 minutes ahead (no rollout measured yet); the preset's 80 s rollout makes the pre-roll 140 s
+    night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "knobs": PRESET}
+    the_spec = spec(schedules=[night])
+    opens = T0.replace(hour=22)
+    start, minute = opens - timedelta(minutes=5), timedelta(minutes=1)
+    changes, state = _evaluated(the_spec, status(), start, opens + timedelta(hours=1), minute)
+    assert [c.knobs for c in changes] == [knobs(16384, 512)] and "pre-roll" in changes[0].reason
+    assert state.rollout_times == ["2024-05-01T21:55:00Z"] and state.active_schedule == "night"
+
+
+def test_a_window_ending_in_the_repeated_hour_of_fall_back_rolls_out_twice_that_night():
+    # 22:00 EDT to 01:30 EDT on 2024-11-03; the clocks then show 01:00-02:00 again (EST), without the window
+    night = {"name": "night", "timeZone": "America/New_York", "start": "0 22 * * *", "end": "30 1 * * *",
+             "preRoll": "0s", "knobs": PRESET}  # fmt: skip
+    the_spec = spec(schedules=[night])
+    start = T0.replace(month=11, day=3, hour=1, minute=30)  # 21:30 EDT on 2 November
+    changes, state = _evaluated(the_spec, status(), start, start + timedelta(hours=7), timedelta(minutes=5))
+    assert [c.knobs for c in changes] == [knobs(16384, 512), knobs(8192, 1024)]
+    assert state.rollout_times == ["2024-11-03T02:00:00Z", "2024-11-03T05:30:00Z"]
+
+
+def test_a_persons_change_in_a_preset_window_is_respected_for_the_cooldown():
+    night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "0s", "knobs": PRESET}
+    the_spec = spec(schedules=[night])
+    opens = T0.replace(hour=22)
+    state = succeed(decide(the_spec, status(), None, opens), opens + timedelta(minutes=2))
+    state = manual_change_detected(state, knobs(4096, 256), opens + timedelta(minutes=30))
+    held = decide(the_spec, state, None, opens + timedelta(minutes=31))
+    assert held.hold == HoldReason.COOLDOWN and held.knobs == knobs(4096, 256)
+    assert "person" in held.reason and "840s left" in held.reason
+    # the 15m cooldown is over and the window still open: the preset again, and the person's knobs after it
+    again = decide(the_spec, held.state, None, opens + timedelta(minutes=45))
+    assert again.action == DecisionAction.CHANGE and again.knobs == knobs(16384, 512)
+    assert again.state.resume_knobs == knobs(4096, 256)
+
+
+def test_windows_are_remembered_again_after_a_person_superseded_a_rollout():
+    state = warmed()
+    change = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
+    state = manual_change_detected(change.state, knobs(4096, 256), T0 + timedelta(minutes=1))
+    assert state.last_rollout.phase == RolloutPhase.FAILED and state.last_rollout.verified_at is None
+    at = T0 + timedelta(minutes=10)
+    decision = decide(SPEC, state, long_prompt_window(state, SPEC, now=at), at)
+    assert decision.hold == HoldReason.COOLDOWN
+    assert [m.knobs for m in decision.state.measurements][:1] == [knobs(4096, 256)]
+
+
+def test_a_traffic_change_keeps_room_in_the_budget_for_its_rollback():
+    the_spec = spec(rollout={"maxRolloutsPerDay": 3})
+    state = warmed(the_spec, status(rollout_times=["2024-05-01T06:00:00Z", "2024-05-01T07:00:00Z"]))
+    held = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
+    assert held.hold == HoldReason.BUDGET and "1 kept for its rollback" in held.reason
+    # one more left: the change and its rollback both fit in the day
+    state = warmed(the_spec, status(rollout_times=["2024-05-01T06:00:00Z"]))
+    change = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
+    back = rollout_failed(change.state, T0 + timedelta(minutes=5), "CUDA out of memory", generation=1)
+    assert back.action == DecisionAction.ROLLBACK and len(back.state.rollout_times) == 3
+
+
+def test_a_limit_of_one_rollout_a_day_still_allows_a_change():
+    the_spec = spec(rollout={"maxRolloutsPerDay": 1})
+    state = warmed(the_spec)
+    assert decide(the_spec, state, long_prompt_window(state, the_spec), T0).action == DecisionAction.CHANGE
+
+
+def test_rollout_times_stay_within_the_status_cap_at_the_highest_limit():
+    # a schedule change needs one rollout left, and its rollback comes on top: at most 288 + 1 in a day
+    night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "0s", "knobs": PRESET}
+    the_spec = spec(rollout={"maxRolloutsPerDay": 288}, schedules=[night])
+    opens = T0.replace(hour=22)
+    times = [utc_timestamp(opens - timedelta(minutes=4 * n)) for n in range(287, 0, -1)]
+    change = decide(the_spec, status(rollout_times=times), None, opens)
+    back = rollout_failed(change.state, opens + timedelta(minutes=3), "CUDA out of memory", generation=1)
+    assert len(back.state.rollout_times) == 289
+    VllmTuningStatus.model_validate(back.state.model_dump(by_alias=True))  # within the CRD's maxItems

@@ -153,6 +153,8 @@ def test_a_day_of_random_traffic_respects_cooldown_budget_and_failures(setup, da
                 failed.add(rollout.to_knobs)
                 decision = rollout_failed(state, now, "CUDA out of memory", generation=1)
                 starts.append(now)
+                # the change kept room for its rollback
+                assert sum(1 for s in starts if now - s < timedelta(hours=24)) <= the_spec.rollout.max_rollouts_per_day
                 state = decision.state
             else:
                 state = rollout_succeeded(state, now)

@@ -9,7 +9,7 @@ import pytest
 from vllm_autotuner.api import Schedule, VllmTuningStatus
 from vllm_autotuner.api.status import Rollout, RolloutPhase
 from vllm_autotuner.api.types import utc_timestamp
-from vllm_autotuner.policy.schedule import pre_roll_seconds, preset_boundaries, window_at, window_in_force
+from vllm_autotuner.policy.schedule import pre_roll_seconds, scheduled_rollouts, window_at, window_in_force
 
 from .helpers import knobs
 
@@ -130,12 +130,12 @@ def test_unreadable_schedules_are_reported_and_skipped():
     assert len(errors) == 2 and "badcron" in errors[0] and "Bad hour" in errors[0] and "IANA" in errors[1]
 
 
-def test_preset_boundaries_count_openings_and_closings_within_the_horizon():
+def test_scheduled_rollouts_count_openings_and_closings_within_the_horizon():
     night = sched("0 22 * * *", "0 6 * * *")
     overrides = Schedule(name="o", start="0 12 * * *", end="0 13 * * *", slo={"ttft": {"seconds": 5}})
-    assert preset_boundaries([night, overrides], utc(2024, 5, 1, 12), 24 * 3600) == 2
-    assert preset_boundaries([night], utc(2024, 5, 1, 12), 11 * 3600) == 1
-    assert preset_boundaries([night], utc(2024, 5, 1, 12), 3 * 24 * 3600) == 6
+    assert scheduled_rollouts([night, overrides], utc(2024, 5, 1, 12), 24 * 3600) == 2
+    assert scheduled_rollouts([night], utc(2024, 5, 1, 12), 11 * 3600) == 1
+    assert scheduled_rollouts([night], utc(2024, 5, 1, 12), 3 * 24 * 3600) == 6
 
 
 def test_every_moment_of_a_dst_year_is_in_force_exactly_when_local_time_says_so():
@@ -146,3 +146,43 @@ def test_every_moment_of_a_dst_year_is_in_force_exactly_when_local_time_says_so(
         expected = local.hour >= 22 or local.hour < 6
         assert (in_force(NIGHT_BERLIN, moment) is not None) == expected, moment
         moment += timedelta(hours=1)
+
+
+def test_new_york_fall_back_window_ending_in_the_repeated_hour_closes_once():
+    # 22:00 EDT (02:00 UTC) to 01:30 EDT (05:30 UTC); 01:30 EST (06:30 UTC) repeats the end, not the window
+    window = sched("0 22 * * *", "30 1 * * *", "America/New_York")
+    assert in_force(window, utc(2024, 11, 3, 5, 29)) == (utc(2024, 11, 3, 2, 0), utc(2024, 11, 3, 5, 30))
+    for moment in (utc(2024, 11, 3, 5, 30), utc(2024, 11, 3, 6, 0), utc(2024, 11, 3, 6, 45), utc(2024, 11, 4, 2, 59)):
+        assert in_force(window, moment) is None, moment
+    # the next night opens at 22:00 EST (03:00 UTC)
+    assert in_force(window, utc(2024, 11, 4, 3, 0)) == (utc(2024, 11, 4, 3, 0), utc(2024, 11, 4, 6, 30))
+
+
+def test_a_window_in_force_in_its_pre_roll_stays_in_force_when_the_pre_roll_shrinks():
+    window = Schedule(name="w", start="0 22 * * *", end="0 6 * * *", knobs=knobs(16384, 512))
+    # the preset's own rollout took 80 s: the pre-roll is now 140 s, not the 300 s it was entered in
+    rollout = Rollout(
+        from_knobs=knobs(8192, 1024),
+        to_knobs=knobs(16384, 512),
+        source="Schedule",
+        reason="r",
+        started_at=utc_timestamp(utc(2024, 5, 1, 21, 55)),
+        finished_at=utc_timestamp(utc(2024, 5, 1, 21, 56, 20)),
+        phase=RolloutPhase.SUCCEEDED,
+    )
+    moment = utc(2024, 5, 1, 21, 56, 30)
+    fresh = VllmTuningStatus(last_rollout=rollout)
+    assert window_in_force([window], fresh, moment)[0] is None
+    entered = fresh.model_copy(update={"active_schedule": "w", "active_schedule_start": "2024-05-01T22:00:00Z"})
+    found, _ = window_in_force([window], entered, moment)
+    assert found is not None and found.start == utc(2024, 5, 1, 22) and found.end == utc(2024, 5, 2, 6)
+    # an opening already past (the window closed since) extends nothing
+    stale = entered.model_copy(update={"active_schedule_start": "2024-04-30T22:00:00Z"})
+    assert window_in_force([window], stale, moment)[0] is None
+
+
+def test_a_window_with_bounds_keeps_budget_for_its_opening_and_one_with_an_slo_none():
+    bounds = Schedule(name="b", start="0 22 * * *", end="0 6 * * *", bounds={"maxNumBatchedTokens": {"max": 4096}})
+    slo = Schedule(name="s", start="0 12 * * *", end="0 13 * * *", slo={"ttft": {"seconds": 5}})
+    assert scheduled_rollouts([bounds], utc(2024, 5, 1, 12), 24 * 3600) == 1
+    assert scheduled_rollouts([bounds, slo], utc(2024, 5, 1, 12), 3 * 24 * 3600) == 3

@@ -157,6 +157,29 @@ def test_deployment_pods_are_scheduled_onto_gpu_nodes_and_a_template_change_roll
     assert f"Insufficient {GPU}" in message
 
 
+def test_pods_of_a_deployment_with_a_long_name_begin_with_the_cut_replicaset_name(
+    cluster: Cluster, namespace: str
+) -> None:
+    """The apiserver keeps 58 characters of a generateName: a Deployment named with 50 loses part of its
+    ReplicaSet's hash in its pods' names, and the operator must still find their series."""
+    from vllm_autotuner.controller.reconcile import pod_prefix
+
+    apps, core = client.AppsV1Api(cluster.api), client.CoreV1Api(cluster.api)
+    name = "llama-3-1-8b-instruct-chat-production-eu-west-one"
+    assert len(name) == 49
+    deployment = apps.create_namespaced_deployment(namespace, vllm_deployment(name, "no-such-pool", 2048))
+
+    def pods() -> list[client.V1Pod]:
+        found = core.list_namespaced_pod(namespace, label_selector=f"app={name}").items
+        return found if len(found) == 2 else []
+
+    found = wait_for(pods, 60, "the ReplicaSet controller to create both pods (unschedulable, which is fine)")
+    (rs,) = [r for r in apps.list_namespaced_replica_set(namespace).items
+             if r.metadata.owner_references[0].uid == deployment.metadata.uid]
+    assert all(p.metadata.name.startswith(pod_prefix(rs.metadata.name)) for p in found)
+    assert not any(p.metadata.name.startswith(f"{rs.metadata.name}-") for p in found)  # the uncut name misses them
+
+
 def test_the_other_controllers_the_operator_relies_on_run(cluster: Cluster, namespace: str) -> None:
     core, policy = client.CoreV1Api(cluster.api), client.PolicyV1Api(cluster.api)
     meta = client.V1ObjectMeta

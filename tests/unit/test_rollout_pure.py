@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from vllm_autotuner.api import Knobs
-from vllm_autotuner.rollout.patch import KNOBS_ANNOTATION, knob_patch, template_engine_args, written_by_operator
-from vllm_autotuner.rollout.progress import Progress, rollout_in_progress, rollout_state
+from vllm_autotuner.rollout.patch import (
+    KNOBS_ANNOTATION,
+    TUNING_ANNOTATION,
+    knob_patch,
+    template_engine_args,
+    written_by_operator,
+)
+from vllm_autotuner.rollout.progress import Progress, progress_mark, rollout_in_progress, rollout_state
 
 
 def deployment(args, generation=3, status=None, annotations=None):
@@ -47,10 +53,12 @@ def test_patch_touches_only_the_vllm_container_args_and_carries_the_resource_ver
 def test_operator_written_knobs_are_recognised_and_manual_edits_are_not():
     knobs = Knobs(max_num_batched_tokens=4096, max_num_seqs=128)
     ours = deployment(
-        ["--max-num-seqs", "128"], annotations={KNOBS_ANNOTATION: "maxNumBatchedTokens=4096,maxNumSeqs=128"}
+        ["--max-num-seqs", "128"],
+        annotations={KNOBS_ANNOTATION: "maxNumBatchedTokens=4096,maxNumSeqs=128", TUNING_ANNOTATION: "chat"},
     )
-    assert written_by_operator(ours, knobs)
-    assert not written_by_operator(ours, Knobs(max_num_batched_tokens=4096, max_num_seqs=64))
+    assert written_by_operator(ours, knobs, "chat")
+    assert not written_by_operator(ours, Knobs(max_num_batched_tokens=4096, max_num_seqs=64), "chat")
+    assert not written_by_operator(ours, knobs, "chat-night")  # another tuning's change is not ours to resume
     assert template_engine_args(ours, "vllm").max_num_seqs == 128
 
 
@@ -102,3 +110,42 @@ def test_crash_loop_fails_fast_with_the_vllm_error():
     failed = rollout_state(midway, 3, [crashing_pod(2)], "vllm", 30, 600)
     assert failed.progress is Progress.FAILED
     assert "No available memory for the cache blocks" in failed.message and "llama-abc-1" in failed.message
+
+
+def test_a_slow_rollout_that_keeps_progressing_is_not_failed_and_a_stalled_one_is():
+    """Eight pods, one at a time, four minutes each (32 minutes) under a 10-minute progressDeadline."""
+    from datetime import UTC, datetime, timedelta
+
+    from vllm_autotuner.api import CurrentKnobs, KnobSource, VllmTuningStatus
+    from vllm_autotuner.policy import rollout_progressed
+    from vllm_autotuner.policy.decision import with_rollout
+
+    t0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+    current = CurrentKnobs(max_num_batched_tokens=8192, max_num_seqs=256, since="2024-05-01T10:00:00Z",
+                           source=KnobSource.INITIAL)
+    state = with_rollout(VllmTuningStatus(current=current), t0, Knobs(max_num_batched_tokens=2048, max_num_seqs=256),
+                         KnobSource.TRAFFIC, "ITL breach")
+    # before the Deployment controller has seen the patch, its counts are the old template's: no progress
+    before = deployment([], generation=4, status={"observedGeneration": 3, "updatedReplicas": 8})
+    assert progress_mark(before, {"status": {"availableReplicas": 8}}, 4) == 0
+
+    def judged(at, updated, available):
+        nonlocal state
+        dep = deployment([], generation=4, status={
+            "observedGeneration": 4, "replicas": 8, "updatedReplicas": updated, "availableReplicas": 7})
+        dep["spec"]["replicas"] = 8
+        state = rollout_progressed(state, at, progress_mark(dep, {"status": {"availableReplicas": available}}, 4))
+        since = datetime.fromisoformat(state.last_rollout.progressed_at or state.last_rollout.started_at)
+        return rollout_state(dep, 4, [], "vllm", (at - since).total_seconds(), 600).progress
+
+    for pod in range(1, 8):  # pod n is created at 4n-4 minutes and Ready at 4n
+        assert judged(t0 + timedelta(minutes=4 * pod - 4), pod, pod - 1) is Progress.IN_PROGRESS
+        assert judged(t0 + timedelta(minutes=4 * pod), pod, pod) is Progress.IN_PROGRESS
+    assert state.last_rollout.progress_mark == 14 and state.last_rollout.progressed_at == "2024-05-01T12:28:00Z"
+    # the eighth pod is created, then never becomes Ready (no GPU left): failed ten minutes after the last step
+    assert judged(t0 + timedelta(minutes=29), 8, 7) is Progress.IN_PROGRESS
+    assert judged(t0 + timedelta(minutes=39), 8, 7) is Progress.IN_PROGRESS
+    assert judged(t0 + timedelta(minutes=39, seconds=1), 8, 7) is Progress.FAILED
+    # paused, the clock does not run
+    paused = rollout_progressed(state, t0 + timedelta(minutes=50), 15 - 1, paused=True)
+    assert paused.last_rollout.progressed_at == "2024-05-01T12:50:00Z"

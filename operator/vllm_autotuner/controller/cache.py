@@ -23,13 +23,26 @@ def deployment_index(namespace: str, name: str, body: Mapping[str, Any]) -> dict
 
 
 def replicaset_index(namespace: str, body: Mapping[str, Any]) -> dict[Key, dict[str, Any]]:
-    """Index entries of a ReplicaSet: by (namespace, owner uid), for each owner."""
+    """Index entries of a ReplicaSet: by (namespace, owner uid), for each owner. Its metadata and status only:
+    its spec repeats its Deployment's pod template, and every Deployment keeps up to ten old ReplicaSets."""
     owners = body.get("metadata", {}).get("ownerReferences") or []
-    return {(namespace, ref["uid"]): _plain(body) for ref in owners if ref.get("uid")}
+    entry = {"metadata": _plain(body)["metadata"], "status": dict(body.get("status") or {})}
+    return {(namespace, ref["uid"]): entry for ref in owners if ref.get("uid")}
+
+
+def _target_key(body: Mapping[str, Any]) -> Key:
+    return body["metadata"]["namespace"], ((body.get("spec") or {}).get("targetRef") or {}).get("name", "")
+
+
+#: Metadata the operator never reads, and the largest: the write history and kubectl's copy of the whole object.
+_UNREAD_METADATA = {"managedFields"}
+_UNREAD_ANNOTATIONS = {"kubectl.kubernetes.io/last-applied-configuration"}
 
 
 def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
-    metadata = {k: v for k, v in dict(body.get("metadata", {})).items() if k != "managedFields"}
+    metadata = {k: v for k, v in dict(body.get("metadata", {})).items() if k not in _UNREAD_METADATA}
+    if metadata.get("annotations"):
+        metadata["annotations"] = {k: v for k, v in metadata["annotations"].items() if k not in _UNREAD_ANNOTATIONS}
     return {**dict(body), "metadata": metadata}
 
 
@@ -38,6 +51,7 @@ class ClusterCache:
 
     def __init__(self) -> None:
         self.tunings: dict[Key, dict[str, Any]] = {}
+        self._by_target: dict[Key, set[str]] = {}  # (namespace, Deployment) -> names of the tunings naming it
         self._deployments: Mapping[Key, Iterable[dict[str, Any]]] = {}
         self._replicasets: Mapping[Key, Iterable[dict[str, Any]]] = {}
 
@@ -49,10 +63,16 @@ class ClusterCache:
     def on_tuning_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """Apply one VllmTuning watch event (``event_type`` None is kopf's initial listing)."""
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        if event_type == "DELETED":
-            self.tunings.pop(key, None)
-        else:
+        old = self.tunings.pop(key, None)
+        if old is not None:
+            self._by_target.get(_target_key(old), set()).discard(key[1])
+        if event_type != "DELETED":
             self.tunings[key] = _plain(body)
+            self._by_target.setdefault(_target_key(body), set()).add(key[1])
+
+    def tunings_of(self, namespace: str, deployment: str) -> list[str]:
+        """Names of the VllmTunings in ``namespace`` whose targetRef names ``deployment``, sorted."""
+        return sorted(self._by_target.get((namespace, deployment), ()))
 
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         found = list(self._deployments.get((namespace, name), ()))

@@ -39,6 +39,18 @@ class Kube:
     def _dict(self, obj: Any) -> dict[str, Any]:
         return self.api_client.sanitize_for_serialization(obj)
 
+    def serves_tunings(self) -> bool:
+        """Whether the apiserver serves VllmTunings (API discovery, which every authenticated client may read):
+        False until the CRD is installed and Established."""
+        self._count("get", "discovery")
+        try:
+            found = self.custom.get_api_resources(GROUP, VERSION, _request_timeout=TIMEOUT)
+        except client.exceptions.ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return any(r.name == PLURAL for r in found.resources or [])
+
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
         self._count("get", "deployments")
         return self._dict(self.apps.read_namespaced_deployment(name, namespace, _request_timeout=TIMEOUT))

@@ -172,6 +172,15 @@ async def run(options: RunOptions) -> int:
         elector = LeaderElector(client.CoordinationV1Api(api_client),
                                 LeaseConfig(options.lease_namespace, options.lease_name, identity))
         await elector.acquire()
+    if not await asyncio.to_thread(kube.serves_tunings):
+        # kopf resolves the resource once (no CRD watch, see ``configure``): started without it, it would never
+        # watch VllmTunings while /healthz said ok. Exiting lets the pod restart until the CRD is there.
+        log.error("the apiserver does not serve %s/%s %s: install the CRD first (kubectl apply -f crds/, or the "
+                  "chart's crds/), then the operator", GROUP, VERSION, PLURAL)
+        if elector is not None:
+            await asyncio.to_thread(elector.release)
+        await http.stop()
+        return 2
     metrics.leader.set(1)
     cache = ClusterCache()
     reconciler = Reconciler(kube, cache, observation_service(metrics), metrics, options.settings)

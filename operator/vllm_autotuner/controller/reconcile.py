@@ -8,7 +8,8 @@ only fetches what those need, applies what they return, and reports.
 
 Safety rules it enforces around the policy: nothing is patched unless the
 mode is Auto (a rollback of our own failed rollout excepted), the target and
-its args are readable, and no rollout (by anyone) is running; the status is
+its args are readable, it is not paused and no other VllmTuning names it,
+and no rollout (by anyone) is running; the status is
 written after the patch, and a restarted operator recognises its own patch
 by the pod-template annotations, so a rollout is never started twice.
 """
@@ -56,18 +57,23 @@ from vllm_autotuner.policy import (
     Observation,
     adopt_generation,
     decide,
+    defaults_resolved,
     effective_slo,
     manual_change_detected,
     rollout_failed,
+    rollout_progressed,
     rollout_succeeded,
 )
 from vllm_autotuner.policy.decision import with_rollout
 from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
 from vllm_autotuner.rollout.patch import written_by_operator, written_reason
-from vllm_autotuner.rollout.progress import Progress, rollout_in_progress, rollout_state
+from vllm_autotuner.rollout.progress import Progress, progress_mark, rollout_in_progress, rollout_state
 
 log = logging.getLogger(__name__)
 
+#: Characters of a generateName the apiserver keeps (63 less the 5 random ones it adds): the pods of a Deployment
+#: whose name is 47 characters or more have names that begin with a cut ReplicaSet name.
+GENERATED_NAME_BASE = 58
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as GPU Feature Discovery writes it
@@ -81,6 +87,12 @@ class OperatorSettings:
 
     prometheus_url: str | None = None
     naive_queries: bool = False  # one query per family per tuning: the scale benchmark's baseline
+
+
+def pod_prefix(replicaset: str) -> str:
+    """What the names of a ReplicaSet's pods begin with: its name and '-' (their generateName), cut as the
+    apiserver cuts it before adding five random characters."""
+    return f"{replicaset}-"[:GENERATED_NAME_BASE]
 
 
 class TargetProblem(Exception):
@@ -105,7 +117,7 @@ class Target:
 
     @property
     def pod_prefix(self) -> str | None:
-        return f"{self.replicaset['metadata']['name']}-" if self.replicaset else None
+        return pod_prefix(self.replicaset["metadata"]["name"]) if self.replicaset else None
 
     @property
     def ready_pods(self) -> int:
@@ -219,9 +231,18 @@ class Reconciler:
         target = await self._target(namespace, spec)
         report.state = self._adopt_target(report, target)
         await self._track_rollout(spec, target, report)
+        if target.deployment["spec"].get("paused"):
+            name = spec.target_ref.name
+            raise TargetProblem(events.TARGET_PAUSED,
+                                f"Deployment {namespace}/{name} is paused: no rollout can run, so nothing is changed; "
+                                f"`kubectl rollout resume deployment/{name} -n {namespace}` to go on tuning")
         observation = None
         if report.state.last_rollout is None or report.state.last_rollout.phase != RolloutPhase.IN_PROGRESS:
             observation = await self._observe(namespace, spec, target, report)
+            if observation is None and rollout_in_progress(target.deployment):
+                # no window (a rollout leaves partial series; Prometheus may be down), but the Deployment says
+                # someone else's rollout runs: the policy must know, or a schedule would patch into it
+                observation = Observation(window_start=report.now, window_end=report.now, rollout_in_progress=True)
         before = report.state
         decision = decide(spec, before, observation, report.now)
         report.decision = decision
@@ -248,6 +269,12 @@ class Reconciler:
             raise TargetProblem(
                 events.TARGET_NOT_FOUND,
                 f"Deployment {namespace}/{ref.name} not found; create it or fix spec.targetRef.name")
+        tunings = self.cache.tunings_of(namespace, ref.name)
+        if len(tunings) > 1:
+            raise TargetProblem(
+                events.TARGET_CONFLICT,
+                f"VllmTunings {', '.join(tunings)} all target Deployment {namespace}/{ref.name}: each would undo "
+                f"the others' changes, so none changes anything; delete all but one")
         try:
             container = find_vllm_container(deployment["spec"]["template"]["spec"], ref.container)
             args = EngineArgs.from_container(container)
@@ -330,7 +357,11 @@ class Reconciler:
         template = target.knobs
         expected = rollout.to_knobs if ours_in_progress and rollout else state.current.knobs  # type: ignore[union-attr]
         if template != expected:
-            if written_by_operator(target.deployment, template) and not ours_in_progress:
+            if target.from_defaults and state.current is not None and state.current.from_defaults:
+                # the same args, read against a better-known GPU (a pod got a node): no one changed anything
+                report.state = defaults_resolved(state, template, target.defaults_table)
+                return
+            if written_by_operator(target.deployment, template, report.name) and not ours_in_progress:
                 # our patch landed but its status write did not (operator restarted in between)
                 source, reason = written_reason(target.deployment)
                 report.state = with_rollout(state, report.now, template, KnobSource(source or "Traffic"),
@@ -350,9 +381,15 @@ class Reconciler:
             if hash_:
                 pods = await self._call(self.kube.list_pods, target.deployment["metadata"]["namespace"],
                                         f"pod-template-hash={hash_}")
-        started = datetime.fromisoformat(rollout.started_at)
-        judged = rollout_state(target.deployment, rollout.deployment_generation or 0, pods,
-                               target.container.get("name"), (report.now - started).total_seconds(),
+        generation = rollout.deployment_generation or 0
+        report.state = state = rollout_progressed(
+            state, report.now, progress_mark(target.deployment, target.replicaset, generation),
+            paused=bool(target.deployment["spec"].get("paused")))
+        rollout = state.last_rollout
+        assert rollout is not None
+        progressed = datetime.fromisoformat(rollout.progressed_at or rollout.started_at)
+        judged = rollout_state(target.deployment, generation, pods, target.container.get("name"),
+                               (report.now - progressed).total_seconds(),
                                duration_seconds(spec.rollout.progress_deadline))
         if judged.progress is Progress.COMPLETE:
             report.state = rollout_succeeded(state, report.now)

@@ -70,9 +70,11 @@ def _annotations(deployment: dict[str, Any]) -> dict[str, str]:
     return deployment["spec"]["template"].get("metadata", {}).get("annotations") or {}
 
 
-def written_by_operator(deployment: dict[str, Any], knobs: Knobs) -> bool:
-    """Whether the template's knobs are the ones this operator last wrote (else a person changed them)."""
-    return _annotations(deployment).get(KNOBS_ANNOTATION) == knobs_annotation(knobs)
+def written_by_operator(deployment: dict[str, Any], knobs: Knobs, tuning: str) -> bool:
+    """Whether the template's knobs are the ones VllmTuning ``tuning`` last wrote (else a person, or another
+    tuning, changed them)."""
+    annotations = _annotations(deployment)
+    return annotations.get(KNOBS_ANNOTATION) == knobs_annotation(knobs) and annotations.get(TUNING_ANNOTATION) == tuning
 
 
 def written_reason(deployment: dict[str, Any]) -> tuple[str, str]:

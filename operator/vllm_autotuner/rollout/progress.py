@@ -5,7 +5,9 @@ has caught up with the spec generation, and every replica is updated and
 available with no old replica left. Failure has two faces an operator must
 catch sooner than the controller's progressDeadlineSeconds: a new pod whose
 vLLM exits at start-up (CrashLoopBackOff, the error in the container's last
-termination message) and our own deadline from the VllmTuning spec.
+termination message) and our own deadline from the VllmTuning spec, which
+counts, as the controller's does, from the rollout's last progress: a slow
+rollout of many pods, one at a time, is not a failed one.
 """
 
 from __future__ import annotations
@@ -49,17 +51,30 @@ def _new_pods_failure(pods: list[dict[str, Any]], container: str | None) -> str 
     return None
 
 
+def progress_mark(deployment: dict[str, Any], replicaset: dict[str, Any] | None, target_generation: int) -> int:
+    """How far a rollout to ``target_generation`` has got: pods of the newest template created
+    (``updatedReplicas``) plus those of them available (the newest ReplicaSet's). Every step of a rolling update
+    raises it; 0 until the Deployment controller has seen the patch (before, its counts are the old template's)."""
+    status = deployment.get("status") or {}
+    if status.get("observedGeneration", 0) < target_generation:
+        return 0
+    available = ((replicaset or {}).get("status") or {}).get("availableReplicas") or 0
+    return int(status.get("updatedReplicas") or 0) + int(available)
+
+
 def rollout_state(
     deployment: dict[str, Any],
     target_generation: int,
     new_pods: list[dict[str, Any]],
     container: str | None,
-    elapsed_seconds: float,
+    stalled_seconds: float,
     deadline_seconds: float,
 ) -> RolloutState:
     """Evaluate a rollout started by a patch that produced ``target_generation``.
 
-    ``new_pods`` are the pods of the Deployment's newest ReplicaSet. A
+    ``new_pods`` are the pods of the Deployment's newest ReplicaSet;
+    ``stalled_seconds`` is the time since the rollout last made progress
+    (``progress_mark`` rose), failing it past ``deadline_seconds``. A
     Deployment at a *later* generation (someone else changed it too) is
     judged the same way: the question is whether the newest template runs.
     """
@@ -75,10 +90,10 @@ def rollout_state(
     for condition in status.get("conditions") or []:
         if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
             return RolloutState(Progress.FAILED, f"Deployment progress deadline exceeded: {condition.get('message', '')}")
-    if elapsed_seconds > deadline_seconds:
+    if stalled_seconds > deadline_seconds:
         return RolloutState(
             Progress.FAILED,
-            f"not complete after {elapsed_seconds:.0f}s (progressDeadline {deadline_seconds:.0f}s): "
+            f"no progress for {stalled_seconds:.0f}s (progressDeadline {deadline_seconds:.0f}s): "
             f"{updated}/{spec_replicas} updated, {available} available",
         )
     return RolloutState(

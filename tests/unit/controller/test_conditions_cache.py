@@ -59,6 +59,23 @@ def test_current_replicaset_is_the_deployment_revision():
     assert current["metadata"]["name"] == "llama-b" and "managedFields" not in current["metadata"]
 
 
+def test_the_indexes_keep_what_the_operator_reads_and_not_the_bulk():
+    applied = {"kubectl.kubernetes.io/last-applied-configuration": "{...the whole Deployment...}",
+               "deployment.kubernetes.io/revision": "3"}
+    body = {"metadata": {"name": "llama-b", "uid": "r", "annotations": applied, "managedFields": [{"manager": "x"}],
+                         "labels": {"pod-template-hash": "b"}, "ownerReferences": [{"uid": "d-uid"}]},
+            "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "vllm"}]}}},
+            "status": {"readyReplicas": 2}}
+    (entry,) = replicaset_index("llm", body).values()
+    assert entry == {"metadata": {"name": "llama-b", "uid": "r", "annotations": {"deployment.kubernetes.io/revision": "3"},
+                                  "labels": {"pod-template-hash": "b"}, "ownerReferences": [{"uid": "d-uid"}]},
+                     "status": {"readyReplicas": 2}}
+    (deployment,) = deployment_index("llm", "llama", body).values()
+    assert deployment["spec"] == body["spec"] and deployment["metadata"]["annotations"] == {
+        "deployment.kubernetes.io/revision": "3"}
+    assert "last-applied" in str(body)  # the watched object itself is left as it was
+
+
 def test_tuning_events():
     cache = ClusterCache()
     body = {"metadata": {"namespace": "llm", "name": "chat"}, "spec": {}}
@@ -66,3 +83,20 @@ def test_tuning_events():
     assert ("llm", "chat") in cache.tunings
     cache.on_tuning_event("DELETED", body)
     assert cache.tunings == {}
+
+
+def test_tunings_are_indexed_by_the_deployment_they_target():
+    cache = ClusterCache()
+
+    def tuning(name, target, namespace="ml"):
+        return {"metadata": {"namespace": namespace, "name": name}, "spec": {"targetRef": {"name": target}}}
+
+    cache.on_tuning_event(None, tuning("chat", "llama"))
+    cache.on_tuning_event("ADDED", tuning("chat-night", "llama"))
+    cache.on_tuning_event("ADDED", tuning("rag", "mistral"))
+    cache.on_tuning_event("ADDED", tuning("chat", "llama", namespace="other"))
+    assert cache.tunings_of("ml", "llama") == ["chat", "chat-night"]
+    cache.on_tuning_event("MODIFIED", tuning("chat-night", "mistral"))  # retargeted
+    assert cache.tunings_of("ml", "llama") == ["chat"] and cache.tunings_of("ml", "mistral") == ["chat-night", "rag"]
+    cache.on_tuning_event("DELETED", tuning("rag", "mistral"))
+    assert cache.tunings_of("ml", "mistral") == ["chat-night"] and cache.tunings_of("other", "llama") == ["chat"]

@@ -288,6 +288,9 @@ def test_the_operator_retunes_a_vllm_deployment_with_the_service_account_token(
     # With this token it read the Node's GPU labels and the granted Secret (to query Prometheus), and
     # patched the Deployment once; every call it made outside the watches is one the rules above name.
     assert calls[("nodes", "get")] >= 1 and calls[("secrets", "get")] >= 1 and calls[("deployments", "patch")] == 1
+    # API discovery (is the CRD served?) once at start-up: a non-resource URL every authenticated user may read
+    # (the system:discovery ClusterRole), so no rule of ours names it
+    assert calls.pop(("discovery", "get")) == 1
     assert set(calls) <= {(resource, verb) for _, resource, verb, _ in rules(WATCHED_NAMESPACE, EVERYWHERE,
                                                                              PROMETHEUS_SECRET)}
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 # Value sets beyond the defaults that change what is rendered.
 NAMESPACED = ("--set", "watchNamespaces={team-a,team-b}",
               "--set", "rbac.secrets[0].namespace=team-a", "--set", "rbac.secrets[0].names={prometheus-token}",
-              "--set", "rbac.secrets[1].namespace=team-b")
+              "--set", "rbac.secrets[1].namespace=team-b", "--set", "rbac.secrets[1].names={prometheus-ca}")
 SINGLE = ("--set", "replicaCount=1", "--set", "leaderElection.enabled=false", "--set", "podDisruptionBudget.enabled=false")
 EXTRAS = ("--set", "serviceMonitor.enabled=true", "--set", "dashboard.namespace=monitoring", "--set", "verbose=true")
 
@@ -40,9 +40,10 @@ def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> No
     (("--set", "prometheus.url=prometheus:9090"), "at '/prometheus/url'"),
     (("--set", "watchNamespaces={Team_A}"), "at '/watchNamespaces/0'"),
     (("--set", "rbac.secrets[0].names={token}"), "missing property 'namespace'"),
+    (("--set", "rbac.secrets[0].namespace=team-a"), "missing property 'names'"),
     (("--set", "image.pullPolicy=Sometimes"), "at '/image/pullPolicy'"),
 ], ids=["replicas-string", "log-format", "unknown-key", "two-leaders", "url", "namespace-name", "secret-grant",
-        "pull-policy"])
+        "secret-grant-without-names", "pull-policy"])
 def test_bad_values_are_rejected_by_the_schema(helm: Helm, values: tuple[str, ...], complaint: str) -> None:
     result = helm("template", "x", str(CHART), *values, check=False)
     assert result.returncode != 0
@@ -51,7 +52,8 @@ def test_bad_values_are_rejected_by_the_schema(helm: Helm, values: tuple[str, ..
 
 def test_a_secret_grant_for_one_namespace_twice_is_refused(helm: Helm) -> None:
     result = helm("template", "x", str(CHART), "--set", "rbac.secrets[0].namespace=a",
-                  "--set", "rbac.secrets[1].namespace=a", check=False)
+                  "--set", "rbac.secrets[0].names={token}", "--set", "rbac.secrets[1].namespace=a",
+                  "--set", "rbac.secrets[1].names={ca}", check=False)
     assert result.returncode != 0 and "rbac.secrets lists namespace a twice" in result.stderr
 
 

@@ -83,7 +83,7 @@ def test_the_server_start_family_reads_the_created_gauge_batched_and_per_target(
         selector = Selector()
         batched = fetch_window(client, selector, 60, time.time())
         assert batched.values["started"][pod] == pytest.approx(created)  # other tests' pods may be there too
-        extra = pod_prefix_matchers(selector, "llm", "llama-abc-")
+        extra = pod_prefix_matchers(selector, "llm", ("llama-abc-",))
         per_target = fetch_window(client, selector, 60, time.time(), extra)
         assert per_target.values["started"] == {pod: pytest.approx(created)}
     finally:

@@ -22,10 +22,10 @@ def test_batched_histogram_keeps_le_and_falls_back_to_the_old_name():
 
 def test_per_target_query_filters_to_the_current_replicaset():
     selector = Selector()
-    extra = pod_prefix_matchers(selector, "llm", "llama-7d9f8c.v2-")
+    extra = pod_prefix_matchers(selector, "llm", ("llama-7d9f8c.v2-",))
     q = family_query(FAMILY["kv_usage"], selector, 300, extra)
     assert q.startswith(
-        '(sum by (namespace, pod) (avg_over_time(vllm:kv_cache_usage_perc{namespace="llm",pod=~"llama-7d9f8c\\\\.v2-.*"}[300s])))'
+        '(sum by (namespace, pod) (avg_over_time(vllm:kv_cache_usage_perc{namespace="llm",pod=~"(llama-7d9f8c\\\\.v2-).*"}[300s])))'
     )
     assert " or (sum by (namespace, pod) (avg_over_time(vllm:gpu_cache_usage_perc{" in q
 
@@ -40,7 +40,12 @@ def test_server_start_is_the_newest_created_gauge_at_the_window_end_batched_or_p
     selector = Selector(matchers=(("cluster", "prod"),))
     q = family_query(FAMILY["started"], selector, 300)
     assert q == '(max by (namespace, pod) (vllm:prompt_tokens_created{cluster="prod"}))'
-    extra = pod_prefix_matchers(selector, "llm", "llama-abc-")
+    extra = pod_prefix_matchers(selector, "llm", ("llama-abc-",))
     assert family_query(FAMILY["started"], selector, 300, extra) == (
-        '(max by (namespace, pod) (vllm:prompt_tokens_created{cluster="prod",namespace="llm",pod=~"llama-abc-.*"}))'
+        '(max by (namespace, pod) (vllm:prompt_tokens_created{cluster="prod",namespace="llm",pod=~"(llama-abc-).*"}))'
     )
+
+
+def test_per_target_query_during_a_rollout_takes_every_replicaset():
+    extra = pod_prefix_matchers(Selector(), "llm", ("llama-abc-", "llama-def-"))
+    assert extra == (("namespace", "=", "llm"), ("pod", "=~", "(llama-abc-|llama-def-).*"))

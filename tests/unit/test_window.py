@@ -46,7 +46,7 @@ def window(pods=(A, B)) -> WindowData:
 
 
 def test_sums_rates_and_averages_gauges_over_the_current_pods_only():
-    obs, why = observe_target(window(), "llm", "llama-abc-", 2, KNOBS, SLO_, False)
+    obs, why = observe_target(window(), "llm", ("llama-abc-",), 2, KNOBS, SLO_, False)
     assert why is None and obs is not None
     assert obs.pods == 2
     assert obs.request_rate == 4.0 and obs.requests == 400.0  # two pods, not three
@@ -63,26 +63,33 @@ def test_sums_rates_and_averages_gauges_over_the_current_pods_only():
 
 
 def test_missing_pods_or_partial_data_is_not_an_observation():
-    obs, why = observe_target(window(), "llm", "mistral-", 1, KNOBS, SLO_, False)
+    obs, why = observe_target(window(), "llm", ("mistral-",), 1, KNOBS, SLO_, False)
     assert obs is None and "no vLLM series" in why
-    obs, why = observe_target(window(pods=(A,)), "llm", "llama-abc-", 2, KNOBS, SLO_, False)
+    obs, why = observe_target(window(pods=(A,)), "llm", ("llama-abc-",), 2, KNOBS, SLO_, False)
     assert obs is None and "only 1 of 2 Ready pods" in why
 
 
 def test_a_family_missing_for_one_pod_is_none_not_zero():
     data = window()
     del data.values["preemptions"][B]
-    obs, _ = observe_target(data, "llm", "llama-abc-", 2, KNOBS, SLO_, False)
+    obs, _ = observe_target(data, "llm", ("llama-abc-",), 2, KNOBS, SLO_, False)
     assert obs is not None and obs.preemption_rate is None
 
 
 def test_started_at_is_the_newest_server_start_among_the_current_pods():
     data = window()
     data.values["started"] = {A: 700.0, B: 905.0, OTHER: 990.0}  # the other ReplicaSet's pod does not count
-    obs, _ = observe_target(data, "llm", "llama-abc-", 2, KNOBS, SLO_, False)
+    obs, _ = observe_target(data, "llm", ("llama-abc-",), 2, KNOBS, SLO_, False)
     assert obs is not None and obs.started_at == datetime.fromtimestamp(905.0, UTC)
 
 
 def test_started_at_is_none_without_created_series():
-    obs, _ = observe_target(window(), "llm", "llama-abc-", 2, KNOBS, SLO_, False)
+    obs, _ = observe_target(window(), "llm", ("llama-abc-",), 2, KNOBS, SLO_, False)
     assert obs is not None and obs.started_at is None
+
+
+def test_during_our_rollout_the_window_takes_every_replicaset_with_what_reports():
+    data = window(pods=(A,))  # one new pod reports so far; the old ReplicaSet's pod still serves
+    obs, why = observe_target(data, "llm", ("llama-abc-", "llama-old-"), 0, None, SLO_, True)
+    assert why is None and obs is not None
+    assert obs.pods == 2 and obs.request_rate == 4.0 and obs.rollout_in_progress and obs.config is None

@@ -78,10 +78,15 @@ class ClusterCache:
         found = list(self._deployments.get((namespace, name), ()))
         return found[0] if found else None
 
+    def replicasets(self, deployment: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every ReplicaSet the Deployment owns: its current revision's and the old ones it keeps."""
+        meta = deployment["metadata"]
+        return list(self._replicasets.get((meta["namespace"], meta.get("uid", "")), ()))
+
     def current_replicaset(self, deployment: dict[str, Any]) -> dict[str, Any] | None:
         """The ReplicaSet of the Deployment's current revision (the one new pods belong to)."""
         meta = deployment["metadata"]
-        owned = list(self._replicasets.get((meta["namespace"], meta.get("uid", "")), ()))
+        owned = self.replicasets(deployment)
         if not owned:
             return None
         revision = (meta.get("annotations") or {}).get(REVISION)

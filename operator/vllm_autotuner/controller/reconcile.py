@@ -114,10 +114,20 @@ class Target:
     from_defaults: bool
     defaults_table: str | None
     replicaset: dict[str, Any] | None
+    replicasets: list[dict[str, Any]]  # every one the Deployment owns, the current one included
 
     @property
     def pod_prefix(self) -> str | None:
         return pod_prefix(self.replicaset["metadata"]["name"]) if self.replicaset else None
+
+    @property
+    def pod_prefixes(self) -> tuple[str, ...]:
+        """What the names of all the Deployment's pods begin with, old revisions' included."""
+        return tuple(sorted(pod_prefix(rs["metadata"]["name"]) for rs in self.replicasets))
+
+    @property
+    def paused(self) -> bool:
+        return bool(self.deployment["spec"].get("paused"))
 
     @property
     def ready_pods(self) -> int:
@@ -231,18 +241,18 @@ class Reconciler:
         target = await self._target(namespace, spec)
         report.state = self._adopt_target(report, target)
         await self._track_rollout(spec, target, report)
-        if target.deployment["spec"].get("paused"):
+        if target.paused:
             name = spec.target_ref.name
             raise TargetProblem(events.TARGET_PAUSED,
                                 f"Deployment {namespace}/{name} is paused: no rollout can run, so nothing is changed; "
                                 f"`kubectl rollout resume deployment/{name} -n {namespace}` to go on tuning")
-        observation = None
-        if report.state.last_rollout is None or report.state.last_rollout.phase != RolloutPhase.IN_PROGRESS:
-            observation = await self._observe(namespace, spec, target, report)
-            if observation is None and rollout_in_progress(target.deployment):
-                # no window (a rollout leaves partial series; Prometheus may be down), but the Deployment says
-                # someone else's rollout runs: the policy must know, or a schedule would patch into it
-                observation = Observation(window_start=report.now, window_end=report.now, rollout_in_progress=True)
+        rolling = rollout_in_progress(target.deployment)
+        ours = report.state.last_rollout is not None and report.state.last_rollout.phase == RolloutPhase.IN_PROGRESS
+        observation = await self._observe(namespace, spec, target, report, rolling, ours)
+        if observation is None and rolling:
+            # no window (a rollout leaves partial series; Prometheus may be down), but the Deployment says
+            # someone else's rollout runs: the policy must know, or a schedule would patch into it
+            observation = Observation(window_start=report.now, window_end=report.now, rollout_in_progress=True)
         before = report.state
         decision = decide(spec, before, observation, report.now)
         report.decision = decision
@@ -289,7 +299,7 @@ class Reconciler:
             knobs, from_defaults = args.effective(defaults)
             table = defaults.table
         return Target(deployment, container, args, knobs, from_defaults, table,
-                      self.cache.current_replicaset(deployment))
+                      self.cache.current_replicaset(deployment), self.cache.replicasets(deployment))
 
     async def _hardware(self, deployment: dict[str, Any], container: dict[str, Any], spec: VllmTuningSpec) -> Hardware:
         """GPU count from the container's resources; product and memory from the spec, the pod
@@ -384,7 +394,7 @@ class Reconciler:
         generation = rollout.deployment_generation or 0
         report.state = state = rollout_progressed(
             state, report.now, progress_mark(target.deployment, target.replicaset, generation),
-            paused=bool(target.deployment["spec"].get("paused")))
+            paused=target.paused)
         rollout = state.last_rollout
         assert rollout is not None
         progressed = datetime.fromisoformat(rollout.progressed_at or rollout.started_at)
@@ -487,7 +497,14 @@ class Reconciler:
         return Connection(url=url.rstrip("/"), bearer_token=secrets.get("bearerTokenSecretRef"),
                           ca_pem=secrets.get("caSecretRef"), timeout_seconds=duration_seconds(prom.timeout))
 
-    async def _observe(self, namespace: str, spec: VllmTuningSpec, target: Target, report: Report) -> Observation | None:
+    async def _observe(self, namespace: str, spec: VllmTuningSpec, target: Target, report: Report, rolling: bool,
+                       ours: bool) -> Observation | None:
+        """The window of the target's current pods; during our own rollout (``ours``), of all its pods.
+
+        Our rollout's windows only measure what the restart costs (``decide`` holds meanwhile), so they
+        take every pod of the Deployment still reporting, the old revision's and the new one's, as
+        many as there are: fewer than are Ready is what a rolling restart looks like, not a gap.
+        """
         connection = await self._connection(namespace, spec)
         prom = spec.prometheus
         selector = Selector(matchers=tuple(sorted(prom.label_matchers.items())),
@@ -496,7 +513,8 @@ class Reconciler:
             report.condition(ConditionType.METRICS_AVAILABLE, False, HoldReason.NO_DATA,
                              "the Deployment has no current ReplicaSet yet")
             return None
-        extra = pod_prefix_matchers(selector, namespace, target.pod_prefix) if self.settings.naive_queries else ()
+        prefixes = target.pod_prefixes if ours else (target.pod_prefix,)
+        extra = pod_prefix_matchers(selector, namespace, prefixes) if self.settings.naive_queries else ()
         window = duration_seconds(spec.traffic.window)
         try:
             data = await self.observations.window(connection, selector, window, report.now.timestamp(), extra)
@@ -507,8 +525,8 @@ class Reconciler:
             report.condition(ConditionType.METRICS_AVAILABLE, False, exc.kind, f"{exc}; holding")
             return None
         slo = effective_slo(spec, report.state, report.now)
-        observation, why = observe_target(data, namespace, target.pod_prefix, target.ready_pods,
-                                          target.knobs, slo, rollout_in_progress(target.deployment))
+        observation, why = observe_target(data, namespace, prefixes, 0 if ours else target.ready_pods,
+                                          None if ours else target.knobs, slo, rolling or ours)
         if observation is None:
             report.condition(ConditionType.METRICS_AVAILABLE, False, HoldReason.NO_DATA, f"{why}; holding")
         else:

@@ -116,9 +116,10 @@ def _expr(family: Family, metric: str, labels: str, window: float, by: str) -> s
 Matcher = tuple[str, str, str]  # (label, operator, value)
 
 
-def pod_prefix_matchers(selector: Selector, namespace: str, pod_prefix: str) -> tuple[Matcher, ...]:
-    """Matchers for one tuning's current pods (``pod_prefix`` is its ReplicaSet's name plus '-')."""
-    pod_regex = pod_prefix.replace(".", "\\.") + ".*"  # pod names are DNS labels: only '.' is special
+def pod_prefix_matchers(selector: Selector, namespace: str, pod_prefixes: tuple[str, ...]) -> tuple[Matcher, ...]:
+    """Matchers for one tuning's pods (each of ``pod_prefixes`` is a ReplicaSet's name plus '-')."""
+    alternatives = "|".join(prefix.replace(".", "\\.") for prefix in pod_prefixes)  # DNS labels: only '.' is special
+    pod_regex = f"({alternatives}).*"
     return ((selector.namespace_label, "=", namespace), (selector.pod_label, "=~", pod_regex))
 
 

@@ -2,7 +2,8 @@
 
 ``fetch_window`` runs the family queries for one (Prometheus, selector,
 window, time) key and keeps the answers per pod; ``observe_target`` sums a
-tuning's current pods out of that and turns them into the decision core's
+tuning's pods out of that (its current ReplicaSet's; during its own
+rollout, every ReplicaSet's) and turns them into the decision core's
 ``Observation``. The live operator calls ``fetch_window`` once per key for
 all its tunings (optionally with a tuning's own pod matchers, the naive
 baseline), so what reaches ``decide`` does not depend on how it was asked.
@@ -95,25 +96,26 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def target_pods(data: WindowData, namespace: str, pod_prefix: str) -> list[PodKey]:
-    """The pods of one tuning (its current ReplicaSet's) that have data in the window."""
+def target_pods(data: WindowData, namespace: str, pod_prefixes: tuple[str, ...]) -> list[PodKey]:
+    """The pods of one tuning (those of its ReplicaSets, by their names' prefixes) that have data in the window."""
     seen = data.values.get("last_seen", {})
-    return sorted(k for k in seen if k[0] == namespace and k[1].startswith(pod_prefix))
+    return sorted(k for k in seen if k[0] == namespace and k[1].startswith(pod_prefixes))
 
 
 def observe_target(
     data: WindowData,
     namespace: str,
-    pod_prefix: str,
+    pod_prefixes: tuple[str, ...],
     ready_pods: int,
     config: Knobs | None,
     slo: SLO,
     rollout_in_progress: bool,
 ) -> tuple[Observation | None, str | None]:
-    """The Observation of one tuning's current pods, or (None, why) when there is nothing usable."""
-    pods = target_pods(data, namespace, pod_prefix)
+    """The Observation of one tuning's pods, or (None, why) when there is nothing usable."""
+    pods = target_pods(data, namespace, pod_prefixes)
     if not pods:
-        return None, f"no vLLM series for pods {pod_prefix}* in namespace {namespace}: is Prometheus scraping them?"
+        names = ", ".join(f"{prefix}*" for prefix in pod_prefixes)
+        return None, f"no vLLM series for pods {names} in namespace {namespace}: is Prometheus scraping them?"
     if len(pods) < ready_pods:
         return None, f"only {len(pods)} of {ready_pods} Ready pods have series in the window: partial data"
     n = len(pods)

@@ -25,8 +25,9 @@ Stable API
     None or NaN. ``hold_reason`` (used by ``decide``) says whether it is
     usable: data present, fresh, numbers finite, enough requests, all taken
     under the current config after the settle time, no rollout running.
-    Pass windows during rollouts too (``rollout_in_progress=True``, ``config``
-    None when pods differ): they never drive a change, but what they fell
+    Pass windows during rollouts too (``rollout_in_progress=True``, over
+    every pod still reporting, old and new, ``config`` None when pods
+    differ): they never drive a change, but what they fell
     short of the pre-change window is the rollout's measured cost
     (``status.restartCostSeconds``), which prices the next change. A request
     meets the SLO when its TTFT is within the TTFT target and its own

@@ -1,0 +1,124 @@
+"""The windows of our own rollout measure what the restart costs.
+
+During a rolling restart of ours ``decide`` holds, but the windows it is
+given count the goodput the restart loses (``lastRollout.lostSeconds``,
+which prices the next change). The window then takes every pod of the
+Deployment that still reports, the old revision's and the new one's:
+the new ReplicaSet's pods alone are too few, and refusing the window as
+partial would leave the restart's cost unmeasured. The reconciler is
+driven here with a stand-in for the API server calls and the Prometheus
+window; what it reads and writes is the real code's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from vllm_autotuner.api.types import utc_timestamp
+from vllm_autotuner.controller.cache import ClusterCache, deployment_index, replicaset_index
+from vllm_autotuner.controller.metrics import OperatorMetrics
+from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
+from vllm_autotuner.observe.window import WindowData
+
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+OLD, NEW = ("llm", "llama-6c9d-x2x4q"), ("llm", "llama-7f8b-k9j2w")
+
+
+class Kube:
+    """The one API call an evaluation of a rollout in progress makes: the new ReplicaSet's pods."""
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return []
+
+
+class Windows:
+    """Prometheus' answer for the window, with the matchers it was asked with."""
+
+    def __init__(self, data: WindowData) -> None:
+        self.data = data
+        self.asked: list[tuple[Any, ...]] = []
+
+    async def window(self, connection, selector, window_seconds, at, extra=()):  # noqa: ANN001, ANN201
+        self.asked.append(extra)
+        return self.data
+
+
+def replicaset(name: str, revision: str, ready: int) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "llm", "ownerReferences": [{"uid": "d-uid"}],
+                         "labels": {"pod-template-hash": name.rsplit("-", 1)[1]},
+                         "annotations": {"deployment.kubernetes.io/revision": revision}},
+            "status": {"replicas": ready, "readyReplicas": ready, "availableReplicas": ready}}
+
+
+def cache() -> ClusterCache:
+    """A 2-replica Deployment halfway through our rollout to 4096 tokens and 64 sequences."""
+    args = ["--model", "m", "--max-num-batched-tokens", "4096", "--max-num-seqs", "64"]
+    deployment = {
+        "metadata": {"name": "llama", "namespace": "llm", "uid": "d-uid", "generation": 2,
+                     "annotations": {"deployment.kubernetes.io/revision": "2"}},
+        "spec": {"replicas": 2, "template": {"spec": {"containers": [
+            {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "args": args,
+             "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}},
+        "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 1, "availableReplicas": 1},
+    }
+    replicasets: dict[Any, list[dict[str, Any]]] = {}
+    for body in (replicaset("llama-6c9d", "1", 1), replicaset("llama-7f8b", "2", 0)):
+        for key, value in replicaset_index("llm", body).items():
+            replicasets.setdefault(key, []).append(value)
+    started = NOW - timedelta(minutes=3)
+    rollout = {"from": {"maxNumBatchedTokens": 2048, "maxNumSeqs": 32},
+               "to": {"maxNumBatchedTokens": 4096, "maxNumSeqs": 64},
+               "source": "Traffic", "reason": "TTFT", "startedAt": utc_timestamp(started), "phase": "InProgress",
+               "deploymentGeneration": 2, "progressedAt": utc_timestamp(NOW - timedelta(seconds=30)),
+               "progressMark": 1, "baselineAttainment": 0.95}
+    tuning = {"metadata": {"name": "llama", "namespace": "llm", "generation": 1},
+              "spec": {"targetRef": {"name": "llama"}, "prometheus": {"url": "http://prometheus:9090"}},
+              "status": {"observedGeneration": 1, "lastRollout": rollout, "targetUid": "d-uid",
+                         "current": {"maxNumBatchedTokens": 2048, "maxNumSeqs": 32,
+                                     "since": utc_timestamp(NOW - timedelta(hours=2)), "source": "Initial"}}}
+    result = ClusterCache()
+    result.bind({k: [v] for k, v in deployment_index("llm", "llama", deployment).items()}, replicasets)
+    result.on_tuning_event(None, tuning)
+    return result
+
+
+def window(pods: tuple[tuple[str, str], ...]) -> WindowData:
+    """Five minutes in which the pods of the restart answer half their requests within the 2 s TTFT target."""
+    data = WindowData(at=NOW.timestamp(), window_seconds=300.0)
+    for key, value in (("requests", 2.0), ("output_len_sum", 400.0), ("output_len_count", 2.0),
+                       ("last_seen", NOW.timestamp() - 5)):
+        data.values[key] = {pod: value for pod in pods}
+    ttft = {1.0: 50.0, 2.0: 100.0, 8.0: 200.0, math.inf: 200.0}
+    itl = {0.05: 1000.0, 0.1: 1000.0, math.inf: 1000.0}
+    for key, buckets in (("ttft", ttft), ("itl", itl)):
+        data.buckets[key] = {pod: dict(buckets) for pod in pods}
+    return data
+
+
+def evaluate(windows: Windows, naive: bool = False) -> Any:
+    reconciler = Reconciler(Kube(), cache(), windows, OperatorMetrics(),  # type: ignore[arg-type]
+                            OperatorSettings(naive_queries=naive))
+    report = asyncio.run(reconciler.evaluate(("llm", "llama"), NOW.timestamp(), write=False))
+    assert report is not None and report.decision is not None
+    return report
+
+
+def test_our_rollout_windows_count_what_the_restart_loses_over_both_revisions() -> None:
+    report = evaluate(Windows(window((OLD, NEW))))
+    rollout = report.state.last_rollout
+    assert rollout.phase == "InProgress" and report.decision.hold == "RolloutInProgress"
+    # half the requests in time against 95 % before: 0.45 of the 30 s evaluation interval lost
+    assert rollout.lost_seconds == pytest.approx(0.45 * 30)
+    available = next(c for c in report.state.conditions if c.type == "MetricsAvailable")
+    assert available.reason == "WindowObserved" and available.message.startswith("2 pods")
+
+
+def test_naive_queries_ask_for_every_revision_of_the_deployment() -> None:
+    windows = Windows(window((OLD, NEW)))
+    evaluate(windows, naive=True)
+    assert windows.asked == [(("namespace", "=", "llm"), ("pod", "=~", "(llama-6c9d-|llama-7f8b-).*"))]

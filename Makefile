@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: help setup prometheus testenv up down demo test unit crd manifests bench-sim bench-tuning bench-scale
+.PHONY: help setup prometheus testenv up down demo test unit crd manifests lock bench-sim bench-tuning bench-scale
 
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 # Root installs directly; anyone else needs sudo for the Debian package.
@@ -85,6 +85,24 @@ crd: setup ## Regenerate crds/ (and its copies in the chart and deploy/) from th
 
 manifests: bin/helm ## Regenerate deploy/vllm-autotuner.yaml from the chart's default values
 	@hack/render-manifests.sh
+
+# The image's runtime dependencies (no extras), pinned with the hashes of every file of
+# each release, for any platform and Python >= 3.11: the image runs 3.11 and
+# tests/integration installs the same set on this machine's python3. uv itself is pinned,
+# in its own virtualenv, so that the same resolver rewrites the lock. A re-run keeps the
+# pins pyproject.toml still allows; UPGRADE=1 moves every one to the newest allowed.
+LOCK := hack/operator-requirements.txt
+UV_VERSION := 0.13.9
+UV_VENV := .cache/uv-$(UV_VERSION)
+
+lock: $(UV_VENV)/bin/uv ## Re-pin the image's dependencies in hack/operator-requirements.txt from pyproject.toml (UPGRADE=1: newest allowed)
+	@$(UV_VENV)/bin/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
+		--custom-compile-command 'make lock' $(if $(UPGRADE),--upgrade) --output-file $(LOCK) pyproject.toml
+
+$(UV_VENV)/bin/uv:
+	@echo "==> installing uv $(UV_VERSION) into $(UV_VENV)"
+	@$(PYTHON) -m venv $(UV_VENV)
+	@$(UV_VENV)/bin/pip install -q uv==$(UV_VERSION)
 
 unit: setup ## Unit tests only (no cluster, no Prometheus)
 	@$(PY) -m pytest tests/unit

@@ -2,8 +2,9 @@
 
 The chart, the plain manifests and the image are written by hand around the
 operator; these checks keep the facts they repeat (the CRD, the version, the
-metric names a dashboard queries, the image's entry point) from drifting
-away from the code. What needs a server is in tests/integration.
+metric names a dashboard queries, the image's entry point and pinned
+dependencies) from drifting away from the code. What needs a server is in
+tests/integration.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import tomllib
 from pathlib import Path
 
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -23,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "vllm-autotuner"
 CRD = "vllmtunings.autotuner.vllm-tuning.io.yaml"
 VLLM_SCRAPE = ROOT / "tests" / "unit" / "sim" / "data" / "vllm-metrics.txt"
+LOCK = ROOT / "hack" / "operator-requirements.txt"
+HASH = re.compile(r"--hash=sha256:[0-9a-f]{64}")
 # A metric name in PromQL: vLLM's carry a colon, the operator's a prefix.
 METRIC = re.compile(r"(?:vllm:|vllm_autotuner_)[a-z0-9_:]+")
 
@@ -95,3 +101,31 @@ def test_the_image_runs_the_operator_as_a_non_root_user_from_the_tested_install(
     assert "RUN hack/install-operator.sh /opt/vllm-autotuner" in dockerfile
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["podSecurityContext"]["runAsUser"] == int(user.group(1))
+
+
+def _locked() -> dict[str, tuple[Version, int]]:
+    """Each package of the image's lock: its pinned version and how many hashes pin its files."""
+    entries = re.sub(r"\\\n", " ", LOCK.read_text()).splitlines()
+    locked = {}
+    for entry in filter(None, (line.split("#", 1)[0].strip() for line in entries)):
+        requirement = Requirement(HASH.sub("", entry))
+        pins = [spec.version for spec in requirement.specifier if spec.operator == "=="]
+        assert len(pins) == len(requirement.specifier) == 1, f"not pinned to one version: {entry}"
+        locked[canonicalize_name(requirement.name)] = (Version(pins[0]), len(HASH.findall(entry)))
+    return locked
+
+
+def test_the_image_lock_pins_every_runtime_dependency_in_its_range_and_by_hash() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    locked = _locked()
+    for dependency in map(Requirement, project["dependencies"]):
+        name = canonicalize_name(dependency.name)
+        assert name in locked, f"{name} is not in {LOCK.name}: run `make lock`"
+        version, _ = locked[name]
+        assert dependency.specifier.contains(version, prereleases=True), (
+            f"{LOCK.name} pins {name} {version}, outside pyproject's {dependency}: run `make lock`")
+    unhashed = [name for name, (_, hashes) in locked.items() if hashes == 0]
+    assert unhashed == [], f"pip's --require-hashes refuses entries without a hash: {unhashed}"
+    extras = {canonicalize_name(Requirement(r).name)
+              for group in project["optional-dependencies"].values() for r in group}
+    assert extras.isdisjoint(locked), "the image's lock must not carry the sim or test extras"

@@ -11,7 +11,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
-COPY hack/install-operator.sh hack/
+COPY hack/install-operator.sh hack/operator-requirements.txt hack/
 RUN hack/install-operator.sh /opt/vllm-autotuner
 
 FROM ${PYTHON_IMAGE}

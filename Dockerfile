@@ -4,7 +4,13 @@
 #   docker build -t ghcr.io/vllm-tuning/vllm-autotuner:0.1.0 .
 # Its flags come from the chart's Deployment args; settings also from the environment
 # (PROMETHEUS_URL, WATCH_NAMESPACES, POD_NAMESPACE).
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# Two builds of one commit get the same base and the same packages: the base is pinned by
+# its patch release and by the digest of its multi-platform index, the packages by
+# hack/operator-requirements.txt (`make lock`). To bump the base, take the newest tag
+# python:3.11.<patch>-slim-bookworm and its digest from
+#   docker buildx imagetools inspect python:3.11.<patch>-slim-bookworm
+# (its `Digest:` line).
+ARG PYTHON_IMAGE=python:3.11.16-slim-bookworm@sha256:c425d915a89a6dcd3183b1797ad9bd8878caff5a417f6371c8df93c8ea8b727f
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

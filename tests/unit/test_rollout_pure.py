@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from vllm_autotuner.api import Knobs
 from vllm_autotuner.rollout.patch import (
     KNOBS_ANNOTATION,
     TUNING_ANNOTATION,
+    WRITTEN_AT_ANNOTATION,
     knob_patch,
     template_engine_args,
     written_by_operator,
 )
 from vllm_autotuner.rollout.progress import Progress, progress_mark, rollout_in_progress, rollout_state
+
+WRITTEN = datetime(2024, 5, 1, 12, 0, 30, 700_000, tzinfo=UTC)
 
 
 def deployment(args, generation=3, status=None, annotations=None):
@@ -39,7 +44,8 @@ def deployment(args, generation=3, status=None, annotations=None):
 
 def test_patch_touches_only_the_vllm_container_args_and_carries_the_resource_version():
     dep = deployment(["--model", "M", "--max-num-seqs", "64"])
-    patch = knob_patch(dep, None, Knobs(max_num_batched_tokens=4096, max_num_seqs=128), "ITL breach", "chat", "Traffic")
+    patch = knob_patch(dep, None, Knobs(max_num_batched_tokens=4096, max_num_seqs=128), "ITL breach", "chat", "Traffic",
+                       WRITTEN)
     assert patch["metadata"] == {"resourceVersion": "42"}
     (container,) = patch["spec"]["template"]["spec"]["containers"]
     assert container == {
@@ -48,18 +54,35 @@ def test_patch_touches_only_the_vllm_container_args_and_carries_the_resource_ver
     }
     annotations = patch["spec"]["template"]["metadata"]["annotations"]
     assert annotations[KNOBS_ANNOTATION] == "maxNumBatchedTokens=4096,maxNumSeqs=128"
+    assert annotations[WRITTEN_AT_ANNOTATION] == "2024-05-01T12:00:30Z"  # the status's own format
 
 
 def test_operator_written_knobs_are_recognised_and_manual_edits_are_not():
     knobs = Knobs(max_num_batched_tokens=4096, max_num_seqs=128)
+    known = WRITTEN - timedelta(minutes=5)  # the latest change the status knows of
     ours = deployment(
         ["--max-num-seqs", "128"],
-        annotations={KNOBS_ANNOTATION: "maxNumBatchedTokens=4096,maxNumSeqs=128", TUNING_ANNOTATION: "chat"},
+        annotations={KNOBS_ANNOTATION: "maxNumBatchedTokens=4096,maxNumSeqs=128", TUNING_ANNOTATION: "chat",
+                     WRITTEN_AT_ANNOTATION: "2024-05-01T12:00:30Z"},
     )
-    assert written_by_operator(ours, knobs, "chat")
-    assert not written_by_operator(ours, Knobs(max_num_batched_tokens=4096, max_num_seqs=64), "chat")
-    assert not written_by_operator(ours, knobs, "chat-night")  # another tuning's change is not ours to resume
+    assert written_by_operator(ours, knobs, "chat", known)
+    assert not written_by_operator(ours, Knobs(max_num_batched_tokens=4096, max_num_seqs=64), "chat", known)
+    assert not written_by_operator(ours, knobs, "chat-night", known)  # another tuning's change is not ours to resume
     assert template_engine_args(ours, "vllm").max_num_seqs == 128
+
+
+def test_our_annotations_put_back_from_an_older_revision_are_not_a_write_of_ours():
+    knobs = Knobs(max_num_batched_tokens=4096, max_num_seqs=128)
+    annotations = {KNOBS_ANNOTATION: "maxNumBatchedTokens=4096,maxNumSeqs=128", TUNING_ANNOTATION: "chat"}
+    undone = deployment(["--max-num-seqs", "128"], annotations={**annotations,
+                                                                 WRITTEN_AT_ANNOTATION: "2024-05-01T12:00:30Z"})
+    assert not written_by_operator(undone, knobs, "chat", WRITTEN + timedelta(hours=1))  # `kubectl rollout undo`
+    assert not written_by_operator(undone, knobs, "chat", WRITTEN.replace(microsecond=0))  # the very rollout we know
+    # written by an operator that did not stamp its writes, or stamped by hand: a lost write cannot be told apart
+    for written_at in (None, "yesterday", "2024-05-01T12:00:30"):
+        stamp = {} if written_at is None else {WRITTEN_AT_ANNOTATION: written_at}
+        old = deployment(["--max-num-seqs", "128"], annotations={**annotations, **stamp})
+        assert not written_by_operator(old, knobs, "chat", WRITTEN - timedelta(hours=1)), written_at
 
 
 def crashing_pod(restarts):

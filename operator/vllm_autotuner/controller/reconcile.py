@@ -11,7 +11,9 @@ mode is Auto (a rollback of our own failed rollout excepted), the target and
 its args are readable, it is not paused and no other VllmTuning names it,
 and no rollout (by anyone) is running; the status is
 written after the patch, and a restarted operator recognises its own patch
-by the pod-template annotations, so a rollout is never started twice.
+by the pod-template annotations, so a rollout is never started twice; they
+carry the time of the write, so an old template put back (``kubectl rollout
+undo``) is a person's change, not a patch of ours to resume.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from vllm_autotuner.policy import (
     decide,
     defaults_resolved,
     effective_slo,
+    last_known_change,
     manual_change_detected,
     rollout_failed,
     rollout_progressed,
@@ -371,8 +374,10 @@ class Reconciler:
                 # the same args, read against a better-known GPU (a pod got a node): no one changed anything
                 report.state = defaults_resolved(state, template, target.defaults_table)
                 return
-            if written_by_operator(target.deployment, template, report.name) and not ours_in_progress:
-                # our patch landed but its status write did not (operator restarted in between)
+            if not ours_in_progress and written_by_operator(target.deployment, template, report.name,
+                                                            last_known_change(state)):
+                # our patch landed but its status write did not (operator restarted in between); our annotations
+                # with an older time are a person's `kubectl rollout undo`, adopted as Manual below
                 source, reason = written_reason(target.deployment)
                 report.state = with_rollout(state, report.now, template, KnobSource(source or "Traffic"),
                                             reason or "resumed after an operator restart")
@@ -456,7 +461,7 @@ class Reconciler:
         try:
             patched = await self._call(apply_knobs, self.kube, target.deployment, target.container.get("name"),
                                        decision.knobs, decision.reason, report.name, str(decision.source),
-                                       during_rollout)
+                                       report.now, during_rollout)
         except (RolloutBusy, ApiException, CommandLineError) as exc:
             report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
                                                      "conditions": report.state.conditions})

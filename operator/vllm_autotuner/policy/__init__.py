@@ -52,6 +52,8 @@ Rollout lifecycle (the operator calls these when the Deployment tells it):
     ``rollout_failed(state, now, message, generation) -> Decision`` they did
     not start: the config is recorded as failed and the Decision rolls back;
     ``manual_change_detected(state, knobs, now)`` a person changed the args;
+    ``last_known_change(state)`` the latest change of the knobs the status
+    knows of (a write of ours after it had its status write lost);
     ``defaults_resolved(state, knobs, table)`` the args still leave a knob to
     vLLM, whose default for the pods' GPU is now known better;
     ``adopt_generation(state, generation)`` the spec changed (failed configs
@@ -96,6 +98,7 @@ from vllm_autotuner.policy.decision import Decision
 from vllm_autotuner.policy.lifecycle import (
     adopt_generation,
     defaults_resolved,
+    last_known_change,
     manual_change_detected,
     regression_measured,
     rollout_failed,
@@ -116,6 +119,7 @@ __all__ = [
     "rollout_failed",
     "regression_measured",
     "manual_change_detected",
+    "last_known_change",
     "adopt_generation",
     "defaults_resolved",
 ]

@@ -162,6 +162,17 @@ def defaults_resolved(state: VllmTuningStatus, knobs: Knobs, table: str | None) 
     return state.model_copy(update={"current": current})
 
 
+def last_known_change(state: VllmTuningStatus) -> datetime:
+    """When the status last learned of a change of the knobs: the latest rollout's start, or its config going
+    live (which is also when a person's change was adopted or the target first seen). A change of ours found in
+    the template, written after this, is one whose status write was lost; one written before it is an old
+    template put back (``rollout.patch.written_by_operator``)."""
+    if state.current is None:
+        raise ValueError("no current knobs: the target is not adopted yet")
+    times = [state.current.since] + ([state.last_rollout.started_at] if state.last_rollout is not None else [])
+    return max(datetime.fromisoformat(t) for t in times)
+
+
 def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime) -> VllmTuningStatus:
     """A person changed the knobs in the Deployment: adopt them, and respect them for a cooldown.
 

@@ -8,6 +8,7 @@ that is rolling for any reason is left alone: one rollout at a time.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
@@ -32,8 +33,8 @@ class RolloutBusy(Exception):
 
 
 def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str | None, knobs: Knobs, reason: str,
-                tuning: str, source: str, during_rollout: bool = False) -> dict[str, Any]:
-    """Patch ``deployment`` (as last seen) to ``knobs``; returns the patched Deployment.
+                tuning: str, source: str, at: datetime, during_rollout: bool = False) -> dict[str, Any]:
+    """Patch ``deployment`` (as last seen) to ``knobs`` at ``at``; returns the patched Deployment.
 
     ``during_rollout`` is for rolling back our own failed rollout, which is by
     definition still in progress. Raises RolloutBusy, CommandLineError (args
@@ -45,7 +46,8 @@ def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str 
         if rollout_in_progress(current) and not during_rollout:
             raise RolloutBusy(f"Deployment {namespace}/{name} is already rolling out; not patching")
         try:
-            return kube.patch_deployment(namespace, name, knob_patch(current, container, knobs, reason, tuning, source))
+            patch = knob_patch(current, container, knobs, reason, tuning, source, at)
+            return kube.patch_deployment(namespace, name, patch)
         except ApiException as exc:
             if exc.status != 409 or attempt == ATTEMPTS - 1:
                 raise

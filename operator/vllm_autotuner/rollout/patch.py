@@ -11,9 +11,11 @@ in between, and the caller re-reads and rebuilds instead of overwriting.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from vllm_autotuner.api import GROUP, Knobs
+from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.knobs import EngineArgs, find_vllm_container, set_knobs
 
 #: Pod-template annotations written with every change: which config, why, by whom.
@@ -21,6 +23,9 @@ KNOBS_ANNOTATION = f"{GROUP}/knobs"
 REASON_ANNOTATION = f"{GROUP}/reason"
 TUNING_ANNOTATION = f"{GROUP}/tuning"
 SOURCE_ANNOTATION = f"{GROUP}/source"
+#: When the operator wrote them (the evaluation's clock, as the status's times are). It lives in the pod template
+#: with the others, so ``kubectl rollout undo`` or a GitOps revert puts back an old time with old knobs.
+WRITTEN_AT_ANNOTATION = f"{GROUP}/written-at"
 #: Longest reason kept in the annotation; the full text is in status and Events.
 REASON_LIMIT = 512
 
@@ -30,8 +35,8 @@ def knobs_annotation(knobs: Knobs) -> str:
 
 
 def knob_patch(deployment: dict[str, Any], container_name: str | None, knobs: Knobs, reason: str, tuning: str,
-               source: str) -> dict[str, Any]:
-    """The strategic-merge patch that sets ``knobs`` on the live ``deployment``.
+               source: str, at: datetime) -> dict[str, Any]:
+    """The strategic-merge patch that sets ``knobs`` on the live ``deployment``, written at ``at``.
 
     Raises ``knobs.CommandLineError`` when the vLLM container or its flags cannot be read.
     """
@@ -52,6 +57,7 @@ def knob_patch(deployment: dict[str, Any], container_name: str | None, knobs: Kn
                         REASON_ANNOTATION: reason[:REASON_LIMIT],
                         TUNING_ANNOTATION: tuning,
                         SOURCE_ANNOTATION: source,
+                        WRITTEN_AT_ANNOTATION: utc_timestamp(at),
                     }
                 },
                 "spec": {"containers": [patched_container]},
@@ -70,11 +76,24 @@ def _annotations(deployment: dict[str, Any]) -> dict[str, str]:
     return deployment["spec"]["template"].get("metadata", {}).get("annotations") or {}
 
 
-def written_by_operator(deployment: dict[str, Any], knobs: Knobs, tuning: str) -> bool:
-    """Whether the template's knobs are the ones VllmTuning ``tuning`` last wrote (else a person, or another
-    tuning, changed them)."""
+def written_by_operator(deployment: dict[str, Any], knobs: Knobs, tuning: str, after: datetime) -> bool:
+    """Whether the template's knobs are a write of VllmTuning ``tuning`` made after ``after``, the latest change
+    its status knows of: a patch whose status write was lost (the operator restarted in between).
+
+    Anything else is a person's change: knobs or a tuning other than the annotations say, and also our own
+    annotations with a time not after ``after``, which is an old template put back (``kubectl rollout undo``,
+    a GitOps revert, an old manifest applied again). Annotations without a time, written by an operator
+    before it stamped its writes, cannot tell the two apart and count as a person's: adopting our own lost
+    write as Manual costs one cooldown, while resuming a person's undo as ours would fight it.
+    """
     annotations = _annotations(deployment)
-    return annotations.get(KNOBS_ANNOTATION) == knobs_annotation(knobs) and annotations.get(TUNING_ANNOTATION) == tuning
+    if annotations.get(KNOBS_ANNOTATION) != knobs_annotation(knobs) or annotations.get(TUNING_ANNOTATION) != tuning:
+        return False
+    try:
+        written_at = datetime.fromisoformat(annotations.get(WRITTEN_AT_ANNOTATION, ""))
+    except ValueError:
+        return False
+    return written_at.tzinfo is not None and written_at > after
 
 
 def written_reason(deployment: dict[str, Any]) -> tuple[str, str]:

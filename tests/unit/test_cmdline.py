@@ -94,6 +94,42 @@ def test_boolean_flags_do_not_swallow_the_next_flag():
     assert EngineArgs.from_container({"args": ["--no-enable-chunked-prefill"]}).chunked_prefill is False
 
 
+def test_one_dash_aliases_are_read_as_their_flags_and_take_no_other_flags_value():
+    cmd = CommandLine.parse({"command": ["vllm", "serve", "M", "-tp", "2", "-dp=4", "--max-num-seqs", "8"]})
+    assert (cmd.get_int("tensor-parallel-size"), cmd.get_int("data-parallel-size"), cmd.get_int("max-num-seqs")) == (
+        2, 4, 8)
+    assert [(f.spelling, f.value) for f in cmd.flags()] == [("-tp", "2"), ("-dp", "4"), ("--max-num-seqs", "8")]
+    # a one-dash alias is a flag, not the value of the flag before it (argparse: "expected one argument")
+    assert CommandLine.parse({"args": ["--served-model-name", "-dp", "2"]}).get("served-model-name").value is None
+
+
+@pytest.mark.parametrize(
+    "container",
+    [
+        {"command": ["vllm", "serve", "M", "--data-parallel-size", "2"]},
+        {"args": ["--model=M", "--data_parallel_size=4", "--max-num-seqs=64"]},
+        {"args": ["--model", "M", "-dp", "2"]},
+        {"args": ["--model", "M", "-dp=8"]},
+        {"command": ["/bin/sh", "-c", "exec vllm serve M -dp 2 --max-num-seqs 64 2>&1 | tee /log"]},
+        {"args": ["--model", "M", "--data-parallel-size-local", "2"]},
+        {"args": ["--model", "M", "-dp", "4", "-dpl", "1"]},  # ranks on other pods: still not one engine per pod
+        {"args": ["--model", "M", "-dp", "1", "-dp", "2"]},  # argparse: the last occurrence wins
+    ],
+)
+def test_a_data_parallel_engine_is_refused_saying_what_to_do(container):
+    with pytest.raises(CommandLineError, match="run one engine per pod .* or tune this Deployment by hand"):
+        EngineArgs.from_container(container)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["-dp", "1"], ["--data-parallel-size=1"], ["--data-parallel-size-local", "1"], ["-dp", "2", "-dp", "1"]],
+)
+def test_data_parallel_size_1_is_one_engine_and_tunable(args):
+    engine = EngineArgs.from_container({"args": ["--model", "M", *args, "--max-num-seqs", "64"]})
+    assert engine.max_num_seqs == 64
+
+
 def test_non_integer_value_is_a_clear_error():
     with pytest.raises(CommandLineError, match="--max-num-seqs has value '\\$SEQS'"):
         EngineArgs.from_container({"command": ["sh", "-c", "vllm serve M --max-num-seqs $SEQS"]})

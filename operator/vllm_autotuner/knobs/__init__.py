@@ -17,6 +17,10 @@ from vllm_autotuner.knobs.feasibility import startup_errors, startup_warnings
 
 TOKENS_FLAG = "max-num-batched-tokens"
 SEQS_FLAG = "max-num-seqs"
+#: Engines across the data-parallel group, and in this pod. Above 1, one server fronts several engines: its
+#: metrics carry one series per engine (``engine="0"``, ``"1"``...) and --max-num-seqs caps each engine, while
+#: the operator's queries and model take a pod for one engine, so such a target would be mis-tuned.
+DATA_PARALLEL_FLAGS = ("data-parallel-size", "data-parallel-size-local")
 
 
 @dataclass(frozen=True)
@@ -32,8 +36,19 @@ class EngineArgs:
 
     @classmethod
     def from_container(cls, container: dict[str, Any]) -> EngineArgs:
-        """Read a container's command and args. Raises CommandLineError for unreadable values."""
+        """Read a container's command and args. Raises CommandLineError for unreadable values, and for a
+        data-parallel engine, which the operator cannot tune."""
         cmd = CommandLine.parse(container)
+        for name in DATA_PARALLEL_FLAGS:
+            size = cmd.get_int(name)
+            if size is not None and size > 1:
+                flag = cmd.get(name)
+                assert flag is not None
+                raise CommandLineError(
+                    f"{flag.spelling} {size}: vLLM runs data-parallel engines, whose metrics and --max-num-seqs "
+                    f"count per engine, while this operator tunes one engine per pod; run one engine per pod "
+                    f"(data-parallel size 1, one replica per engine) or tune this Deployment by hand"
+                )
         mode = cmd.get("performance-mode")
         config = cmd.get("config")
         return cls(

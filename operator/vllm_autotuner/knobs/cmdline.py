@@ -14,7 +14,8 @@ list form each element is a word. In shell form the script string is split
 into words by a small POSIX-shell tokenizer that remembers each word's
 character span, so a value can be replaced in place. Flags are then read the
 way vLLM's argument parser reads them: names normalised (underscores ->
-dashes), ``--flag=value`` or ``--flag value``, the last occurrence wins.
+dashes), ``--flag=value`` or ``--flag value``, the one-dash aliases of the
+flags read here (``-dp 2``), the last occurrence wins.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ _VLLM_ENTRYPOINTS = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api
 # takes that word as its value (argparse's behaviour for vLLM's options).
 _BOOLEAN_PREFIXES = ("enable-", "disable-", "no-")
 _BOOLEAN_FLAGS = {"trust-remote-code", "enforce-eager", "async-scheduling", "headless", "api-server-count-auto"}
+
+# vLLM's one-dash aliases of flags read here (argparse takes ``-dp 2`` and ``-dp=2`` as ``--data-parallel-size 2``).
+_SHORT_ALIASES = {"-tp": "tensor-parallel-size", "-dp": "data-parallel-size", "-dpl": "data-parallel-size-local"}
 
 # Shell metacharacters that end a simple command (``;``, ``&&``, ``|``, ...).
 _OPERATOR_CHARS = set(";&|()<>\n")
@@ -55,18 +59,25 @@ class Word:
 
 @dataclass(frozen=True)
 class Flag:
-    """One occurrence of a ``--name`` flag."""
+    """One occurrence of a ``--name`` flag (or of a one-dash alias such as ``-dp``)."""
 
-    name: str  # normalised: no leading dashes, dashes not underscores
+    name: str  # normalised: no leading dashes, dashes not underscores, an alias's long name
     value: str | None
     flag_word: Word
     value_word: Word | None  # None for --name=value and for boolean flags
-    spelling: str  # the flag as written, e.g. "--max_num_seqs"
+    spelling: str  # the flag as written, e.g. "--max_num_seqs" or "-dp"
 
 
 def normalise(flag: str) -> str:
     """vLLM's flag-name normalisation: ``--max_num_seqs`` -> ``max-num-seqs``."""
     return flag.lstrip("-").replace("_", "-")
+
+
+def _flag_name(spelling: str) -> str | None:
+    """The normalised name of the flag spelled ``spelling`` (the part before any ``=``); None when no flag."""
+    if spelling.startswith("--"):
+        return normalise(spelling) if spelling != "--" else None
+    return _SHORT_ALIASES.get(spelling)
 
 
 def split_shell(script: str) -> list[tuple[str, tuple[int, int], bool]]:
@@ -205,17 +216,17 @@ class CommandLine:
         )
 
     def flags(self) -> list[Flag]:
-        """Every ``--flag`` of the vLLM command, in order."""
+        """Every ``--flag`` (and known one-dash alias) of the vLLM command, in order."""
         start, end = self._vllm_segment()
         found: list[Flag] = []
         i = start
         while i < end:
             word = self.words[i]
-            if word.operator or not word.text.startswith("--") or word.text == "--":
+            spelling, eq, inline = word.text.partition("=")
+            name = None if word.operator else _flag_name(spelling)
+            if name is None:
                 i += 1
                 continue
-            spelling, eq, inline = word.text.partition("=")
-            name = normalise(spelling)
             if eq:
                 found.append(Flag(name, inline, word, None, spelling))
             elif self._takes_value(name) and i + 1 < end and self._is_value(self.words[i + 1]):
@@ -232,7 +243,8 @@ class CommandLine:
 
     @staticmethod
     def _is_value(word: Word) -> bool:
-        return not word.operator and not word.text.startswith("--")
+        text = word.text
+        return not word.operator and not text.startswith("--") and text.partition("=")[0] not in _SHORT_ALIASES
 
     def get(self, name: str) -> Flag | None:
         """The effective occurrence of a flag (the last one, as argparse takes it), or None."""

@@ -80,7 +80,7 @@ def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime) ->
     engine = EngineArgs.from_container(container)
     assert engine.max_num_batched_tokens is not None and engine.max_num_seqs is not None
     target = Target(deployment, container, engine, knobs(engine.max_num_batched_tokens, engine.max_num_seqs),
-                    from_defaults=False, defaults_table=None, replicaset=None)
+                    from_defaults=False, defaults_table=None, replicaset=None, replicasets=[])
     report = Report("default", TUNING, state, 1, now)
     reconciler = Reconciler(kube=None, cache=None, observations=None, metrics=None,  # type: ignore[arg-type]
                             settings=OperatorSettings())

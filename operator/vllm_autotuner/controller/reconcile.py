@@ -374,11 +374,20 @@ class Reconciler:
                 # the same args, read against a better-known GPU (a pod got a node): no one changed anything
                 report.state = defaults_resolved(state, template, target.defaults_table)
                 return
-            if not ours_in_progress and written_by_operator(target.deployment, template, report.name,
-                                                            last_known_change(state)):
+            ours = written_by_operator(target.deployment, template, report.name, last_known_change(state))
+            source, reason = written_reason(target.deployment)
+            if ours and ours_in_progress and rollout is not None and template == rollout.from_knobs and (
+                    source == KnobSource.ROLLBACK):
+                # our rollout failed and we rolled it back, but that status write was lost: record the failure
+                # again (a config that failed to start is never tried twice) and follow the rollback (its
+                # Events went out before the status write, and this process or the last one counted it)
+                decision = rollout_failed(state, report.now, reason or "rolled back", report.generation)
+                report.state = self._with_generation(decision.state, target.deployment)
+                report.condition(ConditionType.DEGRADED, True, "RolloutFailed", f"{rollout.to_knobs} failed: {reason}")
+                return
+            if ours and not ours_in_progress:
                 # our patch landed but its status write did not (operator restarted in between); our annotations
                 # with an older time are a person's `kubectl rollout undo`, adopted as Manual below
-                source, reason = written_reason(target.deployment)
                 report.state = with_rollout(state, report.now, template, KnobSource(source or "Traffic"),
                                             reason or "resumed after an operator restart")
                 report.state = self._with_generation(report.state, target.deployment)

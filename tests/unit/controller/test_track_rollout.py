@@ -4,7 +4,8 @@ A restarted operator that finds the template's knobs differ from its status
 must tell its own patch whose status write was lost (resume it) from an
 older template put back by a person (``kubectl rollout undo``, a GitOps
 revert: adopt it as Manual). Both carry the operator's annotations, so only
-the time of the write tells them apart. Here the status is built by the
+the time of the write tells them apart. A lost write of our rollback of a
+failed rollout still records the failed config. Here the status is built by the
 policy's own lifecycle functions and the template by the operator's own
 patch builder, and ``Reconciler._track_rollout`` judges them as a fresh
 operator process would: no cluster is needed for a template already read.
@@ -137,3 +138,19 @@ def test_a_lost_write_a_person_overrode_and_then_put_back_is_the_persons():
     assert report.state.current is not None
     assert (report.state.current.knobs, report.state.current.source) == (D, KnobSource.MANUAL)
     assert [reason for reason, _, _ in report.events] == [events.MANUAL_CHANGE]
+
+
+def test_a_rollback_whose_status_write_was_lost_still_records_the_failed_config():
+    state, initial = status(A.max_num_batched_tokens, A.max_num_seqs, since=T0 - timedelta(hours=2)), deployment(A)
+    state = with_rollout(state, T0, B, KnobSource.TRAFFIC, f"to {B}")  # written, B crash-loops
+    rolled_back = patched(patched(initial, B, T0), A, T0 + timedelta(minutes=10), KnobSource.ROLLBACK)
+
+    report = track(state, rolled_back, T0 + timedelta(minutes=11))  # the status never heard of the rollback
+
+    assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 512)]
+    rollout = report.state.last_rollout
+    assert rollout is not None and (rollout.to_knobs, rollout.source, rollout.phase) == (
+        A, KnobSource.ROLLBACK, RolloutPhase.IN_PROGRESS)
+    assert rollout.deployment_generation == rolled_back["metadata"]["generation"]
+    assert report.state.current is not None and report.state.current.source != KnobSource.MANUAL
+    assert events.MANUAL_CHANGE not in [reason for reason, _, _ in report.events]

@@ -227,6 +227,8 @@ class Traffic:
     running: float
     """Mean running requests measured (preempted ones that are recomputed included)."""
     context: float
+    old: Knobs
+    """The knobs the window was measured under (``base.knobs``, built once: every prediction compares with them)."""
 
     @classmethod
     def of(cls, base: Measurement, slo: SLO, model: StepModel) -> Traffic:
@@ -243,6 +245,7 @@ class Traffic:
             intercept=intercept,
             running=running,
             context=base.mean_prompt_tokens + base.mean_generation_tokens / 2,
+            old=base.knobs,
         )
 
     def step_seconds(self, tokens: float) -> float:
@@ -254,7 +257,7 @@ class Traffic:
         base = self.base
         measured = base.prompt_tokens_per_second + base.generation_tokens_per_second
         per_preemption = self.context * base.request_rate
-        return max(measured + per_preemption * (self.preempted_share(knobs) - self.preempted_share(base.knobs)), 1.0)
+        return max(measured + per_preemption * (self.preempted_share(knobs) - self.preempted_share(self.old)), 1.0)
 
     def utilisation(self, knobs: Knobs) -> float:
         """Demand over capacity: tokens per second against full steps, decoding requests against the slots.
@@ -272,7 +275,7 @@ class Traffic:
         base = self.base
         tokens = self.token_demand(knobs)
         capacity = min(knobs.max_num_batched_tokens / self.intercept, 1 / self.slope)
-        mean_tokens = (base.step_tokens_mean or 0.0) * tokens / self.token_demand(base.knobs)
+        mean_tokens = (base.step_tokens_mean or 0.0) * tokens / self.token_demand(self.old)
         decoding = base.request_rate * base.mean_generation_tokens * self.step_seconds(mean_tokens)
         cache = self.kv_cache_tokens()
         slots = float(knobs.max_num_seqs)
@@ -341,8 +344,7 @@ class Traffic:
         )
 
     def predict(self, knobs: Knobs) -> Prediction:
-        base = self.base
-        old = base.knobs
+        base, old = self.base, self.old
         itl = max(
             base.itl_seconds + self.slope * (self.quantile_step_tokens(knobs) - self.quantile_step_tokens(old)),
             self.intercept,

@@ -49,6 +49,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import accumulate
 from statistics import NormalDist
 
@@ -227,8 +228,6 @@ class Traffic:
     running: float
     """Mean running requests measured (preempted ones that are recomputed included)."""
     context: float
-    old: Knobs
-    """The knobs the window was measured under (``base.knobs``, built once: every prediction compares with them)."""
 
     @classmethod
     def of(cls, base: Measurement, slo: SLO, model: StepModel) -> Traffic:
@@ -245,8 +244,12 @@ class Traffic:
             intercept=intercept,
             running=running,
             context=base.mean_prompt_tokens + base.mean_generation_tokens / 2,
-            old=base.knobs,
         )
+
+    @cached_property
+    def old(self) -> Knobs:
+        """The knobs the window was measured under, built once: every prediction compares with them."""
+        return self.base.knobs
 
     def step_seconds(self, tokens: float) -> float:
         return self.intercept + self.slope * tokens

@@ -88,16 +88,22 @@ manifests: bin/helm ## Regenerate deploy/vllm-autotuner.yaml from the chart's de
 
 # The image's runtime dependencies (no extras), pinned with the hashes of every file of
 # each release, for any platform and Python >= 3.11: the image runs 3.11 and
-# tests/integration installs the same set on this machine's python3. uv itself is pinned,
-# in its own virtualenv, so that the same resolver rewrites the lock. A re-run keeps the
-# pins pyproject.toml still allows; UPGRADE=1 moves every one to the newest allowed.
+# tests/integration installs the same set on this machine's python3. BUILD_LOCK pins the
+# same way what builds the operator's own wheel, pyproject.toml's [build-system] requires.
+# uv itself is pinned, in its own virtualenv, so that the same resolver rewrites the locks.
+# A re-run keeps the pins pyproject.toml still allows; UPGRADE=1 moves every one to the
+# newest allowed.
 LOCK := hack/operator-requirements.txt
+BUILD_LOCK := hack/build-requirements.txt
 UV_VERSION := 0.13.9
 UV_VENV := .cache/uv-$(UV_VERSION)
+UV_COMPILE = $(UV_VENV)/bin/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
+	--custom-compile-command 'make lock' $(if $(UPGRADE),--upgrade)
 
-lock: $(UV_VENV)/bin/uv ## Re-pin the image's dependencies in hack/operator-requirements.txt from pyproject.toml (UPGRADE=1: newest allowed)
-	@$(UV_VENV)/bin/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
-		--custom-compile-command 'make lock' $(if $(UPGRADE),--upgrade) --output-file $(LOCK) pyproject.toml
+lock: $(UV_VENV)/bin/uv ## Re-pin the image's dependencies and build backend in hack/*-requirements.txt from pyproject.toml (UPGRADE=1: newest allowed)
+	@$(UV_COMPILE) --output-file $(LOCK) pyproject.toml
+	@set -o pipefail; $(UV_VENV)/bin/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")' \
+		| $(UV_COMPILE) --output-file $(BUILD_LOCK) -
 
 $(UV_VENV)/bin/uv:
 	@echo "==> installing uv $(UV_VERSION) into $(UV_VENV)"

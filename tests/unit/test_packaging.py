@@ -28,6 +28,7 @@ CHART = ROOT / "charts" / "vllm-autotuner"
 CRD = "vllmtunings.autotuner.vllm-tuning.io.yaml"
 VLLM_SCRAPE = ROOT / "tests" / "unit" / "sim" / "data" / "vllm-metrics.txt"
 LOCK = ROOT / "hack" / "operator-requirements.txt"
+BUILD_LOCK = ROOT / "hack" / "build-requirements.txt"
 HASH = re.compile(r"--hash=sha256:[0-9a-f]{64}")
 # A metric name in PromQL: vLLM's carry a colon, the operator's a prefix.
 METRIC = re.compile(r"(?:vllm:|vllm_autotuner_)[a-z0-9_:]+")
@@ -103,9 +104,9 @@ def test_the_image_runs_the_operator_as_a_non_root_user_from_the_tested_install(
     assert values["podSecurityContext"]["runAsUser"] == int(user.group(1))
 
 
-def _locked() -> dict[str, tuple[Version, int]]:
-    """Each package of the image's lock: its pinned version and how many hashes pin its files."""
-    entries = re.sub(r"\\\n", " ", LOCK.read_text()).splitlines()
+def _locked(lock: Path) -> dict[str, tuple[Version, int]]:
+    """Each package of a lock: its pinned version and how many hashes pin its files."""
+    entries = re.sub(r"\\\n", " ", lock.read_text()).splitlines()
     locked = {}
     for entry in filter(None, (line.split("#", 1)[0].strip() for line in entries)):
         requirement = Requirement(HASH.sub("", entry))
@@ -115,17 +116,30 @@ def _locked() -> dict[str, tuple[Version, int]]:
     return locked
 
 
-def test_the_image_lock_pins_every_runtime_dependency_in_its_range_and_by_hash() -> None:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    locked = _locked()
-    for dependency in map(Requirement, project["dependencies"]):
-        name = canonicalize_name(dependency.name)
-        assert name in locked, f"{name} is not in {LOCK.name}: run `make lock`"
+def _assert_pinned_in_range_and_by_hash(requirements: list[str], lock: Path) -> set[str]:
+    """Each requirement pinned in lock to a version it allows, every pin by hash; returns the names."""
+    locked = _locked(lock)
+    for requirement in map(Requirement, requirements):
+        name = canonicalize_name(requirement.name)
+        assert name in locked, f"{name} is not in {lock.name}: run `make lock`"
         version, _ = locked[name]
-        assert dependency.specifier.contains(version, prereleases=True), (
-            f"{LOCK.name} pins {name} {version}, outside pyproject's {dependency}: run `make lock`")
+        assert requirement.specifier.contains(version, prereleases=True), (
+            f"{lock.name} pins {name} {version}, outside pyproject's {requirement}: run `make lock`")
     unhashed = [name for name, (_, hashes) in locked.items() if hashes == 0]
     assert unhashed == [], f"pip's --require-hashes refuses entries without a hash: {unhashed}"
+    return set(locked)
+
+
+def test_the_image_lock_pins_every_runtime_dependency_in_its_range_and_by_hash() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    locked = _assert_pinned_in_range_and_by_hash(project["dependencies"], LOCK)
     extras = {canonicalize_name(Requirement(r).name)
               for group in project["optional-dependencies"].values() for r in group}
     assert extras.isdisjoint(locked), "the image's lock must not carry the sim or test extras"
+
+
+def test_the_build_lock_pins_the_build_backend_in_its_range_and_by_hash() -> None:
+    # install-operator.sh builds the operator's wheel with what this lock pins (no build isolation).
+    build_system = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]
+    _assert_pinned_in_range_and_by_hash(build_system["requires"], BUILD_LOCK)
+

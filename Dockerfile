@@ -6,7 +6,8 @@
 # (PROMETHEUS_URL, WATCH_NAMESPACES, POD_NAMESPACE).
 # Two builds of one commit get the same base and the same packages: the base is pinned by
 # its patch release and by the digest of its multi-platform index, the packages by
-# hack/operator-requirements.txt (`make lock`). To bump the base, take the newest tag
+# hack/operator-requirements.txt and the setuptools that builds the operator's wheel by
+# hack/build-requirements.txt (`make lock`). To bump the base, take the newest tag
 # python:3.11.<patch>-slim-bookworm and its digest from
 #   docker buildx imagetools inspect python:3.11.<patch>-slim-bookworm
 # (its `Digest:` line).
@@ -17,7 +18,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
-COPY hack/install-operator.sh hack/operator-requirements.txt hack/
+COPY hack/install-operator.sh hack/operator-requirements.txt hack/build-requirements.txt hack/
 RUN hack/install-operator.sh /opt/vllm-autotuner
 
 FROM ${PYTHON_IMAGE}

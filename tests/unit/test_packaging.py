@@ -143,3 +143,15 @@ def test_the_build_lock_pins_the_build_backend_in_its_range_and_by_hash() -> Non
     build_system = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]
     _assert_pinned_in_range_and_by_hash(build_system["requires"], BUILD_LOCK)
 
+
+def test_the_build_stage_gets_both_locks_the_install_script_reads() -> None:
+    # No container engine runs here: a file left out of the build context or the COPY shows up
+    # only in `docker build`.
+    script = (ROOT / "hack" / "install-operator.sh").read_text()
+    read = set(re.findall(r"hack/[\w.-]+", re.sub(r"(?m)^#.*$", "", script)))
+    assert {str(lock.relative_to(ROOT)) for lock in (LOCK, BUILD_LOCK)} <= read
+    needed = read | {"hack/install-operator.sh"}
+    copy = re.search(r"^COPY (hack/\S+(?: hack/\S+)*) hack/$", (ROOT / "Dockerfile").read_text(), re.M)
+    assert copy and needed <= set(copy.group(1).split())
+    kept = {line[1:] for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")}
+    assert needed <= kept

@@ -170,5 +170,5 @@ def test_a_slow_rollout_that_keeps_progressing_is_not_failed_and_a_stalled_one_i
     assert judged(t0 + timedelta(minutes=39), 8, 7) is Progress.IN_PROGRESS
     assert judged(t0 + timedelta(minutes=39, seconds=1), 8, 7) is Progress.FAILED
     # paused, the clock does not run
-    paused = rollout_progressed(state, t0 + timedelta(minutes=50), 15 - 1, paused=True)
+    paused = rollout_progressed(state, t0 + timedelta(minutes=50), 15 - 1, halted=True)
     assert paused.last_rollout.progressed_at == "2024-05-01T12:50:00Z"

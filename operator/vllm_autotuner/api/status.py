@@ -154,6 +154,7 @@ class ObservedTraffic(StatusModel):
 
 class RolloutPhase(StrEnum):
     IN_PROGRESS = "InProgress"
+    UNVERIFIED = "Unverified"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     ROLLED_BACK = "RolledBack"
@@ -175,7 +176,7 @@ class Rollout(StatusModel):
     finished_at: str | None = None
     """When the rollout completed, failed or was rolled back (RFC 3339)."""
     phase: RolloutPhase
-    """InProgress, Succeeded, Failed (did not become Ready; rolled back) or RolledBack (measured regression)."""
+    """InProgress, Unverified (complete while the Deployment is scaled to zero: no pod has started the config yet; it is judged like a rollout in progress once the Deployment scales up), Succeeded, Failed (did not become Ready; rolled back) or RolledBack (measured regression)."""
     deployment_generation: int | None = None
     """metadata.generation of the Deployment after the patch; the rollout is complete when status.observedGeneration reaches it and all replicas are updated and available."""
     progressed_at: str | None = None
@@ -192,6 +193,8 @@ class Rollout(StatusModel):
     """Requests per second per pod in the window before the change: a window judged under heavier traffic is no evidence of a regression."""
     verified_at: str | None = None
     """When a settled window after the rollout was compared with the baseline (RFC 3339)."""
+    unverified_at: str | None = None
+    """When the rollout completed with the Deployment scaled to zero, no pod restarted (RFC 3339). Its duration and the capacity lost after it are a scale-up's, not a restart's, so neither is taken as one."""
     lost_seconds: float = Field(default=0.0, ge=0)
     """SLO goodput lost while the pods restarted and their queue drained, in seconds of the whole target's goodput: the baseline attainment minus what the windows showed, over time."""
 

@@ -18,6 +18,7 @@ COMPONENT = "vllm-autotuner"
 RECOMMENDATION = "Recommendation"  # a change is recommended (Recommend mode, or before acting)
 ROLLOUT_STARTED = "RolloutStarted"
 ROLLOUT_SUCCEEDED = "RolloutSucceeded"
+ROLLOUT_UNVERIFIED = "RolloutUnverified"  # written while the Deployment is scaled to zero: judged at scale-up
 ROLLOUT_FAILED = "RolloutFailed"
 ROLLED_BACK = "RolledBack"
 REGRESSION = "RegressionDetected"

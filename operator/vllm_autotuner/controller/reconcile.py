@@ -58,6 +58,7 @@ from vllm_autotuner.policy import (
     HoldReason,
     Observation,
     adopt_generation,
+    awaiting_verdict,
     decide,
     defaults_resolved,
     effective_slo,
@@ -66,6 +67,7 @@ from vllm_autotuner.policy import (
     rollout_failed,
     rollout_progressed,
     rollout_succeeded,
+    rollout_unverified,
 )
 from vllm_autotuner.policy.decision import with_rollout
 from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
@@ -131,6 +133,10 @@ class Target:
     @property
     def paused(self) -> bool:
         return bool(self.deployment["spec"].get("paused"))
+
+    @property
+    def replicas(self) -> int:
+        return int(self.deployment["spec"].get("replicas", 1))
 
     @property
     def ready_pods(self) -> int:
@@ -344,7 +350,7 @@ class Reconciler:
         if state.target_uid is not None and state.target_uid != uid:
             report.event(events.TARGET_NOT_FOUND, f"Deployment was re-created (uid {uid}); adopting it afresh")
         last = state.last_rollout
-        if last is not None and last.phase == RolloutPhase.IN_PROGRESS:
+        if last is not None and awaiting_verdict(state):
             last = last.model_copy(update={"phase": RolloutPhase.FAILED, "finished_at": utc_timestamp(report.now),
                                            "message": "target Deployment re-created during the rollout"})
         live_since = (target.replicaset or {}).get("metadata", {}).get("creationTimestamp")
@@ -363,12 +369,13 @@ class Reconciler:
     # --- rollouts --------------------------------------------------------------------------------
 
     async def _track_rollout(self, spec: VllmTuningSpec, target: Target, report: Report) -> None:
-        """Follow our rollout in progress, or notice a change someone else (or our past self) made."""
+        """Follow our rollout in progress (or unverified, at zero replicas), or notice a change someone else (or our
+        past self) made."""
         state = report.state
         rollout = state.last_rollout
-        ours_in_progress = rollout is not None and rollout.phase == RolloutPhase.IN_PROGRESS
+        pending = awaiting_verdict(state)
         template = target.knobs
-        expected = rollout.to_knobs if ours_in_progress and rollout else state.current.knobs  # type: ignore[union-attr]
+        expected = rollout.to_knobs if pending and rollout else state.current.knobs  # type: ignore[union-attr]
         if template != expected:
             if target.from_defaults and state.current is not None and state.current.from_defaults:
                 # the same args, read against a better-known GPU (a pod got a node): no one changed anything
@@ -376,7 +383,7 @@ class Reconciler:
                 return
             ours = written_by_operator(target.deployment, template, report.name, last_known_change(state))
             source, reason = written_reason(target.deployment)
-            if ours and ours_in_progress and rollout is not None and template == rollout.from_knobs and (
+            if ours and pending and rollout is not None and template == rollout.from_knobs and (
                     source == KnobSource.ROLLBACK):
                 # our rollout failed and we rolled it back, but that status write was lost: record the failure
                 # again (a config that failed to start is never tried twice) and follow the rollback (its
@@ -385,9 +392,10 @@ class Reconciler:
                 report.state = self._with_generation(decision.state, target.deployment)
                 report.condition(ConditionType.DEGRADED, True, "RolloutFailed", f"{rollout.to_knobs} failed: {reason}")
                 return
-            if ours and not ours_in_progress:
-                # our patch landed but its status write did not (operator restarted in between); our annotations
-                # with an older time are a person's `kubectl rollout undo`, adopted as Manual below
+            if ours and not (rollout is not None and rollout.phase == RolloutPhase.IN_PROGRESS):
+                # our patch landed but its status write did not (operator restarted in between; an unverified
+                # rollout does not stop the next write); our annotations with an older time are a person's
+                # `kubectl rollout undo`, adopted as Manual below
                 report.state = with_rollout(state, report.now, template, KnobSource(source or "Traffic"),
                                             reason or "resumed after an operator restart")
                 report.state = self._with_generation(report.state, target.deployment)
@@ -397,10 +405,10 @@ class Reconciler:
                          f"knobs changed outside the operator to {template}; adopted as Manual and respected for "
                          f"the cooldown ({spec.rollout.cooldown})")
             return
-        if not ours_in_progress or rollout is None:
+        if not pending or rollout is None:
             return
         pods: list[dict[str, Any]] = []
-        if target.replicaset is not None:
+        if target.replicaset is not None and target.replicas > 0:
             hash_ = (target.replicaset["metadata"].get("labels") or {}).get("pod-template-hash")
             if hash_:
                 pods = await self._call(self.kube.list_pods, target.deployment["metadata"]["namespace"],
@@ -408,14 +416,20 @@ class Reconciler:
         generation = rollout.deployment_generation or 0
         report.state = state = rollout_progressed(
             state, report.now, progress_mark(target.deployment, target.replicaset, generation),
-            paused=target.paused)
+            halted=target.paused or target.replicas == 0)
         rollout = state.last_rollout
         assert rollout is not None
         progressed = datetime.fromisoformat(rollout.progressed_at or rollout.started_at)
         judged = rollout_state(target.deployment, generation, pods, target.container.get("name"),
                                (report.now - progressed).total_seconds(),
                                duration_seconds(spec.rollout.progress_deadline))
-        if judged.progress is Progress.COMPLETE:
+        if judged.progress is Progress.COMPLETE and target.replicas == 0:
+            if rollout.phase == RolloutPhase.IN_PROGRESS:  # else it still waits for its first pod
+                report.state = rollout_unverified(state, report.now)
+                report.event(events.ROLLOUT_UNVERIFIED,
+                             f"{rollout.to_knobs} is written, but the Deployment is scaled to zero and no pod has "
+                             f"started it: it is checked, and rolled back if it cannot start, when pods start")
+        elif judged.progress is Progress.COMPLETE:
             report.state = rollout_succeeded(state, report.now)
             self._rollout_finished(report, "Succeeded")
             if rollout.source == KnobSource.ROLLBACK:
@@ -445,6 +459,10 @@ class Reconciler:
         if rollout is not None and rollout.phase == RolloutPhase.IN_PROGRESS:
             report.condition(ConditionType.PROGRESSING, True, "RolloutInProgress",
                              f"rolling out {rollout.to_knobs} ({rollout.source}): {rollout.reason}")
+        elif rollout is not None and rollout.phase == RolloutPhase.UNVERIFIED:
+            report.condition(ConditionType.PROGRESSING, False, "Unverified",
+                             f"{rollout.to_knobs} ({rollout.source}) was written while the Deployment was scaled to "
+                             f"zero; it is checked when its pods start")
         else:
             report.condition(ConditionType.PROGRESSING, False, "Idle", "no rollout in progress")
         if condition(report.state.conditions, ConditionType.DEGRADED) is None:

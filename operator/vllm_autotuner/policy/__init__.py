@@ -45,9 +45,14 @@ Stable API
     schedule window may override the spec's.
 
 Rollout lifecycle (the operator calls these when the Deployment tells it):
-    ``rollout_progressed(state, now, mark, paused)`` a pod of the new config
-    was created or became available (``mark`` rose), or the Deployment is
-    paused: the progress deadline counts from ``now`` again;
+    ``rollout_progressed(state, now, mark, halted)`` a pod of the new config
+    was created or became available (``mark`` rose), or the Deployment does
+    not roll (paused, scaled to zero): the progress deadline counts from
+    ``now`` again;
+    ``rollout_unverified(state, now)`` the rollout completed with the
+    Deployment scaled to zero: no pod started the config, which is judged
+    when the Deployment scales up (``awaiting_verdict(state)`` is true until
+    then, and while a rollout is in progress);
     ``rollout_succeeded(state, now)`` the new pods are all Ready;
     ``rollout_failed(state, now, message, generation) -> Decision`` they did
     not start: the config is recorded as failed and the Decision rolls back;
@@ -97,6 +102,7 @@ from vllm_autotuner.policy.decide import decide, effective_slo
 from vllm_autotuner.policy.decision import Decision
 from vllm_autotuner.policy.lifecycle import (
     adopt_generation,
+    awaiting_verdict,
     defaults_resolved,
     last_known_change,
     manual_change_detected,
@@ -104,6 +110,7 @@ from vllm_autotuner.policy.lifecycle import (
     rollout_failed,
     rollout_progressed,
     rollout_succeeded,
+    rollout_unverified,
 )
 from vllm_autotuner.policy.observation import HoldReason, Observation, hold_reason
 
@@ -115,7 +122,9 @@ __all__ = [
     "HoldReason",
     "hold_reason",
     "rollout_progressed",
+    "rollout_unverified",
     "rollout_succeeded",
+    "awaiting_verdict",
     "rollout_failed",
     "regression_measured",
     "manual_change_detected",

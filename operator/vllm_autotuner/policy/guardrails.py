@@ -130,13 +130,22 @@ def rollback_room(spec: VllmTuningSpec) -> int:
     return 1 if spec.rollout.max_rollouts_per_day > 1 else 0
 
 
-def restart_seconds(state: VllmTuningStatus, pods: int) -> float:
-    """Seconds one pod is out of service in a rolling restart: the last successful rollout's time per pod."""
+def rollout_seconds(state: VllmTuningStatus) -> float | None:
+    """How long the last rollout took, from the patch to its last pod Ready, when it measured a rolling restart:
+    None unless it succeeded, or when it was written while the Deployment was scaled to zero (it then lasted until
+    a scale-up)."""
     last = state.last_rollout
-    if last is None or last.phase != RolloutPhase.SUCCEEDED or last.finished_at is None or pods < 1:
+    if last is None or last.phase != RolloutPhase.SUCCEEDED or last.finished_at is None or last.unverified_at:
+        return None
+    return (_time(last.finished_at) - _time(last.started_at)).total_seconds()
+
+
+def restart_seconds(state: VllmTuningStatus, pods: int) -> float:
+    """Seconds one pod is out of service in a rolling restart: the last measured rollout's time per pod."""
+    took = rollout_seconds(state)
+    if took is None or took <= 0 or pods < 1:
         return DEFAULT_RESTART_SECONDS
-    took = (_time(last.finished_at) - _time(last.started_at)).total_seconds()
-    return max(took / pods, 1.0) if took > 0 else DEFAULT_RESTART_SECONDS
+    return max(took / pods, 1.0)
 
 
 def regime_life_seconds(state: VllmTuningStatus, now: datetime) -> float:

@@ -21,6 +21,13 @@ def _in_progress(state: VllmTuningStatus) -> bool:
     return state.last_rollout is not None and state.last_rollout.phase == RolloutPhase.IN_PROGRESS
 
 
+def awaiting_verdict(state: VllmTuningStatus) -> bool:
+    """Whether the last rollout's config is still to be judged: in progress, or written while the Deployment was
+    scaled to zero (``rollout_unverified``) and not yet started by a pod."""
+    last = state.last_rollout
+    return last is not None and last.phase in (RolloutPhase.IN_PROGRESS, RolloutPhase.UNVERIFIED)
+
+
 def adopt_generation(state: VllmTuningStatus, generation: int) -> VllmTuningStatus:
     """The status for a new spec generation: configs that failed under an older spec may be tried again."""
     if state.observed_generation == generation:
@@ -29,14 +36,15 @@ def adopt_generation(state: VllmTuningStatus, generation: int) -> VllmTuningStat
     return state.model_copy(update={"observed_generation": generation, "failed_configs": failed})
 
 
-def rollout_progressed(state: VllmTuningStatus, now: datetime, mark: int, paused: bool = False) -> VllmTuningStatus:
-    """The rollout in progress got further (``mark`` above the last one), or its Deployment is paused: its
-    progress deadline counts from ``now`` again. A slow rollout of many pods is not a failed one, and a paused
-    Deployment does not roll (the Deployment controller does not count paused time either)."""
-    if not _in_progress(state):
+def rollout_progressed(state: VllmTuningStatus, now: datetime, mark: int, halted: bool = False) -> VllmTuningStatus:
+    """The rollout awaiting its verdict got further (``mark`` above the last one), or its Deployment does not roll
+    (``halted``: paused, or scaled to zero): its progress deadline counts from ``now`` again. A slow rollout of many
+    pods is not a failed one, and a paused Deployment does not roll (the Deployment controller does not count paused
+    time either); an unverified config's deadline counts from the scale-up that starts its first pod."""
+    if not awaiting_verdict(state):
         return state
     assert state.last_rollout is not None
-    if mark <= state.last_rollout.progress_mark and not paused:
+    if mark <= state.last_rollout.progress_mark and not halted:
         return state
     rollout = state.last_rollout.model_copy(
         update={"progressed_at": utc_timestamp(now), "progress_mark": max(mark, state.last_rollout.progress_mark)}
@@ -44,9 +52,30 @@ def rollout_progressed(state: VllmTuningStatus, now: datetime, mark: int, paused
     return state.model_copy(update={"last_rollout": rollout})
 
 
-def rollout_succeeded(state: VllmTuningStatus, now: datetime) -> VllmTuningStatus:
-    """All pods of the rollout in progress are updated and Ready: its config is live from ``now``."""
+def rollout_unverified(state: VllmTuningStatus, now: datetime) -> VllmTuningStatus:
+    """The rollout in progress completed with the Deployment scaled to zero: the template holds its config, but no
+    pod has started it, so nothing says it can start.
+
+    It is no longer in progress (decisions go on: a schedule window that
+    closes while the Deployment is at zero writes the config after it, with
+    no pod to restart), and it is judged like one, crash loop and deadline,
+    once the Deployment scales up. Its baseline is dropped: what the pods
+    serve while a scale-up starts them is no restart's cost, and no evidence
+    of a regression.
+    """
     if not _in_progress(state) or state.current is None:
+        return state
+    assert state.last_rollout is not None
+    rollout = state.last_rollout.model_copy(update={
+        "phase": RolloutPhase.UNVERIFIED, "unverified_at": utc_timestamp(now), "baseline_attainment": None,
+        "baseline_request_rate": None, "lost_seconds": 0.0})
+    current = _written(state, rollout.to_knobs, rollout.source, now)
+    return state.model_copy(update={"last_rollout": rollout, "current": current})
+
+
+def rollout_succeeded(state: VllmTuningStatus, now: datetime) -> VllmTuningStatus:
+    """All pods of the rollout awaiting its verdict are updated and Ready: its config is live from ``now``."""
+    if not awaiting_verdict(state) or state.current is None:
         return state
     assert state.last_rollout is not None
     rollout = state.last_rollout.model_copy(update={"phase": RolloutPhase.SUCCEEDED, "finished_at": utc_timestamp(now)})
@@ -106,7 +135,7 @@ def rollout_failed(state: VllmTuningStatus, now: datetime, message: str, generat
     so, and the Deployment controller keeps rolling it out), so that the
     template is not taken for a patch of ours whose status write was lost.
     """
-    if not _in_progress(state) or state.current is None:
+    if not awaiting_verdict(state) or state.current is None:
         raise ValueError("no rollout in progress to fail")
     assert state.last_rollout is not None
     failed = state.last_rollout.to_knobs
@@ -176,13 +205,13 @@ def last_known_change(state: VllmTuningStatus) -> datetime:
 def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime) -> VllmTuningStatus:
     """A person changed the knobs in the Deployment: adopt them, and respect them for a cooldown.
 
-    A rollout of ours still in progress is closed as superseded (its config
-    did not fail, so it is not remembered as failed).
+    A rollout of ours still in progress or unverified is closed as
+    superseded (its config did not fail, so it is not remembered as failed).
     """
     if state.current is None:
         raise ValueError("no current knobs to replace")
     updates: dict[str, object] = {}
-    if _in_progress(state):
+    if awaiting_verdict(state):
         assert state.last_rollout is not None
         updates["last_rollout"] = state.last_rollout.model_copy(
             update={

@@ -22,8 +22,8 @@ from datetime import UTC, datetime, timedelta
 from cronsim import CronSim
 
 from vllm_autotuner.api import Schedule, VllmTuningStatus
-from vllm_autotuner.api.status import RolloutPhase
 from vllm_autotuner.api.types import duration_seconds, parse_cron, time_zone
+from vllm_autotuner.policy.guardrails import rollout_seconds
 
 #: Pre-roll before any rollout was measured; then the last rollout's duration plus a margin.
 DEFAULT_PRE_ROLL_SECONDS = 300.0
@@ -94,10 +94,9 @@ def pre_roll_seconds(schedule: Schedule, state: VllmTuningStatus) -> float:
     """The schedule's pre-roll, or the last measured rollout's duration plus a margin, or 5 minutes."""
     if schedule.pre_roll is not None:
         return duration_seconds(schedule.pre_roll)
-    last = state.last_rollout
-    if last is None or last.phase != RolloutPhase.SUCCEEDED or last.finished_at is None:
+    took = rollout_seconds(state)
+    if took is None:
         return DEFAULT_PRE_ROLL_SECONDS
-    took = (datetime.fromisoformat(last.finished_at) - datetime.fromisoformat(last.started_at)).total_seconds()
     return max(took * PRE_ROLL_MARGIN, took + PRE_ROLL_MIN_EXTRA_SECONDS)
 
 

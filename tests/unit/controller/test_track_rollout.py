@@ -5,7 +5,9 @@ must tell its own patch whose status write was lost (resume it) from an
 older template put back by a person (``kubectl rollout undo``, a GitOps
 revert: adopt it as Manual). Both carry the operator's annotations, so only
 the time of the write tells them apart. A lost write of our rollback of a
-failed rollout still records the failed config. Here the status is built by the
+failed rollout still records the failed config. A rollout into a Deployment
+scaled to zero starts no pod, so it stays unverified until one starts it, and
+is then judged (and rolled back) like any other. Here the status is built by the
 policy's own lifecycle functions and the template by the operator's own
 patch builder, and ``Reconciler._track_rollout`` judges them as a fresh
 operator process would: no cluster is needed for a template already read.
@@ -22,9 +24,11 @@ from tests.unit.policy.helpers import T0, knobs, spec, status
 
 from vllm_autotuner.api import Knobs, KnobSource, RolloutPhase, VllmTuningStatus
 from vllm_autotuner.controller import events
+from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler, Report, Target
 from vllm_autotuner.knobs import EngineArgs
-from vllm_autotuner.policy import rollout_succeeded
+from vllm_autotuner.policy import awaiting_verdict, rollout_succeeded
+from vllm_autotuner.policy.guardrails import DEFAULT_RESTART_SECONDS, restart_seconds
 from vllm_autotuner.policy.decision import with_rollout
 from vllm_autotuner.rollout.patch import knob_patch
 
@@ -75,16 +79,33 @@ def undone(deployment: dict[str, Any], to_revision: dict[str, Any]) -> dict[str,
     return out
 
 
-def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime) -> Report:
+class Kube:
+    """The API calls judging a rollout makes: the new ReplicaSet's pods, and the patch of a rollback."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+        self.patches: list[dict[str, Any]] = []
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return self.pods
+
+    def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.patches.append(patch)
+        return {"metadata": {"generation": 99}}
+
+
+def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, kube: Kube | None = None) -> Report:
     """One evaluation's look at the target, by an operator that knows only ``state``."""
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     engine = EngineArgs.from_container(container)
     assert engine.max_num_batched_tokens is not None and engine.max_num_seqs is not None
+    replicaset = {"metadata": {"name": "llama-7f8b", "labels": {"pod-template-hash": "7f8b"}}, "status": {}}
     target = Target(deployment, container, engine, knobs(engine.max_num_batched_tokens, engine.max_num_seqs),
-                    from_defaults=False, defaults_table=None, replicaset=None, replicasets=[])
+                    from_defaults=False, defaults_table=None, replicaset=replicaset if kube else None,
+                    replicasets=[])
     report = Report("default", TUNING, state, 1, now)
-    reconciler = Reconciler(kube=None, cache=None, observations=None, metrics=None,  # type: ignore[arg-type]
-                            settings=OperatorSettings())
+    reconciler = Reconciler(kube=kube, cache=None, observations=None,  # type: ignore[arg-type]
+                            metrics=OperatorMetrics(), settings=OperatorSettings())
     asyncio.run(reconciler._track_rollout(SPEC, target, report))
     return report
 
@@ -154,3 +175,96 @@ def test_a_rollback_whose_status_write_was_lost_still_records_the_failed_config(
     assert rollout.deployment_generation == rolled_back["metadata"]["generation"]
     assert report.state.current is not None and report.state.current.source != KnobSource.MANUAL
     assert events.MANUAL_CHANGE not in [reason for reason, _, _ in report.events]
+
+
+def scaled(deployment: dict[str, Any], replicas: int, updated: int, available: int) -> dict[str, Any]:
+    """``deployment`` at ``replicas`` (a scale is a spec change: a new generation), as its controller reports it."""
+    out = copy.deepcopy(deployment)
+    out["metadata"]["generation"] += 1
+    out["spec"]["replicas"] = replicas
+    out["status"] = {"observedGeneration": out["metadata"]["generation"], "replicas": replicas,
+                     "updatedReplicas": updated, "availableReplicas": available}
+    return out
+
+
+def crash_looping(message: str) -> dict[str, Any]:
+    return {"metadata": {"name": "llama-7f8b-x2x4q"}, "status": {"containerStatuses": [{
+        "name": "vllm", "restartCount": 2, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": 1, "message": message}}}]}}
+
+
+def written_at_zero() -> tuple[VllmTuningStatus, dict[str, Any]]:
+    """A night preset B written at T0 into a Deployment (running A) that KEDA has scaled to zero."""
+    state = status(A.max_num_batched_tokens, A.max_num_seqs, since=T0 - timedelta(hours=2))
+    state = with_rollout(state, T0, B, KnobSource.SCHEDULE, "night preset", baseline_attainment=0.9)
+    at_zero = scaled(deployment(A), 0, 0, 0)
+    written = patched(at_zero, B, T0, KnobSource.SCHEDULE)
+    written["status"]["observedGeneration"] = written["metadata"]["generation"]
+    assert state.last_rollout is not None
+    state = state.model_copy(update={"last_rollout": state.last_rollout.model_copy(
+        update={"deployment_generation": written["metadata"]["generation"]})})
+    return state, written
+
+
+def test_a_rollout_into_a_deployment_scaled_to_zero_waits_for_its_first_pod():
+    state, written = written_at_zero()
+
+    report = track(state, written, T0 + timedelta(seconds=30), Kube([]))
+
+    rollout = report.state.last_rollout
+    assert rollout is not None and rollout.phase == RolloutPhase.UNVERIFIED and rollout.finished_at is None
+    assert rollout.unverified_at is not None and rollout.baseline_attainment is None
+    assert awaiting_verdict(report.state)
+    assert report.state.current is not None and report.state.current.knobs == B  # the template holds it
+    assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_UNVERIFIED]
+
+    hours_later = track(report.state, written, T0 + timedelta(hours=3), Kube([]))
+    assert hours_later.events == []
+    waiting = hours_later.state.last_rollout
+    assert waiting is not None and waiting.phase == RolloutPhase.UNVERIFIED
+    assert waiting.progressed_at == "2024-05-01T15:00:00Z"  # its deadline does not run while nothing starts it
+
+
+def test_an_unverified_config_that_cannot_start_at_scale_up_is_rolled_back_and_remembered():
+    state, written = written_at_zero()
+    state = track(state, written, T0 + timedelta(seconds=30), Kube([])).state
+    up = T0 + timedelta(hours=3)
+    kube = Kube([crash_looping("ValueError: not enough KV cache for one max-length request")])
+
+    report = track(state, scaled(written, 1, 1, 0), up + timedelta(minutes=2), kube)
+
+    assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 512)]
+    rollout = report.state.last_rollout
+    assert rollout is not None and (rollout.to_knobs, rollout.source, rollout.phase) == (
+        A, KnobSource.ROLLBACK, RolloutPhase.IN_PROGRESS)
+    (patch,) = kube.patches
+    assert patch["spec"]["template"]["spec"]["containers"][0]["args"] == args(A)
+    assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_FAILED, events.ROLLED_BACK]
+
+
+def test_an_unverified_config_whose_pods_start_is_live_and_did_not_measure_a_restart():
+    state, written = written_at_zero()
+    state = track(state, written, T0 + timedelta(seconds=30), Kube([])).state
+    up = T0 + timedelta(hours=3)
+
+    report = track(state, scaled(written, 2, 2, 2), up + timedelta(minutes=4), Kube([]))
+
+    rollout = report.state.last_rollout
+    assert rollout is not None and rollout.phase == RolloutPhase.SUCCEEDED
+    assert report.state.current is not None and report.state.current.since == "2024-05-01T15:04:00Z"
+    assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_SUCCEEDED]
+    # three hours from the patch to Ready were a wait for the scale-up, not a restart's duration
+    assert restart_seconds(report.state, pods=2) == DEFAULT_RESTART_SECONDS
+
+
+def test_a_write_after_an_unverified_one_whose_status_write_was_lost_is_resumed_as_ours():
+    state, written = written_at_zero()
+    state = track(state, written, T0 + timedelta(seconds=30), Kube([])).state
+    closes = T0 + timedelta(hours=8)  # the window closes at zero replicas: back to A, then the operator restarts
+
+    report = track(state, patched(written, A, closes, KnobSource.SCHEDULE), closes + timedelta(seconds=20), Kube([]))
+
+    rollout = report.state.last_rollout
+    assert rollout is not None and (rollout.from_knobs, rollout.to_knobs, rollout.source, rollout.phase) == (
+        B, A, KnobSource.SCHEDULE, RolloutPhase.IN_PROGRESS)
+    assert report.events == []  # not a person's change

@@ -29,6 +29,7 @@ from vllm_autotuner.policy import (
     manual_change_detected,
     rollout_failed,
     rollout_succeeded,
+    rollout_unverified,
 )
 
 from .helpers import T0, knobs, long_prompt_window, shifted, spec, status
@@ -524,6 +525,19 @@ def test_a_persons_change_in_a_preset_window_is_respected_for_the_cooldown():
     again = decide(the_spec, held.state, None, opens + timedelta(minutes=45))
     assert again.action == DecisionAction.CHANGE and again.knobs == knobs(16384, 512)
     assert again.state.resume_knobs == knobs(4096, 256)
+
+
+def test_a_preset_written_while_the_deployment_is_at_zero_does_not_hold_back_the_window_closing():
+    night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "0s", "knobs": PRESET}
+    the_spec = spec(schedules=[night])
+    opens = T0.replace(hour=22)
+    written = decide(the_spec, status(), None, opens)
+    assert written.action == DecisionAction.CHANGE
+    closes = opens + timedelta(hours=8)
+    # written into a Deployment scaled to zero: no pod to wait for, the next write is not a rollout on a rollout
+    back = decide(the_spec, rollout_unverified(written.state, opens + timedelta(seconds=20)), None, closes)
+    assert back.action == DecisionAction.CHANGE and back.knobs == knobs(8192, 1024), back.reason
+    assert decide(the_spec, written.state, None, closes).hold == HoldReason.ROLLOUT_IN_PROGRESS
 
 
 def test_windows_are_remembered_again_after_a_person_superseded_a_rollout():

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -531,11 +531,13 @@ class Reconciler:
 
     async def _observe(self, namespace: str, spec: VllmTuningSpec, target: Target, report: Report, rolling: bool,
                        ours: bool) -> Observation | None:
-        """The window of the target's current pods; during our own rollout (``ours``), of all its pods.
+        """The window of the target's current pods; during our own rollout (``ours``), and until the window no
+        longer reaches back into it, of all its pods.
 
-        Our rollout's windows only measure what the restart costs (``decide`` holds meanwhile), so they
-        take every pod of the Deployment still reporting, the old revision's and the new one's, as
-        many as there are: fewer than are Ready is what a rolling restart looks like, not a gap.
+        Those windows only measure what the restart costs (``decide`` holds meanwhile, and after the rollout
+        they hold as taken under several configs), so they take every pod of the Deployment still reporting,
+        the old revision's and the new one's, as many as there are: fewer than are Ready is what a rolling
+        restart looks like, not a gap, and the old revision's pods served part of the window.
         """
         connection = await self._connection(namespace, spec)
         prom = spec.prometheus
@@ -545,9 +547,10 @@ class Reconciler:
             report.condition(ConditionType.METRICS_AVAILABLE, False, HoldReason.NO_DATA,
                              "the Deployment has no current ReplicaSet yet")
             return None
-        prefixes = target.pod_prefixes if ours else (target.pod_prefix,)
-        extra = pod_prefix_matchers(selector, namespace, prefixes) if self.settings.naive_queries else ()
         window = duration_seconds(spec.traffic.window)
+        restart = ours or _reaches_into_rollout(report.state, report.now, window)
+        prefixes = target.pod_prefixes if restart else (target.pod_prefix,)
+        extra = pod_prefix_matchers(selector, namespace, prefixes) if self.settings.naive_queries else ()
         try:
             data = await self.observations.window(connection, selector, window, report.now.timestamp(), extra)
         except PrometheusError as exc:
@@ -557,8 +560,8 @@ class Reconciler:
             report.condition(ConditionType.METRICS_AVAILABLE, False, exc.kind, f"{exc}; holding")
             return None
         slo = effective_slo(spec, report.state, report.now)
-        observation, why = observe_target(data, namespace, prefixes, 0 if ours else target.ready_pods,
-                                          None if ours else target.knobs, slo, rolling or ours)
+        observation, why = observe_target(data, namespace, prefixes, 0 if restart else target.ready_pods,
+                                          None if restart else target.knobs, slo, rolling or ours)
         if observation is None:
             report.condition(ConditionType.METRICS_AVAILABLE, False, HoldReason.NO_DATA, f"{why}; holding")
         else:
@@ -612,6 +615,15 @@ class Reconciler:
         except ApiException as exc:
             log.warning("writing the status of %s/%s failed: %s", namespace, name, exc.reason)
         self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
+
+
+def _reaches_into_rollout(state: VllmTuningStatus, now: datetime, window_seconds: float) -> bool:
+    """Whether the window of ``window_seconds`` ending at ``now`` reaches back into the last rollout, which
+    succeeded less than a window ago: the old revision's pods served part of it."""
+    last = state.last_rollout
+    if last is None or last.phase != RolloutPhase.SUCCEEDED or last.finished_at is None:
+        return False
+    return datetime.fromisoformat(last.finished_at) > now - timedelta(seconds=window_seconds)
 
 
 def _knobs(recommendation: Recommendation) -> Knobs:

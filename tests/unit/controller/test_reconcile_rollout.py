@@ -5,7 +5,8 @@ given count the goodput the restart loses (``lastRollout.lostSeconds``,
 which prices the next change). The window then takes every pod of the
 Deployment that still reports, the old revision's and the new one's:
 the new ReplicaSet's pods alone are too few, and refusing the window as
-partial would leave the restart's cost unmeasured. The reconciler is
+partial would leave the restart's cost unmeasured. So do the windows after
+the rollout that still reach back into it. The reconciler is
 driven here with a stand-in for the API server calls and the Prometheus
 window; what it reads and writes is the real code's.
 """
@@ -55,8 +56,9 @@ def replicaset(name: str, revision: str, ready: int) -> dict[str, Any]:
             "status": {"replicas": ready, "readyReplicas": ready, "availableReplicas": ready}}
 
 
-def cache() -> ClusterCache:
-    """A 2-replica Deployment halfway through our rollout to 4096 tokens and 64 sequences."""
+def cache(finished: timedelta | None = None) -> ClusterCache:
+    """A 2-replica Deployment halfway through our rollout to 4096 tokens and 64 sequences, or with the rollout
+    ``finished`` that long ago."""
     args = ["--model", "m", "--max-num-batched-tokens", "4096", "--max-num-seqs", "64"]
     deployment = {
         "metadata": {"name": "llama", "namespace": "llm", "uid": "d-uid", "generation": 2,
@@ -64,10 +66,11 @@ def cache() -> ClusterCache:
         "spec": {"replicas": 2, "template": {"spec": {"containers": [
             {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "args": args,
              "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}},
-        "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 1, "availableReplicas": 1},
+        "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2 if finished else 1,
+                   "availableReplicas": 2 if finished else 1},
     }
     replicasets: dict[Any, list[dict[str, Any]]] = {}
-    for body in (replicaset("llama-6c9d", "1", 1), replicaset("llama-7f8b", "2", 0)):
+    for body in (replicaset("llama-6c9d", "1", 0 if finished else 1), replicaset("llama-7f8b", "2", 2 if finished else 0)):
         for key, value in replicaset_index("llm", body).items():
             replicasets.setdefault(key, []).append(value)
     started = NOW - timedelta(minutes=3)
@@ -76,11 +79,14 @@ def cache() -> ClusterCache:
                "source": "Traffic", "reason": "TTFT", "startedAt": utc_timestamp(started), "phase": "InProgress",
                "deploymentGeneration": 2, "progressedAt": utc_timestamp(NOW - timedelta(seconds=30)),
                "progressMark": 1, "baselineAttainment": 0.95}
+    current = {"maxNumBatchedTokens": 2048, "maxNumSeqs": 32, "since": utc_timestamp(NOW - timedelta(hours=2)),
+               "source": "Initial"}
+    if finished is not None:
+        rollout.update(phase="Succeeded", finishedAt=utc_timestamp(NOW - finished))
+        current.update(maxNumBatchedTokens=4096, maxNumSeqs=64, since=utc_timestamp(NOW - finished), source="Traffic")
     tuning = {"metadata": {"name": "llama", "namespace": "llm", "generation": 1},
               "spec": {"targetRef": {"name": "llama"}, "prometheus": {"url": "http://prometheus:9090"}},
-              "status": {"observedGeneration": 1, "lastRollout": rollout, "targetUid": "d-uid",
-                         "current": {"maxNumBatchedTokens": 2048, "maxNumSeqs": 32,
-                                     "since": utc_timestamp(NOW - timedelta(hours=2)), "source": "Initial"}}}
+              "status": {"observedGeneration": 1, "lastRollout": rollout, "targetUid": "d-uid", "current": current}}
     result = ClusterCache()
     result.bind({k: [v] for k, v in deployment_index("llm", "llama", deployment).items()}, replicasets)
     result.on_tuning_event(None, tuning)
@@ -100,8 +106,8 @@ def window(pods: tuple[tuple[str, str], ...]) -> WindowData:
     return data
 
 
-def evaluate(windows: Windows, naive: bool = False) -> Any:
-    reconciler = Reconciler(Kube(), cache(), windows, OperatorMetrics(),  # type: ignore[arg-type]
+def evaluate(windows: Windows, naive: bool = False, finished: timedelta | None = None) -> Any:
+    reconciler = Reconciler(Kube(), cache(finished), windows, OperatorMetrics(),  # type: ignore[arg-type]
                             OperatorSettings(naive_queries=naive))
     report = asyncio.run(reconciler.evaluate(("llm", "llama"), NOW.timestamp(), write=False))
     assert report is not None and report.decision is not None
@@ -122,3 +128,19 @@ def test_naive_queries_ask_for_every_revision_of_the_deployment() -> None:
     windows = Windows(window((OLD, NEW)))
     evaluate(windows, naive=True)
     assert windows.asked == [(("namespace", "=", "llm"), ("pod", "=~", "(llama-6c9d-|llama-7f8b-).*"))]
+
+
+def test_windows_reaching_back_into_our_finished_rollout_count_both_revisions_too() -> None:
+    windows = Windows(window((OLD, NEW)))
+    report = evaluate(windows, naive=True, finished=timedelta(seconds=10))  # within the 300 s window
+    rollout = report.state.last_rollout
+    assert rollout.phase == "Succeeded" and rollout.lost_seconds == pytest.approx(0.45 * 30)
+    assert windows.asked == [(("namespace", "=", "llm"), ("pod", "=~", "(llama-6c9d-|llama-7f8b-).*"))]
+    assert report.decision.hold == "MixedConfig"  # several configs served it: no evidence for a decision
+
+
+def test_windows_after_our_rollout_take_the_current_revision_only() -> None:
+    windows = Windows(window((NEW, ("llm", "llama-7f8b-p4q7z"))))
+    report = evaluate(windows, naive=True, finished=timedelta(minutes=6))
+    assert windows.asked == [(("namespace", "=", "llm"), ("pod", "=~", "(llama-7f8b-).*"))]
+    assert report.decision.hold == "NotSettled"

@@ -11,7 +11,7 @@ from vllm_autotuner.rollout.patch import (
     WRITTEN_AT_ANNOTATION,
     knob_patch,
     template_engine_args,
-    written_by_operator,
+    unrecorded_write,
 )
 from vllm_autotuner.rollout.progress import Progress, progress_mark, rollout_in_progress, rollout_state
 
@@ -65,9 +65,9 @@ def test_operator_written_knobs_are_recognised_and_manual_edits_are_not():
         annotations={KNOBS_ANNOTATION: "maxNumBatchedTokens=4096,maxNumSeqs=128", TUNING_ANNOTATION: "chat",
                      WRITTEN_AT_ANNOTATION: "2024-05-01T12:00:30Z"},
     )
-    assert written_by_operator(ours, knobs, "chat", known)
-    assert not written_by_operator(ours, Knobs(max_num_batched_tokens=4096, max_num_seqs=64), "chat", known)
-    assert not written_by_operator(ours, knobs, "chat-night", known)  # another tuning's change is not ours to resume
+    assert unrecorded_write(ours, knobs, "chat", known) == WRITTEN.replace(microsecond=0)
+    assert not unrecorded_write(ours, Knobs(max_num_batched_tokens=4096, max_num_seqs=64), "chat", known)
+    assert not unrecorded_write(ours, knobs, "chat-night", known)  # another tuning's change is not ours to resume
     assert template_engine_args(ours, "vllm").max_num_seqs == 128
 
 
@@ -76,13 +76,13 @@ def test_our_annotations_put_back_from_an_older_revision_are_not_a_write_of_ours
     annotations = {KNOBS_ANNOTATION: "maxNumBatchedTokens=4096,maxNumSeqs=128", TUNING_ANNOTATION: "chat"}
     undone = deployment(["--max-num-seqs", "128"], annotations={**annotations,
                                                                  WRITTEN_AT_ANNOTATION: "2024-05-01T12:00:30Z"})
-    assert not written_by_operator(undone, knobs, "chat", WRITTEN + timedelta(hours=1))  # `kubectl rollout undo`
-    assert not written_by_operator(undone, knobs, "chat", WRITTEN.replace(microsecond=0))  # the very rollout we know
+    assert not unrecorded_write(undone, knobs, "chat", WRITTEN + timedelta(hours=1))  # `kubectl rollout undo`
+    assert not unrecorded_write(undone, knobs, "chat", WRITTEN.replace(microsecond=0))  # the very rollout we know
     # written by an operator that did not stamp its writes, or stamped by hand: a lost write cannot be told apart
     for written_at in (None, "yesterday", "2024-05-01T12:00:30"):
         stamp = {} if written_at is None else {WRITTEN_AT_ANNOTATION: written_at}
         old = deployment(["--max-num-seqs", "128"], annotations={**annotations, **stamp})
-        assert not written_by_operator(old, knobs, "chat", WRITTEN - timedelta(hours=1)), written_at
+        assert not unrecorded_write(old, knobs, "chat", WRITTEN - timedelta(hours=1)), written_at
 
 
 def crashing_pod(restarts):

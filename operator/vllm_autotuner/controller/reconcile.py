@@ -71,7 +71,7 @@ from vllm_autotuner.policy import (
 )
 from vllm_autotuner.policy.decision import with_rollout
 from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
-from vllm_autotuner.rollout.patch import written_by_operator, written_reason
+from vllm_autotuner.rollout.patch import unrecorded_write, written_reason
 from vllm_autotuner.rollout.progress import Progress, progress_mark, rollout_in_progress, rollout_state
 
 log = logging.getLogger(__name__)
@@ -381,22 +381,22 @@ class Reconciler:
                 # the same args, read against a better-known GPU (a pod got a node): no one changed anything
                 report.state = defaults_resolved(state, template, target.defaults_table)
                 return
-            ours = written_by_operator(target.deployment, template, report.name, last_known_change(state))
+            written = unrecorded_write(target.deployment, template, report.name, last_known_change(state))
             source, reason = written_reason(target.deployment)
-            if ours and pending and rollout is not None and template == rollout.from_knobs and (
+            if written and pending and rollout is not None and template == rollout.from_knobs and (
                     source == KnobSource.ROLLBACK):
                 # our rollout failed and we rolled it back, but that status write was lost: record the failure
                 # again (a config that failed to start is never tried twice) and follow the rollback (its
                 # Events went out before the status write, and this process or the last one counted it)
-                decision = rollout_failed(state, report.now, reason or "rolled back", report.generation)
+                decision = rollout_failed(state, written, reason or "rolled back", report.generation)
                 report.state = self._with_generation(decision.state, target.deployment)
                 report.condition(ConditionType.DEGRADED, True, "RolloutFailed", f"{rollout.to_knobs} failed: {reason}")
                 return
-            if ours and not (rollout is not None and rollout.phase == RolloutPhase.IN_PROGRESS):
+            if written and not (rollout is not None and rollout.phase == RolloutPhase.IN_PROGRESS):
                 # our patch landed but its status write did not (operator restarted in between; an unverified
                 # rollout does not stop the next write); our annotations with an older time are a person's
                 # `kubectl rollout undo`, adopted as Manual below
-                report.state = with_rollout(state, report.now, template, KnobSource(source or "Traffic"),
+                report.state = with_rollout(state, written, template, KnobSource(source or "Traffic"),
                                             reason or "resumed after an operator restart")
                 report.state = self._with_generation(report.state, target.deployment)
                 return

@@ -195,7 +195,7 @@ def last_known_change(state: VllmTuningStatus) -> datetime:
     """When the status last learned of a change of the knobs: the latest rollout's start, or its config going
     live (which is also when a person's change was adopted or the target first seen). A change of ours found in
     the template, written after this, is one whose status write was lost; one written before it is an old
-    template put back (``rollout.patch.written_by_operator``)."""
+    template put back (``rollout.patch.unrecorded_write``)."""
     if state.current is None:
         raise ValueError("no current knobs: the target is not adopted yet")
     times = [state.current.since] + ([state.last_rollout.started_at] if state.last_rollout is not None else [])

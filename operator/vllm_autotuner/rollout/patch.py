@@ -76,9 +76,9 @@ def _annotations(deployment: dict[str, Any]) -> dict[str, str]:
     return deployment["spec"]["template"].get("metadata", {}).get("annotations") or {}
 
 
-def written_by_operator(deployment: dict[str, Any], knobs: Knobs, tuning: str, after: datetime) -> bool:
-    """Whether the template's knobs are a write of VllmTuning ``tuning`` made after ``after``, the latest change
-    its status knows of: a patch whose status write was lost (the operator restarted in between).
+def unrecorded_write(deployment: dict[str, Any], knobs: Knobs, tuning: str, after: datetime) -> datetime | None:
+    """When VllmTuning ``tuning`` wrote the template's knobs, if that was after ``after``, the latest change its
+    status knows of: a patch whose status write was lost (the operator restarted in between). None otherwise.
 
     Anything else is a person's change: knobs or a tuning other than the annotations say, and also our own
     annotations with a time not after ``after``, which is an old template put back (``kubectl rollout undo``,
@@ -88,12 +88,12 @@ def written_by_operator(deployment: dict[str, Any], knobs: Knobs, tuning: str, a
     """
     annotations = _annotations(deployment)
     if annotations.get(KNOBS_ANNOTATION) != knobs_annotation(knobs) or annotations.get(TUNING_ANNOTATION) != tuning:
-        return False
+        return None
     try:
         written_at = datetime.fromisoformat(annotations.get(WRITTEN_AT_ANNOTATION, ""))
     except ValueError:
-        return False
-    return written_at.tzinfo is not None and written_at > after
+        return None
+    return written_at if written_at.tzinfo is not None and written_at > after else None
 
 
 def written_reason(deployment: dict[str, Any]) -> tuple[str, str]:

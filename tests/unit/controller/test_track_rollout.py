@@ -143,6 +143,7 @@ def test_a_patch_whose_status_write_was_lost_is_resumed_as_ours():
     rollout = report.state.last_rollout
     assert rollout is not None and (rollout.to_knobs, rollout.source, rollout.phase) == (
         D, KnobSource.SCHEDULE, RolloutPhase.IN_PROGRESS)
+    assert rollout.started_at == "2024-05-01T14:00:00Z"  # when it was written, not when it was found
     assert report.state.current is not None and report.state.current.source == KnobSource.TRAFFIC
     assert report.events == []
 
@@ -173,6 +174,7 @@ def test_a_rollback_whose_status_write_was_lost_still_records_the_failed_config(
     assert rollout is not None and (rollout.to_knobs, rollout.source, rollout.phase) == (
         A, KnobSource.ROLLBACK, RolloutPhase.IN_PROGRESS)
     assert rollout.deployment_generation == rolled_back["metadata"]["generation"]
+    assert rollout.started_at == report.state.failed_configs[0].at == "2024-05-01T12:10:00Z"
     assert report.state.current is not None and report.state.current.source != KnobSource.MANUAL
     assert events.MANUAL_CHANGE not in [reason for reason, _, _ in report.events]
 

@@ -20,6 +20,8 @@ HISTORY_LIMIT = 20
 #: How many learned regimes and failed configs status keeps.
 LEARNED_LIMIT = 32
 FAILED_LIMIT = 32
+#: How many reverts of our changes status keeps (two within a day stop the changes: ``policy.changes_reverted``).
+REVERT_LIMIT = 8
 #: How many (regime, config) measurements status keeps, newest first.
 MEASUREMENT_LIMIT = 48
 
@@ -359,3 +361,5 @@ class VllmTuningStatus(StatusModel):
     """Latest window of each (regime, config) measured, newest first: the adaptive policy's data."""
     failed_configs: list[FailedConfig] = Field(default_factory=list, max_length=FAILED_LIMIT)
     """Configs that failed to start; never tried again until the spec changes."""
+    reverts: list[str] = Field(default_factory=list, max_length=REVERT_LIMIT)
+    """When another writer of the Deployment (a GitOps sync, a person's undo) put back the knobs a change of ours had replaced, newest first (RFC 3339). Two within 24 hours stop the operator's changes (it only recommends) until the spec changes."""

@@ -23,6 +23,7 @@ ROLLOUT_FAILED = "RolloutFailed"
 ROLLED_BACK = "RolledBack"
 REGRESSION = "RegressionDetected"
 MANUAL_CHANGE = "ManualChangeAdopted"
+CHANGES_REVERTED = "ChangesReverted"  # our changes put back twice in a day: the operator only recommends
 TARGET_NOT_FOUND = "TargetNotFound"
 INVALID_TARGET = "InvalidTarget"
 TARGET_PAUSED = "TargetPaused"

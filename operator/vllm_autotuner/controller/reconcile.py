@@ -55,10 +55,12 @@ from vllm_autotuner.observe.service import ObservationService
 from vllm_autotuner.observe.window import observe_target
 from vllm_autotuner.policy import (
     Decision,
+    REVERTED_ADVICE,
     HoldReason,
     Observation,
     adopt_generation,
     awaiting_verdict,
+    changes_reverted,
     decide,
     defaults_resolved,
     effective_slo,
@@ -267,6 +269,7 @@ class Reconciler:
         report.decision = decision
         self._count(report, decision)
         report.state = decision.state
+        self._reverted_condition(report)
         if decision.hold in _NO_METRICS and observation is not None:
             report.condition(ConditionType.METRICS_AVAILABLE, False, decision.hold, decision.reason)
         if decision.hold == HoldReason.RECOMMEND_ONLY and decision.recommendation is not None and (
@@ -450,6 +453,18 @@ class Reconciler:
                 # our own rollout failed: put the previous config back whatever the mode is now (if that
                 # patch fails, the rollout stays in progress and fails again at the next evaluation)
                 await self._patch(target, decision, report, state, during_rollout=True)
+
+    @staticmethod
+    def _reverted_condition(report: Report) -> None:
+        """Degraded while our changes are stopped because another writer keeps putting them back."""
+        if changes_reverted(report.state):
+            message = f"{len(report.state.reverts)} changes put back, the last at {report.state.reverts[0]}: " + (
+                REVERTED_ADVICE)
+            if not report.has(ConditionType.DEGRADED, True, events.CHANGES_REVERTED):
+                report.event(events.CHANGES_REVERTED, message, warning=True)
+            report.condition(ConditionType.DEGRADED, True, events.CHANGES_REVERTED, message)
+        elif report.has(ConditionType.DEGRADED, True, events.CHANGES_REVERTED):
+            report.condition(ConditionType.DEGRADED, False, "AsExpected", "the spec changed: tuning again")
 
     def _rollout_finished(self, report: Report, outcome: str) -> None:
         self.metrics.rollouts.labels(report.namespace, report.name, outcome).inc()

@@ -84,7 +84,10 @@ What it does
    straight back to a regime's learned optimum; a config it left twice in a
    regime it does not return to.
 3. **Guardrails** (``guardrails``): bounds and vLLM's start-up rules; never a
-   config that failed to start under this spec; at most ``maxStepFactor`` per
+   config that failed to start under this spec; no change at all, only
+   recommendations, once another writer (a GitOps sync) has put back what
+   the operator changed twice in a day (``changes_reverted(state)``,
+   ``REVERTED_ADVICE`` says what to do); at most ``maxStepFactor`` per
    step into unmeasured territory; cooldown; a daily rollout budget that keeps
    room for the day's schedule windows; a regime, and its length mix, must last
    one window; no traffic change before the last one is judged (and rolled
@@ -98,7 +101,7 @@ What it does
    ``minImprovementPercent``; every hold with a reason.
 """
 
-from vllm_autotuner.policy.decide import decide, effective_slo
+from vllm_autotuner.policy.decide import REVERTED_ADVICE, decide, effective_slo
 from vllm_autotuner.policy.decision import Decision
 from vllm_autotuner.policy.lifecycle import (
     adopt_generation,
@@ -112,6 +115,7 @@ from vllm_autotuner.policy.lifecycle import (
     rollout_succeeded,
     rollout_unverified,
 )
+from vllm_autotuner.policy.guardrails import changes_reverted
 from vllm_autotuner.policy.observation import HoldReason, Observation, hold_reason
 
 __all__ = [
@@ -121,6 +125,8 @@ __all__ = [
     "Observation",
     "HoldReason",
     "hold_reason",
+    "changes_reverted",
+    "REVERTED_ADVICE",
     "rollout_progressed",
     "rollout_unverified",
     "rollout_succeeded",

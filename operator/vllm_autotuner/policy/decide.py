@@ -53,6 +53,7 @@ from vllm_autotuner.policy.guardrails import (
     DAY_SECONDS,
     acceptable,
     budget_left,
+    changes_reverted,
     clamp,
     cooldown_left,
     failed_configs,
@@ -297,12 +298,23 @@ class _Change:
     """resume_knobs to persist with the change (schedule presets remember what to go back to)."""
 
 
+#: What to do when our changes keep being put back: said in the hold and in the Degraded condition.
+REVERTED_ADVICE = (
+    "another writer of the Deployment (a GitOps sync? a person?) put back what the operator changed twice within a "
+    "day, so it changes nothing more: have that tool leave the vLLM container's args alone (Argo CD "
+    "ignoreDifferences with RespectIgnoreDifferences=true, a Flux drift ignore rule) or set the knobs there, then "
+    "edit this VllmTuning's spec to let it tune again"
+)
+
+
 def _apply(
     spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, now: datetime, change: _Change
 ) -> Decision:
     """Guardrails every change passes, then the mode: Auto applies, Recommend reports, Paused holds.
 
-    The cooldown holds traffic changes, and every change while the knobs are
+    A config that failed to start is not retried, and once another writer
+    has put our changes back twice in a day (``changes_reverted``) every
+    change is only recommended. The cooldown holds traffic changes, and every change while the knobs are
     a person's (schedules respect them too). A traffic change also leaves in
     the day's budget the rollouts the schedule windows will need and room for
     its own rollback (``rollback_room``); a schedule change needs one rollout
@@ -313,6 +325,9 @@ def _apply(
         return _hold(
             state, now, HoldReason.NO_BETTER_CONFIG, f"{change.knobs} failed to start before: not retried", settings
         )
+    if changes_reverted(state):
+        reason = (f"{change.knobs} only recommended ({change.reason}): {REVERTED_ADVICE}")
+        return _hold(state, now, HoldReason.REVERTED, reason, settings, change.knobs, change.gain)
     manual = state.current.source == KnobSource.MANUAL
     if change.source == KnobSource.TRAFFIC or manual:
         wait = cooldown_left(spec, state, now)

@@ -48,6 +48,16 @@ def acceptable(knobs: Knobs, bounds: Bounds, current: CurrentKnobs) -> bool:
     return in_bounds(knobs, bounds) and not startup_errors(knobs, current.max_model_len, current.chunked_prefill)
 
 
+def changes_reverted(state: VllmTuningStatus) -> bool:
+    """Whether another writer put back what our changes replaced twice within 24 hours under this spec
+    (``status.reverts``): a GitOps tool that owns the args, or a person who does not want them changed. Each
+    further change would cost two rolling restarts, ours and its revert, for nothing."""
+    if len(state.reverts) < 2:
+        return False
+    newest, previous = (_time(t) for t in state.reverts[:2])
+    return (newest - previous).total_seconds() < DAY_SECONDS
+
+
 def failed_configs(state: VllmTuningStatus) -> set[Knobs]:
     """Configs that failed to start under the spec generation in force (all of them when it is unknown)."""
     return {

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from vllm_autotuner.api import CurrentKnobs, DecisionAction, FailedConfig, Knobs, KnobSource, VllmTuningStatus
-from vllm_autotuner.api.status import FAILED_LIMIT, RolloutPhase
+from vllm_autotuner.api.status import FAILED_LIMIT, REVERT_LIMIT, RolloutPhase
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.policy.decision import Decision, with_history, with_rollout
 
@@ -29,11 +29,12 @@ def awaiting_verdict(state: VllmTuningStatus) -> bool:
 
 
 def adopt_generation(state: VllmTuningStatus, generation: int) -> VllmTuningStatus:
-    """The status for a new spec generation: configs that failed under an older spec may be tried again."""
+    """The status for a new spec generation: configs that failed under an older spec may be tried again, and
+    changes reverted under it no longer stop the next one."""
     if state.observed_generation == generation:
         return state
     failed = [f for f in state.failed_configs if f.generation == generation]
-    return state.model_copy(update={"observed_generation": generation, "failed_configs": failed})
+    return state.model_copy(update={"observed_generation": generation, "failed_configs": failed, "reverts": []})
 
 
 def rollout_progressed(state: VllmTuningStatus, now: datetime, mark: int, halted: bool = False) -> VllmTuningStatus:
@@ -202,15 +203,34 @@ def last_known_change(state: VllmTuningStatus) -> datetime:
     return max(datetime.fromisoformat(t) for t in times)
 
 
+def _puts_back_ours(state: VllmTuningStatus, knobs: Knobs) -> bool:
+    """Whether the template changing to ``knobs`` puts back what our last change (not a rollback) replaced, while
+    that change still stood: a revert (a GitOps sync, ``kubectl rollout undo``)."""
+    last = state.last_rollout
+    assert state.current is not None
+    if last is None or last.source == KnobSource.ROLLBACK or knobs != last.from_knobs:
+        return False
+    if awaiting_verdict(state):
+        return True
+    return last.phase == RolloutPhase.SUCCEEDED and state.current.source != KnobSource.MANUAL
+
+
 def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime) -> VllmTuningStatus:
     """A person changed the knobs in the Deployment: adopt them, and respect them for a cooldown.
 
     A rollout of ours still in progress or unverified is closed as
     superseded (its config did not fail, so it is not remembered as failed).
+    A change that puts back what our last change replaced is a revert, and
+    is remembered in ``status.reverts``: two in a day stop our changes
+    (``guardrails.changes_reverted``), or a GitOps tool that owns the args
+    and the operator would take turns restarting the pods.
     """
     if state.current is None:
         raise ValueError("no current knobs to replace")
     updates: dict[str, object] = {}
+    reverted = _puts_back_ours(state, knobs)
+    if reverted:
+        updates["reverts"] = [utc_timestamp(now), *state.reverts][:REVERT_LIMIT]
     if awaiting_verdict(state):
         assert state.last_rollout is not None
         updates["last_rollout"] = state.last_rollout.model_copy(
@@ -230,6 +250,5 @@ def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime)
     )
     updates["resume_knobs"] = None
     state = state.model_copy(update=updates)
-    return with_history(
-        state, now, DecisionAction.HOLD, knobs, f"knobs changed by a person to {knobs}: adopted as Manual"
-    )
+    what = "put back, undoing the operator's change," if reverted else "changed by a person"
+    return with_history(state, now, DecisionAction.HOLD, knobs, f"knobs {what} to {knobs}: adopted as Manual")

@@ -135,6 +135,7 @@ class HoldReason(StrEnum):
     COOLDOWN = "Cooldown"
     BUDGET = "RolloutBudget"
     NO_BETTER_CONFIG = "NoBetterConfig"
+    REVERTED = "ChangesReverted"
     SMALL_GAIN = "GainBelowCost"
     NO_TIER = "NoTierMatches"
     DWELL = "RegimeTooYoung"

@@ -540,6 +540,41 @@ def test_a_preset_written_while_the_deployment_is_at_zero_does_not_hold_back_the
     assert decide(the_spec, written.state, None, closes).hold == HoldReason.ROLLOUT_IN_PROGRESS
 
 
+def test_changes_put_back_twice_in_a_day_are_only_recommended_until_the_spec_changes():
+    # a GitOps tool syncs the Deployment back to its manifest a minute after each change of ours
+    night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "0s", "knobs": PRESET}
+    the_spec = spec(schedules=[night])
+    before, opens = knobs(8192, 1024), T0.replace(hour=22)
+    state = succeed(decide(the_spec, status(), None, opens), opens + timedelta(minutes=2))
+    state = manual_change_detected(state, before, opens + timedelta(minutes=3))
+    assert state.reverts == ["2024-05-01T22:03:00Z"] and "undoing the operator's change" in state.history[0].reason
+    again = decide(the_spec, state, None, opens + timedelta(minutes=20))  # one revert: a person's cooldown only
+    assert again.action == DecisionAction.CHANGE and again.knobs == knobs(16384, 512)
+    state = manual_change_detected(again.state, before, opens + timedelta(minutes=21))  # reverted mid-rollout
+
+    held = decide(the_spec, state, None, opens + timedelta(minutes=40))
+    assert held.hold == HoldReason.REVERTED and held.recommendation == knobs(16384, 512)
+    assert "GitOps" in held.reason and "edit this VllmTuning's spec" in held.reason
+    assert decide(the_spec, held.state, None, opens + timedelta(hours=7)).hold == HoldReason.REVERTED
+    # a new spec generation: the user has made the tool leave the args alone
+    resumed = decide(the_spec, adopt_generation(held.state, 2), None, opens + timedelta(hours=7))
+    assert resumed.action == DecisionAction.CHANGE and resumed.knobs == knobs(16384, 512)
+
+
+def test_a_person_changing_other_knobs_or_reverts_a_day_apart_do_not_stop_changes():
+    night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "0s", "knobs": PRESET}
+    the_spec = spec(schedules=[night])
+    opens = T0.replace(hour=22)
+    state = succeed(decide(the_spec, status(), None, opens), opens + timedelta(minutes=2))
+    assert manual_change_detected(state, knobs(4096, 256), opens + timedelta(minutes=3)).reverts == []
+    reverted = manual_change_detected(state, knobs(8192, 1024), opens + timedelta(minutes=3))
+    # the person's knobs put back again by a second edit are not our change being undone
+    assert manual_change_detected(reverted, knobs(8192, 1024), opens + timedelta(minutes=4)).reverts == [
+        "2024-05-01T22:03:00Z"]
+    a_day_later = reverted.model_copy(update={"reverts": ["2024-05-02T22:04:00Z", *reverted.reverts]})
+    assert decide(the_spec, a_day_later, None, opens + timedelta(days=1, minutes=20)).action == DecisionAction.CHANGE
+
+
 def test_windows_are_remembered_again_after_a_person_superseded_a_rollout():
     state = warmed()
     change = decide(SPEC, state, long_prompt_window(state, SPEC), T0)

@@ -135,6 +135,32 @@ def test_non_integer_value_is_a_clear_error():
         EngineArgs.from_container({"command": ["sh", "-c", "vllm serve M --max-num-seqs $SEQS"]})
 
 
+@pytest.mark.parametrize(("text", "value"), [("8192", 8192), ("8k", 8000), ("8K", 8192), ("25.6k", 25600),
+                                           ("32K", 32768), ("1M", 1048576), ("2.5K", None), ("8kb", None)])
+def test_sizes_are_read_as_vllm_reads_them(text, value):
+    container = {"args": ["--max-num-batched-tokens", text, "--max-model-len", text]}
+    if value is None:
+        with pytest.raises(CommandLineError, match="such as 8192, 8k or 8K"):
+            EngineArgs.from_container(container)
+    else:
+        engine = EngineArgs.from_container(container)
+        assert (engine.max_num_batched_tokens, engine.max_model_len) == (value, value)
+
+
+@pytest.mark.parametrize("length", ["auto", "-1"])
+def test_a_model_length_vllm_fits_to_memory_is_unknown(length):
+    assert EngineArgs.from_container({"args": ["--max-model-len", length, "--max-num-seqs", "8"]}).max_model_len is None
+
+
+def test_knobs_left_to_a_config_file_cannot_be_known():
+    defaults = vllm_defaults("0.11", Hardware(gpus=1, memory_gib=80))
+    with pytest.raises(CommandLineError, match="may set --max-num-batched-tokens and --max-num-seqs where"):
+        EngineArgs.from_container({"args": ["--config", "serve.yaml"]}).effective(defaults)
+    both = EngineArgs.from_container({"args": ["--config", "serve.yaml", "--max-num-batched-tokens", "4k",
+                                               "--max-num-seqs", "64"]})
+    assert both.effective(defaults) == (Knobs(max_num_batched_tokens=4000, max_num_seqs=64), False)  # over the file
+
+
 def test_unbalanced_quote_is_a_clear_error():
     with pytest.raises(CommandLineError, match="unbalanced"):
         CommandLine.parse({"command": ["sh", "-c", "vllm serve 'M --max-num-seqs 4"]})

@@ -300,16 +300,16 @@ class Reconciler:
         try:
             container = find_vllm_container(deployment["spec"]["template"]["spec"], ref.container)
             args = EngineArgs.from_container(container)
+            if args.max_num_batched_tokens is not None and args.max_num_seqs is not None:
+                knobs, from_defaults, table = Knobs(max_num_batched_tokens=args.max_num_batched_tokens,
+                                                    max_num_seqs=args.max_num_seqs), False, None
+            else:  # a flag is absent: vLLM picked a default (or read a --config file), and no metric says which
+                defaults = vllm_defaults(spec.engine.vllm_version or container.get("image"),
+                                         await self._hardware(deployment, container, spec), args.performance_mode)
+                knobs, from_defaults = args.effective(defaults)
+                table = defaults.table
         except CommandLineError as exc:
             raise TargetProblem(events.INVALID_TARGET, f"Deployment {namespace}/{ref.name}: {exc}") from exc
-        if args.max_num_batched_tokens is not None and args.max_num_seqs is not None:
-            knobs, from_defaults, table = Knobs(max_num_batched_tokens=args.max_num_batched_tokens,
-                                                max_num_seqs=args.max_num_seqs), False, None
-        else:  # a flag is absent: vLLM picked a default, and no metric says which
-            defaults = vllm_defaults(spec.engine.vllm_version or container.get("image"),
-                                     await self._hardware(deployment, container, spec), args.performance_mode)
-            knobs, from_defaults = args.effective(defaults)
-            table = defaults.table
         return Target(deployment, container, args, knobs, from_defaults, table,
                       self.cache.current_replicaset(deployment), self.cache.replicasets(deployment))
 

@@ -29,7 +29,7 @@ class EngineArgs:
 
     max_num_batched_tokens: int | None
     max_num_seqs: int | None
-    max_model_len: int | None
+    max_model_len: int | None  # None also for ``auto``/``-1``: vLLM fits it to the memory left
     chunked_prefill: bool | None  # None: vLLM's default (always on in the V1 engine)
     performance_mode: str | None
     config_file: str | None  # --config YAML: flags in it are not visible to the operator
@@ -51,17 +51,26 @@ class EngineArgs:
                 )
         mode = cmd.get("performance-mode")
         config = cmd.get("config")
+        model_len = cmd.get("max-model-len")
         return cls(
             max_num_batched_tokens=cmd.get_int(TOKENS_FLAG),
             max_num_seqs=cmd.get_int(SEQS_FLAG),
-            max_model_len=cmd.get_int("max-model-len"),
+            max_model_len=None if model_len and model_len.value in ("auto", "-1") else cmd.get_int("max-model-len"),
             chunked_prefill=cmd.get_bool("enable-chunked-prefill"),
             performance_mode=mode.value if mode else None,
             config_file=config.value if config else None,
         )
 
     def effective(self, defaults: AssumedDefaults) -> tuple[Knobs, bool]:
-        """The knobs vLLM runs with, and whether any came from its defaults."""
+        """The knobs vLLM runs with, and whether any came from its defaults. Raises CommandLineError when a knob is
+        left to a ``--config`` file, which may set it where the operator cannot read it."""
+        missing = [f"--{flag}" for flag, value in ((TOKENS_FLAG, self.max_num_batched_tokens),
+                                                   (SEQS_FLAG, self.max_num_seqs)) if value is None]
+        if self.config_file is not None and missing:
+            raise CommandLineError(
+                f"vLLM reads --config {self.config_file}, which may set {' and '.join(missing)} where the operator "
+                f"cannot read it; put {' and '.join(missing)} on the command line (it takes precedence over the file)"
+            )
         tokens = self.max_num_batched_tokens or defaults.knobs.max_num_batched_tokens
         seqs = self.max_num_seqs or defaults.knobs.max_num_seqs
         from_defaults = self.max_num_batched_tokens is None or self.max_num_seqs is None

@@ -42,6 +42,21 @@ _SHORT_ALIASES = {"-tp": "tensor-parallel-size", "-dp": "data-parallel-size", "-
 _OPERATOR_CHARS = set(";&|()<>\n")
 
 
+def human_readable_int(text: str) -> int | None:
+    """An integer as vLLM's argument parser reads its size flags (``--max-num-batched-tokens``,
+    ``--max-model-len``): plain (``8192``), with a decimal suffix k/m/g/t (``8k`` = 8000, ``25.6k``) or a binary
+    one K/M/G/T (``8K`` = 8192, whole numbers only); None when it is none of these."""
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kmgtKMGT]?)", text.strip())
+    if match is None:
+        return None
+    number, suffix = match.groups()
+    if suffix.islower():
+        return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
+    if "." in number:
+        return None
+    return int(number) * (1024 ** ("KMGT".index(suffix) + 1) if suffix else 1)
+
+
 class CommandLineError(ValueError):
     """The container's command cannot be read or rewritten; the message says what to change."""
 
@@ -257,12 +272,13 @@ class CommandLine:
         flag = self.get(name)
         if flag is None:
             return None
-        if flag.value is None or not re.fullmatch(r"[0-9]+", flag.value):
+        value = None if flag.value is None else human_readable_int(flag.value)
+        if value is None:
             raise CommandLineError(
-                f"{flag.spelling} has value {flag.value!r}, not an integer; write a literal number "
-                f"(environment or shell expansions cannot be tuned)"
+                f"{flag.spelling} has value {flag.value!r}, not an integer; write a literal number such as 8192, "
+                f"8k or 8K (environment or shell expansions cannot be tuned)"
             )
-        return int(flag.value)
+        return value
 
     def get_bool(self, name: str) -> bool | None:
         """A ``--name`` / ``--no-name`` boolean flag: True, False, or None when absent."""

@@ -314,8 +314,9 @@ def _apply(
 
     A config that failed to start is not retried, and once another writer
     has put our changes back twice in a day (``changes_reverted``) every
-    change is only recommended. The cooldown holds traffic changes, and every change while the knobs are
-    a person's (schedules respect them too). A traffic change also leaves in
+    change is only recommended. The cooldown holds traffic changes, and
+    every change while the knobs are a person's (schedules respect them
+    too). A traffic change also leaves in
     the day's budget the rollouts the schedule windows will need and room for
     its own rollback (``rollback_room``); a schedule change needs one rollout
     left, the traffic policy having kept it.
@@ -326,7 +327,7 @@ def _apply(
             state, now, HoldReason.NO_BETTER_CONFIG, f"{change.knobs} failed to start before: not retried", settings
         )
     if changes_reverted(state):
-        reason = (f"{change.knobs} only recommended ({change.reason}): {REVERTED_ADVICE}")
+        reason = f"{change.knobs} only recommended ({change.reason}): {REVERTED_ADVICE}"
         return _hold(state, now, HoldReason.REVERTED, reason, settings, change.knobs, change.gain)
     manual = state.current.source == KnobSource.MANUAL
     if change.source == KnobSource.TRAFFIC or manual:

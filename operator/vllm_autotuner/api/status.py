@@ -169,6 +169,8 @@ class Rollout(StatusModel):
     """Knobs before the change."""
     to_knobs: Knobs = Field(alias="to")
     """Knobs after the change."""
+    rollback_to: Knobs | None = None
+    """The config a rollback of this change goes back to, when not `from`: the last one pods ran before it. They differ when the rollout before this one was Unverified (written at zero replicas, never started): a rollback never goes to a config no pod has run."""
     source: KnobSource
     """What asked for it."""
     reason: str
@@ -199,6 +201,11 @@ class Rollout(StatusModel):
     """When the rollout completed with the Deployment scaled to zero, no pod restarted (RFC 3339). Its duration and the capacity lost after it are a scale-up's, not a restart's, so neither is taken as one."""
     lost_seconds: float = Field(default=0.0, ge=0)
     """SLO goodput lost while the pods restarted and their queue drained, in seconds of the whole target's goodput: the baseline attainment minus what the windows showed, over time."""
+
+    @property
+    def rollback_knobs(self) -> Knobs:
+        """The config a rollback of this change goes back to: the last one pods ran before it."""
+        return self.rollback_to or self.from_knobs
 
 
 class DecisionAction(StrEnum):

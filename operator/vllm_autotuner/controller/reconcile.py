@@ -386,7 +386,7 @@ class Reconciler:
                 return
             written = unrecorded_write(target.deployment, template, report.name, last_known_change(state))
             source, reason = written_reason(target.deployment)
-            if written and pending and rollout is not None and template == rollout.from_knobs and (
+            if written and pending and rollout is not None and template == rollout.rollback_knobs and (
                     source == KnobSource.ROLLBACK):
                 # our rollout failed and we rolled it back, but that status write was lost: record the failure
                 # again (a config that failed to start is never tried twice) and follow the rollback (its

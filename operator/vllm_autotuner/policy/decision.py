@@ -82,10 +82,21 @@ def with_rollout(
     baseline_attainment: float | None = None,
     baseline_request_rate: float | None = None,
 ) -> VllmTuningStatus:
-    """The status once the target is patched to ``target``: a rollout in progress, counted in the daily budget."""
+    """The status once the target is patched to ``target``: a rollout in progress, counted in the daily budget.
+
+    Its rollback goes to the config pods last ran: the current one, unless
+    the last rollout is unverified (written at zero replicas, no pod has
+    started it), and then where that one's rollback would have gone. A
+    rollback's own config ran before it, so it is kept even unverified.
+    """
     assert state.current is not None
+    last = state.last_rollout
+    ran = state.current.knobs
+    if last is not None and last.phase == RolloutPhase.UNVERIFIED and last.source != KnobSource.ROLLBACK:
+        ran = last.rollback_knobs
     rollout = Rollout(
         from_knobs=state.current.knobs,
+        rollback_to=None if ran == state.current.knobs else ran,
         to_knobs=target,
         source=source,
         reason=reason,

@@ -105,7 +105,7 @@ def _roll_back(state: VllmTuningStatus, now: datetime, phase: RolloutPhase, reas
     closed = state.last_rollout.model_copy(
         update={"phase": phase, "finished_at": utc_timestamp(now), "message": reason}
     )
-    previous = closed.from_knobs
+    previous = closed.rollback_knobs
     current = state.current.model_copy(
         update={
             "max_num_batched_tokens": closed.to_knobs.max_num_batched_tokens,
@@ -130,22 +130,26 @@ def rollout_failed(state: VllmTuningStatus, now: datetime, message: str, generat
 
     ``message`` is what went wrong (e.g. the vLLM error of a crash-looping
     pod); the config is remembered as failed under spec ``generation``.
-    A failed rollback (the old config no longer starts) is not a config's
-    fault: it is recorded in the rollout and nothing is rolled back; the
-    config rolled back to is the current one from now on (the template says
-    so, and the Deployment controller keeps rolling it out), so that the
-    template is not taken for a patch of ours whose status write was lost.
+    A config that ran before failing now is not the config's fault (a
+    failed rollback; or, after a rollout written at zero replicas, a change
+    back to the config that ran before it): it is recorded in the rollout
+    and nothing is rolled back; it is the current config from now on (the
+    template says so, and the Deployment controller keeps rolling it out),
+    so that the template is not taken for a patch of ours whose status
+    write was lost.
     """
     if not awaiting_verdict(state) or state.current is None:
         raise ValueError("no rollout in progress to fail")
     assert state.last_rollout is not None
     failed = state.last_rollout.to_knobs
-    if state.last_rollout.source == KnobSource.ROLLBACK:
+    rollback = state.last_rollout.source == KnobSource.ROLLBACK
+    if rollback or failed == state.last_rollout.rollback_knobs:
         closed = state.last_rollout.model_copy(
             update={"phase": RolloutPhase.FAILED, "finished_at": utc_timestamp(now), "message": message}
         )
-        current = _written(state, failed, KnobSource.ROLLBACK, now)
-        reason = f"rollback to {failed} did not become Ready: {message}"
+        current = _written(state, failed, state.last_rollout.source, now)
+        what = "rollback to" if rollback else "change back to the last config that ran,"
+        reason = f"{what} {failed} did not become Ready: {message}"
         state = with_history(
             state.model_copy(update={"last_rollout": closed, "current": current}), now, DecisionAction.HOLD, failed,
             reason,

@@ -22,7 +22,7 @@ from typing import Any
 
 from tests.unit.policy.helpers import T0, knobs, spec, status
 
-from vllm_autotuner.api import Knobs, KnobSource, RolloutPhase, VllmTuningStatus
+from vllm_autotuner.api import ConditionType, Knobs, KnobSource, RolloutPhase, VllmTuningStatus
 from vllm_autotuner.controller import events
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler, Report, Target
@@ -195,17 +195,24 @@ def crash_looping(message: str) -> dict[str, Any]:
         "lastState": {"terminated": {"exitCode": 1, "message": message}}}]}}
 
 
-def written_at_zero() -> tuple[VllmTuningStatus, dict[str, Any]]:
-    """A night preset B written at T0 into a Deployment (running A) that KEDA has scaled to zero."""
-    state = status(A.max_num_batched_tokens, A.max_num_seqs, since=T0 - timedelta(hours=2))
-    state = with_rollout(state, T0, B, KnobSource.SCHEDULE, "night preset", baseline_attainment=0.9)
-    at_zero = scaled(deployment(A), 0, 0, 0)
-    written = patched(at_zero, B, T0, KnobSource.SCHEDULE)
+def write_at_zero(
+    state: VllmTuningStatus, at_zero: dict[str, Any], to: Knobs, at: datetime
+) -> tuple[VllmTuningStatus, dict[str, Any]]:
+    """A preset ``to`` written at ``at`` into ``at_zero``, a Deployment scaled to zero: the status and the
+    Deployment, its controller done with the new generation at once (no pod to roll)."""
+    state = with_rollout(state, at, to, KnobSource.SCHEDULE, f"preset {to}", baseline_attainment=0.9)
+    written = patched(at_zero, to, at, KnobSource.SCHEDULE)
     written["status"]["observedGeneration"] = written["metadata"]["generation"]
     assert state.last_rollout is not None
     state = state.model_copy(update={"last_rollout": state.last_rollout.model_copy(
         update={"deployment_generation": written["metadata"]["generation"]})})
     return state, written
+
+
+def written_at_zero() -> tuple[VllmTuningStatus, dict[str, Any]]:
+    """A night preset B written at T0 into a Deployment (running A) that KEDA has scaled to zero."""
+    state = status(A.max_num_batched_tokens, A.max_num_seqs, since=T0 - timedelta(hours=2))
+    return write_at_zero(state, scaled(deployment(A), 0, 0, 0), B, T0)
 
 
 def test_a_rollout_into_a_deployment_scaled_to_zero_waits_for_its_first_pod():
@@ -269,4 +276,40 @@ def test_a_write_after_an_unverified_one_whose_status_write_was_lost_is_resumed_
     rollout = report.state.last_rollout
     assert rollout is not None and (rollout.from_knobs, rollout.to_knobs, rollout.source, rollout.phase) == (
         B, A, KnobSource.SCHEDULE, RolloutPhase.IN_PROGRESS)
+    assert rollout.rollback_knobs == A  # B never ran
     assert report.events == []  # not a person's change
+
+
+def test_a_config_written_after_an_unverified_one_rolls_back_to_the_last_config_that_ran():
+    state, written = written_at_zero()
+    state = track(state, written, T0 + timedelta(seconds=30), Kube([])).state
+    later = T0 + timedelta(hours=8)  # another preset, C, still at zero: B has not run
+    state, written = write_at_zero(state, written, C, later)
+    state = track(state, written, later + timedelta(seconds=30), Kube([])).state
+    up = later + timedelta(hours=1)
+    kube = Kube([crash_looping("ValueError: not enough KV cache for one max-length request")])
+
+    report = track(state, scaled(written, 1, 1, 0), up + timedelta(minutes=2), kube)
+
+    assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(2048, 256)]
+    rollout = report.state.last_rollout
+    assert rollout is not None and (rollout.to_knobs, rollout.source) == (A, KnobSource.ROLLBACK)
+    (patch,) = kube.patches
+    assert patch["spec"]["template"]["spec"]["containers"][0]["args"] == args(A)  # not B, which no pod ran
+
+
+def test_the_last_config_that_ran_failing_after_a_scale_up_is_not_its_fault():
+    state, written = written_at_zero()
+    state = track(state, written, T0 + timedelta(seconds=30), Kube([])).state
+    closes = T0 + timedelta(hours=8)  # the window closes at zero: back to A, which ran before B was written
+    state, written = write_at_zero(state, written, A, closes)
+    state = track(state, written, closes + timedelta(seconds=30), Kube([])).state
+    kube = Kube([crash_looping("torch.OutOfMemoryError: CUDA out of memory")])  # a node's GPU, not A
+
+    report = track(state, scaled(written, 1, 1, 0), closes + timedelta(hours=1), kube)
+
+    assert report.state.failed_configs == [] and kube.patches == []  # nothing to roll back to, nothing blamed
+    rollout = report.state.last_rollout
+    assert rollout is not None and (rollout.to_knobs, rollout.phase) == (A, RolloutPhase.FAILED)
+    assert report.state.current is not None and report.state.current.knobs == A
+    assert report.has(ConditionType.DEGRADED, True, "RolloutFailed")

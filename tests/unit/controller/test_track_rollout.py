@@ -215,6 +215,22 @@ def written_at_zero() -> tuple[VllmTuningStatus, dict[str, Any]]:
     return write_at_zero(state, scaled(deployment(A), 0, 0, 0), B, T0)
 
 
+def unverified_at_zero() -> tuple[VllmTuningStatus, dict[str, Any]]:
+    """``written_at_zero`` once an evaluation has found the rollout complete at zero replicas: Unverified."""
+    state, written = written_at_zero()
+    return track(state, written, T0 + timedelta(seconds=30), Kube([])).state, written
+
+
+def crash_at_scale_up(
+    state: VllmTuningStatus, written: dict[str, Any], at: datetime,
+    message: str = "ValueError: not enough KV cache for one max-length request",
+) -> tuple[Report, Kube]:
+    """The Deployment scaled to one replica at ``at`` and its pod crash-looping with ``message``: the evaluation
+    two minutes later, and the API calls it made."""
+    kube = Kube([crash_looping(message)])
+    return track(state, scaled(written, 1, 1, 0), at + timedelta(minutes=2), kube), kube
+
+
 def test_a_rollout_into_a_deployment_scaled_to_zero_waits_for_its_first_pod():
     state, written = written_at_zero()
 
@@ -235,12 +251,9 @@ def test_a_rollout_into_a_deployment_scaled_to_zero_waits_for_its_first_pod():
 
 
 def test_an_unverified_config_that_cannot_start_at_scale_up_is_rolled_back_and_remembered():
-    state, written = written_at_zero()
-    state = track(state, written, T0 + timedelta(seconds=30), Kube([])).state
-    up = T0 + timedelta(hours=3)
-    kube = Kube([crash_looping("ValueError: not enough KV cache for one max-length request")])
+    state, written = unverified_at_zero()
 
-    report = track(state, scaled(written, 1, 1, 0), up + timedelta(minutes=2), kube)
+    report, kube = crash_at_scale_up(state, written, T0 + timedelta(hours=3))
 
     assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 512)]
     rollout = report.state.last_rollout
@@ -252,8 +265,7 @@ def test_an_unverified_config_that_cannot_start_at_scale_up_is_rolled_back_and_r
 
 
 def test_an_unverified_config_whose_pods_start_is_live_and_did_not_measure_a_restart():
-    state, written = written_at_zero()
-    state = track(state, written, T0 + timedelta(seconds=30), Kube([])).state
+    state, written = unverified_at_zero()
     up = T0 + timedelta(hours=3)
 
     report = track(state, scaled(written, 2, 2, 2), up + timedelta(minutes=4), Kube([]))
@@ -267,8 +279,7 @@ def test_an_unverified_config_whose_pods_start_is_live_and_did_not_measure_a_res
 
 
 def test_a_write_after_an_unverified_one_whose_status_write_was_lost_is_resumed_as_ours():
-    state, written = written_at_zero()
-    state = track(state, written, T0 + timedelta(seconds=30), Kube([])).state
+    state, written = unverified_at_zero()
     closes = T0 + timedelta(hours=8)  # the window closes at zero replicas: back to A, then the operator restarts
 
     report = track(state, patched(written, A, closes, KnobSource.SCHEDULE), closes + timedelta(seconds=20), Kube([]))
@@ -281,15 +292,12 @@ def test_a_write_after_an_unverified_one_whose_status_write_was_lost_is_resumed_
 
 
 def test_a_config_written_after_an_unverified_one_rolls_back_to_the_last_config_that_ran():
-    state, written = written_at_zero()
-    state = track(state, written, T0 + timedelta(seconds=30), Kube([])).state
+    state, written = unverified_at_zero()
     later = T0 + timedelta(hours=8)  # another preset, C, still at zero: B has not run
     state, written = write_at_zero(state, written, C, later)
     state = track(state, written, later + timedelta(seconds=30), Kube([])).state
-    up = later + timedelta(hours=1)
-    kube = Kube([crash_looping("ValueError: not enough KV cache for one max-length request")])
 
-    report = track(state, scaled(written, 1, 1, 0), up + timedelta(minutes=2), kube)
+    report, kube = crash_at_scale_up(state, written, later + timedelta(hours=1))
 
     assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(2048, 256)]
     rollout = report.state.last_rollout
@@ -299,14 +307,13 @@ def test_a_config_written_after_an_unverified_one_rolls_back_to_the_last_config_
 
 
 def test_the_last_config_that_ran_failing_after_a_scale_up_is_not_its_fault():
-    state, written = written_at_zero()
-    state = track(state, written, T0 + timedelta(seconds=30), Kube([])).state
+    state, written = unverified_at_zero()
     closes = T0 + timedelta(hours=8)  # the window closes at zero: back to A, which ran before B was written
     state, written = write_at_zero(state, written, A, closes)
     state = track(state, written, closes + timedelta(seconds=30), Kube([])).state
-    kube = Kube([crash_looping("torch.OutOfMemoryError: CUDA out of memory")])  # a node's GPU, not A
 
-    report = track(state, scaled(written, 1, 1, 0), closes + timedelta(hours=1), kube)
+    # a node's GPU in trouble, not A
+    report, kube = crash_at_scale_up(state, written, closes + timedelta(hours=1), "torch.OutOfMemoryError: CUDA")
 
     assert report.state.failed_configs == [] and kube.patches == []  # nothing to roll back to, nothing blamed
     rollout = report.state.last_rollout

@@ -51,6 +51,7 @@ WATCHED_NAMESPACE = {
     ("apps", "deployments", "list"),  # kopf's index of Deployments
     ("apps", "deployments", "watch"),
     ("apps", "deployments", "patch"),  # Kube.patch_deployment: the knobs
+    ("apps", "replicasets", "get"),  # Kube.read_replicaset: the pod template a rollback puts back
     ("apps", "replicasets", "list"),  # kopf's index of ReplicaSets: a Deployment's current pods
     ("apps", "replicasets", "watch"),
     ("", "pods", "list"),  # Kube.list_pods: rollout progress, the node a vLLM pod runs on

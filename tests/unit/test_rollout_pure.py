@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import UTC, datetime, timedelta
 
 from vllm_autotuner.api import Knobs
@@ -11,7 +12,9 @@ from vllm_autotuner.rollout.patch import (
     WRITTEN_AT_ANNOTATION,
     knob_patch,
     template_engine_args,
+    undo_patch,
     unrecorded_write,
+    written_reason,
 )
 from vllm_autotuner.rollout.progress import Progress, progress_mark, rollout_in_progress, rollout_state
 
@@ -85,6 +88,68 @@ def test_our_annotations_put_back_from_an_older_revision_are_not_a_write_of_ours
         assert not unrecorded_write(old, knobs, "chat", WRITTEN - timedelta(hours=1)), written_at
 
 
+def merge(dep, patch):
+    """``dep`` with a patch of ``knob_patch``'s or ``undo_patch``'s shape merged in, as the apiserver's strategic
+    merge does it (annotations and the container's fields set, None deleting)."""
+    out = copy.deepcopy(dep)
+
+    def put(into, values):
+        for key, value in values.items():
+            if value is None:
+                into.pop(key, None)
+            else:
+                into[key] = value
+
+    put(out["metadata"].setdefault("annotations", {}),
+        {k: v for k, v in (patch["metadata"].get("annotations") or {}).items()})
+    template = patch["spec"]["template"]
+    put(out["spec"]["template"]["metadata"].setdefault("annotations", {}), template["metadata"]["annotations"])
+    (fields,) = template["spec"]["containers"]
+    put(next(c for c in out["spec"]["template"]["spec"]["containers"] if c["name"] == fields["name"]), fields)
+    return out
+
+
+def replicaset_template(dep):
+    """The ReplicaSet's copy of ``dep``'s pod template: the Deployment controller adds the template hash label."""
+    template = copy.deepcopy(dep["spec"]["template"])
+    template["metadata"].setdefault("labels", {})["pod-template-hash"] = "7f8b"
+    return template
+
+
+def test_a_rollback_of_our_change_puts_back_the_replaced_template_exactly():
+    a, b = Knobs(max_num_batched_tokens=2048, max_num_seqs=64), Knobs(max_num_batched_tokens=512, max_num_seqs=64)
+    before = deployment(["--model", "M", "--max-num-batched-tokens=2K", "--max-num-seqs", "64"],
+                        annotations={"team": "serving"})
+    live = merge(before, knob_patch(before, None, b, "ITL breach", "chat", "Traffic", WRITTEN))
+    assert live["spec"]["template"] != before["spec"]["template"]
+
+    later = WRITTEN + timedelta(minutes=10)
+    patch = undo_patch(live, None, replicaset_template(before), a, "512 failed", "chat", later)
+
+    assert patch is not None
+    undone = merge(live, patch)
+    assert undone["spec"]["template"] == before["spec"]["template"]  # the old ReplicaSet's: no new pods
+    # a lost status write of the rollback is still told from a person's undo
+    assert unrecorded_write(undone, a, "chat", WRITTEN) == later.replace(microsecond=0)
+    assert written_reason(undone) == ("Rollback", "512 failed")
+
+
+def test_a_rollback_puts_back_nothing_but_our_change():
+    a, b = Knobs(max_num_batched_tokens=2048, max_num_seqs=64), Knobs(max_num_batched_tokens=512, max_num_seqs=64)
+    before = deployment(["--max-num-batched-tokens", "2048", "--max-num-seqs", "64"])
+    live = merge(before, knob_patch(before, None, b, "ITL breach", "chat", "Traffic", WRITTEN))
+    assert undo_patch(live, None, replicaset_template(before), a, "r", "chat", WRITTEN) is not None
+
+    edited = copy.deepcopy(live)  # someone changed the image since
+    edited["spec"]["template"]["spec"]["containers"][1]["image"] = "vllm/vllm-openai:v0.11.1"
+    assert undo_patch(edited, None, replicaset_template(before), a, "r", "chat", WRITTEN) is None
+    other = copy.deepcopy(live)  # or another flag
+    other["spec"]["template"]["spec"]["containers"][1]["args"] += ["--enable-prefix-caching"]
+    assert undo_patch(other, None, replicaset_template(before), a, "r", "chat", WRITTEN) is None
+    elsewhere = Knobs(max_num_batched_tokens=1024, max_num_seqs=64)  # the template replaced ran another config
+    assert undo_patch(live, None, replicaset_template(before), elsewhere, "r", "chat", WRITTEN) is None
+
+
 def crashing_pod(restarts):
     return {
         "metadata": {"name": "llama-abc-1"},
@@ -133,6 +198,28 @@ def test_crash_loop_fails_fast_with_the_vllm_error():
     failed = rollout_state(midway, 3, [crashing_pod(2)], "vllm", 30, 600)
     assert failed.progress is Progress.FAILED
     assert "No available memory for the cache blocks" in failed.message and "llama-abc-1" in failed.message
+
+
+def pending_pod(message: str) -> dict:
+    """A new pod the scheduler could not place, as kube-scheduler reports it."""
+    return {"metadata": {"name": "llama-abc-9"}, "status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]}}
+
+
+def test_a_new_pod_that_cannot_be_scheduled_blocks_the_rollout_at_the_deadline_and_does_not_fail_it():
+    surging = deployment(
+        [], status={"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1, "availableReplicas": 2}
+    )
+    pending = [pending_pod("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")]
+    assert rollout_state(surging, 3, pending, "vllm", 120, 600).progress is Progress.IN_PROGRESS  # a node may come
+    blocked = rollout_state(surging, 3, pending, "vllm", 601, 600)
+    assert blocked.progress is Progress.BLOCKED
+    assert "llama-abc-9 cannot be scheduled: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu" in blocked.message
+    surging["status"]["conditions"] = [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+                                        "message": 'ReplicaSet "llama-abc" has timed out progressing.'}]
+    assert rollout_state(surging, 3, pending, "vllm", 30, 600).progress is Progress.BLOCKED
+    assert rollout_state(surging, 3, [], "vllm", 30, 600).progress is Progress.FAILED
+    assert rollout_state(surging, 3, [*pending, crashing_pod(2)], "vllm", 30, 600).progress is Progress.FAILED
 
 
 def test_a_slow_rollout_that_keeps_progressing_is_not_failed_and_a_stalled_one_is():

@@ -100,10 +100,11 @@ watches all of them, a Role's in each namespace of watchNamespaces otherwise.
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, patch]
-# ReplicaSets: watched to find a Deployment's current pods (their name prefix in the metrics).
+# ReplicaSets: watched to find a Deployment's current pods (their name prefix in the metrics); one is read
+# to roll back to its exact pod template, so the pods still running it are not restarted.
 - apiGroups: [apps]
   resources: [replicasets]
-  verbs: [list, watch]
+  verbs: [get, list, watch]
 # Pods: listed to follow a rollout (Ready, crash loops) and to find the node a vLLM pod runs on.
 - apiGroups: [""]
   resources: [pods]

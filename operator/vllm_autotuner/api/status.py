@@ -368,5 +368,7 @@ class VllmTuningStatus(StatusModel):
     """Latest window of each (regime, config) measured, newest first: the adaptive policy's data."""
     failed_configs: list[FailedConfig] = Field(default_factory=list, max_length=FAILED_LIMIT)
     """Configs that failed to start; never tried again until the spec changes."""
+    blocked_at: str | None = None
+    """When a rollout last found no room for its new pods (a surge pod with no free GPU) and was rolled back (RFC 3339): every change, a schedule window's too, waits spec.rollout.cooldown after it rather than stall again at once."""
     reverts: list[str] = Field(default_factory=list, max_length=REVERT_LIMIT)
     """When another writer of the Deployment (a GitOps sync, a person's undo) put back the knobs a change of ours had replaced, newest first (RFC 3339). Two within 24 hours stop the operator's changes (it only recommends) until the spec changes."""

@@ -30,6 +30,11 @@ def replicaset_index(namespace: str, body: Mapping[str, Any]) -> dict[Key, dict[
     return {(namespace, ref["uid"]): entry for ref in owners if ref.get("uid")}
 
 
+def revision(replicaset: Mapping[str, Any]) -> int:
+    """The Deployment revision a ReplicaSet holds (its ``deployment.kubernetes.io/revision``; 0 before any)."""
+    return int((replicaset["metadata"].get("annotations") or {}).get(REVISION, "0"))
+
+
 def _target_key(body: Mapping[str, Any]) -> Key:
     return body["metadata"]["namespace"], ((body.get("spec") or {}).get("targetRef") or {}).get("name", "")
 
@@ -93,4 +98,4 @@ class ClusterCache:
         for rs in owned:
             if revision is not None and (rs["metadata"].get("annotations") or {}).get(REVISION) == revision:
                 return rs
-        return max(owned, key=lambda rs: int((rs["metadata"].get("annotations") or {}).get(REVISION, "0")))
+        return max(owned, key=revision)

@@ -20,6 +20,7 @@ ROLLOUT_STARTED = "RolloutStarted"
 ROLLOUT_SUCCEEDED = "RolloutSucceeded"
 ROLLOUT_UNVERIFIED = "RolloutUnverified"  # written while the Deployment is scaled to zero: judged at scale-up
 ROLLOUT_FAILED = "RolloutFailed"
+ROLLOUT_BLOCKED = "RolloutBlocked"  # a new pod found no room (no free GPU): rolled back, the config not blamed
 ROLLED_BACK = "RolledBack"
 REGRESSION = "RegressionDetected"
 MANUAL_CHANGE = "ManualChangeAdopted"

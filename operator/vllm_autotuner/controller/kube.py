@@ -1,8 +1,9 @@
 """The operator's Kubernetes API calls outside the watches, counted.
 
 Watches (kopf) keep VllmTunings, Deployments and ReplicaSets in memory; what
-remains are a few direct calls: patching a Deployment, listing a rollout's
-pods, reading a Node's GPU labels or a Secret, writing status and Events.
+remains are a few direct calls: patching a Deployment, reading the
+ReplicaSet a rollback puts back, listing a rollout's pods, reading a Node's
+GPU labels or a Secret, writing status and Events.
 They go through this one class so the scale benchmark can count them and
 every call has the same timeout. Objects come back as plain dicts in the
 API's own camelCase shape, which is what the pure modules work on.
@@ -11,6 +12,7 @@ API's own camelCase shape, which is what the pure modules work on.
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 from kubernetes import client
@@ -60,6 +62,14 @@ class Kube:
         self._count("patch", "deployments")
         return self._dict(self.apps.patch_namespaced_deployment(
             name, namespace, patch, _content_type=STRATEGIC_MERGE, _request_timeout=TIMEOUT))
+
+    def read_replicaset(self, namespace: str, name: str) -> dict[str, Any]:
+        """The ReplicaSet as the apiserver serves it (its pod template compared field by field with the
+        Deployment's, so not round-tripped through the client's models)."""
+        self._count("get", "replicasets")
+        response = self.apps.read_namespaced_replica_set(name, namespace, _preload_content=False,
+                                                         _request_timeout=TIMEOUT)
+        return json.loads(response.data)
 
     def list_replicasets(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         self._count("list", "replicasets")

@@ -20,7 +20,7 @@ class OperatorMetrics:
             "vllm_autotuner_decisions", "Decisions made, by outcome (Hold, Change, Rollback) and hold reason.",
             ["namespace", "tuning", "action", "reason"], registry=r)
         self.rollouts = Counter(
-            "vllm_autotuner_rollouts", "Rollouts finished, by outcome (Succeeded, Failed, RolledBack).",
+            "vllm_autotuner_rollouts", "Rollouts finished, by outcome (Succeeded, Failed, Blocked, RolledBack).",
             ["namespace", "tuning", "outcome"], registry=r)
         self.evaluation_seconds = Histogram(
             "vllm_autotuner_evaluation_duration_seconds", "Time to observe, decide and act for one tuning.",

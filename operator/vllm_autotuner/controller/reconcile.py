@@ -44,7 +44,7 @@ from vllm_autotuner.api import (
 )
 from vllm_autotuner.api.types import duration_seconds, parse_cron, time_zone, utc_timestamp
 from vllm_autotuner.controller import events
-from vllm_autotuner.controller.cache import ClusterCache, Key
+from vllm_autotuner.controller.cache import ClusterCache, Key, revision
 from vllm_autotuner.controller.conditions import condition, set_condition
 from vllm_autotuner.controller.kube import Kube
 from vllm_autotuner.controller.metrics import OperatorMetrics
@@ -66,6 +66,7 @@ from vllm_autotuner.policy import (
     effective_slo,
     last_known_change,
     manual_change_detected,
+    rollout_blocked,
     rollout_failed,
     rollout_progressed,
     rollout_succeeded,
@@ -436,22 +437,25 @@ class Reconciler:
             report.state = rollout_succeeded(state, report.now)
             self._rollout_finished(report, "Succeeded")
             if rollout.source == KnobSource.ROLLBACK:
-                failed = state.failed_configs[0].reason if state.failed_configs else rollout.reason
                 report.condition(ConditionType.DEGRADED, False, "RecoveredByRollback",
-                                 f"rolled back to {rollout.to_knobs} after: {failed}")
+                                 f"rolled back to {rollout.to_knobs}: {rollout.reason}")
             else:
                 report.condition(ConditionType.DEGRADED, False, "AsExpected", f"{rollout.to_knobs} is live")
             report.event(events.ROLLOUT_SUCCEEDED, f"{rollout.to_knobs} is live: {judged.message}")
-        elif judged.progress is Progress.FAILED:
-            decision = rollout_failed(state, report.now, judged.message, report.generation)
-            self._rollout_finished(report, "Failed")
+        elif judged.progress in (Progress.FAILED, Progress.BLOCKED):
+            if judged.progress is Progress.BLOCKED:  # no room for a new pod: the knobs are not to blame
+                decision = rollout_blocked(state, report.now, judged.message)
+                reason, message = events.ROLLOUT_BLOCKED, decision.reason
+            else:
+                decision = rollout_failed(state, report.now, judged.message, report.generation)
+                reason, message = events.ROLLOUT_FAILED, f"{rollout.to_knobs} failed: {judged.message}"
+            self._rollout_finished(report, judged.progress.value)
             report.state = decision.state
-            report.condition(ConditionType.DEGRADED, True, "RolloutFailed",
-                             f"{rollout.to_knobs} failed: {judged.message}")
-            report.event(events.ROLLOUT_FAILED, f"{rollout.to_knobs} failed: {judged.message}", warning=True)
+            report.condition(ConditionType.DEGRADED, True, reason, message)
+            report.event(reason, message, warning=True)
             if decision.changes:
-                # our own rollout failed: put the previous config back whatever the mode is now (if that
-                # patch fails, the rollout stays in progress and fails again at the next evaluation)
+                # our own rollout failed or is stuck: put the previous config back whatever the mode is now (if
+                # that patch fails, the rollout stays in progress and is judged again at the next evaluation)
                 await self._patch(target, decision, report, state, during_rollout=True)
 
     @staticmethod
@@ -500,10 +504,12 @@ class Reconciler:
         so the status goes back to it, keeping the recommendation and the conditions.
         """
         assert decision.knobs is not None and decision.source is not None
+        rollback = decision.action == DecisionAction.ROLLBACK
         try:
+            previous = await self._replaced_template(target) if rollback else None
             patched = await self._call(apply_knobs, self.kube, target.deployment, target.container.get("name"),
                                        decision.knobs, decision.reason, report.name, str(decision.source),
-                                       report.now, during_rollout)
+                                       report.now, during_rollout, previous)
         except (RolloutBusy, ApiException, CommandLineError) as exc:
             report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
                                                      "conditions": report.state.conditions})
@@ -512,10 +518,27 @@ class Reconciler:
                          warning=not isinstance(exc, RolloutBusy))
             return
         report.state = self._with_generation(report.state, patched)
-        rollback = decision.action == DecisionAction.ROLLBACK
         report.event(events.ROLLED_BACK if rollback else events.ROLLOUT_STARTED, f"{decision.knobs}: {decision.reason}")
         report.target_event(events.KNOBS_ROLLED_BACK if rollback else events.KNOBS_CHANGED,
                             f"{decision.knobs} by VllmTuning {report.name}: {decision.reason}")
+
+    async def _replaced_template(self, target: Target) -> dict[str, Any] | None:
+        """The pod template of the revision before the current one, which a rollback of our change puts back
+        exactly (``rollout.patch.undo_patch``); None when the Deployment kept none, or it cannot be read (an
+        operator's Role from before it could): the rollback is then a change like any other."""
+        if target.replicaset is None:
+            return None
+        older = [rs for rs in target.replicasets if revision(rs) < revision(target.replicaset)]
+        if not older:
+            return None
+        replaced = max(older, key=revision)["metadata"]
+        try:
+            body = await self._call(self.kube.read_replicaset, replaced["namespace"], replaced["name"])
+        except ApiException as exc:
+            log.info("not reading ReplicaSet %s/%s to roll back to (%s): rolling back by a new template",
+                     replaced["namespace"], replaced["name"], exc.reason)
+            return None
+        return body["spec"]["template"]
 
     # --- observation ----------------------------------------------------------------------------
 

@@ -55,7 +55,11 @@ Rollout lifecycle (the operator calls these when the Deployment tells it):
     then, and while a rollout is in progress);
     ``rollout_succeeded(state, now)`` the new pods are all Ready;
     ``rollout_failed(state, now, message, generation) -> Decision`` they did
-    not start: the config is recorded as failed and the Decision rolls back;
+    not start: the config is recorded as failed and the Decision rolls back
+    (to the config pods last ran: ``Rollout.rollback_knobs``);
+    ``rollout_blocked(state, now, message) -> Decision`` a new pod could not
+    be scheduled for the deadline (no free GPU): nothing is blamed, and the
+    Decision rolls back;
     ``manual_change_detected(state, knobs, now)`` a person changed the args;
     ``last_known_change(state)`` the latest change of the knobs the status
     knows of (a write of ours after it had its status write lost);
@@ -110,6 +114,7 @@ from vllm_autotuner.policy.lifecycle import (
     last_known_change,
     manual_change_detected,
     regression_measured,
+    rollout_blocked,
     rollout_failed,
     rollout_progressed,
     rollout_succeeded,
@@ -132,6 +137,7 @@ __all__ = [
     "rollout_succeeded",
     "awaiting_verdict",
     "rollout_failed",
+    "rollout_blocked",
     "regression_measured",
     "manual_change_detected",
     "last_known_change",

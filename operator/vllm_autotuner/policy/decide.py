@@ -55,6 +55,7 @@ from vllm_autotuner.policy.guardrails import (
     budget_left,
     changes_reverted,
     clamp,
+    blocked_left,
     cooldown_left,
     failed_configs,
     restart_cost_percent,
@@ -316,10 +317,11 @@ def _apply(
     has put our changes back twice in a day (``changes_reverted``) every
     change is only recommended. The cooldown holds traffic changes, and
     every change while the knobs are a person's (schedules respect them
-    too). A traffic change also leaves in
-    the day's budget the rollouts the schedule windows will need and room for
-    its own rollback (``rollback_room``); a schedule change needs one rollout
-    left, the traffic policy having kept it.
+    too) or after a rollout that found no room for its pods. A traffic
+    change also leaves in the day's budget the rollouts the schedule
+    windows will need and room for its own rollback (``rollback_room``); a
+    schedule change needs one rollout left, the traffic policy having kept
+    it.
     """
     assert state.current is not None
     if change.knobs in failed_configs(state):
@@ -330,12 +332,14 @@ def _apply(
         reason = f"{change.knobs} only recommended ({change.reason}): {REVERTED_ADVICE}"
         return _hold(state, now, HoldReason.REVERTED, reason, settings, change.knobs, change.gain)
     manual = state.current.source == KnobSource.MANUAL
-    if change.source == KnobSource.TRAFFIC or manual:
-        wait = cooldown_left(spec, state, now)
-        if wait > 0:
-            after = " after a person's change" if manual else ""
-            reason = f"cooldown{after}: {wait:.0f}s left before a {change.source.lower()} change ({change.reason})"
-            return _hold(state, now, HoldReason.COOLDOWN, reason, settings, change.knobs, change.gain)
+    wait = cooldown_left(spec, state, now) if change.source == KnobSource.TRAFFIC or manual else 0.0
+    blocked = blocked_left(spec, state, now)
+    if max(wait, blocked) > 0:
+        after = (" after a rollout that found no room for its pods" if blocked > wait
+                 else " after a person's change" if manual else "")
+        reason = (f"cooldown{after}: {max(wait, blocked):.0f}s left before a {change.source.lower()} change "
+                  f"({change.reason})")
+        return _hold(state, now, HoldReason.COOLDOWN, reason, settings, change.knobs, change.gain)
     windows = rollback = 0
     if change.source == KnobSource.TRAFFIC:
         windows, rollback = scheduled_rollouts(spec.schedules, now, DAY_SECONDS), rollback_room(spec)

@@ -118,6 +118,15 @@ def cooldown_left(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) 
     return max(0.0, (until - now).total_seconds())
 
 
+def blocked_left(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) -> float:
+    """Seconds until any change may start after a rollout that found no room for its new pods (``blocked_at``):
+    the cooldown, which a schedule window respects too, or it would stall at once again."""
+    if state.blocked_at is None:
+        return 0.0
+    until = _time(state.blocked_at) + timedelta(seconds=duration_seconds(spec.rollout.cooldown))
+    return max(0.0, (until - now).total_seconds())
+
+
 def rollouts_last_day(state: VllmTuningStatus, now: datetime) -> list[str]:
     """Start times of the rollouts in the 24 hours before ``now``."""
     return [t for t in state.rollout_times if (now - _time(t)).total_seconds() < DAY_SECONDS]

@@ -125,6 +125,28 @@ def _roll_back(state: VllmTuningStatus, now: datetime, phase: RolloutPhase, reas
     )
 
 
+def _stands(state: VllmTuningStatus, now: datetime, message: str, reason: str) -> Decision:
+    """Close the rollout awaiting its verdict as failed for a reason that is not its config's, with nothing to go
+    back to: its config is the current one from now on (the template says so, and the Deployment controller keeps
+    rolling it out), so that the template is not taken for a patch of ours whose status write was lost."""
+    assert state.last_rollout is not None
+    rollout = state.last_rollout
+    closed = rollout.model_copy(update={"phase": RolloutPhase.FAILED, "finished_at": utc_timestamp(now),
+                                        "message": message})
+    current = _written(state, rollout.to_knobs, rollout.source, now)
+    state = with_history(state.model_copy(update={"last_rollout": closed, "current": current}), now,
+                         DecisionAction.HOLD, rollout.to_knobs, reason)
+    return Decision(action=DecisionAction.HOLD, knobs=rollout.to_knobs, reason=reason, state=state)
+
+
+def _goes_back(state: VllmTuningStatus) -> bool:
+    """Whether the rollout awaiting its verdict puts back a config pods ran: a rollback, or after a rollout
+    written at zero replicas, a change back to the config that ran before it."""
+    rollout = state.last_rollout
+    assert rollout is not None
+    return rollout.source == KnobSource.ROLLBACK or rollout.to_knobs == rollout.rollback_knobs
+
+
 def rollout_failed(state: VllmTuningStatus, now: datetime, message: str, generation: int) -> Decision:
     """The rollout in progress did not become Ready (deadline passed, crash loop): roll back and never retry it.
 
@@ -132,31 +154,17 @@ def rollout_failed(state: VllmTuningStatus, now: datetime, message: str, generat
     pod); the config is remembered as failed under spec ``generation``.
     A config that ran before failing now is not the config's fault (a
     failed rollback; or, after a rollout written at zero replicas, a change
-    back to the config that ran before it): it is recorded in the rollout
-    and nothing is rolled back; it is the current config from now on (the
-    template says so, and the Deployment controller keeps rolling it out),
-    so that the template is not taken for a patch of ours whose status
-    write was lost.
+    back to the config that ran before it): it is recorded in the rollout,
+    and nothing is rolled back (``_stands``).
     """
     if not awaiting_verdict(state) or state.current is None:
         raise ValueError("no rollout in progress to fail")
     assert state.last_rollout is not None
     failed = state.last_rollout.to_knobs
-    rollback = state.last_rollout.source == KnobSource.ROLLBACK
-    if rollback or failed == state.last_rollout.rollback_knobs:
-        closed = state.last_rollout.model_copy(
-            update={"phase": RolloutPhase.FAILED, "finished_at": utc_timestamp(now), "message": message}
-        )
-        current = _written(state, failed, state.last_rollout.source, now)
+    if _goes_back(state):
+        rollback = state.last_rollout.source == KnobSource.ROLLBACK
         what = "rollback to" if rollback else "change back to the last config that ran,"
-        reason = f"{what} {failed} did not become Ready: {message}"
-        state = with_history(
-            state.model_copy(update={"last_rollout": closed, "current": current}), now, DecisionAction.HOLD, failed,
-            reason,
-        )
-        return Decision(
-            action=DecisionAction.HOLD, knobs=state.current.knobs if state.current else None, reason=reason, state=state
-        )
+        return _stands(state, now, message, f"{what} {failed} did not become Ready: {message}")
     record = FailedConfig(
         max_num_batched_tokens=failed.max_num_batched_tokens,
         max_num_seqs=failed.max_num_seqs,
@@ -171,6 +179,37 @@ def rollout_failed(state: VllmTuningStatus, now: datetime, message: str, generat
     ]
     state = state.model_copy(update={"failed_configs": [record, *others][:FAILED_LIMIT]})
     return _roll_back(state, now, RolloutPhase.FAILED, f"{failed} failed to start ({message}); rolling back")
+
+
+#: What to do about a rollout whose new pod finds no free GPU.
+BLOCKED_ADVICE = (
+    "A rolling update starts new pods before it stops old ones (maxSurge; Kubernetes' default of 25% rounds up to "
+    "one pod, and maxUnavailable's rounds down to none below four replicas), so each needs a free GPU: without a "
+    "spare one, set the Deployment's strategy.rollingUpdate to maxSurge: 0 and maxUnavailable: 1, or add GPU capacity"
+)
+
+
+def rollout_blocked(state: VllmTuningStatus, now: datetime, message: str) -> Decision:
+    """The rollout awaiting its verdict made no progress for the deadline because a new pod cannot be scheduled.
+
+    The knobs do not decide where a pod fits, so nothing is remembered as
+    failed, and the template goes back to the config pods last ran: with a
+    surge pod stuck, the old pods still serve it, and the rollback only
+    removes the pending pod. A blocked rollback (or change back to the config
+    that ran) has nothing to go back to: it stands, and the Deployment
+    controller places its pods when room appears. Either way every change
+    then waits the cooldown (``guardrails.blocked_left``): a schedule window
+    would otherwise stall again at once, and again.
+    """
+    if not awaiting_verdict(state) or state.current is None:
+        raise ValueError("no rollout in progress to block")
+    assert state.last_rollout is not None
+    blocked = f"{state.last_rollout.to_knobs} could not be scheduled ({message})"
+    state = state.model_copy(update={"blocked_at": utc_timestamp(now)})
+    if _goes_back(state):
+        return _stands(state, now, message, f"{blocked}; it stands, its pods start when a GPU frees. {BLOCKED_ADVICE}")
+    return _roll_back(state, now, RolloutPhase.FAILED,
+                      f"{blocked}; rolling back, the config is not blamed. {BLOCKED_ADVICE}")
 
 
 def regression_measured(state: VllmTuningStatus, now: datetime, reason: str) -> Decision:

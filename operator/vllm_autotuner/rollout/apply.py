@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from kubernetes.client.exceptions import ApiException
 
 from vllm_autotuner.api import Knobs
-from vllm_autotuner.rollout.patch import knob_patch
+from vllm_autotuner.rollout.patch import knob_patch, undo_patch
 from vllm_autotuner.rollout.progress import rollout_in_progress
 
 ATTEMPTS = 3
@@ -33,12 +33,15 @@ class RolloutBusy(Exception):
 
 
 def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str | None, knobs: Knobs, reason: str,
-                tuning: str, source: str, at: datetime, during_rollout: bool = False) -> dict[str, Any]:
+                tuning: str, source: str, at: datetime, during_rollout: bool = False,
+                previous: dict[str, Any] | None = None) -> dict[str, Any]:
     """Patch ``deployment`` (as last seen) to ``knobs`` at ``at``; returns the patched Deployment.
 
     ``during_rollout`` is for rolling back our own failed rollout, which is by
-    definition still in progress. Raises RolloutBusy, CommandLineError (args
-    unreadable) or ApiException.
+    definition still in progress. ``previous``, for a rollback, is the pod
+    template of the ReplicaSet our change replaced: put back exactly when
+    our change is all that differs (``patch.undo_patch``). Raises
+    RolloutBusy, CommandLineError (args unreadable) or ApiException.
     """
     namespace, name = deployment["metadata"]["namespace"], deployment["metadata"]["name"]
     current = deployment
@@ -46,7 +49,8 @@ def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str 
         if rollout_in_progress(current) and not during_rollout:
             raise RolloutBusy(f"Deployment {namespace}/{name} is already rolling out; not patching")
         try:
-            patch = knob_patch(current, container, knobs, reason, tuning, source, at)
+            undo = undo_patch(current, container, previous, knobs, reason, tuning, at) if previous else None
+            patch = undo or knob_patch(current, container, knobs, reason, tuning, source, at)
             return kube.patch_deployment(namespace, name, patch)
         except ApiException as exc:
             if exc.status != 409 or attempt == ATTEMPTS - 1:

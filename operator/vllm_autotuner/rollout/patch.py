@@ -2,6 +2,12 @@
 
 A knob change must touch nothing but the knob tokens of the vLLM container
 and a few annotations, so a person's or a GitOps tool's other edits survive.
+A rollback of our own change puts back the previous ReplicaSet's pod
+template exactly, as ``kubectl rollout undo`` does, when our change is all
+that differs (``undo_patch``): the Deployment controller then scales that
+ReplicaSet back up, so pods still running the old config are not restarted
+(a new template, if only in its annotations, is a new ReplicaSet and a
+restart of every pod). Its annotations go on the Deployment itself.
 The patch is a strategic-merge patch keyed by container name (only that
 container's ``command``/``args`` are replaced, rebuilt from the live object
 by ``knobs.set_knobs``), and it carries the ``resourceVersion`` the args were
@@ -14,9 +20,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from vllm_autotuner.api import GROUP, Knobs
+import copy
+
+from vllm_autotuner.api import GROUP, Knobs, KnobSource
 from vllm_autotuner.api.types import utc_timestamp
-from vllm_autotuner.knobs import EngineArgs, find_vllm_container, set_knobs
+from vllm_autotuner.knobs import CommandLineError, EngineArgs, find_vllm_container, set_knobs
 
 #: Pod-template annotations written with every change: which config, why, by whom.
 KNOBS_ANNOTATION = f"{GROUP}/knobs"
@@ -34,36 +42,81 @@ def knobs_annotation(knobs: Knobs) -> str:
     return f"maxNumBatchedTokens={knobs.max_num_batched_tokens},maxNumSeqs={knobs.max_num_seqs}"
 
 
+_STAMP = (KNOBS_ANNOTATION, REASON_ANNOTATION, TUNING_ANNOTATION, SOURCE_ANNOTATION, WRITTEN_AT_ANNOTATION)
+#: The label the Deployment controller adds to a ReplicaSet's copy of the pod template.
+TEMPLATE_HASH_LABEL = "pod-template-hash"
+
+
+def _stamp(knobs: Knobs, reason: str, tuning: str, source: str, at: datetime) -> dict[str, str]:
+    """The annotations of a write of ours: which config, why, by whom, when."""
+    return dict(zip(_STAMP, (knobs_annotation(knobs), reason[:REASON_LIMIT], tuning, source, utc_timestamp(at)),
+                    strict=True))
+
+
+def _patch(deployment: dict[str, Any], container: str, command: dict[str, Any], template_annotations: dict[str, Any],
+           annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """A strategic-merge patch of the vLLM container's ``command``/``args`` (None deletes one) and of annotations,
+    conditional on the resourceVersion read."""
+    metadata: dict[str, Any] = {"resourceVersion": deployment["metadata"]["resourceVersion"]}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"metadata": metadata, "spec": {"template": {"metadata": {"annotations": template_annotations},
+                                                        "spec": {"containers": [{"name": container, **command}]}}}}
+
+
 def knob_patch(deployment: dict[str, Any], container_name: str | None, knobs: Knobs, reason: str, tuning: str,
                source: str, at: datetime) -> dict[str, Any]:
     """The strategic-merge patch that sets ``knobs`` on the live ``deployment``, written at ``at``.
 
     Raises ``knobs.CommandLineError`` when the vLLM container or its flags cannot be read.
     """
-    template = deployment["spec"]["template"]
-    container = find_vllm_container(template["spec"], container_name)
+    container = find_vllm_container(deployment["spec"]["template"]["spec"], container_name)
     updated = set_knobs(container, knobs)
-    patched_container: dict[str, Any] = {"name": container["name"]}
-    for key in ("command", "args"):
-        if key in updated:
-            patched_container[key] = updated[key]
-    return {
-        "metadata": {"resourceVersion": deployment["metadata"]["resourceVersion"]},
-        "spec": {
-            "template": {
-                "metadata": {
-                    "annotations": {
-                        KNOBS_ANNOTATION: knobs_annotation(knobs),
-                        REASON_ANNOTATION: reason[:REASON_LIMIT],
-                        TUNING_ANNOTATION: tuning,
-                        SOURCE_ANNOTATION: source,
-                        WRITTEN_AT_ANNOTATION: utc_timestamp(at),
-                    }
-                },
-                "spec": {"containers": [patched_container]},
-            }
-        },
-    }
+    command = {key: updated[key] for key in ("command", "args") if key in updated}
+    return _patch(deployment, container["name"], command, _stamp(knobs, reason, tuning, source, at))
+
+
+def undo_patch(deployment: dict[str, Any], container_name: str | None, previous: dict[str, Any], knobs: Knobs,
+               reason: str, tuning: str, at: datetime) -> dict[str, Any] | None:
+    """The patch that rolls ``deployment`` back to ``previous``, a ReplicaSet's pod template that ran ``knobs``,
+    exactly (its knob flags and annotations back), stamped on the Deployment's own annotations; None unless the
+    live template is ``previous`` with its knobs set by ``knob_patch`` (anything else changed since, by anyone,
+    is not ours to put back)."""
+    before = copy.deepcopy(previous)
+    metadata = before.setdefault("metadata", {})
+    labels = {k: v for k, v in (metadata.pop("labels", None) or {}).items() if k != TEMPLATE_HASH_LABEL}
+    if labels:
+        metadata["labels"] = labels
+    live = deployment["spec"]["template"]
+    try:
+        old = find_vllm_container(before["spec"], container_name)
+        new = find_vllm_container(live["spec"], container_name)
+        was, now = EngineArgs.from_container(old), EngineArgs.from_container(new)
+    except CommandLineError:
+        return None
+    if was.max_num_batched_tokens not in (None, knobs.max_num_batched_tokens) or was.max_num_seqs not in (
+            None, knobs.max_num_seqs) or now.max_num_batched_tokens is None or now.max_num_seqs is None:
+        return None  # a knob the old template sets (one it leaves to vLLM ran as the status knew) is not ``knobs``
+    forward = set_knobs(old, Knobs(max_num_batched_tokens=now.max_num_batched_tokens, max_num_seqs=now.max_num_seqs))
+    redone = copy.deepcopy(before)
+    find_vllm_container(redone["spec"], container_name).update(
+        {key: value for key, value in forward.items() if key in ("command", "args")})
+    if _without_stamp(redone) != _without_stamp(live):
+        return None
+    command = {key: old.get(key) for key in ("command", "args") if key in old or key in new}
+    restored = (before.get("metadata") or {}).get("annotations") or {}
+    return _patch(deployment, new["name"], command, {key: restored.get(key) for key in _STAMP},
+                  _stamp(knobs, reason, tuning, KnobSource.ROLLBACK, at))
+
+
+def _without_stamp(template: dict[str, Any]) -> dict[str, Any]:
+    """``template`` without our annotations (an empty annotation map counts as none, as the apiserver's does)."""
+    out = copy.deepcopy(template)
+    metadata = out.setdefault("metadata", {})
+    annotations = {k: v for k, v in (metadata.pop("annotations", None) or {}).items() if k not in _STAMP}
+    if annotations:
+        metadata["annotations"] = annotations
+    return out
 
 
 def template_engine_args(deployment: dict[str, Any], container_name: str | None) -> EngineArgs:
@@ -72,8 +125,21 @@ def template_engine_args(deployment: dict[str, Any], container_name: str | None)
     return EngineArgs.from_container(container)
 
 
-def _annotations(deployment: dict[str, Any]) -> dict[str, str]:
-    return deployment["spec"]["template"].get("metadata", {}).get("annotations") or {}
+def _written_at(annotations: dict[str, str]) -> datetime | None:
+    try:
+        written_at = datetime.fromisoformat(annotations.get(WRITTEN_AT_ANNOTATION, ""))
+    except ValueError:
+        return None
+    return written_at if written_at.tzinfo is not None else None
+
+
+def _last_stamp(deployment: dict[str, Any]) -> dict[str, str]:
+    """The annotations of our latest write: the pod template's (a change), or the Deployment's own (an undo)
+    when they are newer."""
+    stamps = [deployment["spec"]["template"].get("metadata", {}).get("annotations") or {},
+              deployment["metadata"].get("annotations") or {}]
+    dated = [(at, stamp) for stamp in stamps if (at := _written_at(stamp)) is not None]
+    return max(dated, key=lambda pair: pair[0])[1] if dated else stamps[0]
 
 
 def unrecorded_write(deployment: dict[str, Any], knobs: Knobs, tuning: str, after: datetime) -> datetime | None:
@@ -86,17 +152,14 @@ def unrecorded_write(deployment: dict[str, Any], knobs: Knobs, tuning: str, afte
     before it stamped its writes, cannot tell the two apart and count as a person's: adopting our own lost
     write as Manual costs one cooldown, while resuming a person's undo as ours would fight it.
     """
-    annotations = _annotations(deployment)
+    annotations = _last_stamp(deployment)
     if annotations.get(KNOBS_ANNOTATION) != knobs_annotation(knobs) or annotations.get(TUNING_ANNOTATION) != tuning:
         return None
-    try:
-        written_at = datetime.fromisoformat(annotations.get(WRITTEN_AT_ANNOTATION, ""))
-    except ValueError:
-        return None
-    return written_at if written_at.tzinfo is not None and written_at > after else None
+    written_at = _written_at(annotations)
+    return written_at if written_at is not None and written_at > after else None
 
 
 def written_reason(deployment: dict[str, Any]) -> tuple[str, str]:
     """(source, reason) the operator annotated its last change with."""
-    annotations = _annotations(deployment)
+    annotations = _last_stamp(deployment)
     return annotations.get(SOURCE_ANNOTATION, ""), annotations.get(REASON_ANNOTATION, "")

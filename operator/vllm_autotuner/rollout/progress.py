@@ -7,7 +7,11 @@ catch sooner than the controller's progressDeadlineSeconds: a new pod whose
 vLLM exits at start-up (CrashLoopBackOff, the error in the container's last
 termination message) and our own deadline from the VllmTuning spec, which
 counts, as the controller's does, from the rollout's last progress: a slow
-rollout of many pods, one at a time, is not a failed one.
+rollout of many pods, one at a time, is not a failed one. A rollout whose
+new pod the scheduler cannot place (no free GPU for a surge pod) is stuck
+for a reason that has nothing to do with the knobs: it is ``BLOCKED``, not
+failed, once the deadline passes (a cluster autoscaler may be adding a node
+until then).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ class Progress(StrEnum):
     IN_PROGRESS = "InProgress"
     COMPLETE = "Complete"
     FAILED = "Failed"
+    BLOCKED = "Blocked"
+    """No progress for the deadline while a new pod cannot be scheduled: not the config's fault."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,16 @@ def _new_pods_failure(pods: list[dict[str, Any]], container: str | None) -> str 
                     f"pod {name} is crash-looping ({status.get('restartCount')} restarts, "
                     f"{waiting.get('reason') or 'Error'}): {detail.strip()}"
                 )
+    return None
+
+
+def _unschedulable(pods: list[dict[str, Any]]) -> str | None:
+    """The scheduler's word on a new pod it cannot place (``PodScheduled=False``, reason ``Unschedulable``)."""
+    for pod in pods:
+        for condition in (pod.get("status") or {}).get("conditions") or []:
+            if (condition.get("type"), condition.get("status"), condition.get("reason")) == (
+                    "PodScheduled", "False", "Unschedulable"):
+                return f"pod {pod['metadata']['name']} cannot be scheduled: {condition.get('message', '').strip()}"
     return None
 
 
@@ -87,15 +103,18 @@ def rollout_state(
     crash = _new_pods_failure(new_pods, container)
     if crash:
         return RolloutState(Progress.FAILED, crash)
+    stalled = None
     for condition in status.get("conditions") or []:
         if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
-            return RolloutState(Progress.FAILED, f"Deployment progress deadline exceeded: {condition.get('message', '')}")
-    if stalled_seconds > deadline_seconds:
-        return RolloutState(
-            Progress.FAILED,
-            f"no progress for {stalled_seconds:.0f}s (progressDeadline {deadline_seconds:.0f}s): "
-            f"{updated}/{spec_replicas} updated, {available} available",
-        )
+            stalled = f"Deployment progress deadline exceeded: {condition.get('message', '')}"
+    if stalled is None and stalled_seconds > deadline_seconds:
+        stalled = (f"no progress for {stalled_seconds:.0f}s (progressDeadline {deadline_seconds:.0f}s): "
+                   f"{updated}/{spec_replicas} updated, {available} available")
+    if stalled is not None:
+        unplaced = _unschedulable(new_pods)
+        if unplaced:
+            return RolloutState(Progress.BLOCKED, f"{unplaced} ({stalled})")
+        return RolloutState(Progress.FAILED, stalled)
     return RolloutState(
         Progress.IN_PROGRESS, f"{updated}/{spec_replicas} replicas updated, {available}/{spec_replicas} available"
     )

@@ -24,6 +24,7 @@ from tests.unit.policy.helpers import T0, knobs, spec, status
 
 from vllm_autotuner.api import ConditionType, Knobs, KnobSource, RolloutPhase, VllmTuningStatus
 from vllm_autotuner.controller import events
+from vllm_autotuner.controller.conditions import condition
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler, Report, Target
 from vllm_autotuner.knobs import EngineArgs
@@ -195,13 +196,13 @@ def crash_looping(message: str) -> dict[str, Any]:
         "lastState": {"terminated": {"exitCode": 1, "message": message}}}]}}
 
 
-def write_at_zero(
-    state: VllmTuningStatus, at_zero: dict[str, Any], to: Knobs, at: datetime
+def write(
+    state: VllmTuningStatus, before: dict[str, Any], to: Knobs, at: datetime
 ) -> tuple[VllmTuningStatus, dict[str, Any]]:
-    """A preset ``to`` written at ``at`` into ``at_zero``, a Deployment scaled to zero: the status and the
-    Deployment, its controller done with the new generation at once (no pod to roll)."""
+    """A preset ``to`` written at ``at`` into the Deployment ``before``: the status, and the Deployment with its
+    controller caught up with the new generation (at zero replicas that is all there is to roll)."""
     state = with_rollout(state, at, to, KnobSource.SCHEDULE, f"preset {to}", baseline_attainment=0.9)
-    written = patched(at_zero, to, at, KnobSource.SCHEDULE)
+    written = patched(before, to, at, KnobSource.SCHEDULE)
     written["status"]["observedGeneration"] = written["metadata"]["generation"]
     assert state.last_rollout is not None
     state = state.model_copy(update={"last_rollout": state.last_rollout.model_copy(
@@ -212,7 +213,7 @@ def write_at_zero(
 def written_at_zero() -> tuple[VllmTuningStatus, dict[str, Any]]:
     """A night preset B written at T0 into a Deployment (running A) that KEDA has scaled to zero."""
     state = status(A.max_num_batched_tokens, A.max_num_seqs, since=T0 - timedelta(hours=2))
-    return write_at_zero(state, scaled(deployment(A), 0, 0, 0), B, T0)
+    return write(state, scaled(deployment(A), 0, 0, 0), B, T0)
 
 
 def unverified_at_zero() -> tuple[VllmTuningStatus, dict[str, Any]]:
@@ -294,7 +295,7 @@ def test_a_write_after_an_unverified_one_whose_status_write_was_lost_is_resumed_
 def test_a_config_written_after_an_unverified_one_rolls_back_to_the_last_config_that_ran():
     state, written = unverified_at_zero()
     later = T0 + timedelta(hours=8)  # another preset, C, still at zero: B has not run
-    state, written = write_at_zero(state, written, C, later)
+    state, written = write(state, written, C, later)
     state = track(state, written, later + timedelta(seconds=30), Kube([])).state
 
     report, kube = crash_at_scale_up(state, written, later + timedelta(hours=1))
@@ -309,7 +310,7 @@ def test_a_config_written_after_an_unverified_one_rolls_back_to_the_last_config_
 def test_the_last_config_that_ran_failing_after_a_scale_up_is_not_its_fault():
     state, written = unverified_at_zero()
     closes = T0 + timedelta(hours=8)  # the window closes at zero: back to A, which ran before B was written
-    state, written = write_at_zero(state, written, A, closes)
+    state, written = write(state, written, A, closes)
     state = track(state, written, closes + timedelta(seconds=30), Kube([])).state
 
     # a node's GPU in trouble, not A
@@ -320,3 +321,55 @@ def test_the_last_config_that_ran_failing_after_a_scale_up_is_not_its_fault():
     assert rollout is not None and (rollout.to_knobs, rollout.phase) == (A, RolloutPhase.FAILED)
     assert report.state.current is not None and report.state.current.knobs == A
     assert report.has(ConditionType.DEGRADED, True, "RolloutFailed")
+
+
+def unschedulable(name: str) -> dict[str, Any]:
+    """A new pod kube-scheduler could not place: the node's only GPU is taken."""
+    return {"metadata": {"name": name}, "status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}]}}
+
+
+def surge_stuck(to: Knobs) -> tuple[VllmTuningStatus, dict[str, Any]]:
+    """``to`` written at T0 into two pods running A with a surge pod allowed: the surge pod was created (the
+    rollout's first progress, seen at T0 + 30 s) and never scheduled."""
+    state = status(A.max_num_batched_tokens, A.max_num_seqs, since=T0 - timedelta(hours=2))
+    state, written = write(state, scaled(deployment(A), 2, 2, 2), to, T0)
+    written["status"].update({"replicas": 3, "updatedReplicas": 1, "availableReplicas": 2})
+    return track(state, written, T0 + timedelta(seconds=30), Kube([unschedulable("llama-7f8b-s1")])).state, written
+
+
+def test_a_rollout_whose_new_pod_finds_no_gpu_is_rolled_back_at_the_deadline_without_blaming_the_config():
+    state, written = surge_stuck(B)
+    kube = Kube([unschedulable("llama-7f8b-s1")])
+
+    report = track(state, written, T0 + timedelta(minutes=11), kube)
+
+    assert report.state.failed_configs == []  # B may be tried again: where a pod fits is not up to the knobs
+    rollout = report.state.last_rollout
+    assert rollout is not None and (rollout.to_knobs, rollout.source) == (A, KnobSource.ROLLBACK)
+    (patch,) = kube.patches
+    assert patch["spec"]["template"]["spec"]["containers"][0]["args"] == args(A)
+    assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_BLOCKED, events.ROLLED_BACK]
+    blocked = condition(report.state.conditions, ConditionType.DEGRADED)
+    assert blocked is not None and (blocked.status, blocked.reason) == ("True", events.ROLLOUT_BLOCKED)
+    assert "Insufficient nvidia.com/gpu" in blocked.message and "maxSurge: 0" in blocked.message
+
+
+def test_a_blocked_rollback_stands():
+    state, written = surge_stuck(B)
+    state = track(state, written, T0 + timedelta(minutes=11), Kube([unschedulable("llama-7f8b-s1")])).state
+    back = patched(written, A, T0 + timedelta(minutes=11), KnobSource.ROLLBACK)
+    back["status"] = {**written["status"], "observedGeneration": back["metadata"]["generation"]}
+    assert state.last_rollout is not None
+    state = state.model_copy(update={"last_rollout": state.last_rollout.model_copy(
+        update={"deployment_generation": back["metadata"]["generation"]})})
+    state = track(state, back, T0 + timedelta(minutes=12), Kube([unschedulable("llama-6d5c-r1")])).state
+    kube = Kube([unschedulable("llama-6d5c-r1")])  # the GPU went to another workload meanwhile
+
+    report = track(state, back, T0 + timedelta(minutes=23), kube)
+
+    assert kube.patches == [] and report.state.failed_configs == []
+    rollout = report.state.last_rollout
+    assert rollout is not None and (rollout.to_knobs, rollout.phase) == (A, RolloutPhase.FAILED)
+    assert report.state.current is not None and report.state.current.knobs == A

@@ -27,6 +27,7 @@ from vllm_autotuner.policy import (
     decide,
     defaults_resolved,
     manual_change_detected,
+    rollout_blocked,
     rollout_failed,
     rollout_succeeded,
     rollout_unverified,
@@ -525,6 +526,21 @@ def test_a_persons_change_in_a_preset_window_is_respected_for_the_cooldown():
     again = decide(the_spec, held.state, None, opens + timedelta(minutes=45))
     assert again.action == DecisionAction.CHANGE and again.knobs == knobs(16384, 512)
     assert again.state.resume_knobs == knobs(4096, 256)
+
+
+def test_a_preset_whose_pods_found_no_room_waits_the_cooldown_before_it_is_tried_again():
+    night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "0s", "knobs": PRESET}
+    the_spec = spec(schedules=[night])
+    opens = T0.replace(hour=22)
+    written = decide(the_spec, status(), None, opens)
+    blocked = rollout_blocked(written.state, opens + timedelta(minutes=10), "pod x cannot be scheduled")
+    assert blocked.action == DecisionAction.ROLLBACK and blocked.state.failed_configs == []
+    rolled_back = succeed(blocked, opens + timedelta(minutes=10, seconds=5))
+
+    held = decide(the_spec, rolled_back, None, opens + timedelta(minutes=11))
+    assert held.hold == HoldReason.COOLDOWN and "no room" in held.reason and "840s left" in held.reason
+    again = decide(the_spec, held.state, None, opens + timedelta(minutes=25))  # the window does not give up
+    assert again.action == DecisionAction.CHANGE and again.knobs == knobs(16384, 512)
 
 
 def test_a_preset_written_while_the_deployment_is_at_zero_does_not_hold_back_the_window_closing():

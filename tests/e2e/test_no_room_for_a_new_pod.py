@@ -57,6 +57,7 @@ def test_a_rollout_with_no_gpu_for_its_new_pod_is_rolled_back_and_the_config_not
 
     status = world.status()
     assert status.get("failedConfigs", []) == []  # the knobs did not decide where the pod fits
+    assert status["rolloutUnavailable"] == 0  # the default strategy on one replica: it surges, never stops one first
     rollback = status["lastRollout"]
     assert (rollback["source"], rollback["phase"]) == ("Rollback", "Succeeded")
     assert "not blamed" in rollback["reason"]

@@ -16,7 +16,13 @@ from vllm_autotuner.rollout.patch import (
     unrecorded_write,
     written_reason,
 )
-from vllm_autotuner.rollout.progress import Progress, progress_mark, rollout_in_progress, rollout_state
+from vllm_autotuner.rollout.progress import (
+    Progress,
+    progress_mark,
+    rollout_in_progress,
+    rollout_state,
+    unavailable_at_once,
+)
 
 WRITTEN = datetime(2024, 5, 1, 12, 0, 30, 700_000, tzinfo=UTC)
 
@@ -259,3 +265,20 @@ def test_a_slow_rollout_that_keeps_progressing_is_not_failed_and_a_stalled_one_i
     # paused, the clock does not run
     paused = rollout_progressed(state, t0 + timedelta(minutes=50), 15 - 1, halted=True)
     assert paused.last_rollout.progressed_at == "2024-05-01T12:50:00Z"
+
+
+def test_the_pods_a_rollout_stops_at_once_are_resolved_as_the_deployment_controller_does():
+    def at_once(replicas, strategy=None):
+        dep = deployment([])
+        dep["spec"]["replicas"] = replicas
+        if strategy is not None:
+            dep["spec"]["strategy"] = strategy
+        return unavailable_at_once(dep)
+
+    # Kubernetes' default, 25 % each way: maxUnavailable rounds down, so below four replicas it only surges
+    assert [at_once(n) for n in (1, 2, 3, 4, 8, 10)] == [0, 0, 0, 1, 2, 2]
+    assert at_once(4, {"type": "Recreate"}) == 4
+    assert at_once(4, {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}) == 1
+    assert at_once(8, {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": "50%"}}) == 4
+    assert at_once(2, {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 0}}) == 1
+    assert at_once(2, {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 5}}) == 2

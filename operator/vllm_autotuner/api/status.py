@@ -368,6 +368,8 @@ class VllmTuningStatus(StatusModel):
     """Latest window of each (regime, config) measured, newest first: the adaptive policy's data."""
     failed_configs: list[FailedConfig] = Field(default_factory=list, max_length=FAILED_LIMIT)
     """Configs that failed to start; never tried again until the spec changes."""
+    rollout_unavailable: int | None = Field(default=None, ge=0)
+    """Pods a rollout of the target takes out of service at once, as its Deployment's strategy resolves against spec.replicas: all of them under Recreate, maxUnavailable under RollingUpdate (none when it only surges). Restart costs are estimated with it; absent, one at a time."""
     blocked_at: str | None = None
     """When a rollout last found no room for its new pods (a surge pod with no free GPU) and was rolled back (RFC 3339): every change, a schedule window's too, waits spec.rollout.cooldown after it rather than stall again at once."""
     reverts: list[str] = Field(default_factory=list, max_length=REVERT_LIMIT)

@@ -75,7 +75,13 @@ from vllm_autotuner.policy import (
 from vllm_autotuner.policy.decision import with_rollout
 from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
 from vllm_autotuner.rollout.patch import unrecorded_write, written_reason
-from vllm_autotuner.rollout.progress import Progress, progress_mark, rollout_in_progress, rollout_state
+from vllm_autotuner.rollout.progress import (
+    Progress,
+    progress_mark,
+    rollout_in_progress,
+    rollout_state,
+    unavailable_at_once,
+)
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +271,8 @@ class Reconciler:
             # no window (a rollout leaves partial series; Prometheus may be down), but the Deployment says
             # someone else's rollout runs: the policy must know, or a schedule would patch into it
             observation = Observation(window_start=report.now, window_end=report.now, rollout_in_progress=True)
-        before = report.state
+        before = report.state = report.state.model_copy(
+            update={"rollout_unavailable": unavailable_at_once(target.deployment)})
         decision = decide(spec, before, observation, report.now)
         report.decision = decision
         self._count(report, decision)

@@ -159,12 +159,23 @@ def rollout_seconds(state: VllmTuningStatus) -> float | None:
     return (_time(last.finished_at) - _time(last.started_at)).total_seconds()
 
 
-def restart_seconds(state: VllmTuningStatus, pods: int) -> float:
-    """Seconds one pod is out of service in a rolling restart: the last measured rollout's time per pod."""
+def restart_seconds(state: VllmTuningStatus, waves: int) -> float:
+    """Seconds one wave of a rolling restart lasts (the pods it stops are out of service meanwhile): the last
+    measured rollout's time over its ``waves``."""
     took = rollout_seconds(state)
-    if took is None or took <= 0 or pods < 1:
+    if took is None or took <= 0 or waves < 1:
         return DEFAULT_RESTART_SECONDS
-    return max(took / pods, 1.0)
+    return max(took / waves, 1.0)
+
+
+def restart_waves(state: VllmTuningStatus, pods: int) -> int:
+    """How many waves a rolling restart of ``pods`` takes: its Deployment's strategy stops
+    ``status.rolloutUnavailable`` pods at a time (one when not known; a surge-only update replaces one at a time)."""
+    return math.ceil(pods / max(1, min(pods, _unavailable(state, pods))))
+
+
+def _unavailable(state: VllmTuningStatus, pods: int) -> int:
+    return min(pods, 1 if state.rollout_unavailable is None else state.rollout_unavailable)
 
 
 def regime_life_seconds(state: VllmTuningStatus, now: datetime) -> float:
@@ -218,30 +229,34 @@ def restart_cost_seconds(state: VllmTuningStatus, pods: int, utilisation: float,
     measurement averages rollouts made at their own loads, and a restart at
     the daily peak costs more than the morning's did (a measured minute at
     half load must not price a restart at 95 % load, whose queue takes an
-    hour to drain). The estimate: the pods restart one at a time, each out
-    for the restart time ``d``; at ``utilisation`` of the fleet's capacity,
-    the ``(pods - 1) / pods`` left carry what they can and the rest queues,
-    to drain with the spare capacity once the pod is back. Requests that
+    hour to drain). The estimate: the pods restart in waves of ``k``, what
+    the Deployment's strategy takes out of service at once
+    (``status.rolloutUnavailable``: one at a time when not known, all of
+    them under Recreate, none when it only surges), each wave out for the
+    restart time ``d``; at ``utilisation`` of the fleet's capacity, the
+    ``(pods - k) / pods`` left carry what they can and the rest queues, to
+    drain with the spare capacity once the wave is back. Requests that
     arrive while the queue holds more than the TTFT target's worth of work
-    miss it. A fleet that absorbs the missing pod still loses what the killed
-    pod had in flight and answers slower: a tenth of the pod's share of ``d``.
-    The model's utilisation misses attention and half-full steps, so until a
-    rollout was measured the fleet is taken to be at least ASSUMED_UTILISATION
-    busy: guessing high costs a change not made, guessing low a fleet that
-    queues for half an hour.
+    miss it. A fleet that absorbs the missing pods still loses what each
+    stopped pod had in flight and answers slower: a tenth of the pod's share
+    of ``d``. The model's utilisation misses attention and half-full steps,
+    so until a rollout was measured the fleet is taken to be at least
+    ASSUMED_UTILISATION busy: guessing high costs a change not made,
+    guessing low a fleet that queues for half an hour.
     """
     measured = state.restart_cost_seconds
     if measured is None:
         utilisation = max(utilisation, ASSUMED_UTILISATION)
-    d = restart_seconds(state, pods)
-    excess = utilisation - (pods - 1) / pods
-    per_pod = 0.1 * d / pods
-    if utilisation >= 1:
-        per_pod += 4 * d
-    elif excess > 0:
+    waves = restart_waves(state, pods)
+    d = restart_seconds(state, waves)
+    out = _unavailable(state, pods)
+    estimate = 0.1 * d  # every pod stopped once, each losing a tenth of its share of d
+    excess = utilisation - (pods - out) / pods
+    if out > 0 and utilisation >= 1:
+        estimate += waves * 4 * d
+    elif out > 0 and excess > 0:
         peak = excess * d
-        per_pod += max(0.0, d - ttft_target / excess) + max(0.0, peak - ttft_target) / (1 - utilisation)
-    estimate = pods * per_pod
+        estimate += waves * (max(0.0, d - ttft_target / excess) + max(0.0, peak - ttft_target) / (1 - utilisation))
     return estimate if measured is None else max(measured, estimate)
 
 

@@ -16,6 +16,7 @@ until then).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -65,6 +66,29 @@ def _unschedulable(pods: list[dict[str, Any]]) -> str | None:
                     "PodScheduled", "False", "Unschedulable"):
                 return f"pod {pod['metadata']['name']} cannot be scheduled: {condition.get('message', '').strip()}"
     return None
+
+
+def unavailable_at_once(deployment: dict[str, Any]) -> int:
+    """Pods a rollout of ``deployment`` takes out of service at once, as the Deployment controller resolves its
+    strategy against ``spec.replicas``: all of them under Recreate; under RollingUpdate, maxUnavailable (a
+    percentage rounded down, 25 % when unset), and one when it and maxSurge (rounded up) both come to none."""
+    spec = deployment["spec"]
+    replicas = int(spec.get("replicas", 1))
+    strategy = spec.get("strategy") or {}
+    if strategy.get("type") == "Recreate":
+        return replicas
+    rolling = strategy.get("rollingUpdate") or {}
+    unavailable = _scaled(rolling.get("maxUnavailable", "25%"), replicas, up=False)
+    surge = _scaled(rolling.get("maxSurge", "25%"), replicas, up=True)
+    return min(replicas, 1 if unavailable == 0 and surge == 0 else unavailable)
+
+
+def _scaled(value: int | str, replicas: int, up: bool) -> int:
+    """An int-or-percent of the strategy, in pods (``intstr.GetScaledValueFromIntOrPercent``)."""
+    if isinstance(value, int):
+        return value
+    share = int(value.rstrip("%")) * replicas / 100
+    return math.ceil(share) if up else math.floor(share)
 
 
 def progress_mark(deployment: dict[str, Any], replicaset: dict[str, Any] | None, target_generation: int) -> int:

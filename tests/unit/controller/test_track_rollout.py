@@ -276,7 +276,7 @@ def test_an_unverified_config_whose_pods_start_is_live_and_did_not_measure_a_res
     assert report.state.current is not None and report.state.current.since == "2024-05-01T15:04:00Z"
     assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_SUCCEEDED]
     # three hours from the patch to Ready were a wait for the scale-up, not a restart's duration
-    assert restart_seconds(report.state, pods=2) == DEFAULT_RESTART_SECONDS
+    assert restart_seconds(report.state, waves=2) == DEFAULT_RESTART_SECONDS
 
 
 def test_a_write_after_an_unverified_one_whose_status_write_was_lost_is_resumed_as_ours():

@@ -206,6 +206,24 @@ def test_restart_cost_grows_with_the_load_the_other_pods_must_carry():
     assert restart_cost_seconds(measured, 4, 0.95, 2.0) == restart_cost_seconds(state, 4, 0.95, 2.0) > 123.0
 
 
+def test_restart_cost_follows_the_pods_the_strategy_stops_at_once():
+    from vllm_autotuner.policy.guardrails import DEFAULT_RESTART_SECONDS, restart_cost_seconds, restart_waves
+
+    def cost(out, utilisation, measured=None):
+        state = status(restart_cost_seconds=measured, rollout_unavailable=out)
+        return restart_cost_seconds(state, 4, utilisation, 2.0)
+
+    in_flight = 0.1 * DEFAULT_RESTART_SECONDS  # what the stopped pods had in flight, each stopped once
+    assert cost(None, 0.9) == cost(1, 0.9)  # not known: one at a time, as before the strategy was read
+    assert cost(0, 0.9) == pytest.approx(in_flight) and in_flight < cost(1, 0.9)  # a surge keeps the capacity
+    # at half load three pods of four carry the fourth's share, but nothing carries a Recreate's outage
+    assert cost(1, 0.5, measured=1.0) == pytest.approx(in_flight)
+    assert cost(2, 0.5, measured=1.0) == pytest.approx(in_flight)
+    assert cost(4, 0.5, measured=1.0) > DEFAULT_RESTART_SECONDS
+    assert restart_waves(status(rollout_unavailable=2), 4) == 2 and restart_waves(status(rollout_unavailable=2), 5) == 3
+    assert restart_waves(status(rollout_unavailable=0), 4) == 4  # a surge-only update replaces one at a time
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(setup=setups(), data=st.data())
 def test_same_inputs_same_decision(setup, data):

@@ -66,5 +66,6 @@ def test_a_rollout_with_no_gpu_for_its_new_pod_is_rolled_back_and_the_config_not
     assert operator.metric("vllm_autotuner_rollouts_total", outcome="Failed") == 0
 
     # The window still asks for the preset; it waits the cooldown (60 s here) rather than stall again at once.
-    wait_for(lambda: "no room" in world.history()[-1]["reason"], 30, "a hold for the cooldown after the block")
+    wait_for(lambda: "could not start its pods" in world.history()[-1]["reason"], 30,
+             "a hold for the cooldown after the block")
     assert knobs_of(world.template_args()) == START

@@ -221,11 +221,37 @@ def test_a_new_pod_that_cannot_be_scheduled_blocks_the_rollout_at_the_deadline_a
     blocked = rollout_state(surging, 3, pending, "vllm", 601, 600)
     assert blocked.progress is Progress.BLOCKED
     assert "llama-abc-9 cannot be scheduled: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu" in blocked.message
+    assert "maxSurge: 0 and maxUnavailable: 1" in blocked.message
     surging["status"]["conditions"] = [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
                                         "message": 'ReplicaSet "llama-abc" has timed out progressing.'}]
     assert rollout_state(surging, 3, pending, "vllm", 30, 600).progress is Progress.BLOCKED
-    assert rollout_state(surging, 3, [], "vllm", 30, 600).progress is Progress.FAILED
+    assert rollout_state(surging, 3, [], "vllm", 30, 600).progress is Progress.FAILED  # nothing known of the pods
     assert rollout_state(surging, 3, [*pending, crashing_pod(2)], "vllm", 30, 600).progress is Progress.FAILED
+
+
+def test_new_pods_that_never_started_vllm_block_the_rollout_and_one_that_ran_fails_it():
+    surging = deployment(
+        [], status={"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1, "availableReplicas": 2}
+    )
+
+    def pod(state, restarts=0, last=None):
+        status = {"name": "vllm", "restartCount": restarts, "state": state, "lastState": last or {}}
+        return {"metadata": {"name": "llama-abc-9"}, "status": {"phase": "Pending", "containerStatuses": [
+            {"name": "sidecar", "restartCount": 0, "state": {"running": {}}}, status]}}
+
+    pulling = pod({"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "vllm:v0.12"'}})
+    blocked = rollout_state(surging, 3, [pulling], "vllm", 601, 600)
+    assert blocked.progress is Progress.BLOCKED and "ImagePullBackOff" in blocked.message
+    assert "maxSurge" not in blocked.message  # the GPU advice is for pods with no room only
+    # vLLM ran and never became Ready (its probes killed it once): it read the knobs, the rollout failed
+    slow = pod({"running": {}}, restarts=1, last={"terminated": {"exitCode": 137, "reason": "Error"}})
+    assert rollout_state(surging, 3, [slow], "vllm", 601, 600).progress is Progress.FAILED
+    assert rollout_state(surging, 3, [pod({"running": {}})], "vllm", 601, 600).progress is Progress.FAILED
+    quota = {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+             "message": 'pods "llama-abc-9" is forbidden: exceeded quota: gpus, requested: nvidia.com/gpu=1'}
+    refused = deployment([], status={**surging["status"], "conditions": [quota]})
+    blocked = rollout_state(refused, 3, [], "vllm", 601, 600)
+    assert blocked.progress is Progress.BLOCKED and "exceeded quota" in blocked.message
 
 
 def test_a_slow_rollout_that_keeps_progressing_is_not_failed_and_a_stalled_one_is():

@@ -450,7 +450,7 @@ class Reconciler:
                 report.condition(ConditionType.DEGRADED, False, "AsExpected", f"{rollout.to_knobs} is live")
             report.event(events.ROLLOUT_SUCCEEDED, f"{rollout.to_knobs} is live: {judged.message}")
         elif judged.progress in (Progress.FAILED, Progress.BLOCKED):
-            if judged.progress is Progress.BLOCKED:  # no room for a new pod: the knobs are not to blame
+            if judged.progress is Progress.BLOCKED:  # no new pod started vLLM: the knobs are not to blame
                 decision = rollout_blocked(state, report.now, judged.message)
                 reason, message = events.ROLLOUT_BLOCKED, decision.reason
             else:

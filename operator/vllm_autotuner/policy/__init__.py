@@ -57,9 +57,9 @@ Rollout lifecycle (the operator calls these when the Deployment tells it):
     ``rollout_failed(state, now, message, generation) -> Decision`` they did
     not start: the config is recorded as failed and the Decision rolls back
     (to the config pods last ran: ``Rollout.rollback_knobs``);
-    ``rollout_blocked(state, now, message) -> Decision`` a new pod could not
-    be scheduled for the deadline (no free GPU): nothing is blamed, and the
-    Decision rolls back;
+    ``rollout_blocked(state, now, message) -> Decision`` no new pod started
+    vLLM by the deadline (no free GPU, an image not pulled, a quota):
+    nothing is blamed, and the Decision rolls back;
     ``manual_change_detected(state, knobs, now)`` a person changed the args;
     ``last_known_change(state)`` the latest change of the knobs the status
     knows of (a write of ours after it had its status write lost);

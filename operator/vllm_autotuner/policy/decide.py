@@ -317,7 +317,7 @@ def _apply(
     has put our changes back twice in a day (``changes_reverted``) every
     change is only recommended. The cooldown holds traffic changes, and
     every change while the knobs are a person's (schedules respect them
-    too) or after a rollout that found no room for its pods. A traffic
+    too) or after a rollout that could not start its pods. A traffic
     change also leaves in the day's budget the rollouts the schedule
     windows will need and room for its own rollback (``rollback_room``); a
     schedule change needs one rollout left, the traffic policy having kept
@@ -335,7 +335,7 @@ def _apply(
     wait = cooldown_left(spec, state, now) if change.source == KnobSource.TRAFFIC or manual else 0.0
     blocked = blocked_left(spec, state, now)
     if max(wait, blocked) > 0:
-        after = (" after a rollout that found no room for its pods" if blocked > wait
+        after = (" after a rollout that could not start its pods" if blocked > wait
                  else " after a person's change" if manual else "")
         reason = (f"cooldown{after}: {max(wait, blocked):.0f}s left before a {change.source.lower()} change "
                   f"({change.reason})")

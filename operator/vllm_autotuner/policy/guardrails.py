@@ -119,7 +119,7 @@ def cooldown_left(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) 
 
 
 def blocked_left(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) -> float:
-    """Seconds until any change may start after a rollout that found no room for its new pods (``blocked_at``):
+    """Seconds until any change may start after a rollout that could not start its new pods (``blocked_at``):
     the cooldown, which a schedule window respects too, or it would stall at once again."""
     if state.blocked_at is None:
         return 0.0

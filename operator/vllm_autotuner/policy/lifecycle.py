@@ -181,35 +181,28 @@ def rollout_failed(state: VllmTuningStatus, now: datetime, message: str, generat
     return _roll_back(state, now, RolloutPhase.FAILED, f"{failed} failed to start ({message}); rolling back")
 
 
-#: What to do about a rollout whose new pod finds no free GPU.
-BLOCKED_ADVICE = (
-    "A rolling update starts new pods before it stops old ones (maxSurge; Kubernetes' default of 25% rounds up to "
-    "one pod, and maxUnavailable's rounds down to none below four replicas), so each needs a free GPU: without a "
-    "spare one, set the Deployment's strategy.rollingUpdate to maxSurge: 0 and maxUnavailable: 1, or add GPU capacity"
-)
-
-
 def rollout_blocked(state: VllmTuningStatus, now: datetime, message: str) -> Decision:
-    """The rollout awaiting its verdict made no progress for the deadline because a new pod cannot be scheduled.
+    """The rollout awaiting its verdict made no progress for the deadline, and no new pod has started vLLM (no
+    free GPU for it, an image that cannot be pulled, a quota: ``message`` says which).
 
-    The knobs do not decide where a pod fits, so nothing is remembered as
-    failed, and the template goes back to the config pods last ran: with a
-    surge pod stuck, the old pods still serve it, and the rollback only
-    removes the pending pod. A blocked rollback (or change back to the config
-    that ran) has nothing to go back to: it stands, and the Deployment
-    controller places its pods when room appears. Either way every change
-    then waits the cooldown (``guardrails.blocked_left``): a schedule window
-    would otherwise stall again at once, and again.
+    No vLLM has read the knobs, so nothing is remembered as failed, and the
+    template goes back to the config pods last ran: with a surge pod stuck,
+    the old pods still serve it, and the rollback only removes the pending
+    pod. A blocked rollback (or change back to the config that ran) has
+    nothing to go back to: it stands, and the Deployment controller starts
+    its pods when it can. Either way every change then waits the cooldown
+    (``guardrails.blocked_left``): a schedule window would otherwise stall
+    again at once, and again.
     """
     if not awaiting_verdict(state) or state.current is None:
         raise ValueError("no rollout in progress to block")
     assert state.last_rollout is not None
-    blocked = f"{state.last_rollout.to_knobs} could not be scheduled ({message})"
+    to = state.last_rollout.to_knobs
     state = state.model_copy(update={"blocked_at": utc_timestamp(now)})
     if _goes_back(state):
-        return _stands(state, now, message, f"{blocked}; it stands, its pods start when a GPU frees. {BLOCKED_ADVICE}")
+        return _stands(state, now, message, f"{to} could not start its pods; it stands until they can: {message}")
     return _roll_back(state, now, RolloutPhase.FAILED,
-                      f"{blocked}; rolling back, the config is not blamed. {BLOCKED_ADVICE}")
+                      f"{to} could not start its pods; rolling back, the config is not blamed: {message}")
 
 
 def regression_measured(state: VllmTuningStatus, now: datetime, reason: str) -> Decision:

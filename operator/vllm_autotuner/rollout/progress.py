@@ -8,10 +8,11 @@ vLLM exits at start-up (CrashLoopBackOff, the error in the container's last
 termination message) and our own deadline from the VllmTuning spec, which
 counts, as the controller's does, from the rollout's last progress: a slow
 rollout of many pods, one at a time, is not a failed one. A rollout whose
-new pod the scheduler cannot place (no free GPU for a surge pod) is stuck
-for a reason that has nothing to do with the knobs: it is ``BLOCKED``, not
-failed, once the deadline passes (a cluster autoscaler may be adding a node
-until then).
+new pods never started vLLM (the scheduler found no free GPU for a surge
+pod, the image cannot be pulled, a quota refuses the pods) is stuck for a
+reason that has nothing to do with the knobs, which no vLLM has read: it
+is ``BLOCKED``, not failed, once the deadline passes (a cluster autoscaler
+may be adding a node until then).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Progress(StrEnum):
     COMPLETE = "Complete"
     FAILED = "Failed"
     BLOCKED = "Blocked"
-    """No progress for the deadline while a new pod cannot be scheduled: not the config's fault."""
+    """No progress for the deadline, and no new pod has started vLLM: not the config's fault."""
 
 
 @dataclass(frozen=True)
@@ -58,14 +59,44 @@ def _new_pods_failure(pods: list[dict[str, Any]], container: str | None) -> str 
     return None
 
 
-def _unschedulable(pods: list[dict[str, Any]]) -> str | None:
-    """The scheduler's word on a new pod it cannot place (``PodScheduled=False``, reason ``Unschedulable``)."""
+#: What to do about a new pod that finds no free GPU.
+NO_ROOM_ADVICE = (
+    "A rolling update starts new pods before it stops old ones (maxSurge; Kubernetes' default of 25% rounds up to "
+    "one pod, and maxUnavailable's rounds down to none below four replicas), so each needs a free GPU: without a "
+    "spare one, set the Deployment's strategy.rollingUpdate to maxSurge: 0 and maxUnavailable: 1, or add GPU capacity"
+)
+
+
+def _never_started(deployment: dict[str, Any], pods: list[dict[str, Any]], container: str | None) -> str | None:
+    """Why the new pods have not started vLLM, when they cannot be created or none of them has started its
+    container (so no vLLM has read the knobs); None when one has, or nothing is known of them."""
+    for condition in (deployment.get("status") or {}).get("conditions") or []:
+        if (condition.get("type"), condition.get("status")) == ("ReplicaFailure", "True"):
+            return f"the new pods cannot be created: {condition.get('message', '').strip()}"
+    reasons = []
     for pod in pods:
-        for condition in (pod.get("status") or {}).get("conditions") or []:
-            if (condition.get("type"), condition.get("status"), condition.get("reason")) == (
-                    "PodScheduled", "False", "Unschedulable"):
-                return f"pod {pod['metadata']['name']} cannot be scheduled: {condition.get('message', '').strip()}"
-    return None
+        status = pod.get("status") or {}
+        ours = [c for c in status.get("containerStatuses") or [] if container is None or c.get("name") == container]
+        if any({"running", "terminated"} & set(c.get("state") or {}) or "terminated" in (c.get("lastState") or {})
+               or c.get("restartCount") for c in ours):
+            return None
+        reasons.append(_not_started(pod, ours))
+    return reasons[0] if reasons else None
+
+
+def _not_started(pod: dict[str, Any], containers: list[dict[str, Any]]) -> str:
+    """What holds a pod before its vLLM container starts: the scheduler, or the kubelet (image, volumes)."""
+    name = pod["metadata"]["name"]
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if (condition.get("type"), condition.get("status")) == ("PodScheduled", "False"):
+            message = condition.get("message", "").strip()
+            advice = f". {NO_ROOM_ADVICE}" if condition.get("reason") == "Unschedulable" else ""
+            return f"pod {name} cannot be scheduled: {message}{advice}"
+    for status in containers:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason"):
+            return f"pod {name} is waiting to start ({waiting['reason']}): {waiting.get('message', '').strip()}"
+    return f"pod {name} has not started its container"
 
 
 def unavailable_at_once(deployment: dict[str, Any]) -> int:
@@ -135,9 +166,9 @@ def rollout_state(
         stalled = (f"no progress for {stalled_seconds:.0f}s (progressDeadline {deadline_seconds:.0f}s): "
                    f"{updated}/{spec_replicas} updated, {available} available")
     if stalled is not None:
-        unplaced = _unschedulable(new_pods)
-        if unplaced:
-            return RolloutState(Progress.BLOCKED, f"{unplaced} ({stalled})")
+        held = _never_started(deployment, new_pods, container)
+        if held:
+            return RolloutState(Progress.BLOCKED, f"{stalled}; {held}")
         return RolloutState(Progress.FAILED, stalled)
     return RolloutState(
         Progress.IN_PROGRESS, f"{updated}/{spec_replicas} replicas updated, {available}/{spec_replicas} available"

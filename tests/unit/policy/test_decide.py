@@ -538,7 +538,7 @@ def test_a_preset_whose_pods_found_no_room_waits_the_cooldown_before_it_is_tried
     rolled_back = succeed(blocked, opens + timedelta(minutes=10, seconds=5))
 
     held = decide(the_spec, rolled_back, None, opens + timedelta(minutes=11))
-    assert held.hold == HoldReason.COOLDOWN and "no room" in held.reason and "840s left" in held.reason
+    assert held.hold == HoldReason.COOLDOWN and "could not start its pods" in held.reason and "840s left" in held.reason
     again = decide(the_spec, held.state, None, opens + timedelta(minutes=25))  # the window does not give up
     assert again.action == DecisionAction.CHANGE and again.knobs == knobs(16384, 512)
 

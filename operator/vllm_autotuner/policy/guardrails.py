@@ -112,18 +112,20 @@ def cooldown_left(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) 
         ends.append(_time(state.last_rollout.finished_at))
     if state.current is not None and state.current.source == KnobSource.MANUAL:
         ends.append(_time(state.current.since))
-    if not ends:
-        return 0.0
-    until = max(ends) + timedelta(seconds=duration_seconds(spec.rollout.cooldown))
-    return max(0.0, (until - now).total_seconds())
+    return _cooldown_after(spec, ends, now)
 
 
 def blocked_left(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) -> float:
     """Seconds until any change may start after a rollout that could not start its new pods (``blocked_at``):
     the cooldown, which a schedule window respects too, or it would stall at once again."""
-    if state.blocked_at is None:
+    return _cooldown_after(spec, [_time(state.blocked_at)] if state.blocked_at else [], now)
+
+
+def _cooldown_after(spec: VllmTuningSpec, ends: list[datetime], now: datetime) -> float:
+    """Seconds left of the cooldown that follows the latest of ``ends`` (0 when there is none)."""
+    if not ends:
         return 0.0
-    until = _time(state.blocked_at) + timedelta(seconds=duration_seconds(spec.rollout.cooldown))
+    until = max(ends) + timedelta(seconds=duration_seconds(spec.rollout.cooldown))
     return max(0.0, (until - now).total_seconds())
 
 
@@ -171,7 +173,7 @@ def restart_seconds(state: VllmTuningStatus, waves: int) -> float:
 def restart_waves(state: VllmTuningStatus, pods: int) -> int:
     """How many waves a rolling restart of ``pods`` takes: its Deployment's strategy stops
     ``status.rolloutUnavailable`` pods at a time (one when not known; a surge-only update replaces one at a time)."""
-    return math.ceil(pods / max(1, min(pods, _unavailable(state, pods))))
+    return math.ceil(pods / max(1, _unavailable(state, pods)))
 
 
 def _unavailable(state: VllmTuningStatus, pods: int) -> int:

@@ -43,6 +43,8 @@ def knobs_annotation(knobs: Knobs) -> str:
 
 
 _STAMP = (KNOBS_ANNOTATION, REASON_ANNOTATION, TUNING_ANNOTATION, SOURCE_ANNOTATION, WRITTEN_AT_ANNOTATION)
+#: The fields of the vLLM container a knob change rewrites.
+_COMMAND = ("command", "args")
 #: The label the Deployment controller adds to a ReplicaSet's copy of the pod template.
 TEMPLATE_HASH_LABEL = "pod-template-hash"
 
@@ -72,7 +74,7 @@ def knob_patch(deployment: dict[str, Any], container_name: str | None, knobs: Kn
     """
     container = find_vllm_container(deployment["spec"]["template"]["spec"], container_name)
     updated = set_knobs(container, knobs)
-    command = {key: updated[key] for key in ("command", "args") if key in updated}
+    command = {key: updated[key] for key in _COMMAND if key in updated}
     return _patch(deployment, container["name"], command, _stamp(knobs, reason, tuning, source, at))
 
 
@@ -82,11 +84,7 @@ def undo_patch(deployment: dict[str, Any], container_name: str | None, previous:
     exactly (its knob flags and annotations back), stamped on the Deployment's own annotations; None unless the
     live template is ``previous`` with its knobs set by ``knob_patch`` (anything else changed since, by anyone,
     is not ours to put back)."""
-    before = copy.deepcopy(previous)
-    metadata = before.setdefault("metadata", {})
-    labels = {k: v for k, v in (metadata.pop("labels", None) or {}).items() if k != TEMPLATE_HASH_LABEL}
-    if labels:
-        metadata["labels"] = labels
+    before = _without(previous, "labels", (TEMPLATE_HASH_LABEL,))
     live = deployment["spec"]["template"]
     try:
         old = find_vllm_container(before["spec"], container_name)
@@ -100,22 +98,23 @@ def undo_patch(deployment: dict[str, Any], container_name: str | None, previous:
     forward = set_knobs(old, Knobs(max_num_batched_tokens=now.max_num_batched_tokens, max_num_seqs=now.max_num_seqs))
     redone = copy.deepcopy(before)
     find_vllm_container(redone["spec"], container_name).update(
-        {key: value for key, value in forward.items() if key in ("command", "args")})
-    if _without_stamp(redone) != _without_stamp(live):
+        {key: value for key, value in forward.items() if key in _COMMAND})
+    if _without(redone, "annotations", _STAMP) != _without(live, "annotations", _STAMP):
         return None
-    command = {key: old.get(key) for key in ("command", "args") if key in old or key in new}
+    command = {key: old.get(key) for key in _COMMAND if key in old or key in new}
     restored = (before.get("metadata") or {}).get("annotations") or {}
     return _patch(deployment, new["name"], command, {key: restored.get(key) for key in _STAMP},
                   _stamp(knobs, reason, tuning, KnobSource.ROLLBACK, at))
 
 
-def _without_stamp(template: dict[str, Any]) -> dict[str, Any]:
-    """``template`` without our annotations (an empty annotation map counts as none, as the apiserver's does)."""
+def _without(template: dict[str, Any], field: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """A copy of ``template`` without ``keys`` in its metadata's ``field`` (labels or annotations; a map left
+    empty counts as none, as the apiserver's comparison of templates does)."""
     out = copy.deepcopy(template)
     metadata = out.setdefault("metadata", {})
-    annotations = {k: v for k, v in (metadata.pop("annotations", None) or {}).items() if k not in _STAMP}
-    if annotations:
-        metadata["annotations"] = annotations
+    kept = {k: v for k, v in (metadata.pop(field, None) or {}).items() if k not in keys}
+    if kept:
+        metadata[field] = kept
     return out
 
 

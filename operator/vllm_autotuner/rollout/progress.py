@@ -41,11 +41,15 @@ class RolloutState:
     message: str
 
 
+def _vllm_statuses(pod: dict[str, Any], container: str | None) -> list[dict[str, Any]]:
+    """The pod's status of the vLLM container (of every container when its name is not known)."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return [s for s in statuses if container is None or s.get("name") == container]
+
+
 def _new_pods_failure(pods: list[dict[str, Any]], container: str | None) -> str | None:
     for pod in pods:
-        for status in (pod.get("status") or {}).get("containerStatuses") or []:
-            if container is not None and status.get("name") != container:
-                continue
+        for status in _vllm_statuses(pod, container):
             waiting = (status.get("state") or {}).get("waiting") or {}
             terminated = (status.get("lastState") or {}).get("terminated") or {}
             crashed = waiting.get("reason") in _CRASH_REASONS or terminated.get("exitCode", 0) != 0
@@ -73,15 +77,14 @@ def _never_started(deployment: dict[str, Any], pods: list[dict[str, Any]], conta
     for condition in (deployment.get("status") or {}).get("conditions") or []:
         if (condition.get("type"), condition.get("status")) == ("ReplicaFailure", "True"):
             return f"the new pods cannot be created: {condition.get('message', '').strip()}"
-    reasons = []
+    held = None
     for pod in pods:
-        status = pod.get("status") or {}
-        ours = [c for c in status.get("containerStatuses") or [] if container is None or c.get("name") == container]
+        ours = _vllm_statuses(pod, container)
         if any({"running", "terminated"} & set(c.get("state") or {}) or "terminated" in (c.get("lastState") or {})
                or c.get("restartCount") for c in ours):
             return None
-        reasons.append(_not_started(pod, ours))
-    return reasons[0] if reasons else None
+        held = held or _not_started(pod, ours)
+    return held
 
 
 def _not_started(pod: dict[str, Any], containers: list[dict[str, Any]]) -> str:

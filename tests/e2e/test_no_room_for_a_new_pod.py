@@ -9,7 +9,10 @@ record them as failed (they would never be tried again); at the progress
 deadline it puts the old config back (the old pod served all along and
 keeps serving), says why and what to change (Degraded=True RolloutBlocked,
 a Warning Event), counts the rollout as Blocked, and waits the cooldown
-before the schedule window may try again.
+before the schedule window may try again. Once the Deployment does as the
+advice says (maxSurge 0, maxUnavailable 1: the old pod stops first and
+leaves its GPU to the new one), the window's change runs at once rather
+than after the cooldown, and succeeds.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ pytestmark = pytest.mark.e2e
 
 START, PRESET = (2048, 64), (1024, 64)
 PROGRESS_DEADLINE = 30
+COOLDOWN = 900  # longer than the test: a change after the fix cannot be the cooldown's end
 
 
 def test_a_rollout_with_no_gpu_for_its_new_pod_is_rolled_back_and_the_config_not_blamed(
@@ -34,7 +38,7 @@ def test_a_rollout_with_no_gpu_for_its_new_pod_is_rolled_back_and_the_config_not
     world.create_deployment(L4, knob_args(*START), replicas=1)  # the L4 node's one GPU; the default strategy
     (serving,) = world.pods()
     world.create_tuning(tuning_spec(
-        world.name, rollout={"progressDeadline": f"{PROGRESS_DEADLINE}s"},
+        world.name, rollout={"progressDeadline": f"{PROGRESS_DEADLINE}s", "cooldown": f"{COOLDOWN}s"},
         schedules=[open_window("Europe/Berlin", {"maxNumBatchedTokens": PRESET[0], "maxNumSeqs": PRESET[1]})]))
     operator = operators.start()
 
@@ -65,7 +69,26 @@ def test_a_rollout_with_no_gpu_for_its_new_pod_is_rolled_back_and_the_config_not
     assert operator.metric("vllm_autotuner_rollouts_total", outcome="Blocked") == 1
     assert operator.metric("vllm_autotuner_rollouts_total", outcome="Failed") == 0
 
-    # The window still asks for the preset; it waits the cooldown (60 s here) rather than stall again at once.
+    # The window still asks for the preset; it waits the cooldown rather than stall again at once.
     wait_for(lambda: "could not start its pods" in world.history()[-1]["reason"], 30,
              "a hold for the cooldown after the block")
     assert knobs_of(world.template_args()) == START
+
+    # The advice taken: the strategy now stops the old pod first, so the new one needs no spare GPU. The
+    # change runs without waiting out the cooldown, on the GPU the old pod leaves.
+    world.apps.patch_namespaced_deployment(world.name, namespace, {"spec": {"strategy": {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}}})
+    (pod,) = world.wait_rolled_out(knob_args(*PRESET), 120)
+    assert pod.metadata.uid != serving.metadata.uid
+
+    def preset_succeeded() -> dict | NotYet:
+        status = world.status()
+        last = status["lastRollout"]
+        return status if (last["source"], last["phase"]) == ("Schedule", "Succeeded") else NotYet(f"lastRollout {last}")
+
+    done = wait_for(preset_succeeded, 60, "the preset's rollout judged a success")
+    assert done["lastRollout"]["to"] == {"maxNumBatchedTokens": PRESET[0], "maxNumSeqs": PRESET[1]}
+    assert done["rolloutUnavailable"] == 1 and "blockedAt" not in done
+    (unblocked,) = world.events("RolloutUnblocked")
+    assert unblocked.type == "Normal" and "stops 1 pod(s)" in unblocked.message
+    assert operator.metric("vllm_autotuner_rollouts_total", outcome="Succeeded") == 2  # the rollback, the preset

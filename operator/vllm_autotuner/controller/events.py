@@ -21,6 +21,7 @@ ROLLOUT_SUCCEEDED = "RolloutSucceeded"
 ROLLOUT_UNVERIFIED = "RolloutUnverified"  # written while the Deployment is scaled to zero: judged at scale-up
 ROLLOUT_FAILED = "RolloutFailed"
 ROLLOUT_BLOCKED = "RolloutBlocked"  # no new pod started vLLM (no free GPU, no image...): rolled back, not blamed
+BLOCK_LIFTED = "RolloutUnblocked"  # the strategy now stops a pod first: changes need not wait out the block
 ROLLED_BACK = "RolledBack"
 REGRESSION = "RegressionDetected"
 MANUAL_CHANGE = "ManualChangeAdopted"

@@ -71,6 +71,7 @@ from vllm_autotuner.policy import (
     rollout_progressed,
     rollout_succeeded,
     rollout_unverified,
+    strategy_seen,
 )
 from vllm_autotuner.policy.decision import with_rollout
 from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
@@ -271,8 +272,13 @@ class Reconciler:
             # no window (a rollout leaves partial series; Prometheus may be down), but the Deployment says
             # someone else's rollout runs: the policy must know, or a schedule would patch into it
             observation = Observation(window_start=report.now, window_end=report.now, rollout_in_progress=True)
-        before = report.state = report.state.model_copy(
-            update={"rollout_unavailable": unavailable_at_once(target.deployment)})
+        seen = strategy_seen(report.state, unavailable_at_once(target.deployment))
+        if report.state.blocked_at is not None and seen.blocked_at is None:
+            report.event(events.BLOCK_LIFTED,
+                         f"the Deployment's strategy now stops {seen.rollout_unavailable} pod(s) before it starts new "
+                         f"ones, so a new pod needs no spare GPU: changes need not wait the cooldown after the rollout "
+                         f"that could not start its pods")
+        before = report.state = seen
         decision = decide(spec, before, observation, report.now)
         report.decision = decision
         self._count(report, decision)

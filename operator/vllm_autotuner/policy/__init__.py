@@ -60,6 +60,10 @@ Rollout lifecycle (the operator calls these when the Deployment tells it):
     ``rollout_blocked(state, now, message) -> Decision`` no new pod started
     vLLM by the deadline (no free GPU, an image not pulled, a quota):
     nothing is blamed, and the Decision rolls back;
+    ``strategy_seen(state, unavailable)`` the pods a rollout now stops at
+    once, recorded before each decision: more than before, after a blocked
+    rollout, ends the cooldown the block began (a strategy that no longer
+    needs a spare GPU);
     ``manual_change_detected(state, knobs, now)`` a person changed the args;
     ``last_known_change(state)`` the latest change of the knobs the status
     knows of (a write of ours after it had its status write lost);
@@ -119,6 +123,7 @@ from vllm_autotuner.policy.lifecycle import (
     rollout_progressed,
     rollout_succeeded,
     rollout_unverified,
+    strategy_seen,
 )
 from vllm_autotuner.policy.guardrails import changes_reverted
 from vllm_autotuner.policy.observation import HoldReason, Observation, hold_reason
@@ -138,6 +143,7 @@ __all__ = [
     "awaiting_verdict",
     "rollout_failed",
     "rollout_blocked",
+    "strategy_seen",
     "regression_measured",
     "manual_change_detected",
     "last_known_change",

@@ -205,6 +205,23 @@ def rollout_blocked(state: VllmTuningStatus, now: datetime, message: str) -> Dec
                       f"{to} could not start its pods; rolling back, the config is not blamed: {message}")
 
 
+def strategy_seen(state: VllmTuningStatus, unavailable: int) -> VllmTuningStatus:
+    """The pods a rollout of the target now stops at once (``rollout.progress.unavailable_at_once``), recorded
+    before each decision as ``rollout_unavailable``.
+
+    More of them than at the last evaluation, after a rollout that could not
+    start its pods, ends the wait ``blocked_at`` imposes: the Deployment now
+    stops a pod before it starts one (the advice a pod with no free GPU gets:
+    maxSurge 0 and maxUnavailable 1, or more replicas), so the change that
+    stalled may run at once rather than after the cooldown.
+    """
+    update: dict[str, object] = {"rollout_unavailable": unavailable}
+    if state.blocked_at is not None and state.rollout_unavailable is not None and (
+            unavailable > state.rollout_unavailable):
+        update["blocked_at"] = None
+    return state.model_copy(update=update)
+
+
 def regression_measured(state: VllmTuningStatus, now: datetime, reason: str) -> Decision:
     """The settled window after a successful change is measurably worse than before it: roll back."""
     if state.last_rollout is None or state.current is None:

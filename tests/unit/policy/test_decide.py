@@ -31,6 +31,7 @@ from vllm_autotuner.policy import (
     rollout_failed,
     rollout_succeeded,
     rollout_unverified,
+    strategy_seen,
 )
 
 from .helpers import T0, knobs, long_prompt_window, shifted, spec, status
@@ -541,6 +542,28 @@ def test_a_preset_whose_pods_found_no_room_waits_the_cooldown_before_it_is_tried
     assert held.hold == HoldReason.COOLDOWN and "could not start its pods" in held.reason and "840s left" in held.reason
     again = decide(the_spec, held.state, None, opens + timedelta(minutes=25))  # the window does not give up
     assert again.action == DecisionAction.CHANGE and again.knobs == knobs(16384, 512)
+
+
+def test_a_strategy_that_stops_a_pod_first_ends_the_wait_after_a_blocked_rollout():
+    night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "0s", "knobs": PRESET}
+    the_spec = spec(schedules=[night])
+    opens = T0.replace(hour=22)
+    surging = strategy_seen(status(), 0)  # one replica, Kubernetes' default strategy: it only surges
+    written = decide(the_spec, surging, None, opens)
+    blocked = rollout_blocked(written.state, opens + timedelta(minutes=10), "pod x cannot be scheduled")
+    rolled_back = succeed(blocked, opens + timedelta(minutes=10, seconds=5))
+
+    same = strategy_seen(rolled_back, 0)  # nothing changed: the wait stands
+    assert same.blocked_at == rolled_back.blocked_at is not None
+    assert decide(the_spec, same, None, opens + timedelta(minutes=11)).hold == HoldReason.COOLDOWN
+    # maxSurge 0, maxUnavailable 1: the old pod stops first and leaves its GPU to the new one
+    fixed = strategy_seen(same, 1)
+    assert fixed.blocked_at is None and fixed.rollout_unavailable == 1
+    again = decide(the_spec, fixed, None, opens + timedelta(minutes=11))
+    assert again.action == DecisionAction.CHANGE and again.knobs == knobs(16384, 512), again.reason
+    # fewer pods stopped at once (scaled in) does not end the wait
+    wider = rolled_back.model_copy(update={"rollout_unavailable": 2})
+    assert strategy_seen(wider, 1).blocked_at == rolled_back.blocked_at
 
 
 def test_a_preset_written_while_the_deployment_is_at_zero_does_not_hold_back_the_window_closing():

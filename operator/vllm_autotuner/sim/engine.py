@@ -700,13 +700,7 @@ class Engine:
         if self._running.pop(seq.rid, None) is None:
             (self._waiting if seq in self._waiting else self._pending).remove(seq)
             return
-        if seq is self._partial:
-            self._partial = None
-            blocks = seq.blocks
-        else:
-            self._leave_decoding(seq)
-            blocks = -(-(seq.base + self._g - 1) // self._bs)
-        self._release(seq, blocks)
+        self._leave_batch(seq, self._g)
 
     def _admit(self, seq: _Seq, cached: int, blocks: int, growth: int, now: float) -> None:
         """Move ``seq`` from waiting to running."""
@@ -775,6 +769,18 @@ class Engine:
             seq.max_gap = max(seq.max_gap, self._max_step_since(seq.seg0))
             self._finish(seq, -(-(seq.base + g) // bs), now)
 
+    def _leave_batch(self, seq: _Seq, g: int) -> None:
+        """Take running ``seq`` out of the batch at the start of step ``g``
+        and free its blocks: a partial prefill's whole allocation, a decoding
+        request's blocks of the tokens it has so far."""
+        if seq is self._partial:
+            self._partial = None
+            blocks = seq.blocks
+        else:
+            self._leave_decoding(seq)
+            blocks = -(-(seq.base + g - 1) // self._bs)
+        self._release(seq, blocks)
+
     def _leave_decoding(self, seq: _Seq) -> None:
         """End ``seq``'s decode run after the step that produced its latest token."""
         if self._slow_at:
@@ -788,16 +794,11 @@ class Engine:
         """vLLM's recompute preemption of the newest running request, at the
         start of step ``g``."""
         _, seq = self._running.popitem()
-        if seq is self._partial:
-            self._partial = None
-            blocks = seq.blocks
-        else:
+        if seq is not self._partial:
             seq.generated = seq.output - (seq.fin - (g - 1))
-            self._leave_decoding(seq)
             seq.last_token_at = self._now
             seq.max_gap = max(seq.max_gap, self._max_step_since(seq.seg0))
-            blocks = -(-(seq.base + g - 1) // self._bs)
-        self._release(seq, blocks)
+        self._leave_batch(seq, g)
         seq.target = seq.prompt + seq.generated
         seq.computed = seq.blocks = 0
         seq.preemptions += 1

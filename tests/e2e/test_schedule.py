@@ -6,7 +6,8 @@ minute or two of the test starting. Asia/Kolkata is five and a half hours
 from UTC, so a schedule read in UTC, or in a whole-hour offset, would open
 at the wrong time and the test would see it. Pre-roll means the rolling
 restart happens before the window opens: the new pods must be Ready when
-it does, not start then.
+it does, not start then. A change freeze open at the same time holds the
+preset back until it is lifted.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from tests.e2e.conftest import Operators
-from tests.e2e.world import World, daily_cron, knob_args, parse_time, tuning_spec
-from tests.support import H100, Cluster, wait_for
+from tests.e2e.world import World, daily_cron, knob_args, knobs_of, open_window, parse_time, tuning_spec
+from tests.support import H100, Cluster, NotYet, wait_for
 
 from vllm_autotuner.sim import localenv
 
@@ -73,3 +74,26 @@ def test_a_schedule_preset_is_live_at_the_window_start_and_the_traffic_policy_re
     assert decision["action"] == "Hold" and "schedule" not in decision["reason"], decision
     assert status.get("activeSchedule") is None and status.get("resumeKnobs") is None
     assert len(world.replicasets()) == 3 and world.deployment().metadata.generation == 3
+
+
+def test_a_change_freeze_holds_the_windows_preset_until_it_is_lifted(
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators) -> None:
+    world = World(cluster_with_crd, namespace)
+    world.create_deployment(H100, knob_args(*BEFORE), replicas=1)
+    preset = {"maxNumBatchedTokens": PRESET[0], "maxNumSeqs": PRESET[1]}
+    window = open_window(ZONE, preset)
+    freeze = {key: window[key] for key in ("timeZone", "start", "end")} | {"name": "launch"}  # open as long
+    world.create_tuning(tuning_spec(world.name, schedules=[window], rollout={"freezes": [freeze]}))
+    operators.start()
+
+    def held() -> dict | NotYet:
+        status = world.status()
+        found = [h for h in status.get("history", []) if "change freeze launch until" in h["reason"]]
+        return status if found else NotYet(f"history {status.get('history')}")
+
+    status = wait_for(held, 60, "a hold for the change freeze")
+    assert knobs_of(world.template_args()) == BEFORE and status.get("lastRollout") is None
+    assert {k: status["recommendation"][k] for k in preset} == preset  # what it would do, shown meanwhile
+    # lifted (a merge patch replaces the list): the window's preset rolls out
+    world.patch_tuning({"rollout": {"freezes": []}})
+    world.wait_rolled_out(knob_args(*PRESET), 90)

@@ -75,7 +75,9 @@ def test_a_full_object_is_accepted_as_written(cluster_with_crd: Cluster, namespa
             {"name": "night", "timeZone": "Europe/Berlin", "start": "0 22 * * *", "end": "0 6 * * *",
              "knobs": {"maxNumBatchedTokens": 16384, "maxNumSeqs": 64}},
             {"name": "office", "start": "0 8 * * 1-5", "end": "0 18 * * 1-5", "slo": {"itl": {"seconds": 0.05}}}],
-        rollout={"cooldown": "30m", "maxRolloutsPerDay": 4, "progressDeadline": "10m"},
+        rollout={"cooldown": "30m", "maxRolloutsPerDay": 4, "progressDeadline": "10m",
+                 "freezes": [{"name": "black-friday", "timeZone": "America/New_York", "start": "0 0 27 11 *",
+                              "end": "0 0 1 12 *"}]},
     )
     stored = create(cluster_with_crd, namespace, vllm_tuning("rag", spec))["spec"]
     assert stored["traffic"]["tiers"][1]["knobs"] == {"maxNumBatchedTokens": 8192, "maxNumSeqs": 128}
@@ -83,6 +85,7 @@ def test_a_full_object_is_accepted_as_written(cluster_with_crd: Cluster, namespa
     assert stored["schedules"][1]["timeZone"] == "UTC"  # defaulted
     assert stored["schedules"][1]["slo"]["itl"] == {"seconds": 0.05, "quantile": 0.95}
     assert stored["rollout"]["maxRolloutsPerDay"] == 4
+    assert stored["rollout"]["freezes"][0]["start"] == "0 0 27 11 *"
 
 
 BAD_SPECS = [
@@ -116,6 +119,12 @@ BAD_SPECS = [
     pytest.param(target(schedules=[{"name": "night", "start": "0 22 * * *", "end": "0 6 * * *",
                                     "knobs": {"maxNumBatchedTokens": 8192, "maxNumSeqs": 64}}] * 2),
                  "spec.schedules[1]", "Duplicate value", id="duplicate-schedule-names"),
+    pytest.param(target(rollout={"freezes": [{"name": "peak", "start": "0 9 * * *", "end": "0 9 * * *"}]}),
+                 "spec.rollout.freezes[0].end", "start and end must differ", id="empty-freeze"),
+    pytest.param(target(rollout={"freezes": [{"name": "peak", "start": "0 9 * * *", "end": "0 17 * * *"}] * 2}),
+                 "spec.rollout.freezes[1]", "Duplicate value", id="duplicate-freeze-names"),
+    pytest.param(target(rollout={"freezes": [{"name": "peak", "start": "0 9 * * *"}]}),
+                 "spec.rollout.freezes[0].end", "Required value", id="freeze-without-end"),
     pytest.param(target(traffic={"strategy": "Tiers"}),
                  "spec.traffic.tiers", "strategy Tiers needs at least one entry", id="tiers-without-tiers"),
     pytest.param(target(traffic={"strategy": "Tiers", "tiers": [{"name": "chat"}]}),

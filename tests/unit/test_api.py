@@ -88,6 +88,22 @@ def test_cel_rules_cover_what_one_field_cannot_say():
     assert spec["schedules"]["x-kubernetes-list-map-keys"] == ["name"]
     assert "pattern" in schedule["properties"]["timeZone"] and "pattern" in schedule["properties"]["start"]
     assert "pattern" in spec["traffic"]["properties"]["window"]
+    freeze = spec["rollout"]["properties"]["freezes"]
+    assert "self.start != self.end" in _rules(freeze["items"]) and "has(self.knobs)" not in " ".join(
+        _rules(freeze["items"]))
+    assert freeze["x-kubernetes-list-map-keys"] == ["name"] and "pattern" in freeze["items"]["properties"]["end"]
+
+
+def test_schedules_and_freezes_the_apiserver_could_not_check_are_named_as_spec_problems():
+    from vllm_autotuner.controller.reconcile import spec_problems
+
+    window = {"name": "peak", "timeZone": "Mars/Olympus_Mons", "start": "0 9 * * *", "end": "0 61 * * *"}
+    spec = VllmTuningSpec.model_validate({"targetRef": {"name": "llama"}, "rollout": {"freezes": [window]},
+                                          "schedules": [{**window, "slo": {"itl": {"seconds": 0.05}}}]})
+    problems = spec_problems(spec)
+    assert [p.split(":")[0] for p in problems] == [
+        "spec.schedules[peak].timeZone", "spec.schedules[peak].end",
+        "spec.rollout.freezes[peak].timeZone", "spec.rollout.freezes[peak].end"], problems
 
 
 def test_crd_defaults_fill_nested_objects():

@@ -20,6 +20,7 @@ from vllm_autotuner.api.spec import (
     TargetRef,
     Tier,
     TierMatch,
+    TimeWindow,
     TrafficSpec,
     VllmTuningSpec,
 )
@@ -44,7 +45,7 @@ from vllm_autotuner.api.status import (
 __all__ = [
     "API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION", "VllmTuning",
     "SLO", "Bounds", "EngineSpec", "Knobs", "LatencyTarget", "Mode", "PrometheusSpec", "RolloutSpec",
-    "Schedule", "Strategy", "TargetRef", "Tier", "TierMatch", "TrafficSpec", "VllmTuningSpec",
+    "Schedule", "Strategy", "TargetRef", "Tier", "TierMatch", "TimeWindow", "TrafficSpec", "VllmTuningSpec",
     "Condition", "ConditionStatus", "ConditionType", "CurrentKnobs", "DecisionAction", "DecisionRecord",
     "FailedConfig", "KnobSource", "LearnedOptimum", "Measurement", "ObservedTraffic", "Recommendation", "Rollout",
     "RolloutPhase", "VllmTuningStatus",

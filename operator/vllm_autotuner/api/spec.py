@@ -269,7 +269,26 @@ class TrafficSpec(SpecModel):
     """Tiers for the Tiers strategy, tried in order."""
 
 
-class Schedule(SpecModel):
+#: A window that closes when it opens would never be open.
+_WINDOW_RULE = cel("self.start != self.end", "start and end must differ", ".end")
+
+
+class TimeWindow(SpecModel):
+    """A named window of wall-clock time that recurs: open from each start to the next end."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_WINDOW_RULE]})
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Name of the window, shown in the status (a schedule's in status.activeSchedule, a freeze's in the holds it causes)."""
+    time_zone: TimeZoneName = "UTC"
+    """IANA time zone the cron expressions are read in, e.g. Europe/Berlin; daylight saving time is followed."""
+    start: CronExpression
+    """Cron expression (minute hour day-of-month month day-of-week) at which the window opens, e.g. '0 22 * * *'."""
+    end: CronExpression
+    """Cron expression at which the window closes, e.g. '0 6 * * *'; windows may cross midnight."""
+
+
+class Schedule(TimeWindow):
     """A time-of-day policy: between start and end, use a fixed preset or tighter bounds and SLOs."""
 
     model_config = ConfigDict(
@@ -279,19 +298,11 @@ class Schedule(SpecModel):
                     "has(self.knobs) != (has(self.bounds) || has(self.slo))",
                     "a schedule sets either knobs (a fixed preset) or overrides of bounds/slo, not both and not neither",
                 ),
-                cel("self.start != self.end", "start and end must differ", ".end"),
+                _WINDOW_RULE,
             ]
         }
     )
 
-    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    """Name of the schedule, shown in status.activeSchedule."""
-    time_zone: TimeZoneName = "UTC"
-    """IANA time zone the cron expressions are read in, e.g. Europe/Berlin; daylight saving time is followed."""
-    start: CronExpression
-    """Cron expression (minute hour day-of-month month day-of-week) at which the window opens, e.g. '0 22 * * *'."""
-    end: CronExpression
-    """Cron expression at which the window closes, e.g. '0 6 * * *'; windows may cross midnight."""
     priority: int = Field(default=0, ge=-1000, le=1000)
     """When windows overlap, the highest priority wins; on a tie, the earlier entry in the list."""
     knobs: Knobs | None = None
@@ -324,6 +335,12 @@ class RolloutSpec(SpecModel):
     regression_tolerance_percent: float = Field(default=10.0, ge=0, le=100)
     """How much worse SLO goodput may be after a change before it counts as a regression (and two points of
     attainment more: window-to-window noise)."""
+    freezes: list[TimeWindow] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """Change freezes (a business peak, a release): no change starts while one is open, nor so shortly before one opens that its rolling restart would still run in it (the last rollout's duration plus a margin, or 5m), schedule windows' changes included; they wait for its end. A rollback of the operator's own failed or regressed change still runs."""
 
 
 class EngineSpec(SpecModel):

@@ -183,16 +183,18 @@ class Report:
 
 
 def spec_problems(spec: VllmTuningSpec) -> list[str]:
-    """What admission could not check: time zones that exist, cron expressions cron can run."""
+    """What admission could not check: time zones that exist, cron expressions cron can run (schedules' and
+    freezes')."""
     problems = []
-    for schedule in spec.schedules:
-        for name, check in (("timeZone", lambda s=schedule: time_zone(s.time_zone)),
-                            ("start", lambda s=schedule: parse_cron(s.start)),
-                            ("end", lambda s=schedule: parse_cron(s.end))):
+    windows = [("schedules", w) for w in spec.schedules] + [("rollout.freezes", w) for w in spec.rollout.freezes]
+    for path, window in windows:
+        for name, check in (("timeZone", lambda w=window: time_zone(w.time_zone)),
+                            ("start", lambda w=window: parse_cron(w.start)),
+                            ("end", lambda w=window: parse_cron(w.end))):
             try:
                 check()
             except ValueError as exc:
-                problems.append(f"spec.schedules[{schedule.name}].{name}: {exc}")
+                problems.append(f"spec.{path}[{window.name}].{name}: {exc}")
     return problems
 
 

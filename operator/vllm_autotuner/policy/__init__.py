@@ -97,7 +97,8 @@ What it does
    the operator changed twice in a day (``changes_reverted(state)``,
    ``REVERTED_ADVICE`` says what to do); at most ``maxStepFactor`` per
    step into unmeasured territory; cooldown; a daily rollout budget that keeps
-   room for the day's schedule windows; a regime, and its length mix, must last
+   room for the day's schedule windows; no change in a change freeze, nor
+   in the rollout lead before one (``schedule.freeze_in_force``); a regime, and its length mix, must last
    one window; no traffic change before the last one is judged (and rolled
    back if it made things measurably worse once the restart's queue drained,
    under no more traffic than before it); an expected

@@ -65,7 +65,7 @@ from vllm_autotuner.policy.lifecycle import regression_measured
 from vllm_autotuner.policy.model import attainment
 from vllm_autotuner.policy.observation import HoldReason, Observation, hold_reason, rollout_active
 from vllm_autotuner.policy.regime import classify, matching_tier, mix_moved
-from vllm_autotuner.policy.schedule import ActiveWindow, scheduled_rollouts, window_in_force
+from vllm_autotuner.policy.schedule import ActiveWindow, freeze_in_force, scheduled_rollouts, window_in_force
 
 #: Windows a rollout's first settled window may stay short of its baseline before the change counts as a regression.
 REGRESSION_PATIENCE = 6
@@ -317,7 +317,9 @@ def _apply(
     has put our changes back twice in a day (``changes_reverted``) every
     change is only recommended. The cooldown holds traffic changes, and
     every change while the knobs are a person's (schedules respect them
-    too) or after a rollout that could not start its pods. A traffic
+    too) or after a rollout that could not start its pods. In Auto, no
+    change starts in a change freeze or so shortly before one that it would
+    still be rolling then (``schedule.freeze_in_force``). A traffic
     change also leaves in the day's budget the rollouts the schedule
     windows will need and room for its own rollback (``rollback_room``); a
     schedule change needs one rollout left, the traffic policy having kept
@@ -356,6 +358,18 @@ def _apply(
     if spec.mode == Mode.RECOMMEND:
         reason = f"Recommend mode: change to {change.knobs} recommended ({change.reason})"
         return _hold(state, now, HoldReason.RECOMMEND_ONLY, reason, settings, change.knobs, change.gain)
+    frozen = freeze_in_force(spec.rollout.freezes, state, now)
+    if frozen is not None:
+        freeze, times = frozen
+        if times is None:
+            when = "cannot be read: no change until it is fixed"
+        elif times[0] <= now:
+            when = f"until {utc_timestamp(times[1])}"
+        else:
+            when = (f"opens at {utc_timestamp(times[0])}, before a rollout started now would finish; until "
+                    f"{utc_timestamp(times[1])}")
+        reason = f"change freeze {freeze.name} {when}: {change.knobs} waits ({change.reason})"
+        return _hold(state, now, HoldReason.FREEZE, reason, settings, change.knobs, change.gain)
     if change.source == KnobSource.TRAFFIC:
         state = _abandon(state, change.regime, state.current.knobs)
     base = change.baseline

@@ -140,6 +140,7 @@ class HoldReason(StrEnum):
     NO_TIER = "NoTierMatches"
     DWELL = "RegimeTooYoung"
     SCHEDULE = "SchedulePreset"
+    FREEZE = "ChangeFreeze"
 
 
 def stale_after(spec: VllmTuningSpec) -> float:

@@ -11,6 +11,10 @@ before it opens, so that a preset's rolling restart is complete when the
 window starts; once in force, it stays in force until that opening closes,
 even when the pre-roll, recomputed from the last rollout (the preset's own),
 shrinks. Overlaps go to the highest ``priority``, then the earlier entry.
+
+Change freezes (``spec.rollout.freezes``) are windows of the same kind, read
+the same way; one is in force from the rollout lead before it opens (a
+change started then would still be rolling in it) until it closes.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 
 from cronsim import CronSim
 
-from vllm_autotuner.api import Schedule, VllmTuningStatus
+from vllm_autotuner.api import Schedule, TimeWindow, VllmTuningStatus
 from vllm_autotuner.api.types import duration_seconds, parse_cron, time_zone
 from vllm_autotuner.policy.guardrails import rollout_seconds
 
@@ -70,8 +74,8 @@ def _following(expr: str, zone_name: str, moment: datetime) -> datetime | None:
         return None
 
 
-def window_at(schedule: Schedule, now: datetime, pre_roll_seconds: float) -> tuple[datetime, datetime] | None:
-    """The (start, end) of this schedule's window in force at ``now``, or None.
+def window_at(schedule: TimeWindow, now: datetime, pre_roll_seconds: float) -> tuple[datetime, datetime] | None:
+    """The (start, end) of this window in force at ``now`` (open, or opening within ``pre_roll_seconds``), or None.
 
     Raises ValueError for a cron expression or time zone that cannot be read.
     """
@@ -90,14 +94,36 @@ def window_at(schedule: Schedule, now: datetime, pre_roll_seconds: float) -> tup
     return (next_start, end) if end is not None else None
 
 
-def pre_roll_seconds(schedule: Schedule, state: VllmTuningStatus) -> float:
-    """The schedule's pre-roll, or the last measured rollout's duration plus a margin, or 5 minutes."""
-    if schedule.pre_roll is not None:
-        return duration_seconds(schedule.pre_roll)
+def rollout_lead_seconds(state: VllmTuningStatus) -> float:
+    """How long before a moment a rollout must start to be complete by then: the last measured rollout's duration
+    plus a margin, or 5 minutes."""
     took = rollout_seconds(state)
     if took is None:
         return DEFAULT_PRE_ROLL_SECONDS
     return max(took * PRE_ROLL_MARGIN, took + PRE_ROLL_MIN_EXTRA_SECONDS)
+
+
+def pre_roll_seconds(schedule: Schedule, state: VllmTuningStatus) -> float:
+    """The schedule's pre-roll, or the rollout lead."""
+    if schedule.pre_roll is not None:
+        return duration_seconds(schedule.pre_roll)
+    return rollout_lead_seconds(state)
+
+
+def freeze_in_force(
+    freezes: Sequence[TimeWindow], state: VllmTuningStatus, now: datetime
+) -> tuple[TimeWindow, tuple[datetime, datetime] | None] | None:
+    """The first change freeze in force at ``now`` (open, or opening within the rollout lead), with its (start, end);
+    None for its times when it cannot be read: it is in force all the same, since no one can say when it ends."""
+    lead = rollout_lead_seconds(state)
+    for freeze in freezes:
+        try:
+            found = window_at(freeze, now, lead)
+        except ValueError:
+            return freeze, None
+        if found is not None:
+            return freeze, found
+    return None
 
 
 def window_in_force(

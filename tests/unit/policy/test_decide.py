@@ -190,6 +190,46 @@ def test_schedule_preset_is_pre_rolled_without_traffic_data_and_restored_at_the_
     assert after.state.active_schedule is None
 
 
+PEAK = {"name": "peak", "timeZone": "Europe/Berlin", "start": "0 13 * * 1-5", "end": "0 15 * * 1-5"}  # CEST: 11-13 UTC
+
+
+def test_a_change_freeze_holds_traffic_changes_and_recommends_them_until_it_ends():
+    the_spec = spec(rollout={"freezes": [PEAK]})
+    state = warmed(the_spec)
+    held = decide(the_spec, state, long_prompt_window(state, the_spec), T0)  # Wednesday 14:00 in Berlin
+    assert held.hold == HoldReason.FREEZE and held.recommendation == knobs(1024, 1024)
+    assert "change freeze peak until 2024-05-01T13:00:00Z" in held.reason and "ITL p95 190ms" in held.reason
+    assert held.state.last_rollout is None and held.state.recommendation.max_num_batched_tokens == 1024
+    after = T0 + timedelta(hours=1)
+    state = held.state
+    done = decide(the_spec, state, long_prompt_window(state, the_spec, now=after), after)
+    assert done.action == DecisionAction.CHANGE and done.knobs == knobs(1024, 1024), done.reason
+
+
+def test_no_change_starts_so_shortly_before_a_freeze_that_it_would_still_be_rolling_then():
+    state = warmed()
+    # no rollout measured yet: a rollout is taken to need 5 minutes (after one, its time plus a margin, as a
+    # schedule's pre-roll: schedule.rollout_lead_seconds)
+    soon = spec(rollout={"freezes": [{"name": "release", "start": "4 12 * * *", "end": "0 13 * * *"}]})
+    held = decide(soon, state, long_prompt_window(state, soon), T0)
+    assert held.hold == HoldReason.FREEZE
+    assert "opens at 2024-05-01T12:04:00Z, before a rollout started now would finish" in held.reason
+    later = spec(rollout={"freezes": [{"name": "release", "start": "6 12 * * *", "end": "0 13 * * *"}]})
+    assert decide(later, state, long_prompt_window(state, later), T0).action == DecisionAction.CHANGE
+
+
+def test_a_preset_window_opening_in_a_freeze_waits_for_its_end():
+    freeze = {"name": "launch", "timeZone": "Europe/Berlin", "start": "0 21 * * *", "end": "0 23 * * *"}
+    the_spec = spec(schedules=[NIGHT], rollout={"freezes": [freeze]})
+    opens = T0.replace(hour=20)  # 22:00 in Berlin
+    held = decide(the_spec, status(), None, opens)
+    assert held.hold == HoldReason.FREEZE and held.recommendation == knobs(16384, 512)
+    assert "until 2024-05-01T21:00:00Z" in held.reason
+    late = decide(the_spec, held.state, None, opens + timedelta(hours=1))
+    assert late.action == DecisionAction.CHANGE and late.source == KnobSource.SCHEDULE
+    assert late.knobs == knobs(16384, 512)
+
+
 def test_preset_window_waits_for_a_rollout_in_progress():
     the_spec = spec(schedules=[NIGHT])
     state = warmed()
@@ -212,18 +252,18 @@ def test_override_window_runs_the_traffic_policy_inside_its_bounds():
     assert "outside its bounds" in decision.reason
 
 
-def _judged_after(worse, minutes_held, minute_rolled_back):
-    state = warmed()
-    change = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
+def _judged_after(worse, minutes_held, minute_rolled_back, the_spec=SPEC):
+    state = warmed(the_spec)
+    change = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
     done = T0 + timedelta(minutes=4)
     state = succeed(change, done)
     for minutes in minutes_held:
         at = done + timedelta(minutes=minutes, seconds=1)
-        held = decide(SPEC, state, long_prompt_window(state, SPEC, now=at, **worse), at)
+        held = decide(the_spec, state, long_prompt_window(state, the_spec, now=at, **worse), at)
         assert held.action == DecisionAction.HOLD and held.state.last_rollout.verified_at is None, minutes
         state = held.state
     at = done + timedelta(minutes=minute_rolled_back, seconds=1)
-    return decide(SPEC, state, long_prompt_window(state, SPEC, now=at, **worse), at)
+    return decide(the_spec, state, long_prompt_window(state, the_spec, now=at, **worse), at)
 
 
 def test_a_regression_is_rolled_back_once_the_queue_has_drained_for_a_window():
@@ -233,6 +273,14 @@ def test_a_regression_is_rolled_back_once_the_queue_has_drained_for_a_window():
     assert decision.source == KnobSource.ROLLBACK and "regression" in decision.reason
     assert decision.state.last_rollout.to_knobs == knobs(8192, 1024)
     assert len(decision.state.rollout_times) == 2
+
+
+def test_a_regression_is_rolled_back_in_a_change_freeze():
+    # the freeze opens at 12:10 UTC, after the change of 12:00 is complete; the regression is judged at 12:21
+    freeze = {"name": "peak", "start": "10 12 * * *", "end": "0 18 * * *"}
+    the_spec = spec(rollout={"freezes": [freeze]})
+    decision = _judged_after({"itl_within_slo": 0.3, "itl_seconds": 0.3}, (7, 12), 17, the_spec)
+    assert decision.action == DecisionAction.ROLLBACK and decision.knobs == knobs(8192, 1024)
 
 
 def test_a_drop_under_heavier_traffic_is_no_regression():

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vllm_autotuner.api import DecisionAction, FailedConfig, KnobSource, Knobs, LearnedOptimum
+from vllm_autotuner.api import DecisionAction, FailedConfig, KnobSource, Knobs, LearnedOptimum, TimeWindow
 from vllm_autotuner.api.types import duration_seconds, utc_timestamp
 from vllm_autotuner.knobs import startup_errors
 from vllm_autotuner.policy import Observation, decide, rollout_failed, rollout_succeeded
@@ -134,10 +134,22 @@ def test_no_change_ever_leaves_the_bounds_breaks_a_rule_or_retries_a_failure(set
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(setup=setups(), data=st.data(), rollout_minutes=st.integers(1, 12), fail_every=st.integers(2, 5))
-def test_a_day_of_random_traffic_respects_cooldown_budget_and_failures(setup, data, rollout_minutes, fail_every):
-    """Evaluate every 2 minutes for a day; rollouts take a while and some fail. Check every rule on the way."""
+@given(setup=setups(), data=st.data(), rollout_minutes=st.integers(1, 12), fail_every=st.integers(2, 5),
+       frozen_hours=st.sampled_from([None, (9, 17), (22, 2)]))
+def test_a_day_of_random_traffic_respects_cooldown_budget_and_failures(
+        setup, data, rollout_minutes, fail_every, frozen_hours):
+    """Evaluate every 2 minutes for a day; rollouts take a while and some fail; there may be a change freeze (UTC
+    hours). Check every rule on the way."""
     the_spec, state = setup
+    if frozen_hours is not None:
+        freeze = TimeWindow(name="f", start=f"0 {frozen_hours[0]} * * *", end=f"0 {frozen_hours[1]} * * *")
+        the_spec = the_spec.model_copy(update={"rollout": the_spec.rollout.model_copy(update={"freezes": [freeze]})})
+
+    def in_freeze(moment: datetime) -> bool:
+        if frozen_hours is None:
+            return False
+        start, end = frozen_hours
+        return start <= moment.hour < end if start < end else moment.hour >= start or moment.hour < end
     # the long-prompt window breaches ITL at large budgets, so the policy has reasons to move
     templates = [
         long_prompt_window(state, the_spec),
@@ -167,6 +179,7 @@ def test_a_day_of_random_traffic_respects_cooldown_budget_and_failures(setup, da
         if decision.changes:
             changes += 1
             assert decision.knobs not in failed
+            assert decision.source == KnobSource.ROLLBACK or not in_freeze(now), decision.reason
             check(decision, the_spec, state, {m.knobs for m in state.measurements})
             if decision.source == KnobSource.TRAFFIC and finished is not None:
                 assert now - finished >= cooldown

@@ -98,9 +98,10 @@ What it does
    ``REVERTED_ADVICE`` says what to do); at most ``maxStepFactor`` per
    step into unmeasured territory; cooldown; a daily rollout budget that keeps
    room for the day's schedule windows; no change in a change freeze, nor
-   in the rollout lead before one (``schedule.freeze_in_force``); a regime, and its length mix, must last
-   one window; no traffic change before the last one is judged (and rolled
-   back if it made things measurably worse once the restart's queue drained,
+   in the rollout lead before one (``schedule.freeze_in_force``); a regime,
+   and its length mix, must last one window; no traffic change before the
+   last one is judged (and rolled back if it made things measurably worse
+   once the restart's queue drained,
    under no more traffic than before it); an expected
    gain, net of the restarts' cost (measured, but never below the estimate
    from the load the other pods must carry now) over the regime's expected

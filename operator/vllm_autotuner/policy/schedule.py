@@ -74,23 +74,23 @@ def _following(expr: str, zone_name: str, moment: datetime) -> datetime | None:
         return None
 
 
-def window_at(schedule: TimeWindow, now: datetime, pre_roll_seconds: float) -> tuple[datetime, datetime] | None:
+def window_at(window: TimeWindow, now: datetime, pre_roll_seconds: float) -> tuple[datetime, datetime] | None:
     """The (start, end) of this window in force at ``now`` (open, or opening within ``pre_roll_seconds``), or None.
 
     Raises ValueError for a cron expression or time zone that cannot be read.
     """
-    parse_cron(schedule.start)
-    parse_cron(schedule.end)
-    zone = schedule.time_zone
-    last_start = _previous(schedule.start, zone, now)
-    last_end = _previous(schedule.end, zone, now)
+    parse_cron(window.start)
+    parse_cron(window.end)
+    zone = window.time_zone
+    last_start = _previous(window.start, zone, now)
+    last_end = _previous(window.end, zone, now)
     if last_start is not None and (last_end is None or last_start > last_end):
-        end = _following(schedule.end, zone, last_start)
+        end = _following(window.end, zone, last_start)
         return (last_start, end) if end is not None else None
-    next_start = _following(schedule.start, zone, now)
+    next_start = _following(window.start, zone, now)
     if next_start is None or (next_start - now).total_seconds() > pre_roll_seconds:
         return None
-    end = _following(schedule.end, zone, next_start)
+    end = _following(window.end, zone, next_start)
     return (next_start, end) if end is not None else None
 
 

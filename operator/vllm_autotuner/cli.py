@@ -32,7 +32,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from vllm_autotuner.controller.reconcile import OperatorSettings
 
     options = RunOptions(
-        settings=OperatorSettings(prometheus_url=args.prometheus_url, naive_queries=args.naive_queries),
+        settings=OperatorSettings(prometheus_url=args.prometheus_url, naive_queries=args.naive_queries,
+                                  max_concurrent_rollouts=args.max_concurrent_rollouts),
         namespaces=tuple(args.namespace or _env_list("WATCH_NAMESPACES")),
         http_host=args.http_host,
         http_port=args.http_port,
@@ -58,6 +59,13 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
     return 0 if report.decision is not None else 1
 
 
+def _non_negative(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {number}")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-autotuner",
@@ -79,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"),
                      help="namespace of the leader Lease (env POD_NAMESPACE)")
     run.add_argument("--lease-name", default="vllm-autotuner", help="name of the leader Lease")
+    run.add_argument("--max-concurrent-rollouts", type=_non_negative, default=0, metavar="N",
+                     help="at most N of the operator's rollouts in progress at once, across all VllmTunings "
+                          "(rollbacks excepted): changes wait for a slot; 0 (default) means no limit")
     run.add_argument("--log-format", choices=["json", "text"], default="json", help="log line format")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--naive-queries", action="store_true",

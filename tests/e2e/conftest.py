@@ -109,8 +109,9 @@ class Operators:
         self.workdir = workdir
         self.started: list[OperatorProcess] = []
 
-    def start(self, name: str = "operator", prometheus_url: str | None = None) -> OperatorProcess:
-        """Run ``vllm-autotuner run`` for the test's namespace and return once it serves /healthz.
+    def start(self, name: str = "operator", prometheus_url: str | None = None, *flags: str) -> OperatorProcess:
+        """Run ``vllm-autotuner run`` for the test's namespace (with ``flags`` added) and return once it serves
+        /healthz.
 
         It may still be waiting for the leader Lease then; a standby is healthy too.
         """
@@ -119,7 +120,7 @@ class Operators:
         env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig))
         args = [sys.executable, "-m", "vllm_autotuner.cli", "run",
                 f"--prometheus-url={prometheus_url or self.prometheus_url}", f"--namespace={self.namespace}",
-                "--http-host=127.0.0.1", f"--http-port={port}", f"--lease-namespace={self.namespace}"]
+                "--http-host=127.0.0.1", f"--http-port={port}", f"--lease-namespace={self.namespace}", *flags]
         with log.open("wb") as out:
             process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
         operator = OperatorProcess(name, port, log, process)

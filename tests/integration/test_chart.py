@@ -42,8 +42,9 @@ def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> No
     (("--set", "rbac.secrets[0].names={token}"), "missing property 'namespace'"),
     (("--set", "rbac.secrets[0].namespace=team-a"), "missing property 'names'"),
     (("--set", "image.pullPolicy=Sometimes"), "at '/image/pullPolicy'"),
+    (("--set", "maxConcurrentRollouts=-1"), "at '/maxConcurrentRollouts': minimum"),
 ], ids=["replicas-string", "log-format", "unknown-key", "two-leaders", "url", "namespace-name", "secret-grant",
-        "secret-grant-without-names", "pull-policy"])
+        "secret-grant-without-names", "pull-policy", "negative-rollout-limit"])
 def test_bad_values_are_rejected_by_the_schema(helm: Helm, values: tuple[str, ...], complaint: str) -> None:
     result = helm("template", "x", str(CHART), *values, check=False)
     assert result.returncode != 0

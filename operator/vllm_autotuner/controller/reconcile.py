@@ -102,6 +102,7 @@ class OperatorSettings:
 
     prometheus_url: str | None = None
     naive_queries: bool = False  # one query per family per tuning: the scale benchmark's baseline
+    max_concurrent_rollouts: int = 0  # rollouts of ours in progress at once across tunings; 0: no limit
 
 
 def pod_prefix(replicaset: str) -> str:
@@ -209,6 +210,8 @@ class Reconciler:
         self.metrics = metrics
         self.settings = settings
         self._hardware_by_uid: dict[str, Hardware] = {}  # GPU facts per Deployment, looked up once
+        self._rolling: dict[Key, bool] = {}  # whether our rollout is in progress, per tuning evaluated here
+        self._slots = asyncio.Lock()  # counting the rollouts in progress and starting one is one step
 
     async def _call(self, fn, *args):  # noqa: ANN001, ANN202 - thin wrapper over blocking client calls
         return await asyncio.to_thread(fn, *args)
@@ -268,7 +271,7 @@ class Reconciler:
                                 f"Deployment {namespace}/{name} is paused: no rollout can run, so nothing is changed; "
                                 f"`kubectl rollout resume deployment/{name} -n {namespace}` to go on tuning")
         rolling = rollout_in_progress(target.deployment)
-        ours = report.state.last_rollout is not None and report.state.last_rollout.phase == RolloutPhase.IN_PROGRESS
+        ours = _rolling_out(report.state)
         observation = await self._observe(namespace, spec, target, report, rolling, ours)
         if observation is None and rolling:
             # no window (a rollout leaves partial series; Prometheus may be down), but the Deployment says
@@ -281,22 +284,42 @@ class Reconciler:
                          f"ones, so a new pod needs no spare GPU: changes need not wait the cooldown after the rollout "
                          f"that could not start its pods")
         before = report.state = seen
-        decision = decide(spec, before, observation, report.now)
-        report.decision = decision
-        self._count(report, decision)
-        report.state = decision.state
-        self._reverted_condition(report)
-        if decision.hold in _NO_METRICS and observation is not None:
-            report.condition(ConditionType.METRICS_AVAILABLE, False, decision.hold, decision.reason)
-        if decision.hold == HoldReason.RECOMMEND_ONLY and decision.recommendation is not None and (
-                before.recommendation is None or _knobs(before.recommendation) != decision.recommendation):
-            report.event(events.RECOMMENDATION, decision.reason)  # once per new recommendation, not per evaluation
-        if decision.changes and (spec.mode == Mode.AUTO or decision.action == DecisionAction.ROLLBACK):
-            # the policy never changes outside Auto; the mode check is a second lock on the door
-            await self._patch(target, decision, report, before, during_rollout=False)
+        key = (namespace, report.name)
+        async with self._slots:
+            decision = decide(spec, before, observation, report.now, others_rolling_out=self._rolling_elsewhere(key),
+                              max_concurrent_rollouts=self.settings.max_concurrent_rollouts)
+            report.decision = decision
+            self._count(report, decision)
+            report.state = decision.state
+            self._reverted_condition(report)
+            if decision.hold in _NO_METRICS and observation is not None:
+                report.condition(ConditionType.METRICS_AVAILABLE, False, decision.hold, decision.reason)
+            if decision.hold == HoldReason.RECOMMEND_ONLY and decision.recommendation is not None and (
+                    before.recommendation is None or _knobs(before.recommendation) != decision.recommendation):
+                report.event(events.RECOMMENDATION, decision.reason)  # once per new recommendation, not per evaluation
+            if decision.changes and (spec.mode == Mode.AUTO or decision.action == DecisionAction.ROLLBACK):
+                # the policy never changes outside Auto; the mode check is a second lock on the door
+                await self._patch(target, decision, report, before, during_rollout=False)
+            self._rolling[key] = _rolling_out(report.state)
         ready_reason = {Mode.AUTO: "Tuning", Mode.RECOMMEND: "Recommending", Mode.PAUSED: "Paused"}[spec.mode]
         report.condition(ConditionType.READY, True, ready_reason, f"{decision.action}: {decision.reason}")
         self._progress_condition(report)
+
+    def _rolling_elsewhere(self, key: Key) -> int:
+        """Rollouts of ours in progress for tunings other than ``key``, counted only under a limit: as this process
+        last left them, or, for a tuning it has not evaluated yet (just started, or took over as leader), as its
+        status says (read raw: this runs for every tuning at each evaluation)."""
+        if not self.settings.max_concurrent_rollouts:
+            return 0
+        count = 0
+        for other, body in self.cache.tunings.items():
+            if other != key:
+                known = self._rolling.get(other)
+                if known is None:
+                    last = (body.get("status") or {}).get("lastRollout") or {}
+                    known = last.get("phase") == RolloutPhase.IN_PROGRESS
+                count += known
+        return count
 
     # --- target ----------------------------------------------------------------------------------
 
@@ -645,6 +668,7 @@ class Reconciler:
         status = state.model_dump(by_alias=True, mode="json")
         if not write:
             return
+        self._rolling[(namespace, name)] = _rolling_out(state)  # also after evaluations that stopped before deciding
         for reason, message, type_ in report.events + report.target_events:
             # what the Events say goes to the log too: the one record that outlives their TTL
             log.log(logging.WARNING if type_ == events.WARNING else logging.INFO, "%s: %s", reason, message,
@@ -677,6 +701,11 @@ def _reaches_into_rollout(state: VllmTuningStatus, now: datetime, window_seconds
     if last is None or last.phase != RolloutPhase.SUCCEEDED or last.finished_at is None:
         return False
     return datetime.fromisoformat(last.finished_at) > now - timedelta(seconds=window_seconds)
+
+
+def _rolling_out(state: VllmTuningStatus) -> bool:
+    """Whether the status has our rollout in progress (pods restarting; an Unverified one restarts none)."""
+    return state.last_rollout is not None and state.last_rollout.phase == RolloutPhase.IN_PROGRESS
 
 
 def _knobs(recommendation: Recommendation) -> Knobs:

@@ -7,7 +7,7 @@ the benchmark proves is what the operator does.
 Stable API
 ==========
 
-``decide(spec, state, observation, now) -> Decision``
+``decide(spec, state, observation, now, *, others_rolling_out=0, max_concurrent_rollouts=0) -> Decision``
     One evaluation. ``spec`` is the ``VllmTuningSpec``; ``state`` the
     ``VllmTuningStatus`` as persisted (after ``adopt_generation``);
     ``observation`` the window Prometheus gave (``None`` when it gave
@@ -18,7 +18,10 @@ Stable API
     persist. In Auto mode a Change's state already records the rollout as
     in progress: patch the Deployment, then write the state (if the patch
     fails, drop it). Recommend mode never returns a Change: it holds with
-    the recommendation. Paused holds.
+    the recommendation. Paused holds. The keywords carry the one fact from
+    outside the tuning: with ``others_rolling_out`` rollouts of other
+    tunings in progress, at the operator's ``max_concurrent_rollouts``
+    (0: no limit), a change holds (``RolloutSlots``); a rollback does not.
 
 ``Observation``
     One window of metrics for the target's current pods; any number may be

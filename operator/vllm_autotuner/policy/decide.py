@@ -86,6 +86,8 @@ class Settings:
     slo: SLO
     bounds: Bounds
     warnings: tuple[str, ...]
+    no_slot: str | None = None
+    """Why no rollout may start now for reasons outside this tuning (the operator's limit of rollouts at once)."""
 
     @property
     def preset(self) -> Knobs | None:
@@ -319,7 +321,9 @@ def _apply(
     every change while the knobs are a person's (schedules respect them
     too) or after a rollout that could not start its pods. In Auto, no
     change starts in a change freeze or so shortly before one that it would
-    still be rolling then (``schedule.freeze_in_force``). A traffic
+    still be rolling then (``schedule.freeze_in_force``), nor while the
+    operator's limit of rollouts at once is reached (``Settings.no_slot``).
+    A traffic
     change also leaves in the day's budget the rollouts the schedule
     windows will need and room for its own rollback (``rollback_room``); a
     schedule change needs one rollout left, the traffic policy having kept
@@ -370,6 +374,9 @@ def _apply(
                     f"{utc_timestamp(times[1])}")
         reason = f"change freeze {freeze.name} {when}: {change.knobs} waits ({change.reason})"
         return _hold(state, now, HoldReason.FREEZE, reason, settings, change.knobs, change.gain)
+    if settings.no_slot is not None:
+        reason = f"waiting for a rollout slot, {settings.no_slot}: {change.knobs} waits ({change.reason})"
+        return _hold(state, now, HoldReason.NO_SLOT, reason, settings, change.knobs, change.gain)
     if change.source == KnobSource.TRAFFIC:
         state = _abandon(state, change.regime, state.current.knobs)
     base = change.baseline
@@ -635,14 +642,27 @@ def _verify(
     return regression_measured(state, now, reason)
 
 
-def decide(spec: VllmTuningSpec, state: VllmTuningStatus, observation: Observation | None, now: datetime) -> Decision:
+def decide(
+    spec: VllmTuningSpec,
+    state: VllmTuningStatus,
+    observation: Observation | None,
+    now: datetime,
+    *,
+    others_rolling_out: int = 0,
+    max_concurrent_rollouts: int = 0,
+) -> Decision:
     """Hold or change: one evaluation of the policy. Pure: the same arguments give the same Decision.
 
     ``state`` is the VllmTuning's status (``observed_generation`` set to the
     spec's generation, see ``adopt_generation``); ``now`` must be
-    timezone-aware.
+    timezone-aware. ``others_rolling_out`` rollouts of other tunings are in
+    progress; at ``max_concurrent_rollouts`` of them (0: no limit) no change
+    starts, but a rollback does.
     """
     settings = settings_at(spec, state, now)
+    if max_concurrent_rollouts and others_rolling_out >= max_concurrent_rollouts:
+        settings = replace(settings, no_slot=f"{others_rolling_out} rollouts of other tunings in progress, the "
+                                             f"operator's limit (--max-concurrent-rollouts {max_concurrent_rollouts})")
     window = settings.window
     state = state.model_copy(
         update={

@@ -141,6 +141,7 @@ class HoldReason(StrEnum):
     DWELL = "RegimeTooYoung"
     SCHEDULE = "SchedulePreset"
     FREEZE = "ChangeFreeze"
+    NO_SLOT = "RolloutSlots"
 
 
 def stale_after(spec: VllmTuningSpec) -> float:

@@ -252,7 +252,7 @@ def test_override_window_runs_the_traffic_policy_inside_its_bounds():
     assert "outside its bounds" in decision.reason
 
 
-def _judged_after(worse, minutes_held, minute_rolled_back, the_spec=SPEC):
+def _judged_after(worse, minutes_held, minute_rolled_back, the_spec=SPEC, **slots):
     state = warmed(the_spec)
     change = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
     done = T0 + timedelta(minutes=4)
@@ -263,7 +263,7 @@ def _judged_after(worse, minutes_held, minute_rolled_back, the_spec=SPEC):
         assert held.action == DecisionAction.HOLD and held.state.last_rollout.verified_at is None, minutes
         state = held.state
     at = done + timedelta(minutes=minute_rolled_back, seconds=1)
-    return decide(the_spec, state, long_prompt_window(state, the_spec, now=at, **worse), at)
+    return decide(the_spec, state, long_prompt_window(state, the_spec, now=at, **worse), at, **slots)
 
 
 def test_a_regression_is_rolled_back_once_the_queue_has_drained_for_a_window():
@@ -281,6 +281,20 @@ def test_a_regression_is_rolled_back_in_a_change_freeze():
     the_spec = spec(rollout={"freezes": [freeze]})
     decision = _judged_after({"itl_within_slo": 0.3, "itl_seconds": 0.3}, (7, 12), 17, the_spec)
     assert decision.action == DecisionAction.ROLLBACK and decision.knobs == knobs(8192, 1024)
+
+
+def test_a_change_waits_for_a_rollout_slot_and_a_rollback_does_not():
+    state = warmed()
+    window = long_prompt_window(state, SPEC)
+    full = decide(SPEC, state, window, T0, others_rolling_out=2, max_concurrent_rollouts=2)
+    assert full.hold == HoldReason.NO_SLOT and full.recommendation == knobs(1024, 1024)
+    assert "waiting for a rollout slot, 2 rollouts of other tunings in progress" in full.reason
+    assert full.state.last_rollout is None
+    for free in ({"others_rolling_out": 1, "max_concurrent_rollouts": 2}, {"others_rolling_out": 5}):
+        assert decide(SPEC, state, window, T0, **free).action == DecisionAction.CHANGE, free
+    rollback = _judged_after({"itl_within_slo": 0.3, "itl_seconds": 0.3}, (7, 12), 17, others_rolling_out=1,
+                             max_concurrent_rollouts=1)
+    assert rollback.action == DecisionAction.ROLLBACK
 
 
 def test_a_drop_under_heavier_traffic_is_no_regression():

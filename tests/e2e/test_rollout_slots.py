@@ -1,0 +1,49 @@
+"""The operator's limit of rollouts at once: a change waits for a slot.
+
+Every change is a rolling restart, and under Kubernetes' default strategy
+each starts a surge pod that needs a spare GPU. Changes of many tunings
+that fall due together (two schedule windows opening, a change freeze
+ending) would all surge at once. With ``--max-concurrent-rollouts 1`` the
+second tuning's change holds (reason RolloutSlots) until the first rollout
+is complete, then runs.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from tests.e2e.conftest import Operators
+from tests.e2e.world import World, knob_args, open_window, tuning_spec
+from tests.support import H100, Cluster, NotYet, wait_for
+
+from vllm_autotuner.sim import localenv
+
+pytestmark = pytest.mark.e2e
+
+BEFORE, PRESET = (2048, 64), (8192, 128)
+
+
+def test_with_one_rollout_slot_the_second_tunings_change_waits_for_the_first_rollout(
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators) -> None:
+    worlds = [World(cluster_with_crd, namespace, name) for name in ("first", "second")]
+    window = open_window("Europe/Berlin", {"maxNumBatchedTokens": PRESET[0], "maxNumSeqs": PRESET[1]})
+    for world in worlds:
+        world.create_deployment(H100, knob_args(*BEFORE), replicas=1)  # two of the four H100s: two spare
+        world.create_tuning(tuning_spec(world.name, schedules=[window]))  # both want the preset at once
+    operator = operators.start("operator", None, "--max-concurrent-rollouts=1")
+    for world in worlds:
+        world.wait_rolled_out(knob_args(*PRESET), 120)
+
+
+    def judged() -> list[dict] | NotYet:
+        found = [w.status().get("lastRollout") or {} for w in worlds]
+        return found if all(r.get("phase") == "Succeeded" for r in found) else NotYet(f"rollouts {found}")
+
+    first, second = sorted(wait_for(judged, 30, "both rollouts judged a success"), key=lambda r: r["startedAt"])
+    rollouts = [first, second]
+    assert datetime.fromisoformat(second["startedAt"]) >= datetime.fromisoformat(first["finishedAt"]), rollouts
+    waited = next(w for w in worlds if w.status()["lastRollout"] == second)
+    assert any("waiting for a rollout slot, 1 rollouts of other tunings in progress" in h["reason"]
+               for h in waited.history()), waited.history()
+    assert operator.metric("vllm_autotuner_decisions_total", reason="RolloutSlots") >= 1

@@ -71,6 +71,7 @@ from vllm_autotuner.policy import (
     rollout_progressed,
     rollout_succeeded,
     rollout_unverified,
+    rolling_out,
     strategy_seen,
 )
 from vllm_autotuner.policy.decision import with_rollout
@@ -271,7 +272,7 @@ class Reconciler:
                                 f"Deployment {namespace}/{name} is paused: no rollout can run, so nothing is changed; "
                                 f"`kubectl rollout resume deployment/{name} -n {namespace}` to go on tuning")
         rolling = rollout_in_progress(target.deployment)
-        ours = _rolling_out(report.state)
+        ours = rolling_out(report.state)
         observation = await self._observe(namespace, spec, target, report, rolling, ours)
         if observation is None and rolling:
             # no window (a rollout leaves partial series; Prometheus may be down), but the Deployment says
@@ -300,7 +301,7 @@ class Reconciler:
             if decision.changes and (spec.mode == Mode.AUTO or decision.action == DecisionAction.ROLLBACK):
                 # the policy never changes outside Auto; the mode check is a second lock on the door
                 await self._patch(target, decision, report, before, during_rollout=False)
-            self._rolling[key] = _rolling_out(report.state)
+            self._rolling[key] = rolling_out(report.state)
         ready_reason = {Mode.AUTO: "Tuning", Mode.RECOMMEND: "Recommending", Mode.PAUSED: "Paused"}[spec.mode]
         report.condition(ConditionType.READY, True, ready_reason, f"{decision.action}: {decision.reason}")
         self._progress_condition(report)
@@ -434,7 +435,7 @@ class Reconciler:
                 report.state = self._with_generation(decision.state, target.deployment)
                 report.condition(ConditionType.DEGRADED, True, "RolloutFailed", f"{rollout.to_knobs} failed: {reason}")
                 return
-            if written and not (rollout is not None and rollout.phase == RolloutPhase.IN_PROGRESS):
+            if written and not rolling_out(state):
                 # our patch landed but its status write did not (operator restarted in between; an unverified
                 # rollout does not stop the next write); our annotations with an older time are a person's
                 # `kubectl rollout undo`, adopted as Manual below
@@ -668,7 +669,7 @@ class Reconciler:
         status = state.model_dump(by_alias=True, mode="json")
         if not write:
             return
-        self._rolling[(namespace, name)] = _rolling_out(state)  # also after evaluations that stopped before deciding
+        self._rolling[(namespace, name)] = rolling_out(state)  # also after evaluations that stopped before deciding
         for reason, message, type_ in report.events + report.target_events:
             # what the Events say goes to the log too: the one record that outlives their TTL
             log.log(logging.WARNING if type_ == events.WARNING else logging.INFO, "%s: %s", reason, message,
@@ -701,11 +702,6 @@ def _reaches_into_rollout(state: VllmTuningStatus, now: datetime, window_seconds
     if last is None or last.phase != RolloutPhase.SUCCEEDED or last.finished_at is None:
         return False
     return datetime.fromisoformat(last.finished_at) > now - timedelta(seconds=window_seconds)
-
-
-def _rolling_out(state: VllmTuningStatus) -> bool:
-    """Whether the status has our rollout in progress (pods restarting; an Unverified one restarts none)."""
-    return state.last_rollout is not None and state.last_rollout.phase == RolloutPhase.IN_PROGRESS
 
 
 def _knobs(recommendation: Recommendation) -> Knobs:

@@ -63,6 +63,7 @@ Rollout lifecycle (the operator calls these when the Deployment tells it):
     ``rollout_blocked(state, now, message) -> Decision`` no new pod started
     vLLM by the deadline (no free GPU, an image not pulled, a quota):
     nothing is blamed, and the Decision rolls back;
+    ``rolling_out(state)`` our last rollout is in progress by the status;
     ``strategy_seen(state, unavailable)`` the pods a rollout now stops at
     once, recorded before each decision: more than before, after a blocked
     rollout, ends the cooldown the block began (a strategy that no longer
@@ -131,7 +132,7 @@ from vllm_autotuner.policy.lifecycle import (
     strategy_seen,
 )
 from vllm_autotuner.policy.guardrails import changes_reverted
-from vllm_autotuner.policy.observation import HoldReason, Observation, hold_reason
+from vllm_autotuner.policy.observation import HoldReason, Observation, hold_reason, rolling_out
 
 __all__ = [
     "decide",
@@ -149,6 +150,7 @@ __all__ = [
     "rollout_failed",
     "rollout_blocked",
     "strategy_seen",
+    "rolling_out",
     "regression_measured",
     "manual_change_detected",
     "last_known_change",

@@ -15,10 +15,7 @@ from vllm_autotuner.api import CurrentKnobs, DecisionAction, FailedConfig, Knobs
 from vllm_autotuner.api.status import FAILED_LIMIT, REVERT_LIMIT, RolloutPhase
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.policy.decision import Decision, with_history, with_rollout
-
-
-def _in_progress(state: VllmTuningStatus) -> bool:
-    return state.last_rollout is not None and state.last_rollout.phase == RolloutPhase.IN_PROGRESS
+from vllm_autotuner.policy.observation import rolling_out
 
 
 def awaiting_verdict(state: VllmTuningStatus) -> bool:
@@ -64,7 +61,7 @@ def rollout_unverified(state: VllmTuningStatus, now: datetime) -> VllmTuningStat
     serve while a scale-up starts them is no restart's cost, and no evidence
     of a regression.
     """
-    if not _in_progress(state) or state.current is None:
+    if not rolling_out(state) or state.current is None:
         return state
     assert state.last_rollout is not None
     rollout = state.last_rollout.model_copy(update={

@@ -149,10 +149,14 @@ def stale_after(spec: VllmTuningSpec) -> float:
     return max(3 * duration_seconds(spec.traffic.evaluation_interval), 90.0)
 
 
+def rolling_out(state: VllmTuningStatus) -> bool:
+    """Whether our last rollout is in progress by the status: pods restarting (an Unverified one restarts none)."""
+    return state.last_rollout is not None and state.last_rollout.phase == RolloutPhase.IN_PROGRESS
+
+
 def rollout_active(state: VllmTuningStatus, observation: Observation | None) -> bool:
     """Whether a rollout (ours, by the status, or anyone's, by the Deployment) is under way."""
-    ours = state.last_rollout is not None and state.last_rollout.phase == RolloutPhase.IN_PROGRESS
-    return ours or (observation is not None and observation.rollout_in_progress)
+    return rolling_out(state) or (observation is not None and observation.rollout_in_progress)
 
 
 def hold_reason(

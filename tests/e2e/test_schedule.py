@@ -94,6 +94,8 @@ def test_a_change_freeze_holds_the_windows_preset_until_it_is_lifted(
     status = wait_for(held, 60, "a hold for the change freeze")
     assert knobs_of(world.template_args()) == BEFORE and status.get("lastRollout") is None
     assert {k: status["recommendation"][k] for k in preset} == preset  # what it would do, shown meanwhile
+    header, row = cluster_with_crd.kubectl("get", "vlt", world.name, "-n", namespace).stdout.splitlines()
+    assert row.split()[header.split().index("HOLDING")] == "ChangeFreeze", (header, row)  # in `kubectl get` too
     # lifted (a merge patch replaces the list): the window's preset rolls out
     world.patch_tuning({"rollout": {"freezes": []}})
     world.wait_rolled_out(knob_args(*PRESET), 90)

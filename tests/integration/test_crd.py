@@ -186,12 +186,17 @@ def test_kubectl_get_shows_the_printer_columns(cluster_with_crd: Cluster, namesp
         "current": {"maxNumBatchedTokens": 4096, "maxNumSeqs": 256, "since": now, "source": "Traffic"},
         "activeSchedule": "night",
         "conditions": [{"type": "Ready", "status": "True", "reason": "Tuning", "lastTransitionTime": now}],
+        "history": [
+            {"time": now, "action": "Hold", "maxNumBatchedTokens": 4096, "maxNumSeqs": 256, "reason": "frozen",
+             "hold": "ChangeFreeze"},
+            {"time": now, "action": "Change", "maxNumBatchedTokens": 4096, "maxNumSeqs": 256, "reason": "traffic"},
+        ],
     }}
     cluster_with_crd.kubectl("patch", "vlt", "chat", "-n", namespace, "--subresource=status", "--type=merge",
                              "-p", json.dumps(status))
     header, row = cluster_with_crd.kubectl("get", "vlt", "-n", namespace).stdout.splitlines()
-    assert header.split() == ["NAME", "TARGET", "MODE", "TOKENS", "SEQS", "SCHEDULE", "READY", "AGE"]
-    assert row.split()[:7] == ["chat", "llama", "Recommend", "4096", "256", "night", "True"]
+    assert header.split() == ["NAME", "TARGET", "MODE", "TOKENS", "SEQS", "SCHEDULE", "READY", "HOLDING", "AGE"]
+    assert row.split()[:8] == ["chat", "llama", "Recommend", "4096", "256", "night", "True", "ChangeFreeze"]
 
 
 def test_kubectl_explain_shows_the_descriptions(cluster_with_crd: Cluster) -> None:

@@ -47,6 +47,7 @@ def test_crd_identity_subresource_and_columns():
         "Seqs",
         "Schedule",
         "Ready",
+        "Holding",
         "Age",
     ]
 

@@ -47,6 +47,12 @@ PRINTER_COLUMNS = [
         "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
         "description": "Ready condition",
     },
+    {
+        "name": "Holding",
+        "type": "string",
+        "jsonPath": ".status.history[0].hold",
+        "description": "Why the last decision held (Cooldown, ChangeFreeze, RolloutSlots, ...); empty after a change",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -227,6 +227,8 @@ class DecisionRecord(StatusModel):
     """max-num-seqs decided on (the current one for Hold)."""
     reason: str
     """Why, in words."""
+    hold: str | None = Field(default=None, max_length=64)
+    """For Hold: why, in one word, as in the decisions_total metric (Cooldown, ChangeFreeze, RolloutSlots, ...)."""
 
 
 class LearnedOptimum(StatusModel):

@@ -271,7 +271,7 @@ def _hold(
     gain: float | None = None,
 ) -> Decision:
     knobs = state.current.knobs if state.current else None
-    state = with_history(state, now, DecisionAction.HOLD, knobs, reason)
+    state = with_history(state, now, DecisionAction.HOLD, knobs, reason, hold)
     if recommendation is not None:
         state = state.model_copy(update={"recommendation": _recommendation(recommendation, reason, gain, now)})
     return Decision(

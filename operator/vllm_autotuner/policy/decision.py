@@ -48,9 +48,14 @@ class Decision:
 
 
 def with_history(
-    state: VllmTuningStatus, now: datetime, action: DecisionAction, knobs: Knobs | None, reason: str
+    state: VllmTuningStatus,
+    now: datetime,
+    action: DecisionAction,
+    knobs: Knobs | None,
+    reason: str,
+    hold: HoldReason | None = None,
 ) -> VllmTuningStatus:
-    """The status with this decision in its history, newest first.
+    """The status with this decision in its history, newest first (``hold``: a Hold's reason word).
 
     Consecutive holds share one entry, the latest, so the bounded history
     shows the changes and what the policy is waiting for now.
@@ -64,6 +69,7 @@ def with_history(
         max_num_batched_tokens=knobs.max_num_batched_tokens,
         max_num_seqs=knobs.max_num_seqs,
         reason=reason,
+        hold=hold,
     )
     if action == DecisionAction.HOLD and history and history[0].action == DecisionAction.HOLD:
         history[0] = record

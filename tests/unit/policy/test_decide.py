@@ -198,6 +198,7 @@ def test_a_change_freeze_holds_traffic_changes_and_recommends_them_until_it_ends
     state = warmed(the_spec)
     held = decide(the_spec, state, long_prompt_window(state, the_spec), T0)  # Wednesday 14:00 in Berlin
     assert held.hold == HoldReason.FREEZE and held.recommendation == knobs(1024, 1024)
+    assert held.state.history[0].hold == "ChangeFreeze"
     assert "change freeze peak until 2024-05-01T13:00:00Z" in held.reason and "ITL p95 190ms" in held.reason
     assert held.state.last_rollout is None and held.state.recommendation.max_num_batched_tokens == 1024
     after = T0 + timedelta(hours=1)

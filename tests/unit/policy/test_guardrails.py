@@ -131,6 +131,7 @@ def test_no_change_ever_leaves_the_bounds_breaks_a_rule_or_retries_a_failure(set
         check(decision, the_spec, state, measured)
     else:
         assert decision.hold is not None
+        assert decision.knobs is None or decision.state.history[0].hold == decision.hold  # `kubectl get` shows it
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

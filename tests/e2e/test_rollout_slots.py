@@ -44,6 +44,6 @@ def test_with_one_rollout_slot_the_second_tunings_change_waits_for_the_first_rol
     rollouts = [first, second]
     assert datetime.fromisoformat(second["startedAt"]) >= datetime.fromisoformat(first["finishedAt"]), rollouts
     waited = next(w for w in worlds if w.status()["lastRollout"] == second)
-    assert any("waiting for a rollout slot, 1 rollouts of other tunings in progress" in h["reason"]
+    assert any("waiting for a rollout slot, other tunings hold 1 rollout slots" in h["reason"]
                for h in waited.history()), waited.history()
     assert operator.metric("vllm_autotuner_decisions_total", reason="RolloutSlots") >= 1

@@ -52,6 +52,7 @@ class Evaluator:
             if key not in self.cache.tunings:
                 del self.due[key]
                 self.metrics.forget(*key)
+                self.reconciler.slots.forget(key)
         for key in self.cache.tunings:
             self.due.setdefault(key, math.floor(now))  # a new tuning is evaluated at once
         self.metrics.tunings.set(len(self.cache.tunings))

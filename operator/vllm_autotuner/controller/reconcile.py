@@ -84,6 +84,7 @@ from vllm_autotuner.rollout.progress import (
     rollout_state,
     unavailable_at_once,
 )
+from vllm_autotuner.rollout.slots import RolloutSlots
 
 log = logging.getLogger(__name__)
 
@@ -211,8 +212,8 @@ class Reconciler:
         self.metrics = metrics
         self.settings = settings
         self._hardware_by_uid: dict[str, Hardware] = {}  # GPU facts per Deployment, looked up once
-        self._rolling: dict[Key, bool] = {}  # whether our rollout is in progress, per tuning evaluated here
-        self._slots = asyncio.Lock()  # counting the rollouts in progress and starting one is one step
+        self.slots = RolloutSlots(settings.max_concurrent_rollouts)
+        self._slot_lock = asyncio.Lock()  # counting the slots taken and taking one is one step
 
     async def _call(self, fn, *args):  # noqa: ANN001, ANN202 - thin wrapper over blocking client calls
         return await asyncio.to_thread(fn, *args)
@@ -286,9 +287,10 @@ class Reconciler:
                          f"that could not start its pods")
         before = report.state = seen
         key = (namespace, report.name)
-        async with self._slots:
-            decision = decide(spec, before, observation, report.now, others_rolling_out=self._rolling_elsewhere(key),
-                              max_concurrent_rollouts=self.settings.max_concurrent_rollouts)
+        async with self._slot_lock:
+            decision = decide(spec, before, observation, report.now,
+                              others_rolling_out=self.slots.taken(key, self.cache.tunings),
+                              max_concurrent_rollouts=self.slots.limit)
             report.decision = decision
             self._count(report, decision)
             report.state = decision.state
@@ -301,26 +303,14 @@ class Reconciler:
             if decision.changes and (spec.mode == Mode.AUTO or decision.action == DecisionAction.ROLLBACK):
                 # the policy never changes outside Auto; the mode check is a second lock on the door
                 await self._patch(target, decision, report, before, during_rollout=False)
-            self._rolling[key] = rolling_out(report.state)
+            self._record_slot(key, report)
         ready_reason = {Mode.AUTO: "Tuning", Mode.RECOMMEND: "Recommending", Mode.PAUSED: "Paused"}[spec.mode]
         report.condition(ConditionType.READY, True, ready_reason, f"{decision.action}: {decision.reason}")
         self._progress_condition(report)
 
-    def _rolling_elsewhere(self, key: Key) -> int:
-        """Rollouts of ours in progress for tunings other than ``key``, counted only under a limit: as this process
-        last left them, or, for a tuning it has not evaluated yet (just started, or took over as leader), as its
-        status says (read raw: this runs for every tuning at each evaluation)."""
-        if not self.settings.max_concurrent_rollouts:
-            return 0
-        count = 0
-        for other, body in self.cache.tunings.items():
-            if other != key:
-                known = self._rolling.get(other)
-                if known is None:
-                    last = (body.get("status") or {}).get("lastRollout") or {}
-                    known = last.get("phase") == RolloutPhase.IN_PROGRESS
-                count += known
-        return count
+    def _record_slot(self, key: Key, report: Report) -> None:
+        waiting = report.decision is not None and report.decision.hold == HoldReason.NO_SLOT
+        self.slots.record(key, report.now, rolling=rolling_out(report.state), waiting=waiting)
 
     # --- target ----------------------------------------------------------------------------------
 
@@ -669,7 +659,7 @@ class Reconciler:
         status = state.model_dump(by_alias=True, mode="json")
         if not write:
             return
-        self._rolling[(namespace, name)] = rolling_out(state)  # also after evaluations that stopped before deciding
+        self._record_slot((namespace, name), report)  # also after evaluations that stopped before deciding
         for reason, message, type_ in report.events + report.target_events:
             # what the Events say goes to the log too: the one record that outlives their TTL
             log.log(logging.WARNING if type_ == events.WARNING else logging.INFO, "%s: %s", reason, message,

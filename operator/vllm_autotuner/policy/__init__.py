@@ -19,9 +19,10 @@ Stable API
     in progress: patch the Deployment, then write the state (if the patch
     fails, drop it). Recommend mode never returns a Change: it holds with
     the recommendation. Paused holds. The keywords carry the one fact from
-    outside the tuning: with ``others_rolling_out`` rollouts of other
-    tunings in progress, at the operator's ``max_concurrent_rollouts``
-    (0: no limit), a change holds (``RolloutSlots``); a rollback does not.
+    outside the tuning: when other tunings hold ``others_rolling_out`` of
+    the operator's ``max_concurrent_rollouts`` rollout slots (0: no limit;
+    ``rollout.slots`` counts them), a change holds (``RolloutSlots``); a
+    rollback does not.
 
 ``Observation``
     One window of metrics for the target's current pods; any number may be

@@ -655,14 +655,16 @@ def decide(
 
     ``state`` is the VllmTuning's status (``observed_generation`` set to the
     spec's generation, see ``adopt_generation``); ``now`` must be
-    timezone-aware. ``others_rolling_out`` rollouts of other tunings are in
-    progress; at ``max_concurrent_rollouts`` of them (0: no limit) no change
-    starts, but a rollback does.
+    timezone-aware. Other tunings hold ``others_rolling_out`` of the
+    operator's rollout slots (rollouts in progress, and changes that have
+    waited longer for a slot); when they hold ``max_concurrent_rollouts``
+    (0: no limit), no change starts, but a rollback does.
     """
     settings = settings_at(spec, state, now)
     if max_concurrent_rollouts and others_rolling_out >= max_concurrent_rollouts:
-        settings = replace(settings, no_slot=f"{others_rolling_out} rollouts of other tunings in progress, the "
-                                             f"operator's limit (--max-concurrent-rollouts {max_concurrent_rollouts})")
+        settings = replace(settings, no_slot=f"other tunings hold {others_rolling_out} rollout slots (rollouts in "
+                                             f"progress, changes that waited longer), the operator's limit "
+                                             f"(--max-concurrent-rollouts {max_concurrent_rollouts})")
     window = settings.window
     state = state.model_copy(
         update={

@@ -289,7 +289,7 @@ def test_a_change_waits_for_a_rollout_slot_and_a_rollback_does_not():
     window = long_prompt_window(state, SPEC)
     full = decide(SPEC, state, window, T0, others_rolling_out=2, max_concurrent_rollouts=2)
     assert full.hold == HoldReason.NO_SLOT and full.recommendation == knobs(1024, 1024)
-    assert "waiting for a rollout slot, 2 rollouts of other tunings in progress" in full.reason
+    assert "waiting for a rollout slot, other tunings hold 2 rollout slots" in full.reason
     assert full.state.last_rollout is None
     for free in ({"others_rolling_out": 1, "max_concurrent_rollouts": 2}, {"others_rolling_out": 5}):
         assert decide(SPEC, state, window, T0, **free).action == DecisionAction.CHANGE, free

@@ -22,7 +22,8 @@ NAMESPACED = ("--set", "watchNamespaces={team-a,team-b}",
               "--set", "rbac.secrets[0].namespace=team-a", "--set", "rbac.secrets[0].names={prometheus-token}",
               "--set", "rbac.secrets[1].namespace=team-b", "--set", "rbac.secrets[1].names={prometheus-ca}")
 SINGLE = ("--set", "replicaCount=1", "--set", "leaderElection.enabled=false", "--set", "podDisruptionBudget.enabled=false")
-EXTRAS = ("--set", "serviceMonitor.enabled=true", "--set", "dashboard.namespace=monitoring", "--set", "verbose=true")
+EXTRAS = ("--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
+          "--set", "dashboard.namespace=monitoring", "--set", "verbose=true")
 
 
 @pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, EXTRAS], ids=["defaults", "namespaced", "single", "extras"])

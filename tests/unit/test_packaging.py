@@ -92,6 +92,12 @@ def test_the_dashboard_queries_only_metrics_that_exist() -> None:
         assert name in queried
 
 
+def test_the_alerts_read_only_metrics_that_exist() -> None:
+    # a renamed metric must break a test, not silently mute an alert
+    alerted = set(METRIC.findall((CHART / "files" / "alerts.yaml").read_text()))
+    assert "vllm_autotuner_rollouts_total" in alerted and alerted - _exposed_names() == set()
+
+
 def test_the_image_runs_the_operator_as_a_non_root_user_from_the_tested_install() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     final_stage = dockerfile.rsplit("\nFROM ", 1)[1]

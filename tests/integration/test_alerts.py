@@ -1,0 +1,118 @@
+"""The chart's alerts, evaluated by Prometheus' own rule engine (``promtool test rules``) on series shaped like the
+operator's metrics (``tests/unit/test_packaging.py`` checks that they name only metrics the operator exports)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from tests.support import CHART, Helm
+
+from vllm_autotuner.sim.localenv import PROMETHEUS
+
+pytestmark = pytest.mark.integration
+
+ALERTS = CHART / "files" / "alerts.yaml"
+PROMTOOL = PROMETHEUS.with_name("promtool")  # Debian's prometheus package ships both
+TUNING = 'namespace="team-a",tuning="chat"'
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL.exists(), f"{PROMTOOL} missing: run `make setup` (it installs Debian's prometheus package)"
+    return subprocess.run([str(PROMTOOL), *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def rule(alert: str) -> dict:
+    (found,) = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"] if r["alert"] == alert]
+    return found
+
+
+def fires(alert: str, at: str, *labels: dict[str, str], value: str = "") -> dict:
+    """A check that ``alert`` fires at ``at`` once per label set in ``labels`` (none: it does not fire), with its
+    annotations' templates filled in from those labels (a template naming a label the alert lacks fails here) and
+    ``value`` for ``$value``."""
+    def filled(text: str, found: dict[str, str]) -> str:
+        text = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: found[m.group(1)], text)
+        return text.replace("{{ $value | humanizeDuration }}", value)
+
+    written = rule(alert)
+    return {"alertname": alert, "eval_time": at, "exp_alerts": [
+        {"exp_labels": {**written["labels"], **found},
+         "exp_annotations": {k: filled(v, found) for k, v in written["annotations"].items()}} for found in labels]}
+
+
+def case(series: dict[str, str], *checks: dict) -> dict:
+    return {"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series.items()],
+            "alert_rule_test": list(checks)}
+
+
+CASES = [
+    # no operator series at all, then one replica scraped
+    case({"up": "1x30"}, fires("VllmAutotunerAbsent", "11m", {})),
+    case({"vllm_autotuner_leader": "0x30"}, fires("VllmAutotunerAbsent", "11m")),
+    # two replicas, neither the leader; one the leader
+    case({'vllm_autotuner_leader{pod="a"}': "0x30", 'vllm_autotuner_leader{pod="b"}': "0x30"},
+         fires("VllmAutotunerNoLeader", "4m"), fires("VllmAutotunerNoLeader", "6m", {})),
+    case({'vllm_autotuner_leader{pod="a"}': "0x30", 'vllm_autotuner_leader{pod="b"}': "1x30"},
+         fires("VllmAutotunerNoLeader", "20m")),
+    # observation windows failing for good; errors that stopped
+    case({'vllm_autotuner_prometheus_query_errors_total{kind="connection"}': "0+1x40"},
+         fires("VllmAutotunerPrometheusErrors", "10m"),
+         fires("VllmAutotunerPrometheusErrors", "30m", {"kind": "connection"})),
+    case({'vllm_autotuner_prometheus_query_errors_total{kind="connection"}': "0+1x5 5x40"},
+         fires("VllmAutotunerPrometheusErrors", "30m")),
+    # a failed rollout fires for the hour after it; succeeded ones never
+    case({f'vllm_autotuner_rollouts_total{{{TUNING},outcome="Failed"}}': "0x10 1x100",
+          f'vllm_autotuner_rollouts_total{{{TUNING},outcome="Succeeded"}}': "0+1x100"},
+         fires("VllmTuningRolloutFailed", "9m"),
+         fires("VllmTuningRolloutFailed", "20m", {"namespace": "team-a", "tuning": "chat", "outcome": "Failed"}),
+         fires("VllmTuningRolloutFailed", "80m")),
+    case({f'vllm_autotuner_decisions_total{{{TUNING},action="Hold",reason="ChangesReverted"}}': "0x10 1x30"},
+         fires("VllmTuningChangesReverted", "9m"),
+         fires("VllmTuningChangesReverted", "12m", {"namespace": "team-a", "tuning": "chat"})),
+    # every decision for an hour held for missing data; another tuning's data came back
+    case({f'vllm_autotuner_decisions_total{{{TUNING},action="Hold",reason="NoData"}}': "0+2x120",
+          'vllm_autotuner_decisions_total{namespace="team-a",tuning="rag",action="Hold",reason="StaleData"}':
+              "0+2x120",
+          'vllm_autotuner_decisions_total{namespace="team-a",tuning="rag",action="Hold",reason="Cooldown"}':
+              "0x30 0+2x90"},
+         fires("VllmTuningBlind", "20m"),
+         fires("VllmTuningBlind", "100m", {"namespace": "team-a", "tuning": "chat"})),
+    # evaluation periods of 10 to 30 s (p90 28 s), then of under a second
+    case({'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="10"}': "0x60",
+          'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="30"}': "0+2x60",
+          'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="+Inf"}': "0+2x60"},
+         fires("VllmAutotunerEvaluationsSlow", "10m"), fires("VllmAutotunerEvaluationsSlow", "40m", {}, value="28s")),
+    case({'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="1"}': "0+2x60",
+          'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="+Inf"}': "0+2x60"},
+         fires("VllmAutotunerEvaluationsSlow", "40m")),
+]
+
+
+def test_promtool_accepts_the_rules() -> None:
+    checked = promtool("check", "rules", str(ALERTS))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 7 rules found" in checked.stdout
+
+
+def test_each_alert_fires_when_it_should_and_not_otherwise(tmp_path: Path) -> None:
+    alerts = {r["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
+    tested = {check["alertname"] for c in CASES for check in c["alert_rule_test"] if check["exp_alerts"]}
+    assert tested == alerts  # every alert is shown to fire somewhere
+    tests = tmp_path / "alerts_test.yaml"
+    tests.write_text(yaml.safe_dump({"rule_files": [str(ALERTS)], "evaluation_interval": "1m", "tests": CASES}))
+    result = promtool("test", "rules", str(tests))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_chart_renders_the_rules_as_a_prometheus_rule_when_asked(helm: Helm) -> None:
+    objects = helm.template("rel", str(CHART), "-n", "ops", "--set", "prometheusRule.enabled=true",
+                            "--set", "prometheusRule.labels.release=kube-prometheus-stack")
+    (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["namespace"] == "ops"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["spec"] == yaml.safe_load(ALERTS.read_text())  # the annotations' {{ $labels }} are left to Prometheus
+    assert "PrometheusRule" not in {o["kind"] for o in helm.template("rel", str(CHART))}

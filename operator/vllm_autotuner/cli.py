@@ -88,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="namespace of the leader Lease (env POD_NAMESPACE)")
     run.add_argument("--lease-name", default="vllm-autotuner", help="name of the leader Lease")
     run.add_argument("--max-concurrent-rollouts", type=_non_negative, default=0, metavar="N",
-                     help="at most N of the operator's rollouts in progress at once, across all VllmTunings "
-                          "(rollbacks excepted): changes wait for a slot, the longest waiting first; "
+                     help="at most N rollouts of tuned Deployments in progress at once, the operator's or anyone's: "
+                          "changes (not rollbacks) wait for a slot, the longest waiting first; "
                           "0 (default) means no limit")
     run.add_argument("--log-format", choices=["json", "text"], default="json", help="log line format")
     run.add_argument("--verbose", action="store_true", help="debug logging")

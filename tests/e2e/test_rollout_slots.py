@@ -5,7 +5,8 @@ each starts a surge pod that needs a spare GPU. Changes of many tunings
 that fall due together (two schedule windows opening, a change freeze
 ending) would all surge at once. With ``--max-concurrent-rollouts 1`` the
 second tuning's change holds (reason RolloutSlots) until the first rollout
-is complete, then runs.
+is complete, then runs. A rollout someone else started on a tuned
+Deployment holds a slot just as well.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from datetime import datetime
 
 import pytest
 from tests.e2e.conftest import Operators
-from tests.e2e.world import World, knob_args, open_window, tuning_spec
+from tests.e2e.world import World, knob_args, knobs_of, open_window, tuning_spec
 from tests.support import H100, Cluster, NotYet, wait_for
 
 from vllm_autotuner.sim import localenv
@@ -47,3 +48,32 @@ def test_with_one_rollout_slot_the_second_tunings_change_waits_for_the_first_rol
     assert any("waiting for a rollout slot, other tunings hold 1 rollout slots" in h["reason"]
                for h in waited.history()), waited.history()
     assert operator.metric("vllm_autotuner_decisions_total", reason="RolloutSlots") >= 1
+
+
+def test_someone_elses_rollout_of_a_tuned_deployment_holds_the_slot(
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators) -> None:
+    other, tuned = World(cluster_with_crd, namespace, "other"), World(cluster_with_crd, namespace, "tuned")
+    for world in (other, tuned):
+        world.create_deployment(H100, knob_args(*BEFORE), replicas=1)
+        world.create_tuning(tuning_spec(world.name))
+    operators.start("operator", None, "--max-concurrent-rollouts=1")
+    # a rollout someone else started (a template edit that is no knob change) whose new pod finds no node
+    stuck = {"spec": {"template": {"spec": {"nodeSelector": {"example.com/pool": "none-such"}}}}}
+    other.apps.patch_namespaced_deployment(other.name, namespace, stuck)
+
+    def seen_rolling() -> dict | NotYet:
+        history = other.history()
+        return history[0] if history and history[0].get("hold") == "RolloutInProgress" else NotYet(f"{history[:1]}")
+
+    wait_for(seen_rolling, 60, "the operator to see the other Deployment's rollout")
+    tuned.patch_tuning({"schedules": [open_window("Europe/Berlin", {"maxNumBatchedTokens": PRESET[0],
+                                                                    "maxNumSeqs": PRESET[1]})]})
+
+    def waiting() -> list[str] | NotYet:
+        reasons = [h["reason"] for h in tuned.history()]
+        return reasons if any("other tunings hold 1 rollout slots" in r for r in reasons) else NotYet(f"{reasons}")
+
+    wait_for(waiting, 60, "the preset to wait for the slot the other rollout holds")
+    assert knobs_of(tuned.template_args()) == BEFORE and tuned.status().get("lastRollout") is None
+    cluster_with_crd.kubectl("rollout", "undo", f"deployment/{other.name}", "-n", namespace)  # they give up
+    tuned.wait_rolled_out(knob_args(*PRESET), 90)

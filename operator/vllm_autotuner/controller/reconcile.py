@@ -303,14 +303,17 @@ class Reconciler:
             if decision.changes and (spec.mode == Mode.AUTO or decision.action == DecisionAction.ROLLBACK):
                 # the policy never changes outside Auto; the mode check is a second lock on the door
                 await self._patch(target, decision, report, before, during_rollout=False)
-            self._record_slot(key, report)
+            self._record_slot(key, report, target.deployment)
         ready_reason = {Mode.AUTO: "Tuning", Mode.RECOMMEND: "Recommending", Mode.PAUSED: "Paused"}[spec.mode]
         report.condition(ConditionType.READY, True, ready_reason, f"{decision.action}: {decision.reason}")
         self._progress_condition(report)
 
-    def _record_slot(self, key: Key, report: Report) -> None:
+    def _record_slot(self, key: Key, report: Report, deployment: dict[str, Any] | None) -> None:
+        """A rollout of the target holds a slot whoever started it (ours, a `kubectl rollout restart`, an image
+        bump): each surges pods onto spare GPUs alike."""
+        rolling = rolling_out(report.state) or (deployment is not None and rollout_in_progress(deployment))
         waiting = report.decision is not None and report.decision.hold == HoldReason.NO_SLOT
-        self.slots.record(key, report.now, rolling=rolling_out(report.state), waiting=waiting)
+        self.slots.record(key, report.now, rolling=rolling, waiting=waiting)
 
     # --- target ----------------------------------------------------------------------------------
 
@@ -659,7 +662,8 @@ class Reconciler:
         status = state.model_dump(by_alias=True, mode="json")
         if not write:
             return
-        self._record_slot((namespace, name), report)  # also after evaluations that stopped before deciding
+        deployment = self.cache.deployment(namespace, spec.target_ref.name) if spec else None
+        self._record_slot((namespace, name), report, deployment)  # also after evaluations that stopped early
         for reason, message, type_ in report.events + report.target_events:
             # what the Events say goes to the log too: the one record that outlives their TTL
             log.log(logging.WARNING if type_ == events.WARNING else logging.INFO, "%s: %s", reason, message,
@@ -671,7 +675,6 @@ class Reconciler:
             tuning = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
             for reason, message, type_ in report.events:
                 await self._call(self.kube.create_event, events.event_body(tuning, reason, message, type_, report.now))
-            deployment = self.cache.deployment(namespace, spec.target_ref.name) if spec else None
             for reason, message, type_ in report.target_events if deployment else ():
                 involved = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": deployment["metadata"]}
                 await self._call(self.kube.create_event, events.event_body(involved, reason, message, type_, report.now))

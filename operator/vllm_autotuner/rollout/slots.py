@@ -5,15 +5,17 @@ changes of many tunings that fall due together (schedule windows opening at
 the same minute, the changes a freeze held once it ends) must not all start
 at once. The decision core is told how many slots other tunings hold and
 holds the change (reason RolloutSlots) when none is left. A slot is held by
-a rollout of ours in progress, and also by a change that has waited longer
-for one: the tunings of a tick are evaluated in the same order every tick,
-so without the queue a slot freed would go to the same tuning each time,
-and one behind several others could wait for ever.
+a rollout of a tuned Deployment in progress, the operator's or anyone's (a
+``kubectl rollout restart``, an image bump: its surge pods need spare GPUs
+too), and also by a change that has waited longer for one: the tunings of a
+tick are evaluated in the same order every tick, so without the queue a slot
+freed would go to the same tuning each time, and one behind several others
+could wait for ever.
 
-What this knows is what this process saw. A tuning it has not evaluated
-yet (it just started, or took over as leader) counts by the rollout its
-status shows; the queue starts empty then, and the first tick's order
-serves the waiting changes.
+What this knows is what this process saw. A tuning it has not evaluated yet
+(it just started, or took over as leader) counts by the rollout of ours its
+status shows; the queue starts empty then, and the first tick's order serves
+the waiting changes.
 """
 
 from __future__ import annotations

@@ -289,7 +289,7 @@ class Reconciler:
         key = (namespace, report.name)
         async with self._slot_lock:
             decision = decide(spec, before, observation, report.now,
-                              others_rolling_out=self.slots.taken(key, self.cache.tunings),
+                              slot_holders=self.slots.holders(key, self.cache.tunings),
                               max_concurrent_rollouts=self.slots.limit)
             report.decision = decision
             self._count(report, decision)

@@ -7,7 +7,7 @@ the benchmark proves is what the operator does.
 Stable API
 ==========
 
-``decide(spec, state, observation, now, *, others_rolling_out=0, max_concurrent_rollouts=0) -> Decision``
+``decide(spec, state, observation, now, *, slot_holders=(), max_concurrent_rollouts=0) -> Decision``
     One evaluation. ``spec`` is the ``VllmTuningSpec``; ``state`` the
     ``VllmTuningStatus`` as persisted (after ``adopt_generation``);
     ``observation`` the window Prometheus gave (``None`` when it gave
@@ -19,10 +19,10 @@ Stable API
     in progress: patch the Deployment, then write the state (if the patch
     fails, drop it). Recommend mode never returns a Change: it holds with
     the recommendation. Paused holds. The keywords carry the one fact from
-    outside the tuning: when other tunings hold ``others_rolling_out`` of
-    the operator's ``max_concurrent_rollouts`` rollout slots (0: no limit;
-    ``rollout.slots`` counts them), a change holds (``RolloutSlots``); a
-    rollback does not.
+    outside the tuning: when ``slot_holders`` (what holds the operator's
+    rollout slots, one string each, as ``rollout.slots`` names them) are
+    ``max_concurrent_rollouts`` or more (0: no limit), a change holds
+    (``RolloutSlots``, naming them); a rollback does not.
 
 ``Observation``
     One window of metrics for the target's current pods; any number may be

@@ -26,6 +26,7 @@ make and holds.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -76,6 +77,8 @@ DRAIN_PATIENCE = 3
 ATTAINMENT_NOISE = 0.02
 #: Regime name of traffic no tier matches (not a valid tier name, so it never collides with one).
 NO_TIER = "(no tier)"
+#: Holders of the rollout slots a RolloutSlots hold names; more are counted.
+SLOT_HOLDERS_NAMED = 5
 
 
 @dataclass(frozen=True)
@@ -648,23 +651,26 @@ def decide(
     observation: Observation | None,
     now: datetime,
     *,
-    others_rolling_out: int = 0,
+    slot_holders: Sequence[str] = (),
     max_concurrent_rollouts: int = 0,
 ) -> Decision:
     """Hold or change: one evaluation of the policy. Pure: the same arguments give the same Decision.
 
     ``state`` is the VllmTuning's status (``observed_generation`` set to the
     spec's generation, see ``adopt_generation``); ``now`` must be
-    timezone-aware. Other tunings hold ``others_rolling_out`` of the
-    operator's rollout slots (rollouts in progress, and changes that have
-    waited longer for a slot); when they hold ``max_concurrent_rollouts``
-    (0: no limit), no change starts, but a rollback does.
+    timezone-aware. ``slot_holders`` says, one string each, what holds the
+    operator's rollout slots outside this tuning (a rollout in progress, a
+    change that has waited longer for a slot); when they are
+    ``max_concurrent_rollouts`` or more (0: no limit), no change starts,
+    but a rollback does.
     """
     settings = settings_at(spec, state, now)
-    if max_concurrent_rollouts and others_rolling_out >= max_concurrent_rollouts:
-        settings = replace(settings, no_slot=f"other tunings hold {others_rolling_out} rollout slots (rollouts in "
-                                             f"progress, changes that waited longer), the operator's limit "
-                                             f"(--max-concurrent-rollouts {max_concurrent_rollouts})")
+    if max_concurrent_rollouts and len(slot_holders) >= max_concurrent_rollouts:
+        named = ", ".join(slot_holders[:SLOT_HOLDERS_NAMED])
+        if len(slot_holders) > SLOT_HOLDERS_NAMED:
+            named += f" and {len(slot_holders) - SLOT_HOLDERS_NAMED} more"
+        settings = replace(settings, no_slot=f"the operator's {max_concurrent_rollouts} (--max-concurrent-rollouts) "
+                                             f"are held by {named}")
     window = settings.window
     state = state.model_copy(
         update={

@@ -287,13 +287,18 @@ def test_a_regression_is_rolled_back_in_a_change_freeze():
 def test_a_change_waits_for_a_rollout_slot_and_a_rollback_does_not():
     state = warmed()
     window = long_prompt_window(state, SPEC)
-    full = decide(SPEC, state, window, T0, others_rolling_out=2, max_concurrent_rollouts=2)
+    holders = ("a/chat (rolling out)", "b/rag (waiting since 2024-05-01T11:50:00Z)")
+    full = decide(SPEC, state, window, T0, slot_holders=holders, max_concurrent_rollouts=2)
     assert full.hold == HoldReason.NO_SLOT and full.recommendation == knobs(1024, 1024)
-    assert "waiting for a rollout slot, other tunings hold 2 rollout slots" in full.reason
+    assert ("waiting for a rollout slot, the operator's 2 (--max-concurrent-rollouts) are held by a/chat (rolling "
+            "out), b/rag (waiting since 2024-05-01T11:50:00Z)") in full.reason
     assert full.state.last_rollout is None
-    for free in ({"others_rolling_out": 1, "max_concurrent_rollouts": 2}, {"others_rolling_out": 5}):
+    many = decide(SPEC, state, window, T0, slot_holders=[f"n/t{i} (rolling out)" for i in range(8)],
+                  max_concurrent_rollouts=8)
+    assert "n/t4 (rolling out) and 3 more:" in many.reason and "n/t5" not in many.reason
+    for free in ({"slot_holders": holders[:1], "max_concurrent_rollouts": 2}, {"slot_holders": holders * 3}):
         assert decide(SPEC, state, window, T0, **free).action == DecisionAction.CHANGE, free
-    rollback = _judged_after({"itl_within_slo": 0.3, "itl_seconds": 0.3}, (7, 12), 17, others_rolling_out=1,
+    rollback = _judged_after({"itl_within_slo": 0.3, "itl_seconds": 0.3}, (7, 12), 17, slot_holders=holders[:1],
                              max_concurrent_rollouts=1)
     assert rollback.action == DecisionAction.ROLLBACK
 

@@ -184,6 +184,8 @@ def test_kubectl_get_shows_the_printer_columns(cluster_with_crd: Cluster, namesp
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     status = {"status": {
         "current": {"maxNumBatchedTokens": 4096, "maxNumSeqs": 256, "since": now, "source": "Traffic"},
+        "recommendation": {"maxNumBatchedTokens": 1024, "maxNumSeqs": 512, "reason": "ITL", "time": now},
+        "regime": "r8/p4k/o128",
         "activeSchedule": "night",
         "conditions": [{"type": "Ready", "status": "True", "reason": "Tuning", "lastTransitionTime": now}],
         "history": [
@@ -197,6 +199,9 @@ def test_kubectl_get_shows_the_printer_columns(cluster_with_crd: Cluster, namesp
     header, row = cluster_with_crd.kubectl("get", "vlt", "-n", namespace).stdout.splitlines()
     assert header.split() == ["NAME", "TARGET", "MODE", "TOKENS", "SEQS", "SCHEDULE", "READY", "HOLDING", "AGE"]
     assert row.split()[:8] == ["chat", "llama", "Recommend", "4096", "256", "night", "True", "ChangeFreeze"]
+    header, row = cluster_with_crd.kubectl("get", "vlt", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert header.split()[-3:] == ["REC-TOKENS", "REC-SEQS", "REGIME"]
+    assert row.split()[-3:] == ["1024", "512", "r8/p4k/o128"]
 
 
 def test_kubectl_explain_shows_the_descriptions(cluster_with_crd: Cluster) -> None:

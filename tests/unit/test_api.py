@@ -49,6 +49,9 @@ def test_crd_identity_subresource_and_columns():
         "Ready",
         "Holding",
         "Age",
+        "Rec-Tokens",
+        "Rec-Seqs",
+        "Regime",
     ]
 
 

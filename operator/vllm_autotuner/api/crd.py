@@ -54,6 +54,28 @@ PRINTER_COLUMNS = [
         "description": "Why the last decision held (Cooldown, ChangeFreeze, RolloutSlots, ...); empty after a change",
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # -o wide: what Recommend mode would set, and the traffic it judged
+    {
+        "name": "Rec-Tokens",
+        "type": "integer",
+        "jsonPath": ".status.recommendation.maxNumBatchedTokens",
+        "description": "--max-num-batched-tokens the policy recommends",
+        "priority": 1,
+    },
+    {
+        "name": "Rec-Seqs",
+        "type": "integer",
+        "jsonPath": ".status.recommendation.maxNumSeqs",
+        "description": "--max-num-seqs the policy recommends",
+        "priority": 1,
+    },
+    {
+        "name": "Regime",
+        "type": "string",
+        "jsonPath": ".status.regime",
+        "description": "Traffic regime of the last observation (load level and length mix, or the tier)",
+        "priority": 1,
+    },
 ]
 
 # JSON Schema keywords with no place in a structural CRD schema.

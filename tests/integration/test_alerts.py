@@ -81,6 +81,14 @@ CASES = [
               "0x30 0+2x90"},
          fires("VllmTuningBlind", "20m"),
          fires("VllmTuningBlind", "100m", {"namespace": "team-a", "tuning": "chat"})),
+    # a change waits for a slot for over an hour; another's wait ended with its rollout
+    case({f'vllm_autotuner_decisions_total{{{TUNING},action="Hold",reason="RolloutSlots"}}': "0+2x120",
+          'vllm_autotuner_decisions_total{namespace="team-a",tuning="rag",action="Hold",reason="RolloutSlots"}':
+              "0+2x20 40x100",
+          'vllm_autotuner_decisions_total{namespace="team-a",tuning="rag",action="Hold",reason="RolloutInProgress"}':
+              "0x20 0+2x100"},
+         fires("VllmTuningWaitsForRolloutSlot", "50m"),
+         fires("VllmTuningWaitsForRolloutSlot", "100m", {"namespace": "team-a", "tuning": "chat"})),
     # evaluation periods of 10 to 30 s (p90 28 s), then of under a second
     case({'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="10"}': "0x60",
           'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="30"}': "0+2x60",
@@ -95,7 +103,7 @@ CASES = [
 def test_promtool_accepts_the_rules() -> None:
     checked = promtool("check", "rules", str(ALERTS))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 7 rules found" in checked.stdout
+    assert "SUCCESS: 8 rules found" in checked.stdout
 
 
 def test_each_alert_fires_when_it_should_and_not_otherwise(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ def test_with_one_rollout_slot_the_second_tunings_change_waits_for_the_first_rol
     rollouts = [first, second]
     assert datetime.fromisoformat(second["startedAt"]) >= datetime.fromisoformat(first["finishedAt"]), rollouts
     waited, went = sorted(worlds, key=lambda w: w.status()["lastRollout"] != second)
-    held = f"the operator's 1 (--max-concurrent-rollouts) are held by {namespace}/{went.name} (rolling out)"
+    held = f"a rollout slot, all 1 of --max-concurrent-rollouts held by {namespace}/{went.name} (rolling out)"
     assert any(held in h["reason"] for h in waited.history()), waited.history()
     assert operator.metric("vllm_autotuner_decisions_total", reason="RolloutSlots") >= 1
 
@@ -71,7 +71,7 @@ def test_someone_elses_rollout_of_a_tuned_deployment_holds_the_slot(
 
     def waiting() -> list[str] | NotYet:
         reasons = [h["reason"] for h in tuned.history()]
-        held = f"are held by {namespace}/{other.name} (rolling out)"
+        held = f"held by {namespace}/{other.name} (rolling out)"
         return reasons if any(held in r for r in reasons) else NotYet(f"{reasons}")
 
     wait_for(waiting, 60, "the preset to wait for the slot the other rollout holds")

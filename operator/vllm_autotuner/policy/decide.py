@@ -669,8 +669,8 @@ def decide(
         named = ", ".join(slot_holders[:SLOT_HOLDERS_NAMED])
         if len(slot_holders) > SLOT_HOLDERS_NAMED:
             named += f" and {len(slot_holders) - SLOT_HOLDERS_NAMED} more"
-        settings = replace(settings, no_slot=f"the operator's {max_concurrent_rollouts} (--max-concurrent-rollouts) "
-                                             f"are held by {named}")
+        held = f"all {max_concurrent_rollouts} of --max-concurrent-rollouts held by {named}"
+        settings = replace(settings, no_slot=held)
     window = settings.window
     state = state.model_copy(
         update={

@@ -290,8 +290,8 @@ def test_a_change_waits_for_a_rollout_slot_and_a_rollback_does_not():
     holders = ("a/chat (rolling out)", "b/rag (waiting since 2024-05-01T11:50:00Z)")
     full = decide(SPEC, state, window, T0, slot_holders=holders, max_concurrent_rollouts=2)
     assert full.hold == HoldReason.NO_SLOT and full.recommendation == knobs(1024, 1024)
-    assert ("waiting for a rollout slot, the operator's 2 (--max-concurrent-rollouts) are held by a/chat (rolling "
-            "out), b/rag (waiting since 2024-05-01T11:50:00Z)") in full.reason
+    assert ("waiting for a rollout slot, all 2 of --max-concurrent-rollouts held by a/chat (rolling out), b/rag "
+            "(waiting since 2024-05-01T11:50:00Z): tokens=1024 seqs=1024 waits") in full.reason
     assert full.state.last_rollout is None
     many = decide(SPEC, state, window, T0, slot_holders=[f"n/t{i} (rolling out)" for i in range(8)],
                   max_concurrent_rollouts=8)

@@ -6,7 +6,8 @@ that fall due together (two schedule windows opening, a change freeze
 ending) would all surge at once. With ``--max-concurrent-rollouts 1`` the
 second tuning's change holds (reason RolloutSlots) until the first rollout
 is complete, then runs. A rollout someone else started on a tuned
-Deployment holds a slot just as well.
+Deployment holds a slot just as well. The change that has waited longest
+goes first, also after the operator restarted: its place is in its status.
 """
 
 from __future__ import annotations
@@ -23,6 +24,27 @@ from vllm_autotuner.sim import localenv
 pytestmark = pytest.mark.e2e
 
 BEFORE, PRESET = (2048, 64), (8192, 128)
+
+
+def stuck_rollout(world: World) -> None:
+    """A rollout someone else started (a template edit that is no knob change) whose new pod finds no node; returns
+    once the operator has evaluated the tuning during it."""
+    stuck = {"spec": {"template": {"spec": {"nodeSelector": {"example.com/pool": "none-such"}}}}}
+    world.apps.patch_namespaced_deployment(world.name, world.namespace, stuck)
+
+    def seen_rolling() -> dict | NotYet:
+        newest = (world.status().get("history") or [{}])[0]
+        return newest if newest.get("hold") == "RolloutInProgress" else NotYet(f"{newest}")
+
+    wait_for(seen_rolling, 60, f"the operator to see the rollout of {world.name}")
+
+
+def waiting_since(world: World) -> str | NotYet:
+    """slotWaitSince while the newest decision waits for a rollout slot."""
+    status = world.status()
+    newest = (status.get("history") or [{}])[0]
+    since = status.get("slotWaitSince")
+    return since if newest.get("hold") == "RolloutSlots" and since else NotYet(f"{newest}, slotWaitSince {since}")
 
 
 def test_with_one_rollout_slot_the_second_tunings_change_waits_for_the_first_rollout(
@@ -57,15 +79,7 @@ def test_someone_elses_rollout_of_a_tuned_deployment_holds_the_slot(
         world.create_deployment(H100, knob_args(*BEFORE), replicas=1)
         world.create_tuning(tuning_spec(world.name))
     operators.start("operator", None, "--max-concurrent-rollouts=1")
-    # a rollout someone else started (a template edit that is no knob change) whose new pod finds no node
-    stuck = {"spec": {"template": {"spec": {"nodeSelector": {"example.com/pool": "none-such"}}}}}
-    other.apps.patch_namespaced_deployment(other.name, namespace, stuck)
-
-    def seen_rolling() -> dict | NotYet:
-        history = other.history()
-        return history[0] if history and history[0].get("hold") == "RolloutInProgress" else NotYet(f"{history[:1]}")
-
-    wait_for(seen_rolling, 60, "the operator to see the other Deployment's rollout")
+    stuck_rollout(other)
     tuned.patch_tuning({"schedules": [open_window("Europe/Berlin", {"maxNumBatchedTokens": PRESET[0],
                                                                     "maxNumSeqs": PRESET[1]})]})
 
@@ -78,3 +92,43 @@ def test_someone_elses_rollout_of_a_tuned_deployment_holds_the_slot(
     assert knobs_of(tuned.template_args()) == BEFORE and tuned.status().get("lastRollout") is None
     cluster_with_crd.kubectl("rollout", "undo", f"deployment/{other.name}", "-n", namespace)  # they give up
     tuned.wait_rolled_out(knob_args(*PRESET), 90)
+
+
+def test_the_change_that_waited_longest_goes_first_after_the_operator_restarted(
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators) -> None:
+    other, early, late = (World(cluster_with_crd, namespace, name) for name in ("other", "waits-first", "a-later"))
+    for world in (other, early, late):
+        world.create_deployment(H100, knob_args(*BEFORE), replicas=1)  # three of the four H100s: one spare
+        world.create_tuning(tuning_spec(world.name))
+    first = operators.start("first", None, "--max-concurrent-rollouts=1")
+    stuck_rollout(other)
+    preset = [open_window("Europe/Berlin", {"maxNumBatchedTokens": PRESET[0], "maxNumSeqs": PRESET[1]})]
+    early.patch_tuning({"schedules": preset})
+    places = {early.name: wait_for(lambda: waiting_since(early), 60, "the first preset to wait for the slot")}
+    late.patch_tuning({"schedules": preset})
+    places[late.name] = wait_for(lambda: waiting_since(late), 60, "the second preset to wait too")
+    assert datetime.fromisoformat(places[early.name]) < datetime.fromisoformat(places[late.name]), places
+    assert first.stop() == 0
+    last_seen = {w.name: w.status()["history"][0]["time"] for w in (early, late)}
+
+    operators.start("second", None, "--max-concurrent-rollouts=1")
+    for world in (early, late):
+        def waits_again(world: World = world) -> str | NotYet:
+            newest = world.status()["history"][0]
+            fresh = datetime.fromisoformat(newest["time"]) > datetime.fromisoformat(last_seen[world.name])
+            return waiting_since(world) if fresh else NotYet(f"{newest}")
+
+        # the restarted operator keeps each change's place rather than queueing them anew
+        assert wait_for(waits_again, 60, f"{world.name} to wait under the restarted operator") == places[world.name]
+    cluster_with_crd.kubectl("rollout", "undo", f"deployment/{other.name}", "-n", namespace)  # the slot is free
+    for world in (early, late):
+        world.wait_rolled_out(knob_args(*PRESET), 120)
+
+    def judged() -> list[dict] | NotYet:
+        found = [w.status().get("lastRollout") or {} for w in (early, late)]
+        return found if all(r.get("phase") == "Succeeded" for r in found) else NotYet(f"rollouts {found}")
+
+    early_rollout, late_rollout = wait_for(judged, 30, "both rollouts judged a success")
+    assert datetime.fromisoformat(late_rollout["startedAt"]) >= datetime.fromisoformat(early_rollout["finishedAt"]), (
+        f"the change that waited first should have rolled out first: {early_rollout}, {late_rollout}")
+    assert "slotWaitSince" not in early.status() and "slotWaitSince" not in late.status()

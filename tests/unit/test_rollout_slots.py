@@ -2,60 +2,107 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 from vllm_autotuner.rollout.slots import RolloutSlots
 
-T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 A, B, C = ("ns", "a"), ("ns", "b"), ("ns", "c")
+T0, T1, T2 = "2024-05-01T12:00:00Z", "2024-05-01T12:01:00Z", "2024-05-01T12:02:00Z"
 
 
-def tunings(*keys, in_progress=()):
-    return {k: {"status": {"lastRollout": {"phase": "InProgress"}}} if k in in_progress else {} for k in keys}
+def tunings(*keys, in_progress=(), statuses=None):
+    statuses = statuses or {}
+    return {k: {"status": {"lastRollout": {"phase": "InProgress"}} if k in in_progress else statuses.get(k, {})}
+            for k in keys}
+
+
+def idle(tuning):
+    """No tuning's target Deployment rolls out now."""
+    return False
+
+
+def waiting_status(since, hold="RolloutSlots"):
+    """A raw status as the operator writes it: the last decision's hold word, and the change's place in the queue."""
+    return {"slotWaitSince": since, "history": [{"time": since, "action": "Hold", "hold": hold}]}
 
 
 def test_without_a_limit_no_slot_is_ever_held():
     slots = RolloutSlots(0)
-    slots.record(A, T0, rolling=True, waiting=False)
-    assert slots.holders(B, tunings(A, B, in_progress=[A])) == []
+    slots.record(A, rolling=True, waiting_since=None)
+    assert slots.holders(B, None, tunings(A, B, in_progress=[A]), idle) == []
 
 
 def test_rollouts_of_other_tunings_hold_slots_by_what_was_seen_else_by_their_status():
     slots = RolloutSlots(2)
     everyone = tunings(A, B, C, in_progress=[B, C])
-    slots.record(A, T0, rolling=True, waiting=False)
-    slots.record(B, T0, rolling=False, waiting=False)  # finished since its status was read
-    assert slots.holders(A, everyone) == ["ns/c (rolling out)"]  # by its status; not A's own
-    assert slots.holders(C, everyone) == ["ns/a (rolling out)"]
-    assert slots.holders(A, tunings(A, B)) == []  # C deleted: gone from the cache, it holds nothing
+    slots.record(A, rolling=True, waiting_since=None)
+    slots.record(B, rolling=False, waiting_since=None)  # finished since its status was read
+    assert slots.holders(A, None, everyone, idle) == ["ns/c (rolling out)"]  # by its status; not A's own
+    assert slots.holders(C, None, everyone, idle) == ["ns/a (rolling out)"]
+    assert slots.holders(A, None, tunings(A, B), idle) == []  # C deleted: gone from the cache, it holds nothing
+
+
+def test_someone_elses_rollout_of_a_tuned_deployment_holds_a_slot_before_its_tuning_is_evaluated_again():
+    slots = RolloutSlots(1)
+    everyone = {A: {"spec": {"targetRef": {"name": "chat"}}}, B: {"spec": {"targetRef": {"name": "rag"}}}}
+    slots.record(A, rolling=False, waiting_since=None)  # evaluated before `kubectl rollout restart deploy/chat`
+
+    def chat_rolls_out(tuning):
+        return tuning["spec"]["targetRef"]["name"] == "chat"
+
+    assert slots.holders(B, None, everyone, chat_rolls_out) == ["ns/a (rolling out)"]
+    assert slots.holders(A, None, everyone, chat_rolls_out) == []
 
 
 def test_a_change_that_waited_longer_goes_first_whatever_the_order_of_evaluation():
     slots = RolloutSlots(1)
     everyone = tunings(A, B, C)
-    slots.record(A, T0, rolling=True, waiting=False)
-    slots.record(C, T0, rolling=False, waiting=True)  # waits first
-    slots.record(B, T0 + timedelta(minutes=1), rolling=False, waiting=True)
-    slots.record(C, T0 + timedelta(minutes=2), rolling=False, waiting=True)  # still waiting: its place is kept
-    slots.record(A, T0 + timedelta(minutes=3), rolling=False, waiting=False)  # the rollout is complete
-    assert slots.holders(B, everyone) == ["ns/c (waiting since 2024-05-01T12:00:00Z)"]  # B, evaluated first, waits
-    assert slots.holders(C, everyone) == []
-    slots.record(C, T0 + timedelta(minutes=3), rolling=True, waiting=False)  # C took it
-    assert slots.holders(B, everyone) == ["ns/c (rolling out)"]
-    slots.record(C, T0 + timedelta(minutes=9), rolling=False, waiting=False)
-    assert slots.holders(B, everyone) == []
+    slots.record(A, rolling=True, waiting_since=None)
+    slots.record(C, rolling=False, waiting_since=T0)  # waits first
+    slots.record(B, rolling=False, waiting_since=T1)
+    slots.record(A, rolling=False, waiting_since=None)  # the rollout is complete
+    # B, evaluated first, waits
+    assert slots.holders(B, T1, everyone, idle) == ["ns/c (waiting since 2024-05-01T12:00:00Z)"]
+    assert slots.holders(C, T0, everyone, idle) == []
+    slots.record(C, rolling=True, waiting_since=None)  # C took it
+    assert slots.holders(B, T1, everyone, idle) == ["ns/c (rolling out)"]
+    slots.record(C, rolling=False, waiting_since=None)
+    assert slots.holders(B, T1, everyone, idle) == []
+
+
+def test_changes_that_began_waiting_in_the_same_second_go_by_name():
+    slots = RolloutSlots(1)
+    everyone = tunings(A, B)
+    slots.record(A, rolling=False, waiting_since=T0)
+    slots.record(B, rolling=False, waiting_since=T0)
+    assert slots.holders(A, T0, everyone, idle) == []
+    assert slots.holders(B, T0, everyone, idle) == ["ns/a (waiting since 2024-05-01T12:00:00Z)"]
 
 
 def test_a_change_that_stops_waiting_or_a_deleted_tuning_leaves_the_queue():
     slots = RolloutSlots(1)
     everyone = tunings(A, B, C)
-    slots.record(A, T0, rolling=False, waiting=True)
-    slots.record(B, T0 + timedelta(minutes=1), rolling=False, waiting=True)
-    assert len(slots.holders(B, everyone)) == 1
-    slots.record(A, T0 + timedelta(minutes=2), rolling=False, waiting=False)  # e.g. a freeze opened, or Paused
-    assert slots.holders(B, everyone) == []
-    slots.record(A, T0 + timedelta(minutes=3), rolling=False, waiting=True)  # back: behind B now
-    assert slots.holders(B, everyone) == []
-    assert slots.holders(A, everyone) == ["ns/b (waiting since 2024-05-01T12:01:00Z)"]
+    slots.record(A, rolling=False, waiting_since=T0)
+    slots.record(B, rolling=False, waiting_since=T1)
+    assert len(slots.holders(B, T1, everyone, idle)) == 1
+    slots.record(A, rolling=False, waiting_since=None)  # e.g. a freeze opened, Paused, or a data gap
+    assert slots.holders(B, T1, everyone, idle) == []
+    slots.record(A, rolling=False, waiting_since=T2)  # back, and its place was not kept: behind B now
+    assert slots.holders(B, T1, everyone, idle) == []
+    assert slots.holders(A, T2, everyone, idle) == ["ns/b (waiting since 2024-05-01T12:01:00Z)"]
     slots.forget(B)
-    assert slots.holders(A, everyone) == []
+    assert slots.holders(A, T2, everyone, idle) == []
+
+
+def test_after_a_restart_or_a_leader_change_the_queue_is_read_from_the_statuses():
+    slots = RolloutSlots(1)  # a new process: nothing seen yet
+    everyone = tunings(A, B, C, statuses={
+        A: waiting_status(T1),
+        B: waiting_status(T0, hold="NoData"),  # its place is kept through a data gap, but it does not wait now
+        C: waiting_status(T2),
+    })
+    assert slots.holders(C, T2, everyone, idle) == ["ns/a (waiting since 2024-05-01T12:01:00Z)"]
+    assert slots.holders(A, T1, everyone, idle) == []  # the earliest waiting change goes first
+    # B's data is back and it still wants its change: it goes before A, whose change came later
+    assert slots.holders(B, T0, everyone, idle) == []
+    assert slots.holders(A, T1, tunings(A, B, statuses={B: waiting_status(T0)}), idle) == [
+        "ns/b (waiting since 2024-05-01T12:00:00Z)"]
+    assert slots.holders(A, T1, tunings(A, B, statuses={B: waiting_status("not a time")}), idle) == []

@@ -374,5 +374,7 @@ class VllmTuningStatus(StatusModel):
     """Pods a rollout of the target takes out of service at once, as its Deployment's strategy resolves against spec.replicas: all of them under Recreate, maxUnavailable under RollingUpdate (none when it only surges). Restart costs are estimated with it; absent, one at a time."""
     blocked_at: str | None = None
     """When a rollout last could not start its new pods (no free GPU for a surge pod, an image not pulled, a quota) and was rolled back (RFC 3339): every change, a schedule window's too, waits spec.rollout.cooldown after it rather than stall again at once. Cleared sooner when the Deployment's strategy comes to stop more pods at once (rolloutUnavailable rises: maxSurge 0 and maxUnavailable 1, more replicas): a new pod then needs no spare GPU."""
+    slot_wait_since: str | None = None
+    """Since when a change of this tuning has waited for one of the operator's rollout slots (--max-concurrent-rollouts), RFC 3339: the earliest waiting change gets the next free slot. Kept through holds that say nothing of the change (missing or stale data, a rollout in progress), so a short data gap does not cost the place; cleared by any other decision."""
     reverts: list[str] = Field(default_factory=list, max_length=REVERT_LIMIT)
     """When another writer of the Deployment (a GitOps sync, a person's undo) put back the knobs a change of ours had replaced, newest first (RFC 3339). Two within 24 hours stop the operator's changes (it only recommends) until the spec changes."""

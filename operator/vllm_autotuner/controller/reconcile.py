@@ -289,7 +289,8 @@ class Reconciler:
         key = (namespace, report.name)
         async with self._slot_lock:
             decision = decide(spec, before, observation, report.now,
-                              slot_holders=self.slots.holders(key, self.cache.tunings),
+                              slot_holders=self.slots.holders(key, before.slot_wait_since, self.cache.tunings,
+                                                              self._target_rolling),
                               max_concurrent_rollouts=self.slots.limit)
             report.decision = decision
             self._count(report, decision)
@@ -308,12 +309,18 @@ class Reconciler:
         report.condition(ConditionType.READY, True, ready_reason, f"{decision.action}: {decision.reason}")
         self._progress_condition(report)
 
+    def _target_rolling(self, tuning: dict[str, Any]) -> bool:
+        """Whether a rollout of this VllmTuning's target Deployment runs now, by the cache (read raw: any tuning)."""
+        name = ((tuning.get("spec") or {}).get("targetRef") or {}).get("name")
+        deployment = self.cache.deployment(tuning["metadata"]["namespace"], name) if name else None
+        return deployment is not None and rollout_in_progress(deployment)
+
     def _record_slot(self, key: Key, report: Report, deployment: dict[str, Any] | None) -> None:
         """A rollout of the target holds a slot whoever started it (ours, a `kubectl rollout restart`, an image
         bump): each surges pods onto spare GPUs alike."""
         rolling = rolling_out(report.state) or (deployment is not None and rollout_in_progress(deployment))
         waiting = report.decision is not None and report.decision.hold == HoldReason.NO_SLOT
-        self.slots.record(key, report.now, rolling=rolling, waiting=waiting)
+        self.slots.record(key, rolling=rolling, waiting_since=report.state.slot_wait_since if waiting else None)
 
     # --- target ----------------------------------------------------------------------------------
 

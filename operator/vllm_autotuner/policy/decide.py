@@ -79,6 +79,19 @@ ATTAINMENT_NOISE = 0.02
 NO_TIER = "(no tier)"
 #: Holders of the rollout slots a RolloutSlots hold names; more are counted.
 SLOT_HOLDERS_NAMED = 5
+#: Holds that keep a change's place in the queue for a rollout slot (``slotWaitSince``): they say nothing of
+#: whether the change is still wanted (the window is missing, stale, mixed or short; a rollout runs).
+SLOT_WAIT_KEPT_BY = frozenset({
+    HoldReason.NO_DATA,
+    HoldReason.STALE,
+    HoldReason.INVALID,
+    HoldReason.TOO_FEW_SAMPLES,
+    HoldReason.MIXED_CONFIG,
+    HoldReason.NOT_SETTLED,
+    HoldReason.OTHER_SLO,
+    HoldReason.ROLLOUT_IN_PROGRESS,
+    HoldReason.UNKNOWN_CONFIG,
+})
 
 
 @dataclass(frozen=True)
@@ -660,9 +673,11 @@ def decide(
     spec's generation, see ``adopt_generation``); ``now`` must be
     timezone-aware. ``slot_holders`` says, one string each, what holds the
     operator's rollout slots outside this tuning (a rollout in progress, a
-    change that has waited longer for a slot); when they are
-    ``max_concurrent_rollouts`` or more (0: no limit), no change starts,
-    but a rollback does.
+    change that has waited longer for a slot: compare with the state's
+    ``slot_wait_since``); when they are ``max_concurrent_rollouts`` or more
+    (0: no limit), no change starts, but a rollback does, and the state
+    keeps since when the change waits (``slot_wait_since``, kept through the
+    holds of SLOT_WAIT_KEPT_BY, cleared by any other decision).
     """
     settings = settings_at(spec, state, now)
     if max_concurrent_rollouts and len(slot_holders) >= max_concurrent_rollouts:
@@ -671,6 +686,21 @@ def decide(
             named += f" and {len(slot_holders) - SLOT_HOLDERS_NAMED} more"
         held = f"all {max_concurrent_rollouts} of --max-concurrent-rollouts held by {named}"
         settings = replace(settings, no_slot=held)
+    decision = _decide(spec, settings, state, observation, now)
+    if decision.hold == HoldReason.NO_SLOT:
+        since = state.slot_wait_since or utc_timestamp(now)
+    elif decision.hold in SLOT_WAIT_KEPT_BY:
+        since = state.slot_wait_since
+    else:
+        since = None
+    if since == decision.state.slot_wait_since:
+        return decision
+    return replace(decision, state=decision.state.model_copy(update={"slot_wait_since": since}))
+
+
+def _decide(
+    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, observation: Observation | None, now: datetime
+) -> Decision:
     window = settings.window
     state = state.model_copy(
         update={

@@ -303,6 +303,26 @@ def test_a_change_waits_for_a_rollout_slot_and_a_rollback_does_not():
     assert rollback.action == DecisionAction.ROLLBACK
 
 
+def test_a_change_keeps_its_place_in_the_slot_queue_through_a_data_gap_and_leaves_it_with_any_other_decision():
+    holders = {"slot_holders": ("a/chat (rolling out)",), "max_concurrent_rollouts": 1}
+    state = warmed()
+    assert state.slot_wait_since is None
+    waits = decide(SPEC, state, long_prompt_window(state, SPEC), T0, **holders)
+    assert waits.hold == HoldReason.NO_SLOT and waits.state.slot_wait_since == utc_timestamp(T0)
+    at = T0 + timedelta(minutes=1)
+    still = decide(SPEC, waits.state, long_prompt_window(waits.state, SPEC, now=at), at, **holders)
+    assert still.hold == HoldReason.NO_SLOT and still.state.slot_wait_since == utc_timestamp(T0)  # its place kept
+    gap = decide(SPEC, still.state, None, T0 + timedelta(minutes=2), **holders)
+    assert gap.hold == HoldReason.NO_DATA and gap.state.slot_wait_since == utc_timestamp(T0)
+    at = T0 + timedelta(minutes=3)
+    back = decide(SPEC, gap.state, long_prompt_window(gap.state, SPEC, now=at), at, **holders)
+    assert back.hold == HoldReason.NO_SLOT and back.state.slot_wait_since == utc_timestamp(T0)
+    recommend = spec(mode="Recommend")
+    for the_spec, slots, action in ((SPEC, {}, DecisionAction.CHANGE), (recommend, holders, DecisionAction.HOLD)):
+        done = decide(the_spec, back.state, long_prompt_window(back.state, the_spec, now=at), at, **slots)
+        assert done.action == action and done.hold != HoldReason.NO_SLOT and done.state.slot_wait_since is None
+
+
 def test_a_drop_under_heavier_traffic_is_no_regression():
     # the same drop as above, judged under 10% more requests per pod than before the change (a diurnal ramp):
     # near capacity that costs attainment whatever the config, so it is no evidence against the change

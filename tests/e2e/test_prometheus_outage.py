@@ -11,18 +11,26 @@ or the last numbers seen, or on a failed query read as zeros, would show as a
 patch during the outage. The change must wait until Prometheus is back.
 (The policy acts on its first usable window when the SLOs are badly
 breached, so an outage timed "before it acts" would be a race.)
+
+A second test points the operator at a Prometheus that never answers, and
+has another Prometheus scrape the operator as the chart's ServiceMonitor
+does and evaluate the chart's alerts: the two alerts for it go pending,
+named and described from the operator's own series, and no other.
 """
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.e2e.conftest import Operators
 from tests.e2e.test_traffic import settled_window
 from tests.e2e.world import Load, World, fleet_targets_of, knob_args, parse_time, tuning_spec
-from tests.support import H100, Cluster, wait_for
+from tests.support import CHART, H100, Cluster, NotYet, wait_for
 
 from vllm_autotuner.sim import localenv
 
@@ -68,3 +76,45 @@ def test_prometheus_stopped_mid_run_means_metrics_unavailable_and_no_patch_until
         own.stop()
     assert parse_time(rollout["startedAt"]) >= back and rollout["source"] == "Traffic", rollout
     assert rollout["to"]["maxNumSeqs"] > 16
+
+
+def test_an_operator_that_cannot_reach_prometheus_raises_its_alerts_and_no_other(
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators,
+        tmp_path: Path) -> None:
+    world = World(cluster_with_crd, namespace)
+    world.create_deployment(H100, knob_args(512, 16), replicas=1)
+    world.wait_rolled_out(knob_args(512, 16), 60)  # no rollout in progress: its decisions hold for want of data
+    world.create_tuning(tuning_spec(world.name))
+    watcher = localenv.start_prometheus(tmp_path / "watcher", rules=CHART / "files" / "alerts.yaml")
+    try:
+        operator = operators.start(prometheus_url=f"http://127.0.0.1:{localenv.free_port()}")  # nothing listens
+        # the target labels a ServiceMonitor attaches: the operator's own namespace must not replace the tuning's
+        scraped_as = {"namespace": "vllm-autotuner-system", "pod": "vllm-autotuner-0"}
+        localenv.write_targets(watcher.operator_targets_file,
+                               [{"targets": [operator.url.removeprefix("http://")], "labels": scraped_as}])
+        expected = {"VllmAutotunerPrometheusErrors", "VllmTuningBlind"}
+
+        def api(path: str) -> Any:
+            with urllib.request.urlopen(f"{watcher.url}/api/v1/{path}", timeout=5) as response:
+                return json.load(response)["data"]
+
+        def active() -> dict[str, list[dict[str, Any]]] | NotYet:
+            alerts = api("alerts")["alerts"]
+            found: dict[str, list[dict[str, Any]]] = {}
+            for alert in alerts:
+                found.setdefault(alert["labels"]["alertname"], []).append(alert)
+            return found if set(found) == expected else NotYet(f"active alerts {sorted(found)}")
+
+        found = wait_for(active, 60, f"exactly {sorted(expected)} to be active")
+        rules = [r for group in api("rules")["groups"] for r in group["rules"]]
+        assert len(rules) == 8 and all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError"))
+                                                                             for r in rules]
+    finally:
+        watcher.stop()
+    (errors,) = found["VllmAutotunerPrometheusErrors"]
+    assert errors["state"] == "pending" and errors["labels"]["kind"] == "PrometheusUnreachable", errors
+    assert "(PrometheusUnreachable)" in errors["annotations"]["summary"], errors
+    (blind,) = found["VllmTuningBlind"]
+    assert blind["state"] == "pending", blind
+    assert (blind["labels"]["namespace"], blind["labels"]["tuning"]) == (namespace, world.name), blind
+    assert f"kubectl describe vlt {world.name} -n {namespace}" in blind["annotations"]["description"], blind

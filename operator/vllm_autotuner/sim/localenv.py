@@ -153,6 +153,7 @@ class Prometheus(Server):
     url: str
     targets_file: Path
     fleet_targets_file: Path
+    operator_targets_file: Path
 
 
 @dataclass
@@ -222,11 +223,14 @@ def _wait_for_ready_line(server: Server, out: Path, timeout: float) -> str:
     return _wait_or_stop(server, ready_line, timeout, f"{server.name}'s READY line")
 
 
-def prometheus_config(targets_dir: Path, scrape_interval: float = 1.0) -> dict:
-    """Scrape every target listed in the ``*.json`` files of ``targets_dir`` every ``scrape_interval`` seconds.
+def prometheus_config(targets_dir: Path, scrape_interval: float = 1.0, rules: Path | None = None) -> dict:
+    """Scrape every target listed in the ``*.json`` files of ``targets_dir`` every ``scrape_interval`` seconds,
+    and the operators listed in ``targets_dir/operator/*.json``; evaluate the rule file ``rules``, if any.
 
     One file per writer (the simulated fleet has its own), so that writers
-    never replace each other's targets.
+    never replace each other's targets. Operators are scraped as the chart's
+    ServiceMonitor has it, keeping the labels they export (``namespace``
+    names a VllmTuning's namespace, not the operator's).
 
     One-second intervals (the default) let tests see a change within a few
     seconds; the scale benchmark scrapes every 15 s, as production does. The
@@ -237,7 +241,12 @@ def prometheus_config(targets_dir: Path, scrape_interval: float = 1.0) -> dict:
     return {
         "global": {"scrape_interval": f"{scrape_interval:g}s", "scrape_timeout": f"{min(scrape_interval, 10):g}s",
                    "evaluation_interval": f"{scrape_interval:g}s"},
+        "rule_files": [str(rules)] if rules else [],
         "scrape_configs": [{
+            "job_name": "vllm-autotuner",
+            "honor_labels": True,
+            "file_sd_configs": [{"files": [str(targets_dir / "operator" / "*.json")], "refresh_interval": "1s"}],
+        }, {
             "job_name": "vllm",
             "file_sd_configs": [{"files": [str(targets_dir / "*.json")], "refresh_interval": "1s"}],
             "relabel_configs": [
@@ -273,12 +282,13 @@ def write_targets(path: Path, targets: Iterable[dict]) -> None:
 
 
 def start_prometheus(workdir: Path, *, port: int | None = None, timeout: float = 60, detach: bool = False,
-                     scrape_interval: float = 1.0) -> Prometheus:
+                     scrape_interval: float = 1.0, rules: Path | None = None) -> Prometheus:
     """Run Prometheus on a loopback port (``port``, else a free one) with its data under ``workdir``,
-    scraping every ``scrape_interval`` seconds.
+    scraping every ``scrape_interval`` seconds and evaluating the rule file ``rules`` (the chart's alerts).
 
-    It starts with two empty targets files in ``workdir/targets.d/``:
-    ``targets.json`` for anyone and ``fleet.json`` for the simulated fleet.
+    It starts with three empty targets files in ``workdir/targets.d/``:
+    ``targets.json`` for anyone, ``fleet.json`` for the simulated fleet and
+    ``operator/operator.json`` for operators (``/metrics`` of ``vllm-autotuner run``).
     Its log is ``workdir/prometheus.log``. Started again on the same
     ``workdir`` and ``port``, it is the same server back from an outage: same
     URL, same stored series.
@@ -288,11 +298,13 @@ def start_prometheus(workdir: Path, *, port: int | None = None, timeout: float =
     workdir.mkdir(parents=True, exist_ok=True)
     targets_dir = workdir / "targets.d"
     targets_dir.mkdir(exist_ok=True)
+    (targets_dir / "operator").mkdir(exist_ok=True)
     targets, fleet_targets = targets_dir / "targets.json", targets_dir / "fleet.json"
-    write_targets(targets, [])
-    write_targets(fleet_targets, [])
+    operator_targets = targets_dir / "operator" / "operator.json"
+    for path in (targets, fleet_targets, operator_targets):
+        write_targets(path, [])
     config = workdir / "prometheus.yml"
-    config.write_text(yaml.safe_dump(prometheus_config(targets_dir, scrape_interval), sort_keys=False))
+    config.write_text(yaml.safe_dump(prometheus_config(targets_dir, scrape_interval, rules), sort_keys=False))
     url = f"http://127.0.0.1:{port or free_port()}"
     server = _spawn("prometheus", [
         str(PROMETHEUS),
@@ -303,7 +315,7 @@ def start_prometheus(workdir: Path, *, port: int | None = None, timeout: float =
 
     _wait_or_stop(server, lambda: _answers(server, url + "/-/ready"), timeout, f"Prometheus at {url}/-/ready")
     return Prometheus(server.name, server.pid, server.log, process=server.process, url=url, targets_file=targets,
-                      fleet_targets_file=fleet_targets)
+                      fleet_targets_file=fleet_targets, operator_targets_file=operator_targets)
 
 
 def start_operator(workdir: Path, kubeconfig: Path, prometheus_url: str, namespace: str, *, timeout: float = 60,

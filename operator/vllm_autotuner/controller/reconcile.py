@@ -288,10 +288,13 @@ class Reconciler:
         before = report.state = seen
         key = (namespace, report.name)
         async with self._slot_lock:
-            decision = decide(spec, before, observation, report.now,
-                              slot_holders=self.slots.holders(key, before.slot_wait_since, self.cache.tunings,
-                                                              self._target_rolling),
-                              max_concurrent_rollouts=self.slots.limit)
+            decision = decide(spec, before, observation, report.now)
+            if self.slots.limit and decision.action == DecisionAction.CHANGE:
+                # Only a change waits for a slot, and what holds the slots is a walk over every tuning: asked for
+                # only then, the same decision as with the holders given at once (a pure function; see decide).
+                holders = self.slots.holders(key, before.slot_wait_since, self.cache.tunings, self._target_rolling)
+                decision = decide(spec, before, observation, report.now, slot_holders=holders,
+                                  max_concurrent_rollouts=self.slots.limit)
             report.decision = decision
             self._count(report, decision)
             report.state = decision.state

@@ -677,7 +677,9 @@ def decide(
     ``slot_wait_since``); when they are ``max_concurrent_rollouts`` or more
     (0: no limit), no change starts, but a rollback does, and the state
     keeps since when the change waits (``slot_wait_since``, kept through the
-    holds of SLOT_WAIT_KEPT_BY, cleared by any other decision).
+    holds of SLOT_WAIT_KEPT_BY, cleared by any other decision). The two turn
+    a decision that is a Change without them into a RolloutSlots hold and
+    change no other: a caller may look for the holders only then.
     """
     settings = settings_at(spec, state, now)
     if max_concurrent_rollouts and len(slot_holders) >= max_concurrent_rollouts:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from vllm_autotuner.api import DecisionAction, FailedConfig, KnobSource, Knobs, LearnedOptimum, TimeWindow
 from vllm_autotuner.api.types import duration_seconds, utc_timestamp
 from vllm_autotuner.knobs import startup_errors
-from vllm_autotuner.policy import Observation, decide, rollout_failed, rollout_succeeded
+from vllm_autotuner.policy import HoldReason, Observation, decide, rollout_failed, rollout_succeeded
 from vllm_autotuner.policy.guardrails import in_bounds, step_range, within_step
 
 from .helpers import T0, long_prompt_window, spec, status
@@ -132,6 +132,25 @@ def test_no_change_ever_leaves_the_bounds_breaks_a_rule_or_retries_a_failure(set
     else:
         assert decision.hold is not None
         assert decision.knobs is None or decision.state.history[0].hold == decision.hold  # `kubectl get` shows it
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(setup=setups(), data=st.data(), waiting=st.booleans())
+def test_the_rollout_slots_turn_a_change_into_a_wait_and_change_no_other_decision(setup, data, waiting):
+    """What the operator relies on to look for the slots' holders only when a decision without them is a Change."""
+    the_spec, state = setup
+    if waiting:
+        state = state.model_copy(update={"slot_wait_since": utc_timestamp(T0 - timedelta(minutes=5))})
+    earlier = T0 - timedelta(minutes=10)
+    state = decide(the_spec, state, data.draw(windows(state, the_spec, earlier)), earlier).state
+    window = data.draw(st.one_of(windows(state, the_spec, T0), st.just(long_prompt_window(state, the_spec))))
+    free = decide(the_spec, state, window, T0)
+    full = decide(the_spec, state, window, T0, slot_holders=["ns/other (rolling out)"], max_concurrent_rollouts=1)
+    if free.action == DecisionAction.CHANGE:
+        assert full.hold == HoldReason.NO_SLOT and full.recommendation == free.knobs
+        assert full.state.slot_wait_since == (state.slot_wait_since or utc_timestamp(T0))
+    else:
+        assert full == free
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

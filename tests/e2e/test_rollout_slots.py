@@ -111,7 +111,7 @@ def test_the_change_that_waited_longest_goes_first_after_the_operator_restarted(
     assert first.stop() == 0
     last_seen = {w.name: w.status()["history"][0]["time"] for w in (early, late)}
 
-    operators.start("second", None, "--max-concurrent-rollouts=1")
+    second = operators.start("second", None, "--max-concurrent-rollouts=1")
     for world in (early, late):
         def waits_again(world: World = world) -> str | NotYet:
             newest = world.status()["history"][0]
@@ -120,6 +120,8 @@ def test_the_change_that_waited_longest_goes_first_after_the_operator_restarted(
 
         # the restarted operator keeps each change's place rather than queueing them anew
         assert wait_for(waits_again, 60, f"{world.name} to wait under the restarted operator") == places[world.name]
+        waited = second.metric("vllm_autotuner_rollout_slot_wait_since_seconds", tuning=world.name)
+        assert waited == datetime.fromisoformat(places[world.name]).timestamp()  # what the alert reads
     cluster_with_crd.kubectl("rollout", "undo", f"deployment/{other.name}", "-n", namespace)  # the slot is free
     for world in (early, late):
         world.wait_rolled_out(knob_args(*PRESET), 120)
@@ -132,3 +134,4 @@ def test_the_change_that_waited_longest_goes_first_after_the_operator_restarted(
     assert datetime.fromisoformat(late_rollout["startedAt"]) >= datetime.fromisoformat(early_rollout["finishedAt"]), (
         f"the change that waited first should have rolled out first: {early_rollout}, {late_rollout}")
     assert "slotWaitSince" not in early.status() and "slotWaitSince" not in late.status()
+    assert "vllm_autotuner_rollout_slot_wait_since_seconds" not in second.metrics()

@@ -81,14 +81,11 @@ CASES = [
               "0x30 0+2x90"},
          fires("VllmTuningBlind", "20m"),
          fires("VllmTuningBlind", "100m", {"namespace": "team-a", "tuning": "chat"})),
-    # a change waits for a slot for over an hour; another's wait ended with its rollout
-    case({f'vllm_autotuner_decisions_total{{{TUNING},action="Hold",reason="RolloutSlots"}}': "0+2x120",
-          'vllm_autotuner_decisions_total{namespace="team-a",tuning="rag",action="Hold",reason="RolloutSlots"}':
-              "0+2x20 40x100",
-          'vllm_autotuner_decisions_total{namespace="team-a",tuning="rag",action="Hold",reason="RolloutInProgress"}':
-              "0x20 0+2x100"},
-         fires("VllmTuningWaitsForRolloutSlot", "50m"),
-         fires("VllmTuningWaitsForRolloutSlot", "100m", {"namespace": "team-a", "tuning": "chat"})),
+    # a change has waited for a slot since 10m (600 s); another's wait ended at 30m (its series dropped)
+    case({f"vllm_autotuner_rollout_slot_wait_since_seconds{{{TUNING}}}": "_x10 600x110",
+          'vllm_autotuner_rollout_slot_wait_since_seconds{namespace="team-a",tuning="rag"}': "0x30"},
+         fires("VllmTuningWaitsForRolloutSlot", "69m"),
+         fires("VllmTuningWaitsForRolloutSlot", "71m", {"namespace": "team-a", "tuning": "chat"}, value="1h 1m 0s")),
     # evaluation periods of 10 to 30 s (p90 28 s), then of under a second
     case({'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="10"}': "0x60",
           'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="30"}': "0+2x60",

@@ -64,6 +64,7 @@ def _operator_exposition() -> str:
     metrics.api_calls.labels("get", "deployments").inc()
     metrics.knobs.labels("ns", "t", "max_num_seqs").set(1)
     metrics.recommended.labels("ns", "t", "max_num_seqs").set(1)
+    metrics.slot_wait("ns", "t", "2024-05-01T12:00:00Z")
     return generate_latest(metrics.registry).decode()
 
 

@@ -7,6 +7,8 @@ names and labels are part of the interface and live in one registry here.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
@@ -43,6 +45,11 @@ class OperatorMetrics:
         self.recommended = Gauge(
             "vllm_autotuner_recommended_knob", "Knob value the policy recommends.",
             ["namespace", "tuning", "knob"], registry=r)
+        self.slot_wait_since = Gauge(
+            "vllm_autotuner_rollout_slot_wait_since_seconds",
+            "Unix time since when a change of the tuning has waited for a rollout slot (--max-concurrent-rollouts); "
+            "absent while none waits.",
+            ["namespace", "tuning"], registry=r)
         self.tunings = Gauge("vllm_autotuner_tunings", "VllmTunings watched.", registry=r)
         self.leader = Gauge("vllm_autotuner_leader", "1 while this replica is the leader.", registry=r)
 
@@ -54,3 +61,14 @@ class OperatorMetrics:
                     metric.remove(namespace, tuning, knob)
                 except KeyError:
                     pass
+        self.slot_wait(namespace, tuning, None)
+
+    def slot_wait(self, namespace: str, tuning: str, since: str | None) -> None:
+        """Export since when the tuning's change waits for a rollout slot (RFC 3339), or drop the series (None)."""
+        if since is not None:
+            self.slot_wait_since.labels(namespace, tuning).set(datetime.fromisoformat(since).timestamp())
+            return
+        try:
+            self.slot_wait_since.remove(namespace, tuning)
+        except KeyError:
+            pass

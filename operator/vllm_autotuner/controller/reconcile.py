@@ -668,6 +668,7 @@ class Reconciler:
         if state.current is not None:
             self.metrics.knobs.labels(namespace, name, "max_num_batched_tokens").set(state.current.max_num_batched_tokens)
             self.metrics.knobs.labels(namespace, name, "max_num_seqs").set(state.current.max_num_seqs)
+        self.metrics.slot_wait(namespace, name, state.slot_wait_since)
         report.state = state
         status = state.model_dump(by_alias=True, mode="json")
         if not write:

@@ -83,6 +83,10 @@ class ClusterCache:
         found = list(self._deployments.get((namespace, name), ()))
         return found[0] if found else None
 
+    def target(self, tuning: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The Deployment a VllmTuning (its raw body, valid or not) names, if the cache has it."""
+        return self.deployment(*_target_key(tuning))
+
     def replicasets(self, deployment: dict[str, Any]) -> list[dict[str, Any]]:
         """Every ReplicaSet the Deployment owns: its current revision's and the old ones it keeps."""
         meta = deployment["metadata"]

@@ -314,8 +314,7 @@ class Reconciler:
 
     def _target_rolling(self, tuning: dict[str, Any]) -> bool:
         """Whether a rollout of this VllmTuning's target Deployment runs now, by the cache (read raw: any tuning)."""
-        name = ((tuning.get("spec") or {}).get("targetRef") or {}).get("name")
-        deployment = self.cache.deployment(tuning["metadata"]["namespace"], name) if name else None
+        deployment = self.cache.target(tuning)
         return deployment is not None and rollout_in_progress(deployment)
 
     def _record_slot(self, key: Key, report: Report, deployment: dict[str, Any] | None) -> None:

@@ -139,10 +139,10 @@ def test_no_change_ever_leaves_the_bounds_breaks_a_rule_or_retries_a_failure(set
 def test_the_rollout_slots_turn_a_change_into_a_wait_and_change_no_other_decision(setup, data, waiting):
     """What the operator relies on to look for the slots' holders only when a decision without them is a Change."""
     the_spec, state = setup
-    if waiting:
-        state = state.model_copy(update={"slot_wait_since": utc_timestamp(T0 - timedelta(minutes=5))})
     earlier = T0 - timedelta(minutes=10)
     state = decide(the_spec, state, data.draw(windows(state, the_spec, earlier)), earlier).state
+    if waiting:  # a change that already waits: its place is kept
+        state = state.model_copy(update={"slot_wait_since": utc_timestamp(T0 - timedelta(minutes=5))})
     window = data.draw(st.one_of(windows(state, the_spec, T0), st.just(long_prompt_window(state, the_spec))))
     free = decide(the_spec, state, window, T0)
     full = decide(the_spec, state, window, T0, slot_holders=["ns/other (rolling out)"], max_concurrent_rollouts=1)

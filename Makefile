@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: help setup prometheus testenv up down demo test unit crd manifests lock bench-sim bench-tuning bench-scale
+.PHONY: help setup prometheus testenv up down demo test unit crd manifests lock bench-sim bench-tuning bench-calibration bench-scale
 
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 # Root installs directly; anyone else needs sudo for the Debian package.
@@ -121,6 +121,9 @@ bench-sim: setup ## Real-time factor of the engine simulator per profile (prints
 
 bench-tuning: $(SETUP_STAMP) ## Tuning quality of the decision core on simulated fleets (QUICK=1: a reduced run under 3 minutes)
 	@nice -n 10 $(PY) -m bench.tuning $(if $(QUICK),--quick)
+
+bench-calibration: $(SETUP_STAMP) ## The decision core's utilisation model against the simulator's capacity: bench/results/calibration.md
+	@$(PY) -m bench.tuning.calibration
 
 bench-scale: setup testenv ## Operator at 100 and 1000 VllmTunings, batched vs naive queries: bench/results/scale.md (QUICK=1: a toy run)
 	@nice $(PY) -m bench.scale $(if $(QUICK),--quick --out .local/bench-scale/quick)

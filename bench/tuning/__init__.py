@@ -8,4 +8,6 @@ config or the adaptive loop, every request scored against the SLO in force),
 restarts: what foresight gets from where a policy starts), ``scenarios``
 (traffic, fleet size and spec per profile) and ``report`` (best_static and
 phase_oracle from the grid, targets, JSON, Markdown and timelines). ``python -m bench.tuning`` runs it; ``make bench-tuning``.
+``calibration`` checks the model the adaptive policy prices candidates with against the simulator's capacity, in
+seconds (``python -m bench.tuning.calibration``; ``make bench-calibration``).
 """

@@ -1,0 +1,208 @@
+"""``python -m bench.tuning.calibration``: the decision core's utilisation model against the simulator's capacity.
+
+The adaptive policy prices every candidate config by the utilisation its
+model predicts from one window measured under the running config
+(``policy.model.Traffic``): whether a candidate queues, and so whether a
+rolling restart for it pays, hinges on that number. The tuning benchmark
+shows only where the decisions led, after 24 simulated hours per scenario
+and about two hours of computing; this one checks the number itself in
+seconds. For every GPU profile and request mix of the tuning scenarios and
+two loads, one pod runs vLLM's defaults under Poisson traffic for fifteen
+simulated minutes while ``decide`` evaluates it every 30 s, as the
+benchmark's adaptive run does; from the last window's measurement the model
+predicts the utilisation of each token budget a person might pick. The
+truth is the simulator's: the load over the rate the same pod completes
+under a backlog with that budget (``sim.capacity.saturation_rate``).
+Outputs (``--out``, default ``bench/results``): ``calibration.md`` and
+``calibration.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from vllm_autotuner.api import Knobs
+from vllm_autotuner.policy import decide
+from vllm_autotuner.policy.model import Traffic, fit_step_model
+from vllm_autotuner.sim.capacity import saturation_rate
+from vllm_autotuner.sim.engine import EngineConfig, StepCost
+from vllm_autotuner.sim.profiles import get_profile
+from vllm_autotuner.sim.startup import check_startup
+from vllm_autotuner.sim.workload import Mix, Phase, Poisson, Scenario, Stream
+
+from bench.tuning import scenarios
+from bench.tuning.fleet import Fleet
+from bench.tuning.runner import _initial_state, default_config, itl_targets
+from bench.tuning.scenarios import START, BenchScenario
+
+LOADS = (0.6, 0.85)
+"""Loads, as fractions of the pod's capacity under vLLM's defaults: a calm hour, and the knee the scenarios sit at."""
+BUDGETS = (256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192)
+"""Token budgets of the adaptive policy's grid (powers of two and their midpoints) that people run."""
+RUN_SECONDS = 900.0
+WINDOW_SECONDS = 300.0
+EVALUATE_SECONDS = 30.0
+SCRAPE_SECONDS = 15.0
+BACKLOG = 2000
+"""Requests of the backlog a budget's capacity is measured with."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """A GPU profile, a request mix and the spec of the first tuning scenario that runs them."""
+
+    profile: str
+    mix: Mix
+    scenario: BenchScenario
+
+    @property
+    def name(self) -> str:
+        return f"{self.profile} {self.mix.name}"
+
+
+@dataclass(frozen=True)
+class Row:
+    case: str
+    load: float
+    default: Knobs
+    slope_us: float
+    """The model's fitted seconds per batched token, in microseconds."""
+    simulated_slope_us: float
+    """The simulator's GEMM and all-reduce time per batched token, in microseconds."""
+    utilisation: dict[int, tuple[float, float]]
+    """Per token budget: (the simulator's, the model's)."""
+
+
+def cases(chosen: Sequence[BenchScenario]) -> list[Case]:
+    """Each (profile, mix) the scenarios run, once, with the first scenario's spec."""
+    found: dict[tuple[str, str], Case] = {}
+    for scenario in chosen:
+        for stream in scenario.traffic.streams:
+            found.setdefault((scenario.profile, stream.mix.name), Case(scenario.profile, stream.mix, scenario))
+    return list(found.values())
+
+
+def _engine_config(knobs: Knobs) -> EngineConfig:
+    return EngineConfig(max_num_batched_tokens=knobs.max_num_batched_tokens, max_num_seqs=knobs.max_num_seqs)
+
+
+def measure(case: Case, load: float, budgets: Sequence[int] = BUDGETS, backlog: int = BACKLOG) -> Row:
+    """The model's and the simulator's utilisation of each budget at ``load`` of the default config's capacity."""
+    profile = get_profile(case.profile)
+    default = default_config(case.scenario)
+    rate = load * saturation_rate(profile, case.mix, _engine_config(default), requests=backlog)
+    spec = case.scenario.spec.model_copy(update={"schedules": []})
+    traffic = Scenario("calibration", (Stream(Poisson(rate), case.mix),), (Phase("steady", 0, RUN_SECONDS),),
+                       RUN_SECONDS)  # fmt: skip
+    fleet = Fleet(profile, default, 1, traffic.generate(case.scenario.seed), case.scenario.seed,
+                  keep=int(WINDOW_SECONDS / SCRAPE_SECONDS) + 2, itl_targets=itl_targets(spec))  # fmt: skip
+    state = _initial_state(default)
+    now = 0.0
+    while now < RUN_SECONDS:
+        now += SCRAPE_SECONDS
+        fleet.advance(now)
+        if now >= 2 * WINDOW_SECONDS and now % EVALUATE_SECONDS == 0:
+            observation = fleet.observe(now - WINDOW_SECONDS, now, spec.slo, START)
+            state = decide(spec, state, observation, START + timedelta(seconds=now)).state
+    if not state.measurements:
+        raise RuntimeError(f"{case.name} at {load:.0%}: no window was usable ({state.history[0].reason})")
+    measured = state.measurements[0]
+    model = fit_step_model([measured])
+    assert model is not None
+    predicted = Traffic.of(measured, spec.slo, model)
+    utilisation = {}
+    for tokens in budgets:
+        knobs = Knobs(max_num_batched_tokens=tokens, max_num_seqs=min(default.max_num_seqs, tokens))
+        config = _engine_config(knobs)
+        if check_startup(profile, config).ok:
+            true = rate / saturation_rate(profile, case.mix, config, requests=backlog)
+            utilisation[tokens] = (true, predicted.utilisation(knobs))
+    cost = StepCost(profile)
+    return Row(case.name, load, default, 1e6 * model.slope, 1e6 * (cost.per_token + cost.comm_per_token), utilisation)
+
+
+def _errors(rows: Sequence[Row]) -> list[float]:
+    return [model - true for row in rows for true, model in row.utilisation.values()]
+
+
+def write_markdown(path: Path, rows: Sequence[Row], command: str, seconds: float) -> None:
+    errors = _errors(rows)
+    lines = [
+        "# Utilisation model calibration",
+        "",
+        f"Made by `{command}` in {seconds:.0f} s. Each cell: the simulator's utilisation of the budget (the load over "
+        "the rate the pod completes under a backlog with it) / the decision core's prediction from one 5-minute "
+        "window under vLLM's defaults (max_num_seqs: the default's, at most the budget). Slope: the model's fitted "
+        "time per batched token / the simulator's GEMM and all-reduce time per token. The simulator's capacity is what "
+        "the pod completes under a backlog, with as many requests running as max_num_seqs and the KV cache allow: "
+        "the knee the model must find, where a budget's share of the step goes to decodes.",
+        "",
+        f"Mean absolute error: {sum(map(abs, errors)) / len(errors):.3f}; mean error {sum(errors) / len(errors):+.3f}"
+        f" (negative: the model sees more headroom than there is); worst {max(errors, key=abs):+.3f}.",
+        "",
+        "| profile mix | load | default | slope us | " + " | ".join(str(b) for b in BUDGETS) + " |",
+        "|---|---|---|---|" + "---|" * len(BUDGETS),
+    ]
+    for row in rows:
+        cells = [
+            f"{row.utilisation[b][0]:.2f} / {row.utilisation[b][1]:.2f}" if b in row.utilisation else "fails"
+            for b in BUDGETS
+        ]
+        lines.append(
+            f"| {row.case} | {row.load:.0%} | {row.default.max_num_batched_tokens}/{row.default.max_num_seqs} "
+            f"| {row.slope_us:.1f} / {row.simulated_slope_us:.1f} | " + " | ".join(cells) + " |"
+        )
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_json(path: Path, rows: Sequence[Row], command: str) -> dict:
+    document = {
+        "command": command,
+        "rows": [
+            {
+                "case": row.case,
+                "load": row.load,
+                "slope_us": round(row.slope_us, 2),
+                "simulated_slope_us": round(row.simulated_slope_us, 2),
+                "utilisation": {
+                    str(b): {"simulated": round(true, 4), "model": round(model, 4)}
+                    for b, (true, model) in row.utilisation.items()
+                },
+            }
+            for row in rows
+        ],
+    }
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    return document
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.tuning.calibration", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/results"), help="output folder")
+    args = parser.parse_args(argv)
+    command = " ".join(["python -m bench.tuning.calibration", *(argv if argv is not None else sys.argv[1:])])
+    started = time.perf_counter()
+    rows = []
+    for case in cases(scenarios.full()):
+        for load in LOADS:
+            row = measure(case, load)
+            rows.append(row)
+            cells = " ".join(f"{b}:{true:.2f}/{model:.2f}" for b, (true, model) in row.utilisation.items())
+            print(f"{row.case} at {load:.0%}: simulator/model {cells}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_markdown(args.out / "calibration.md", rows, command, time.perf_counter() - started)
+    write_json(args.out / "calibration.json", rows, command)
+    errors = _errors(rows)
+    print(f"mean absolute error {sum(map(abs, errors)) / len(errors):.3f}; wrote {args.out}/calibration.md and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

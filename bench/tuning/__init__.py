@@ -2,12 +2,15 @@
 
 An in-process loop runs the real ``decide`` against simulated vLLM replicas
 (the simulator's engine) in simulated time: ``fleet`` (replicas, rolling
-restarts, the Observation as the operator builds it), ``runner`` (a static
-config or the adaptive loop, every request scored against the SLO in force),
-``hindsight`` (phase_oracle's configs reached from vLLM's defaults by rolling
-restarts: what foresight gets from where a policy starts), ``scenarios``
-(traffic, fleet size and spec per profile) and ``report`` (best_static and
-phase_oracle from the grid, targets, JSON, Markdown and timelines). ``python -m bench.tuning`` runs it; ``make bench-tuning``.
-``calibration`` checks the model the adaptive policy prices candidates with against the simulator's capacity, in
-seconds (``python -m bench.tuning.calibration``; ``make bench-calibration``).
+restarts, what Prometheus holds of a window), ``observe`` (the Observation
+the operator builds from it), ``runner`` (a static config or the adaptive
+loop, every request scored against the SLO in force), ``hindsight``
+(phase_oracle's configs reached from vLLM's defaults by rolling restarts:
+what foresight gets from where a policy starts), ``scenarios`` (traffic,
+fleet size and spec per profile) and ``report`` (best_static and
+phase_oracle from the grid, targets, JSON, Markdown and timelines).
+``python -m bench.tuning`` runs it; ``make bench-tuning``. ``calibration``
+checks the model the adaptive policy prices candidates with against the
+simulator's capacity, in seconds (``python -m bench.tuning.calibration``;
+``make bench-calibration``).
 """

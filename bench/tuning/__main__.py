@@ -66,7 +66,8 @@ def grid(scenario: BenchScenario, tokens: Sequence[int], seqs: Sequence[float]) 
 CACHE = Path(".cache/bench-tuning")
 #: The code a static run executes: the simulator's engine and what it is built from, the benchmark's fleet and runner
 #: (the scenario itself, traffic and spec, is in the key by value), and the decision core's rule for a request within
-#: the ITL target, which the runner scores with (the rest of the decision core is not in the key).
+#: the ITL target, which the runner scores with (the rest of the decision core is not in the key, nor is
+#: ``bench.tuning.observe``: a static run builds no Observation).
 _SOURCES = (engine, metricstate, profiles, startup, workload, capacity, quantile, fleet, runner)
 _SCORING = (slow_gaps_allowed,)
 

@@ -39,6 +39,7 @@ from vllm_autotuner.sim.workload import Mix, Phase, Poisson, Scenario, Stream
 
 from bench.tuning import scenarios
 from bench.tuning.fleet import Fleet
+from bench.tuning.observe import observe
 from bench.tuning.runner import _initial_state, default_config, itl_targets
 from bench.tuning.scenarios import START, BenchScenario
 
@@ -109,7 +110,7 @@ def measure(case: Case, load: float, budgets: Sequence[int] = BUDGETS, backlog: 
         now += SCRAPE_SECONDS
         fleet.advance(now)
         if now >= 2 * WINDOW_SECONDS and now % EVALUATE_SECONDS == 0:
-            observation = fleet.observe(now - WINDOW_SECONDS, now, spec.slo, START)
+            observation = observe(fleet, now - WINDOW_SECONDS, now, spec.slo, START)
             state = decide(spec, state, observation, START + timedelta(seconds=now)).state
     if not state.measurements:
         raise RuntimeError(f"{case.name} at {load:.0%}: no window was usable ({state.history[0].reason})")

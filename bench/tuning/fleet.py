@@ -11,11 +11,10 @@ start-up model refuses the config. The replacement runs on the GPU its
 predecessor freed, so its engine keeps the pod's seed: the same speed factor
 (GPUs of one type differ by a few percent, and at the knee a pod a few percent
 slower queues for hours), whatever the config. Static runs and the adaptive
-run so compare configs on the same hardware. ``observe`` builds the ``Observation``
-the operator builds from PromQL: increases of counters and histograms over
-the window summed over the current pods, quantiles with Prometheus's own
-``histogram_quantile``, shares within target with ``histogram_fraction_below``,
-gauges averaged over the scrapes in the window.
+run so compare configs on the same hardware. ``window`` gives what Prometheus
+holds of a window, as the operator's PromQL sums it: increases of counters
+and histograms summed over the current pods, and every scrape in it (the
+``Observation`` built from it is ``bench.tuning.observe``'s).
 """
 
 from __future__ import annotations
@@ -23,14 +22,11 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from enum import Enum
 
 import numpy as np
 
-from vllm_autotuner.api import SLO, Knobs
-from vllm_autotuner.observe.quantile import histogram_fraction_below
-from vllm_autotuner.policy import Observation
+from vllm_autotuner.api import Knobs
 from vllm_autotuner.sim.engine import Engine, EngineConfig, Request
 from vllm_autotuner.sim.metricstate import HistogramSnapshot, MetricsSnapshot
 from vllm_autotuner.sim.profiles import Profile
@@ -100,8 +96,21 @@ def _sum(histograms: list[HistogramSnapshot]) -> HistogramSnapshot:
     return HistogramSnapshot(first.bounds, tuple(cumulative), sum(h.sum for h in histograms))
 
 
-def _mean(h: HistogramSnapshot) -> float | None:
-    return h.sum / h.count if h.count else None
+@dataclass(frozen=True)
+class Window:
+    """What Prometheus holds of the current pods over a window: increases summed over them, and every scrape."""
+
+    seconds: float
+    pods: int
+    knobs: frozenset[Knobs]
+    histograms: dict[str, HistogramSnapshot]
+    counters: dict[str, float]
+    scrapes: list[MetricsSnapshot]
+
+    def quantile(self, histogram: str, q: float) -> float | None:
+        """Prometheus's ``histogram_quantile`` of a histogram's increase; None when nothing was observed."""
+        h = self.histograms[histogram]
+        return h.quantile(q) if h.count else None
 
 
 class Fleet:
@@ -257,57 +266,21 @@ class Fleet:
     def current_pods(self) -> list[Pod]:
         return [p for p in self.pods if p.engine is not None]
 
-    def observe(self, start: float, end: float, slo: SLO, t0: datetime) -> Observation | None:
-        """The Observation for ``[start, end]`` over the pods running now, or None without scrapes."""
-        pods = self.current_pods()
+    def window(self, start: float, end: float) -> Window | None:
+        """What Prometheus holds of ``[start, end]`` for the pods running now, or None without scrapes."""
         deltas = []
-        for pod in pods:
+        for pod in self.current_pods():
             first = next((s for t, s in pod.scrapes if t >= start - 1e-6), None)
             if first is None or not pod.scrapes or pod.scrapes[-1][0] < end - 1e-6:
                 continue
             deltas.append((pod, pod.scrapes[-1][1] - first, [s for t, s in pod.scrapes if t >= start - 1e-6]))
         if not deltas:
             return None
-        seconds = end - start
-        histograms = {name: _sum([d.histograms[name] for _, d, _ in deltas]) for name in deltas[0][1].histograms}
-        counters = {name: sum(d.counters[name] for _, d, _ in deltas) for name in deltas[0][1].counters}
-        scrapes = [s for _, _, series in deltas for s in series]
-        ttft, itl = histograms["vllm:time_to_first_token_seconds"], histograms["vllm:inter_token_latency_seconds"]
-        steps = histograms["vllm:iteration_tokens_total"]
-        knobs = {pod.knobs for pod, _, _ in deltas}
-
-        def quantile(h: HistogramSnapshot, q: float) -> float | None:
-            return h.quantile(q) if h.count else None
-
-        def share(h: HistogramSnapshot, target: float) -> float | None:
-            return histogram_fraction_below(target, h.bounds, h.cumulative) if h.count else None
-
-        return Observation(
-            window_start=t0 + timedelta(seconds=start),
-            window_end=t0 + timedelta(seconds=end),
-            config=knobs.pop() if len(knobs) == 1 else None,
+        return Window(
+            seconds=end - start,
             pods=len(deltas),
-            rollout_in_progress=self.rollout_started is not None,
-            data_age_seconds=SCRAPE_LAG_SECONDS,
-            slo=slo,
-            requests=counters["request_success"],
-            request_rate=counters["request_success"] / seconds,
-            prompt_tokens_rate=counters["prompt_tokens"] / seconds,
-            generation_tokens_rate=counters["generation_tokens"] / seconds,
-            ttft_seconds=quantile(ttft, slo.ttft.quantile),
-            itl_seconds=quantile(itl, slo.itl.quantile),
-            e2e_seconds=quantile(histograms["vllm:e2e_request_latency_seconds"], slo.ttft.quantile),
-            queue_seconds=quantile(histograms["vllm:request_queue_time_seconds"], slo.ttft.quantile),
-            itl_mean_seconds=_mean(itl),
-            ttft_within_slo=share(ttft, slo.ttft.seconds),
-            itl_within_slo=share(itl, slo.itl.seconds),
-            running=float(np.mean([s.gauges.num_requests_running for s in scrapes])),
-            waiting=float(np.mean([s.gauges.num_requests_waiting for s in scrapes])),
-            kv_cache_usage=float(np.mean([s.gauges.kv_cache_usage_perc for s in scrapes])),
-            preemption_rate=counters["num_preemptions"] / seconds,
-            mean_prompt_tokens=_mean(histograms["vllm:request_prompt_tokens"]),
-            mean_generation_tokens=_mean(histograms["vllm:request_generation_tokens"]),
-            step_tokens_mean=_mean(steps),
-            step_tokens_quantile=quantile(steps, slo.itl.quantile),
-            steps_per_second=steps.count / seconds,
+            knobs=frozenset(pod.knobs for pod, _, _ in deltas),
+            histograms={name: _sum([d.histograms[name] for _, d, _ in deltas]) for name in deltas[0][1].histograms},
+            counters={name: sum(d.counters[name] for _, d, _ in deltas) for name in deltas[0][1].counters},
+            scrapes=[s for _, _, series in deltas for s in series],
         )

@@ -35,6 +35,7 @@ from vllm_autotuner.sim.profiles import get_profile
 from vllm_autotuner.sim.startup import check_startup, default_knobs
 
 from bench.tuning.fleet import Fleet, Outcomes
+from bench.tuning.observe import observe
 from bench.tuning.scenarios import START, BenchScenario
 
 #: Fleet clock resolution of the adaptive run (a scrape interval).
@@ -143,15 +144,17 @@ def score(
 
 
 def _sample(fleet: Fleet, slo: SLO, now: float) -> Sample | None:
-    observed = fleet.observe(now - SAMPLE, now, slo, START)
-    if observed is None:
+    window = fleet.window(now - SAMPLE, now)
+    if window is None:
         return None
     knobs = fleet.target
+    ttft = window.quantile("vllm:time_to_first_token_seconds", slo.ttft.quantile)
+    itl = window.quantile("vllm:inter_token_latency_seconds", slo.itl.quantile)
     return Sample(
         now,
-        observed.request_rate or 0.0,
-        observed.ttft_seconds if observed.ttft_seconds is not None else math.nan,
-        observed.itl_seconds if observed.itl_seconds is not None else math.nan,
+        window.counters["request_success"] / window.seconds,
+        ttft if ttft is not None else math.nan,
+        itl if itl is not None else math.nan,
         knobs.max_num_batched_tokens,
         knobs.max_num_seqs,
     )
@@ -238,7 +241,7 @@ def run_adaptive(scenario: BenchScenario) -> RunResult:
         slo = effective_slo(spec, state, moment)
         assert state.current is not None
         settled = _seconds(state.current.since) + settle
-        observation = fleet.observe(max(now - window, settled), now, slo, START) if settled < now else None
+        observation = observe(fleet, max(now - window, settled), now, slo, START) if settled < now else None
         decision = decide(spec, state, observation, moment)
         if decision.changes:
             held = hold_reason(spec, slo, state, observation, moment)

@@ -83,9 +83,17 @@ CASES = [
          fires("VllmTuningBlind", "100m", {"namespace": "team-a", "tuning": "chat"})),
     # a change has waited for a slot since 10m (600 s); another's wait ended at 30m (its series dropped)
     case({f"vllm_autotuner_rollout_slot_wait_since_seconds{{{TUNING}}}": "_x10 600x110",
+          f'vllm_autotuner_decisions_total{{{TUNING},action="Hold",reason="RolloutSlots"}}': "_x10 0+2x110",
           'vllm_autotuner_rollout_slot_wait_since_seconds{namespace="team-a",tuning="rag"}': "0x30"},
          fires("VllmTuningWaitsForRolloutSlot", "69m"),
          fires("VllmTuningWaitsForRolloutSlot", "71m", {"namespace": "team-a", "tuning": "chat"}, value="1h 1m 0s")),
+    # a waiting change keeps its place through 80 minutes without data (its decisions hold NoData): it does not
+    # wait for a slot meanwhile, so no alert, until it does again; its wait then counts from its place
+    case({f"vllm_autotuner_rollout_slot_wait_since_seconds{{{TUNING}}}": "600x130",
+          f'vllm_autotuner_decisions_total{{{TUNING},action="Hold",reason="RolloutSlots"}}': "0+2x20 40x80 40+2x30",
+          f'vllm_autotuner_decisions_total{{{TUNING},action="Hold",reason="NoData"}}': "0x20 0+2x80 160x30"},
+         fires("VllmTuningWaitsForRolloutSlot", "95m"),
+         fires("VllmTuningWaitsForRolloutSlot", "115m", {"namespace": "team-a", "tuning": "chat"}, value="1h 45m 0s")),
     # evaluation periods of 10 to 30 s (p90 28 s), then of under a second
     case({'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="10"}': "0x60",
           'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="30"}': "0+2x60",

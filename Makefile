@@ -122,7 +122,7 @@ bench-sim: setup ## Real-time factor of the engine simulator per profile (prints
 bench-tuning: $(SETUP_STAMP) ## Tuning quality of the decision core on simulated fleets (QUICK=1: a reduced run under 3 minutes)
 	@nice -n 10 $(PY) -m bench.tuning $(if $(QUICK),--quick)
 
-bench-calibration: $(SETUP_STAMP) ## The decision core's utilisation model against the simulator's capacity: bench/results/calibration.md
+bench-calibration: $(SETUP_STAMP) ## The decision core's predictions (utilisation, SLO attainment) against the simulator: bench/results/calibration.md
 	@$(PY) -m bench.tuning.calibration
 
 bench-scale: setup testenv ## Operator at 100 and 1000 VllmTunings, batched vs naive queries: bench/results/scale.md (QUICK=1: a toy run)

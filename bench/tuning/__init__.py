@@ -10,7 +10,7 @@ what foresight gets from where a policy starts), ``scenarios`` (traffic,
 fleet size and spec per profile) and ``report`` (best_static and
 phase_oracle from the grid, targets, JSON, Markdown and timelines).
 ``python -m bench.tuning`` runs it; ``make bench-tuning``. ``calibration``
-checks the model the adaptive policy prices candidates with against the
-simulator's capacity, in seconds (``python -m bench.tuning.calibration``;
-``make bench-calibration``).
+checks the predictions the adaptive policy prices candidates with against
+the simulator, in a minute (``python -m bench.tuning.calibration``; ``make
+bench-calibration``).
 """

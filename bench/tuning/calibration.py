@@ -1,26 +1,29 @@
-"""``python -m bench.tuning.calibration``: the decision core's utilisation model against the simulator's capacity.
+"""``python -m bench.tuning.calibration``: the decision core's model against the simulator, in a minute.
 
-The adaptive policy prices every candidate config by the utilisation its
-model predicts from one window measured under the running config
-(``policy.model.Traffic``): whether a candidate queues, and so whether a
-rolling restart for it pays, hinges on that number. The tuning benchmark
-shows only where the decisions led, after 24 simulated hours per scenario
-and about two hours of computing; this one checks the number itself in
-seconds. For every GPU profile and request mix of the tuning scenarios and
-two loads, one pod runs vLLM's defaults under Poisson traffic for fifteen
-simulated minutes while ``decide`` evaluates it every 30 s, as the
-benchmark's adaptive run does; from the last window's measurement the model
-predicts the utilisation of each token budget a person might pick. The
-truth is the simulator's: the load over the rate the same pod completes
-under a backlog with that budget (``sim.capacity.saturation_rate``).
-Outputs (``--out``, default ``bench/results``): ``calibration.md`` and
-``calibration.json``.
+The adaptive policy prices every candidate config from one window measured
+under the running config (``policy.model.Traffic``): the utilisation it
+predicts (whether the candidate queues) and the SLO attainment (whether a
+rolling restart for it pays). The tuning benchmark shows only where those
+predictions led, after 24 simulated hours per scenario and about two hours
+of computing; this one checks the predictions themselves. For every GPU
+profile and request mix of the tuning scenarios and two loads, one pod runs
+vLLM's defaults under Poisson traffic for fifteen simulated minutes while
+``decide`` evaluates it every 30 s, as the benchmark's adaptive run does;
+from the last window's measurement the model predicts each token budget a
+person might pick. The truth is the simulator's: for utilisation, the load
+over the rate the pod completes under a backlog with that budget
+(``sim.capacity.saturation_rate``); for attainment, what ``decide``
+measures in the last window of the same traffic with that budget running.
+It also scores the budget the model would choose against the best one
+measured. Outputs (``--out``, default ``bench/results``):
+``calibration.md`` and ``calibration.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from vllm_autotuner.api import Knobs
+from vllm_autotuner.api import Knobs, Measurement, VllmTuningSpec
 from vllm_autotuner.policy import decide
 from vllm_autotuner.policy.model import Traffic, fit_step_model
 from vllm_autotuner.sim.capacity import saturation_rate
@@ -79,6 +82,20 @@ class Row:
     """The simulator's GEMM and all-reduce time per batched token, in microseconds."""
     utilisation: dict[int, tuple[float, float]]
     """Per token budget: (the simulator's, the model's)."""
+    attainment: dict[int, tuple[float, float]]
+    """Per token budget: (measured in a window of the same traffic under it, the model's prediction)."""
+
+    @property
+    def choice(self) -> int:
+        """The budget the model predicts best; among equals, the one nearest the default (the smallest move)."""
+        best = max(model for _, model in self.attainment.values())
+        return min((b for b, (_, model) in self.attainment.items() if model >= best - 1e-9),
+                   key=lambda b: abs(math.log2(b / self.default.max_num_batched_tokens)))  # fmt: skip
+
+    @property
+    def regret(self) -> float:
+        """Attainment the model's choice measured short of the best budget's."""
+        return max(measured for measured, _ in self.attainment.values()) - self.attainment[self.choice][0]
 
 
 def cases(chosen: Sequence[BenchScenario]) -> list[Case]:
@@ -94,17 +111,13 @@ def _engine_config(knobs: Knobs) -> EngineConfig:
     return EngineConfig(max_num_batched_tokens=knobs.max_num_batched_tokens, max_num_seqs=knobs.max_num_seqs)
 
 
-def measure(case: Case, load: float, budgets: Sequence[int] = BUDGETS, backlog: int = BACKLOG) -> Row:
-    """The model's and the simulator's utilisation of each budget at ``load`` of the default config's capacity."""
-    profile = get_profile(case.profile)
-    default = default_config(case.scenario)
-    rate = load * saturation_rate(profile, case.mix, _engine_config(default), requests=backlog)
-    spec = case.scenario.spec.model_copy(update={"schedules": []})
+def _measured(case: Case, knobs: Knobs, rate: float, spec: VllmTuningSpec) -> Measurement:
+    """What ``decide`` keeps of the last window of one pod running ``knobs`` under the case's traffic at ``rate``."""
     traffic = Scenario("calibration", (Stream(Poisson(rate), case.mix),), (Phase("steady", 0, RUN_SECONDS),),
                        RUN_SECONDS)  # fmt: skip
-    fleet = Fleet(profile, default, 1, traffic.generate(case.scenario.seed), case.scenario.seed,
+    fleet = Fleet(get_profile(case.profile), knobs, 1, traffic.generate(case.scenario.seed), case.scenario.seed,
                   keep=int(WINDOW_SECONDS / SCRAPE_SECONDS) + 2, itl_targets=itl_targets(spec))  # fmt: skip
-    state = _initial_state(default)
+    state = _initial_state(knobs)
     now = 0.0
     while now < RUN_SECONDS:
         now += SCRAPE_SECONDS
@@ -113,57 +126,101 @@ def measure(case: Case, load: float, budgets: Sequence[int] = BUDGETS, backlog: 
             observation = observe(fleet, now - WINDOW_SECONDS, now, spec.slo, START)
             state = decide(spec, state, observation, START + timedelta(seconds=now)).state
     if not state.measurements:
-        raise RuntimeError(f"{case.name} at {load:.0%}: no window was usable ({state.history[0].reason})")
-    measured = state.measurements[0]
+        raise RuntimeError(f"{case.name} under {knobs}: no window was usable ({state.history[0].reason})")
+    return state.measurements[0]
+
+
+def measure(case: Case, load: float, budgets: Sequence[int] = BUDGETS, backlog: int = BACKLOG) -> Row:
+    """The model's predictions for each budget at ``load`` of the default config's capacity, from a window under
+    the default config, against the simulator's: utilisation under a backlog, attainment of the same traffic."""
+    profile = get_profile(case.profile)
+    default = default_config(case.scenario)
+    rate = load * saturation_rate(profile, case.mix, _engine_config(default), requests=backlog)
+    spec = case.scenario.spec.model_copy(update={"schedules": []})
+    measured = _measured(case, default, rate, spec)
     model = fit_step_model([measured])
     assert model is not None
     predicted = Traffic.of(measured, spec.slo, model)
-    utilisation = {}
+    utilisation, attainment = {}, {}
     for tokens in budgets:
         knobs = Knobs(max_num_batched_tokens=tokens, max_num_seqs=min(default.max_num_seqs, tokens))
         config = _engine_config(knobs)
         if check_startup(profile, config).ok:
             true = rate / saturation_rate(profile, case.mix, config, requests=backlog)
             utilisation[tokens] = (true, predicted.utilisation(knobs))
+            attainment[tokens] = (_measured(case, knobs, rate, spec).attainment, predicted.predict(knobs).attainment)
     cost = StepCost(profile)
-    return Row(case.name, load, default, 1e6 * model.slope, 1e6 * (cost.per_token + cost.comm_per_token), utilisation)
+    return Row(case.name, load, default, 1e6 * model.slope, 1e6 * (cost.per_token + cost.comm_per_token),
+               utilisation, attainment)  # fmt: skip
 
 
-def _errors(rows: Sequence[Row]) -> list[float]:
-    return [model - true for row in rows for true, model in row.utilisation.values()]
+def _errors(rows: Sequence[Row], what: str) -> list[float]:
+    return [model - true for row in rows for true, model in getattr(row, what).values()]
 
 
-def write_markdown(path: Path, rows: Sequence[Row], command: str, seconds: float) -> None:
-    errors = _errors(rows)
+def _summary(rows: Sequence[Row], what: str) -> str:
+    errors = _errors(rows, what)
+    return (f"mean absolute error {sum(map(abs, errors)) / len(errors):.3f}, mean error "
+            f"{sum(errors) / len(errors):+.3f}, worst {max(errors, key=abs):+.3f}")  # fmt: skip
+
+
+def _table(rows: Sequence[Row], what: str) -> list[str]:
     lines = [
-        "# Utilisation model calibration",
-        "",
-        f"Made by `{command}` in {seconds:.0f} s. Each cell: the simulator's utilisation of the budget (the load over "
-        "the rate the pod completes under a backlog with it) / the decision core's prediction from one 5-minute "
-        "window under vLLM's defaults (max_num_seqs: the default's, at most the budget). Slope: the model's fitted "
-        "time per batched token / the simulator's GEMM and all-reduce time per token. The simulator's capacity is what "
-        "the pod completes under a backlog, with as many requests running as max_num_seqs and the KV cache allow: "
-        "the knee the model must find, where a budget's share of the step goes to decodes.",
-        "",
-        f"Mean absolute error: {sum(map(abs, errors)) / len(errors):.3f}; mean error {sum(errors) / len(errors):+.3f}"
-        f" (negative: the model sees more headroom than there is); worst {max(errors, key=abs):+.3f}.",
-        "",
         "| profile mix | load | default | slope us | " + " | ".join(str(b) for b in BUDGETS) + " |",
         "|---|---|---|---|" + "---|" * len(BUDGETS),
     ]
     for row in rows:
-        cells = [
-            f"{row.utilisation[b][0]:.2f} / {row.utilisation[b][1]:.2f}" if b in row.utilisation else "fails"
-            for b in BUDGETS
-        ]
+        values = getattr(row, what)
+        cells = [f"{values[b][0]:.2f} / {values[b][1]:.2f}" if b in values else "fails" for b in BUDGETS]
         lines.append(
             f"| {row.case} | {row.load:.0%} | {row.default.max_num_batched_tokens}/{row.default.max_num_seqs} "
             f"| {row.slope_us:.1f} / {row.simulated_slope_us:.1f} | " + " | ".join(cells) + " |"
         )
+    return lines
+
+
+def write_markdown(path: Path, rows: Sequence[Row], command: str, seconds: float) -> None:
+    lines = [
+        "# Model calibration",
+        "",
+        f"Made by `{command}` in {seconds:.0f} s. The decision core predicts each budget from one 5-minute window "
+        "of a pod under vLLM's defaults (max_num_seqs: the default's, at most the budget). Slope: the model's fitted "
+        "time per batched token / the simulator's GEMM and all-reduce time per token.",
+        "",
+        "## Utilisation",
+        "",
+        "Each cell: the simulator's utilisation of the budget / the model's. The simulator's is the load over what "
+        "the pod completes under a backlog with that budget, as many requests running as max_num_seqs and the KV "
+        "cache allow. Negative errors: the model sees more headroom than there is.",
+        "",
+        f"Model minus simulator: {_summary(rows, 'utilisation')}.",
+        "",
+        *_table(rows, "utilisation"),
+        "",
+        "## SLO attainment",
+        "",
+        "Each cell: the attainment measured (as the operator estimates it from the histograms) in a window of the "
+        "same traffic with the budget running / the model's prediction of it from the defaults' window.",
+        "",
+        f"Model minus measured: {_summary(rows, 'attainment')}. The budget the model would choose (its best "
+        "prediction; among equals, the nearest to the default) measured "
+        f"{sum(r.regret for r in rows) / len(rows):.3f} short of the best budget on average, at worst "
+        f"{max(r.regret for r in rows):.3f}.",
+        "",
+        *_table(rows, "attainment"),
+        "",
+        "| profile mix | load | model's choice | measured | best measured |",
+        "|---|---|---|---|---|",
+        *(f"| {r.case} | {r.load:.0%} | {r.choice} | {r.attainment[r.choice][0]:.2f} | "
+          f"{max(m for m, _ in r.attainment.values()):.2f} |" for r in rows),
+    ]
     path.write_text("\n".join(lines) + "\n")
 
 
 def write_json(path: Path, rows: Sequence[Row], command: str) -> dict:
+    def pairs(values: dict[int, tuple[float, float]], first: str) -> dict:
+        return {str(b): {first: round(a, 4), "model": round(m, 4)} for b, (a, m) in values.items()}
+
     document = {
         "command": command,
         "rows": [
@@ -172,10 +229,10 @@ def write_json(path: Path, rows: Sequence[Row], command: str) -> dict:
                 "load": row.load,
                 "slope_us": round(row.slope_us, 2),
                 "simulated_slope_us": round(row.simulated_slope_us, 2),
-                "utilisation": {
-                    str(b): {"simulated": round(true, 4), "model": round(model, 4)}
-                    for b, (true, model) in row.utilisation.items()
-                },
+                "utilisation": pairs(row.utilisation, "simulated"),
+                "attainment": pairs(row.attainment, "measured"),
+                "choice": row.choice,
+                "regret": round(row.regret, 4),
             }
             for row in rows
         ],
@@ -195,13 +252,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         for load in LOADS:
             row = measure(case, load)
             rows.append(row)
-            cells = " ".join(f"{b}:{true:.2f}/{model:.2f}" for b, (true, model) in row.utilisation.items())
-            print(f"{row.case} at {load:.0%}: simulator/model {cells}", flush=True)
+            print(f"{row.case} at {load:.0%}, simulator or measured / model:", flush=True)
+            for what in ("utilisation", "attainment"):
+                cells = " ".join(f"{b}:{a:.2f}/{m:.2f}" for b, (a, m) in getattr(row, what).items())
+                print(f"  {what}: {cells}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     write_markdown(args.out / "calibration.md", rows, command, time.perf_counter() - started)
     write_json(args.out / "calibration.json", rows, command)
-    errors = _errors(rows)
-    print(f"mean absolute error {sum(map(abs, errors)) / len(errors):.3f}; wrote {args.out}/calibration.md and .json")
+    print(f"utilisation: {_summary(rows, 'utilisation')}; attainment: {_summary(rows, 'attainment')}; "
+          f"regret of the model's choice: mean {sum(r.regret for r in rows) / len(rows):.3f}")
+    print(f"wrote {args.out}/calibration.md and calibration.json")
     return 0
 
 

@@ -35,13 +35,13 @@ from vllm_autotuner.api import Knobs, Measurement, VllmTuningSpec
 from vllm_autotuner.policy import decide
 from vllm_autotuner.policy.model import Traffic, fit_step_model
 from vllm_autotuner.sim.capacity import saturation_rate
-from vllm_autotuner.sim.engine import EngineConfig, StepCost
+from vllm_autotuner.sim.engine import StepCost
 from vllm_autotuner.sim.profiles import get_profile
 from vllm_autotuner.sim.startup import check_startup
 from vllm_autotuner.sim.workload import Mix, Phase, Poisson, Scenario, Stream
 
 from bench.tuning import scenarios
-from bench.tuning.fleet import Fleet
+from bench.tuning.fleet import Fleet, engine_config
 from bench.tuning.observe import observe
 from bench.tuning.runner import _initial_state, default_config, itl_targets
 from bench.tuning.scenarios import START, BenchScenario
@@ -73,6 +73,8 @@ class Case:
 
 @dataclass(frozen=True)
 class Row:
+    """One case at one load: the fitted slope, and per token budget the simulator's and the model's numbers."""
+
     case: str
     load: float
     default: Knobs
@@ -107,10 +109,6 @@ def cases(chosen: Sequence[BenchScenario]) -> list[Case]:
     return list(found.values())
 
 
-def _engine_config(knobs: Knobs) -> EngineConfig:
-    return EngineConfig(max_num_batched_tokens=knobs.max_num_batched_tokens, max_num_seqs=knobs.max_num_seqs)
-
-
 def _measured(case: Case, knobs: Knobs, rate: float, spec: VllmTuningSpec) -> Measurement:
     """What ``decide`` keeps of the last window of one pod running ``knobs`` under the case's traffic at ``rate``."""
     traffic = Scenario("calibration", (Stream(Poisson(rate), case.mix),), (Phase("steady", 0, RUN_SECONDS),),
@@ -135,7 +133,7 @@ def measure(case: Case, load: float, budgets: Sequence[int] = BUDGETS, backlog: 
     the default config, against the simulator's: utilisation under a backlog, attainment of the same traffic."""
     profile = get_profile(case.profile)
     default = default_config(case.scenario)
-    rate = load * saturation_rate(profile, case.mix, _engine_config(default), requests=backlog)
+    rate = load * saturation_rate(profile, case.mix, engine_config(default), requests=backlog)
     spec = case.scenario.spec.model_copy(update={"schedules": []})
     measured = _measured(case, default, rate, spec)
     model = fit_step_model([measured])
@@ -144,7 +142,7 @@ def measure(case: Case, load: float, budgets: Sequence[int] = BUDGETS, backlog: 
     utilisation, attainment = {}, {}
     for tokens in budgets:
         knobs = Knobs(max_num_batched_tokens=tokens, max_num_seqs=min(default.max_num_seqs, tokens))
-        config = _engine_config(knobs)
+        config = engine_config(knobs)
         if check_startup(profile, config).ok:
             true = rate / saturation_rate(profile, case.mix, config, requests=backlog)
             utilisation[tokens] = (true, predicted.utilisation(knobs))

@@ -113,6 +113,11 @@ class Window:
         return h.quantile(q) if h.count else None
 
 
+def engine_config(knobs: Knobs) -> EngineConfig:
+    """The simulator's engine config for the two knobs (everything else at vLLM's defaults)."""
+    return EngineConfig(max_num_batched_tokens=knobs.max_num_batched_tokens, max_num_seqs=knobs.max_num_seqs)
+
+
 class Fleet:
     """The replicas of one Deployment running a workload under simulated time."""
 
@@ -169,19 +174,16 @@ class Fleet:
         crashing = next((p for p in self.pods if p.state == PodState.CRASHING), None)
         error = None
         if crashing is not None:
-            error = check_startup(self.profile, self._config(crashing.knobs)).error
+            error = check_startup(self.profile, engine_config(crashing.knobs)).error
         return RolloutProgress(self.target, self.rollout_started, self.progressed, complete, error)
 
     def finish_rollout(self) -> None:
         self.rollout_started = None
 
-    def _config(self, knobs: Knobs) -> EngineConfig:
-        return EngineConfig(max_num_batched_tokens=knobs.max_num_batched_tokens, max_num_seqs=knobs.max_num_seqs)
-
     def _start_engine(self, pod: Pod, at: float) -> None:
         pod.engine = Engine(
             self.profile,
-            self._config(pod.knobs),
+            engine_config(pod.knobs),
             seed=self.seed * 1000 + pod.index,
             slow_gap_seconds=self.itl_targets,
         )
@@ -209,7 +211,7 @@ class Fleet:
                 pod.knobs = self.target
                 outcome = check_startup(
                     self.profile,
-                    self._config(pod.knobs),
+                    engine_config(pod.knobs),
                     compile_cached=pod.knobs.max_num_batched_tokens in pod.compiled,
                 )
                 pod.state = PodState.STARTING if outcome.ok else PodState.CRASHING

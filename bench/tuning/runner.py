@@ -30,11 +30,10 @@ from vllm_autotuner.policy import (
 )
 from vllm_autotuner.policy.model import slow_gaps_allowed
 from vllm_autotuner.policy.schedule import window_in_force
-from vllm_autotuner.sim.engine import EngineConfig
 from vllm_autotuner.sim.profiles import get_profile
 from vllm_autotuner.sim.startup import check_startup, default_knobs
 
-from bench.tuning.fleet import Fleet, Outcomes
+from bench.tuning.fleet import Fleet, Outcomes, engine_config
 from bench.tuning.observe import observe
 from bench.tuning.scenarios import START, BenchScenario
 
@@ -169,8 +168,7 @@ def run_static(scenario: BenchScenario, knobs: Knobs) -> RunResult:
     """The scenario with ``knobs`` all day: vllm_default and every grid point of best_static / phase_oracle."""
     result = RunResult(scenario.key, "static", knobs)
     profile = get_profile(scenario.profile)
-    config = EngineConfig(max_num_batched_tokens=knobs.max_num_batched_tokens, max_num_seqs=knobs.max_num_seqs)
-    if not check_startup(profile, config).ok:
+    if not check_startup(profile, engine_config(knobs)).ok:
         result.started = False
         return result
     workload = scenario.traffic.generate(scenario.seed)

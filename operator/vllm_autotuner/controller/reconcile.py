@@ -104,7 +104,7 @@ class OperatorSettings:
 
     prometheus_url: str | None = None
     naive_queries: bool = False  # one query per family per tuning: the scale benchmark's baseline
-    max_concurrent_rollouts: int = 0  # rollouts of ours in progress at once across tunings; 0: no limit
+    max_concurrent_rollouts: int = 0  # rollouts of tuned Deployments in progress at once, anyone's; 0: no limit
 
 
 def pod_prefix(replicaset: str) -> str:
@@ -307,7 +307,7 @@ class Reconciler:
             if decision.changes and (spec.mode == Mode.AUTO or decision.action == DecisionAction.ROLLBACK):
                 # the policy never changes outside Auto; the mode check is a second lock on the door
                 await self._patch(target, decision, report, before, during_rollout=False)
-            self._record_slot(key, report, target.deployment)
+            self._record_slot(key, report)
         ready_reason = {Mode.AUTO: "Tuning", Mode.RECOMMEND: "Recommending", Mode.PAUSED: "Paused"}[spec.mode]
         report.condition(ConditionType.READY, True, ready_reason, f"{decision.action}: {decision.reason}")
         self._progress_condition(report)
@@ -317,12 +317,14 @@ class Reconciler:
         deployment = self.cache.target(tuning)
         return deployment is not None and rollout_in_progress(deployment)
 
-    def _record_slot(self, key: Key, report: Report, deployment: dict[str, Any] | None) -> None:
-        """A rollout of the target holds a slot whoever started it (ours, a `kubectl rollout restart`, an image
-        bump): each surges pods onto spare GPUs alike."""
-        rolling = rolling_out(report.state) or (deployment is not None and rollout_in_progress(deployment))
+    def _record_slot(self, key: Key, report: Report) -> None:
+        """What this evaluation leaves for the slots: our rollout in progress, and since when a change waits.
+        Someone else's rollout of the target (a `kubectl rollout restart`, an image bump) holds a slot too, but
+        that is read from the Deployment whenever the slots are counted (``_target_rolling``): recorded here, it
+        would still hold the slot after it finished, until this tuning's next evaluation."""
         waiting = report.decision is not None and report.decision.hold == HoldReason.NO_SLOT
-        self.slots.record(key, rolling=rolling, waiting_since=report.state.slot_wait_since if waiting else None)
+        self.slots.record(key, rolling=rolling_out(report.state),
+                          waiting_since=report.state.slot_wait_since if waiting else None)
 
     # --- target ----------------------------------------------------------------------------------
 
@@ -673,7 +675,7 @@ class Reconciler:
         if not write:
             return
         deployment = self.cache.deployment(namespace, spec.target_ref.name) if spec else None
-        self._record_slot((namespace, name), report, deployment)  # also after evaluations that stopped early
+        self._record_slot((namespace, name), report)  # also after evaluations that stopped early
         for reason, message, type_ in report.events + report.target_events:
             # what the Events say goes to the log too: the one record that outlives their TTL
             log.log(logging.WARNING if type_ == events.WARNING else logging.INFO, "%s: %s", reason, message,

@@ -7,8 +7,8 @@ at once. The decision core is told what holds the slots (naming it in the
 hold) and holds the change (reason RolloutSlots) when none is left. A slot
 is held by a rollout of a tuned Deployment in progress, the operator's or
 anyone's (a ``kubectl rollout restart``, an image bump: its surge pods need
-spare GPUs too; seen in the Deployment as soon as it starts, not at its
-tuning's next evaluation), and also by a change that has waited longer for
+spare GPUs too; seen in the Deployment as soon as it starts and no longer
+once it ends, not at its tuning's next evaluation), and also by a change that has waited longer for
 one: the tunings of a tick are evaluated in the same order every tick, so
 without the queue a slot freed would go to the same tuning each time, and
 one behind several others could wait for ever.
@@ -70,8 +70,9 @@ class RolloutSlots:
         return held
 
     def record(self, key: Key, *, rolling: bool, waiting_since: str | None) -> None:
-        """What an evaluation of ``key`` left: its rollout in progress or not, and since when its change waits for a
-        slot (None: it does not wait now, whatever its status keeps for its place)."""
+        """What an evaluation of ``key`` left: the operator's rollout of it in progress or not (anyone else's is
+        ``holders``' ``target_rolling``), and since when its change waits for a slot (None: it does not wait now,
+        whatever its status keeps for its place)."""
         self._seen[key] = (rolling, _moment(waiting_since))
 
     def forget(self, key: Key) -> None:

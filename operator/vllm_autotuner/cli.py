@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -33,7 +34,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     options = RunOptions(
         settings=OperatorSettings(prometheus_url=args.prometheus_url, naive_queries=args.naive_queries,
-                                  max_concurrent_rollouts=args.max_concurrent_rollouts),
+                                  max_concurrent_rollouts=args.max_concurrent_rollouts,
+                                  rollout_pool_label=args.rollout_pool_label),
         namespaces=tuple(args.namespace or _env_list("WATCH_NAMESPACES")),
         http_host=args.http_host,
         http_port=args.http_port,
@@ -66,6 +68,18 @@ def _non_negative(value: str) -> int:
     return number
 
 
+#: A Kubernetes label key: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters.
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def _label_key(value: str) -> str:
+    """A node label key, or "" for none."""
+    if value and (not _LABEL_KEY.match(value) or len(value.partition("/")[0]) > 253):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a Kubernetes label key (e.g. karpenter.sh/nodepool)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-autotuner",
@@ -91,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="at most N rollouts of tuned Deployments in progress at once, the operator's or anyone's: "
                           "changes (not rollbacks) wait for a slot, the longest waiting first; "
                           "0 (default) means no limit")
+    run.add_argument("--rollout-pool-label", type=_label_key, default="", metavar="LABEL",
+                     help="node label naming the node pools (e.g. karpenter.sh/nodepool, cloud.google.com/gke-nodepool):"
+                          " --max-concurrent-rollouts then holds per pool, the one a target's pod template pins its "
+                          "pods to (nodeSelector, or required node affinity In one value); a template that pins none "
+                          "shares the slots of every pool. Default: one pool")
     run.add_argument("--log-format", choices=["json", "text"], default="json", help="log line format")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--naive-queries", action="store_true",

@@ -17,9 +17,10 @@ from datetime import datetime
 import pytest
 from tests.e2e.conftest import Operators
 from tests.e2e.world import World, knob_args, knobs_of, open_window, tuning_spec
-from tests.support import H100, Cluster, NotYet, wait_for
+from tests.support import H100, L4, Cluster, NotYet, wait_for
 
 from vllm_autotuner.sim import localenv
+from vllm_autotuner.sim.fleet import PROFILE_LABEL
 
 pytestmark = pytest.mark.e2e
 
@@ -92,6 +93,22 @@ def test_someone_elses_rollout_of_a_tuned_deployment_holds_the_slot(
     assert knobs_of(tuned.template_args()) == BEFORE and tuned.status().get("lastRollout") is None
     cluster_with_crd.kubectl("rollout", "undo", f"deployment/{other.name}", "-n", namespace)  # they give up
     tuned.wait_rolled_out(knob_args(*PRESET), 90)
+
+
+def test_with_a_pool_label_a_rollout_in_another_node_pool_holds_no_slot(
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators) -> None:
+    other, tuned = World(cluster_with_crd, namespace, "other"), World(cluster_with_crd, namespace, "tuned")
+    other.create_deployment(L4, knob_args(*BEFORE), replicas=1)
+    tuned.create_deployment(H100, knob_args(*BEFORE), replicas=1)
+    for world in (other, tuned):
+        world.create_tuning(tuning_spec(world.name))
+    operators.start("operator", None, "--max-concurrent-rollouts=1", f"--rollout-pool-label={PROFILE_LABEL}")
+    stuck_rollout(other)  # on the L4s
+    tuned.patch_tuning({"schedules": [open_window("Europe/Berlin", {"maxNumBatchedTokens": PRESET[0],
+                                                                    "maxNumSeqs": PRESET[1]})]})
+    tuned.wait_rolled_out(knob_args(*PRESET), 90)
+    assert not any("held by" in h["reason"] for h in tuned.history()), tuned.history()
+    assert other.status()["history"][0]["hold"] == "RolloutInProgress"  # theirs still runs
 
 
 def test_the_change_that_waited_longest_goes_first_after_the_operator_restarted(

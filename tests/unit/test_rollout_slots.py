@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from vllm_autotuner.rollout.slots import RolloutSlots
+import pytest
+
+from vllm_autotuner.rollout.slots import RolloutSlots, node_pool
 
 A, B, C = ("ns", "a"), ("ns", "b"), ("ns", "c")
 T0, T1, T2 = "2024-05-01T12:00:00Z", "2024-05-01T12:01:00Z", "2024-05-01T12:02:00Z"
@@ -15,8 +17,19 @@ def tunings(*keys, in_progress=(), statuses=None):
 
 
 def idle(tuning):
-    """No tuning's target Deployment rolls out now."""
-    return False
+    """No tuning's target Deployment seen: none rolls out, and none is pinned to a pool."""
+    return None
+
+
+def deployment(rolling=False, node_selector=None, affinity=None):
+    """A 2-replica Deployment, its rollout complete or not, its pods pinned to nodes as given."""
+    pod = {"nodeSelector": node_selector or {}, **({"affinity": affinity} if affinity else {})}
+    return {"metadata": {"generation": 1}, "spec": {"replicas": 2, "template": {"spec": pod}},
+            "status": {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 1 if rolling else 2,
+                       "availableReplicas": 2}}
+
+
+POOL = "karpenter.sh/nodepool"
 
 
 def waiting_status(since, hold="RolloutSlots"):
@@ -46,7 +59,7 @@ def test_someone_elses_rollout_of_a_tuned_deployment_holds_a_slot_before_its_tun
     slots.record(A, rolling=False, waiting_since=None)  # evaluated before `kubectl rollout restart deploy/chat`
 
     def chat_rolls_out(tuning):
-        return tuning["spec"]["targetRef"]["name"] == "chat"
+        return deployment(rolling=tuning["spec"]["targetRef"]["name"] == "chat")
 
     assert slots.holders(B, None, everyone, chat_rolls_out) == ["ns/a (rolling out)"]
     assert slots.holders(A, None, everyone, chat_rolls_out) == []
@@ -106,3 +119,42 @@ def test_after_a_restart_or_a_leader_change_the_queue_is_read_from_the_statuses(
     assert slots.holders(A, T1, tunings(A, B, statuses={B: waiting_status(T0)}), idle) == [
         "ns/b (waiting since 2024-05-01T12:00:00Z)"]
     assert slots.holders(A, T1, tunings(A, B, statuses={B: waiting_status("not a time")}), idle) == []
+
+
+def required(*terms):
+    """Required node affinity with these nodeSelectorTerms, each a list of (key, operator, values)."""
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": k, "operator": op, "values": v} for k, op, v in term]} for term in terms]}}}
+
+
+@pytest.mark.parametrize(("target", "pool"), [
+    (deployment(node_selector={POOL: "h100"}), "h100"),
+    (deployment(affinity=required([(POOL, "In", ["h100"]), ("zone", "In", ["a", "b"])])), "h100"),
+    (deployment(affinity=required([(POOL, "In", ["h100"])], [(POOL, "In", ["h100"])])), "h100"),
+    (deployment(affinity=required([(POOL, "In", ["h100", "a100"])])), None),  # either pool
+    (deployment(affinity=required([(POOL, "In", ["h100"])], [(POOL, "In", ["a100"])])), None),  # either term
+    (deployment(affinity=required([(POOL, "In", ["h100"])], [("zone", "In", ["a"])])), None),  # any pool in zone a
+    (deployment(affinity=required([(POOL, "NotIn", ["l4"])])), None),
+    (deployment(node_selector={"nvidia.com/gpu.product": "H100"}), None),  # pinned by another label
+    (None, None),
+])
+def test_the_pool_is_the_one_value_the_pod_template_pins_its_pods_to(target, pool):
+    assert node_pool(target, POOL) == pool
+
+
+def test_with_a_pool_label_the_limit_holds_per_pool_and_an_unpinned_target_shares_every_pool():
+    slots = RolloutSlots(1, POOL)
+    targets = {"a": deployment(rolling=True, node_selector={POOL: "h100"}), "b": deployment(node_selector={POOL: "l4"}),
+               "c": deployment(node_selector={POOL: "h100"}), "d": deployment()}
+    everyone = {(ns, name): {"spec": {"targetRef": {"name": name}}} for ns, name in (A, B, C, ("ns", "d"))}
+
+    def target(tuning):
+        return targets[tuning["spec"]["targetRef"]["name"]]
+
+    slots.record(A, rolling=True, waiting_since=None)
+    assert slots.holders(B, None, everyone, target) == []  # another pool's surge pods take no GPU of b's
+    assert slots.holders(C, None, everyone, target) == ["ns/a (rolling out)"]
+    assert slots.holders(("ns", "d"), None, everyone, target) == ["ns/a (rolling out)"]  # d's pods may go anywhere
+    slots.record(("ns", "d"), rolling=False, waiting_since=T0)
+    assert slots.holders(B, T1, everyone, target) == ["ns/d (waiting since 2024-05-01T12:00:00Z)"]
+    assert RolloutSlots(1).holders(B, None, everyone, target) == ["ns/a (rolling out)"]  # no label: one pool

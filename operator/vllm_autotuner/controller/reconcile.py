@@ -105,6 +105,7 @@ class OperatorSettings:
     prometheus_url: str | None = None
     naive_queries: bool = False  # one query per family per tuning: the scale benchmark's baseline
     max_concurrent_rollouts: int = 0  # rollouts of tuned Deployments in progress at once, anyone's; 0: no limit
+    rollout_pool_label: str = ""  # node label whose values are the pools the limit holds in; "": one pool
 
 
 def pod_prefix(replicaset: str) -> str:
@@ -212,7 +213,7 @@ class Reconciler:
         self.metrics = metrics
         self.settings = settings
         self._hardware_by_uid: dict[str, Hardware] = {}  # GPU facts per Deployment, looked up once
-        self.slots = RolloutSlots(settings.max_concurrent_rollouts)
+        self.slots = RolloutSlots(settings.max_concurrent_rollouts, settings.rollout_pool_label)
         self._slot_lock = asyncio.Lock()  # counting the slots taken and taking one is one step
 
     async def _call(self, fn, *args):  # noqa: ANN001, ANN202 - thin wrapper over blocking client calls
@@ -292,7 +293,7 @@ class Reconciler:
             if self.slots.limit and decision.action == DecisionAction.CHANGE:
                 # Only a change waits for a slot, and what holds the slots is a walk over every tuning: asked for
                 # only then, the same decision as with the holders given at once (a pure function; see decide).
-                holders = self.slots.holders(key, before.slot_wait_since, self.cache.tunings, self._target_rolling)
+                holders = self.slots.holders(key, before.slot_wait_since, self.cache.tunings, self.cache.target)
                 decision = decide(spec, before, observation, report.now, slot_holders=holders,
                                   max_concurrent_rollouts=self.slots.limit)
             report.decision = decision
@@ -312,15 +313,10 @@ class Reconciler:
         report.condition(ConditionType.READY, True, ready_reason, f"{decision.action}: {decision.reason}")
         self._progress_condition(report)
 
-    def _target_rolling(self, tuning: dict[str, Any]) -> bool:
-        """Whether a rollout of this VllmTuning's target Deployment runs now, by the cache (read raw: any tuning)."""
-        deployment = self.cache.target(tuning)
-        return deployment is not None and rollout_in_progress(deployment)
-
     def _record_slot(self, key: Key, report: Report) -> None:
         """What this evaluation leaves for the slots: our rollout in progress, and since when a change waits.
         Someone else's rollout of the target (a `kubectl rollout restart`, an image bump) holds a slot too, but
-        that is read from the Deployment whenever the slots are counted (``_target_rolling``): recorded here, it
+        that is read from the Deployment whenever the slots are counted (``RolloutSlots.holders``): recorded here, it
         would still hold the slot after it finished, until this tuning's next evaluation."""
         waiting = report.decision is not None and report.decision.hold == HoldReason.NO_SLOT
         self.slots.record(key, rolling=rolling_out(report.state),

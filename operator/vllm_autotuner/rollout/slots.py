@@ -13,6 +13,13 @@ one: the tunings of a tick are evaluated in the same order every tick, so
 without the queue a slot freed would go to the same tuning each time, and
 one behind several others could wait for ever.
 
+Spare GPUs belong to a node pool: with ``--rollout-pool-label`` (the node
+label that names a pool: ``cloud.google.com/gke-nodepool``,
+``karpenter.sh/nodepool``, ``nvidia.com/gpu.product``), the limit holds per
+pool, read from each target's pod template (``node_pool``), and the
+rollouts and waiting changes of another pool hold nothing. A template that
+does not pin its pods to one pool shares the slots of every pool.
+
 A change's place in the queue is its status' ``slotWaitSince``, which the
 decision core keeps through holds for missing data, so the queue outlives
 the process: a tuning this process has not evaluated yet (it just started,
@@ -29,15 +36,40 @@ from typing import Any
 from vllm_autotuner.api.status import RolloutPhase
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.policy.observation import HoldReason
+from vllm_autotuner.rollout.progress import rollout_in_progress
 
 Key = tuple[str, str]
+Deployment = dict[str, Any]
+
+
+def node_pool(deployment: Mapping[str, Any] | None, label: str) -> str | None:
+    """The node pool a Deployment's pods are held to: the value of ``label`` in its pod template's
+    ``nodeSelector``, else the one value that every term of its required node affinity allows (``In`` a single
+    value). None when the label is empty, or the pods may run in more than one pool or in any."""
+    if not label or deployment is None:
+        return None
+    pod = deployment.get("spec", {}).get("template", {}).get("spec") or {}
+    if label in (pod.get("nodeSelector") or {}):
+        return str(pod["nodeSelector"][label])
+    required = ((pod.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or {}
+    allowed = set()
+    for term in required.get("nodeSelectorTerms") or []:  # terms are ORed: each must name the same one pool
+        values = [e.get("values") or [] for e in term.get("matchExpressions") or []
+                  if e.get("key") == label and e.get("operator") == "In"]
+        if len(values) != 1 or len(values[0]) != 1:
+            return None
+        allowed.add(str(values[0][0]))
+    return allowed.pop() if len(allowed) == 1 else None
 
 
 class RolloutSlots:
-    """Per tuning: whether its rollout is in progress, and since when a change of it waits for a slot."""
+    """Per tuning: whether the operator's rollout of it is in progress, and since when a change of it waits for a
+    slot; the limit per node pool when ``pool_label`` names the node label of the pools."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, pool_label: str = "") -> None:
         self.limit = limit  # 0: no limit
+        self.pool_label = pool_label  # "": one pool
         self._seen: dict[Key, tuple[bool, datetime | None]] = {}
 
     def holders(
@@ -45,25 +77,31 @@ class RolloutSlots:
         key: Key,
         since: str | None,
         tunings: Mapping[Key, dict[str, Any]],
-        target_rolling: Callable[[dict[str, Any]], bool],
+        target: Callable[[dict[str, Any]], Deployment | None],
     ) -> list[str]:
-        """What holds a slot outside ``key`` among ``tunings`` (the VllmTuning objects by key), one string each, for
-        ``decide``'s ``slot_holders``: the other tunings' rollouts in progress, and their changes that have waited
-        longer than ``key``'s (waiting since ``since``, its status' ``slotWaitSince``; the same second goes by
-        name). ``target_rolling`` says whether a rollout of a tuning's target Deployment runs now, anyone's, by
-        what the caller last saw of the Deployment (seen at once, not at that tuning's next evaluation). None
-        without a limit."""
+        """What holds a slot of ``key``'s pool among ``tunings`` (the VllmTuning objects by key), one string each,
+        for ``decide``'s ``slot_holders``: the other tunings' rollouts in progress, and their changes that have
+        waited longer than ``key``'s (waiting since ``since``, its status' ``slotWaitSince``; the same second goes
+        by name). ``target`` gives a tuning's target Deployment as the caller last saw it (None: not seen): a
+        rollout of it runs, anyone's, as soon as the Deployment shows it, not at that tuning's next evaluation,
+        and its pod template says the pool. Tunings of another pool are passed over; one whose pool is unknown
+        shares every pool. None without a limit."""
         if not self.limit:
             return []
         place = (_moment(since), key)
+        pool = node_pool(target(tunings[key]), self.pool_label) if key in tunings else None
         held = []
         for other, body in sorted(tunings.items()):
             if other == key:
                 continue
+            deployment = target(body)
+            theirs = node_pool(deployment, self.pool_label)
+            if pool is not None and theirs is not None and theirs != pool:
+                continue
             seen = self._seen.get(other)
             # not evaluated by this process yet: its status says (read raw, for every tuning)
             rolling, queued = seen if seen is not None else _from_status(body.get("status") or {})
-            if rolling or target_rolling(body):
+            if rolling or (deployment is not None and rollout_in_progress(deployment)):
                 held.append(f"{other[0]}/{other[1]} (rolling out)")
             elif queued is not None and (place[0] is None or (queued, other) < place):
                 held.append(f"{other[0]}/{other[1]} (waiting since {utc_timestamp(queued)})")

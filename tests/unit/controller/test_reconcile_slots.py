@@ -36,7 +36,7 @@ def test_someone_elses_rollout_holds_a_slot_while_it_runs_and_not_after_until_th
                OTHER: {"metadata": {"name": "rag", "namespace": "llm"}, "spec": {"targetRef": {"name": "rag"}}}}
 
     def holders() -> list[str]:
-        return reconciler.slots.holders(OTHER, None, tunings, reconciler._target_rolling)
+        return reconciler.slots.holders(OTHER, None, tunings, reconciler.cache.target)
 
     assert holders() == ["llm/llama (rolling out)"]
     deployment["status"] = complete  # their rollout is done before the tuning is evaluated again

@@ -56,7 +56,8 @@ def test_crd_is_established_with_its_names(cluster_with_crd: Cluster) -> None:
 def test_a_minimal_object_is_accepted_with_defaults_filled_in(cluster_with_crd: Cluster, namespace: str) -> None:
     stored = create(cluster_with_crd, namespace, vllm_tuning("chat", target()))
     spec = stored["spec"]
-    assert spec["targetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"}
+    assert spec["targetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama",
+                                 "ignoreController": False}
     assert spec["mode"] == "Auto" and spec["traffic"]["strategy"] == "Adaptive"
     assert spec["bounds"]["maxNumBatchedTokens"] == {"min": 256, "max": 32768}
     assert spec["bounds"]["maxNumSeqs"] == {"min": 8, "max": 1024}

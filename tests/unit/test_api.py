@@ -132,7 +132,8 @@ def test_minimal_object_gets_documented_defaults():
     assert spec.mode == "Auto" and spec.traffic.strategy == "Adaptive"
     assert (spec.bounds.max_num_batched_tokens.min, spec.bounds.max_num_batched_tokens.max) == (256, 32768)
     assert spec.slo.itl.seconds == 0.1 and spec.slo.ttft.quantile == 0.95
-    assert obj.to_object()["spec"]["targetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"}
+    assert obj.to_object()["spec"]["targetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama",
+                                                   "ignoreController": False}
 
 
 @pytest.mark.parametrize(

@@ -93,6 +93,8 @@ class TargetRef(SpecModel):
     """Name of the Deployment."""
     container: str | None = Field(default=None, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     """Container that runs vLLM. Default: the container whose command runs vLLM (vllm serve or the OpenAI api_server module)."""
+    ignore_controller: bool = False
+    """Change the Deployment even though another object controls it (a controller ownerReference, kubectl describe's Controlled By: a KServe InferenceService, an operator's custom resource). Its controller usually renders the Deployment and puts the args back after every change, so by default the operator then only recommends; set this only when it leaves the vLLM container's args alone."""
 
 
 class Mode(StrEnum):

@@ -26,6 +26,7 @@ ROLLED_BACK = "RolledBack"
 REGRESSION = "RegressionDetected"
 MANUAL_CHANGE = "ManualChangeAdopted"
 CHANGES_REVERTED = "ChangesReverted"  # our changes put back twice in a day: the operator only recommends
+TARGET_CONTROLLED = "TargetControlled"  # another object controls the Deployment: the operator only recommends
 TARGET_NOT_FOUND = "TargetNotFound"
 INVALID_TARGET = "InvalidTarget"
 TARGET_PAUSED = "TargetPaused"

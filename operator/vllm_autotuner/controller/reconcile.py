@@ -56,6 +56,7 @@ from vllm_autotuner.observe.window import observe_target
 from vllm_autotuner.policy import (
     Decision,
     REVERTED_ADVICE,
+    controlled_advice,
     HoldReason,
     Observation,
     adopt_generation,
@@ -96,6 +97,8 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as GPU Feature Discovery writes it
 #: Hold reasons that mean the metrics themselves are missing, not that the policy is waiting.
 _NO_METRICS = {HoldReason.NO_DATA, HoldReason.STALE, HoldReason.INVALID}
+#: Holds whose recommendation is the operator's only output: an Event for each new one.
+_RECOMMENDING = {HoldReason.RECOMMEND_ONLY, HoldReason.CONTROLLED}
 
 
 @dataclass(frozen=True)
@@ -288,21 +291,23 @@ class Reconciler:
                          f"that could not start its pods")
         before = report.state = seen
         key = (namespace, report.name)
+        controlled_by = None if spec.target_ref.ignore_controller else controller_of(target.deployment)
         async with self._slot_lock:
-            decision = decide(spec, before, observation, report.now)
+            decision = decide(spec, before, observation, report.now, controlled_by=controlled_by)
             if self.slots.limit and decision.action == DecisionAction.CHANGE:
                 # Only a change waits for a slot, and what holds the slots is a walk over every tuning: asked for
                 # only then, the same decision as with the holders given at once (a pure function; see decide).
                 holders = self.slots.holders(key, before.slot_wait_since, self.cache.tunings, self.cache.target)
                 decision = decide(spec, before, observation, report.now, slot_holders=holders,
-                                  max_concurrent_rollouts=self.slots.limit)
+                                  max_concurrent_rollouts=self.slots.limit, controlled_by=controlled_by)
             report.decision = decision
             self._count(report, decision)
             report.state = decision.state
             self._reverted_condition(report)
+            self._controlled_condition(report, controlled_by)
             if decision.hold in _NO_METRICS and observation is not None:
                 report.condition(ConditionType.METRICS_AVAILABLE, False, decision.hold, decision.reason)
-            if decision.hold == HoldReason.RECOMMEND_ONLY and decision.recommendation is not None and (
+            if decision.hold in _RECOMMENDING and decision.recommendation is not None and (
                     before.recommendation is None or _knobs(before.recommendation) != decision.recommendation):
                 report.event(events.RECOMMENDATION, decision.reason)  # once per new recommendation, not per evaluation
             if decision.changes and (spec.mode == Mode.AUTO or decision.action == DecisionAction.ROLLBACK):
@@ -509,6 +514,19 @@ class Reconciler:
         elif report.has(ConditionType.DEGRADED, True, events.CHANGES_REVERTED):
             report.condition(ConditionType.DEGRADED, False, "AsExpected", "the spec changed: tuning again")
 
+    @staticmethod
+    def _controlled_condition(report: Report, controlled_by: str | None) -> None:
+        """Degraded while another object controls the target, so that changes are only recommended."""
+        if controlled_by is not None:
+            message = controlled_advice(controlled_by)
+            if not report.has(ConditionType.DEGRADED, True, events.TARGET_CONTROLLED):
+                report.event(events.TARGET_CONTROLLED, message, warning=True)
+            report.condition(ConditionType.DEGRADED, True, events.TARGET_CONTROLLED, message)
+        elif report.has(ConditionType.DEGRADED, True, events.TARGET_CONTROLLED):
+            report.condition(ConditionType.DEGRADED, False, "AsExpected",
+                             "the Deployment is no longer controlled by another object, or the spec says to ignore "
+                             "its controller: tuning again")
+
     def _rollout_finished(self, report: Report, outcome: str) -> None:
         self.metrics.rollouts.labels(report.namespace, report.name, outcome).inc()
 
@@ -708,6 +726,14 @@ def _reaches_into_rollout(state: VllmTuningStatus, now: datetime, window_seconds
 def _knobs(recommendation: Recommendation) -> Knobs:
     return Knobs(max_num_batched_tokens=recommendation.max_num_batched_tokens,
                  max_num_seqs=recommendation.max_num_seqs)
+
+
+def controller_of(deployment: dict[str, Any]) -> str | None:
+    """The object that controls a Deployment (its ownerReference with ``controller: true``), as ``Kind name``."""
+    for owner in deployment["metadata"].get("ownerReferences") or []:
+        if owner.get("controller"):
+            return f"{owner.get('kind')} {deployment['metadata'].get('namespace')}/{owner.get('name')}"
+    return None
 
 
 def _pruned(value: Any) -> Any:

@@ -7,7 +7,7 @@ the benchmark proves is what the operator does.
 Stable API
 ==========
 
-``decide(spec, state, observation, now, *, slot_holders=(), max_concurrent_rollouts=0) -> Decision``
+``decide(spec, state, observation, now, *, slot_holders=(), max_concurrent_rollouts=0, controlled_by=None) -> Decision``
     One evaluation. ``spec`` is the ``VllmTuningSpec``; ``state`` the
     ``VllmTuningStatus`` as persisted (after ``adopt_generation``);
     ``observation`` the window Prometheus gave (``None`` when it gave
@@ -18,11 +18,15 @@ Stable API
     persist. In Auto mode a Change's state already records the rollout as
     in progress: patch the Deployment, then write the state (if the patch
     fails, drop it). Recommend mode never returns a Change: it holds with
-    the recommendation. Paused holds. The keywords carry the one fact from
+    the recommendation. Paused holds. The keywords carry the facts from
     outside the tuning: when ``slot_holders`` (what holds the operator's
     rollout slots, one string each, as ``rollout.slots`` names them) are
     ``max_concurrent_rollouts`` or more (0: no limit), a change holds
-    (``RolloutSlots``, naming them); a rollback does not.
+    (``RolloutSlots``, naming them); a rollback does not. ``controlled_by``
+    names the object that controls the target Deployment (its controller
+    ownerReference, unless ``spec.targetRef.ignoreController``): its
+    controller would put the args back, so every change is only
+    recommended (``TargetControlled``; ``controlled_advice`` says what to do).
 
 ``Observation``
     One window of metrics for the target's current pods; any number may be
@@ -116,7 +120,7 @@ What it does
    ``minImprovementPercent``; every hold with a reason.
 """
 
-from vllm_autotuner.policy.decide import REVERTED_ADVICE, decide, effective_slo
+from vllm_autotuner.policy.decide import REVERTED_ADVICE, controlled_advice, decide, effective_slo
 from vllm_autotuner.policy.decision import Decision
 from vllm_autotuner.policy.lifecycle import (
     adopt_generation,
@@ -144,6 +148,7 @@ __all__ = [
     "hold_reason",
     "changes_reverted",
     "REVERTED_ADVICE",
+    "controlled_advice",
     "rollout_progressed",
     "rollout_unverified",
     "rollout_succeeded",

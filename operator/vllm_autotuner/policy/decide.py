@@ -104,6 +104,8 @@ class Settings:
     warnings: tuple[str, ...]
     no_slot: str | None = None
     """Why no rollout may start now for reasons outside this tuning (the operator's limit of rollouts at once)."""
+    controlled_by: str | None = None
+    """The object that controls the target and would put its args back (see ``decide``)."""
 
     @property
     def preset(self) -> Knobs | None:
@@ -326,13 +328,23 @@ REVERTED_ADVICE = (
 )
 
 
+def controlled_advice(controlled_by: str) -> str:
+    """What to do when another object controls the target: said in the hold and in the Degraded condition."""
+    return (
+        f"the Deployment is controlled by {controlled_by}, whose controller renders it and would put the args back "
+        f"after every change (two rolling restarts each), so the operator only recommends: set the knobs in "
+        f"{controlled_by}, or set spec.targetRef.ignoreController if its controller leaves the vLLM args alone"
+    )
+
+
 def _apply(
     spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, now: datetime, change: _Change
 ) -> Decision:
     """Guardrails every change passes, then the mode: Auto applies, Recommend reports, Paused holds.
 
     A config that failed to start is not retried, and once another writer
-    has put our changes back twice in a day (``changes_reverted``) every
+    has put our changes back twice in a day (``changes_reverted``), or while
+    another object controls the target (``Settings.controlled_by``), every
     change is only recommended. The cooldown holds traffic changes, and
     every change while the knobs are a person's (schedules respect them
     too) or after a rollout that could not start its pods. In Auto, no
@@ -353,6 +365,9 @@ def _apply(
     if changes_reverted(state):
         reason = f"{change.knobs} only recommended ({change.reason}): {REVERTED_ADVICE}"
         return _hold(state, now, HoldReason.REVERTED, reason, settings, change.knobs, change.gain)
+    if settings.controlled_by is not None:
+        reason = f"{change.knobs} only recommended ({change.reason}): {controlled_advice(settings.controlled_by)}"
+        return _hold(state, now, HoldReason.CONTROLLED, reason, settings, change.knobs, change.gain)
     manual = state.current.source == KnobSource.MANUAL
     wait = cooldown_left(spec, state, now) if change.source == KnobSource.TRAFFIC or manual else 0.0
     blocked = blocked_left(spec, state, now)
@@ -666,6 +681,7 @@ def decide(
     *,
     slot_holders: Sequence[str] = (),
     max_concurrent_rollouts: int = 0,
+    controlled_by: str | None = None,
 ) -> Decision:
     """Hold or change: one evaluation of the policy. Pure: the same arguments give the same Decision.
 
@@ -680,8 +696,12 @@ def decide(
     holds of SLOT_WAIT_KEPT_BY, cleared by any other decision). The two turn
     a decision that is a Change without them into a RolloutSlots hold and
     change no other: a caller may look for the holders only then.
+    ``controlled_by`` names the object that controls the target (its
+    controller ownerReference, e.g. ``InferenceService ns/name``) when the
+    spec does not say to ignore it: its controller would put every change
+    back, so changes are only recommended (hold TargetControlled).
     """
-    settings = settings_at(spec, state, now)
+    settings = replace(settings_at(spec, state, now), controlled_by=controlled_by)
     if max_concurrent_rollouts and len(slot_holders) >= max_concurrent_rollouts:
         named = ", ".join(slot_holders[:SLOT_HOLDERS_NAMED])
         if len(slot_holders) > SLOT_HOLDERS_NAMED:

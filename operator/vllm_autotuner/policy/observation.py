@@ -136,6 +136,7 @@ class HoldReason(StrEnum):
     BUDGET = "RolloutBudget"
     NO_BETTER_CONFIG = "NoBetterConfig"
     REVERTED = "ChangesReverted"
+    CONTROLLED = "TargetControlled"
     SMALL_GAIN = "GainBelowCost"
     NO_TIER = "NoTierMatches"
     DWELL = "RegimeTooYoung"

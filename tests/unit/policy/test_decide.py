@@ -120,6 +120,16 @@ def test_recommend_mode_reports_without_a_rollout():
     assert decision.state.last_rollout is None and decision.state.recommendation.max_num_batched_tokens == 1024
 
 
+def test_a_target_another_object_controls_gets_recommendations_and_no_change():
+    state = warmed()
+    window = long_prompt_window(state, SPEC)
+    held = decide(SPEC, state, window, T0, controlled_by="InferenceService llm/llama")
+    assert held.hold == HoldReason.CONTROLLED and held.recommendation == knobs(1024, 1024)
+    assert "controlled by InferenceService llm/llama" in held.reason and "ignoreController" in held.reason
+    assert held.state.last_rollout is None and not held.changes
+    assert decide(SPEC, state, window, T0).action == DecisionAction.CHANGE  # the same window, not controlled
+
+
 def test_paused_mode_learns_but_holds():
     the_spec = spec(mode="Paused")
     state = warmed(the_spec)

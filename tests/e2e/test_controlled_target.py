@@ -1,0 +1,55 @@
+"""A Deployment another object controls gets recommendations, not changes, until the spec says otherwise.
+
+KServe's InferenceService, llm-d's and many operators' custom resources
+render the vLLM Deployment and own it (a controller ownerReference): their
+controller puts the args back after every change, so each change would cost
+two rolling restarts and stick for none. The operator must see the owner
+before its first change: a schedule preset wanted now is only recommended
+(hold TargetControlled, Degraded=True TargetControlled, a Warning Event),
+and the Deployment keeps its generation. Once ``spec.targetRef.ignoreController``
+says the owner leaves the args alone, the preset rolls out.
+"""
+
+from __future__ import annotations
+
+import pytest
+from tests.e2e.conftest import Operators
+from tests.e2e.world import World, knob_args, knobs_of, open_window, tuning_spec
+from tests.support import H100, Cluster, NotYet, wait_for
+
+from vllm_autotuner.sim import localenv
+
+pytestmark = pytest.mark.e2e
+
+BEFORE, PRESET = (2048, 64), (8192, 128)
+
+
+def test_a_controlled_deployment_gets_recommendations_until_the_spec_says_to_ignore_its_controller(
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators) -> None:
+    world = World(cluster_with_crd, namespace)
+    world.create_deployment(H100, knob_args(*BEFORE), replicas=1)
+    owner = world.core.create_namespaced_config_map(namespace, {"metadata": {"name": f"{world.name}-owner"}})
+    world.apps.patch_namespaced_deployment(world.name, namespace, {"metadata": {"ownerReferences": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": owner.metadata.name, "uid": owner.metadata.uid,
+         "controller": True}]}})
+    untouched = world.deployment().metadata
+    preset = {"maxNumBatchedTokens": PRESET[0], "maxNumSeqs": PRESET[1]}
+    world.create_tuning(tuning_spec(world.name, schedules=[open_window("Europe/Berlin", preset)]))
+    operators.start()
+
+    def recommended() -> dict | NotYet:
+        newest = (world.status().get("history") or [{}])[0]
+        return newest if newest.get("hold") == "TargetControlled" else NotYet(f"{newest}")
+
+    held = wait_for(recommended, 60, "the preset to be only recommended")
+    assert f"controlled by ConfigMap {namespace}/{owner.metadata.name}" in held["reason"], held
+    assert world.status()["recommendation"]["maxNumBatchedTokens"] == PRESET[0]
+    degraded = world.wait_condition("Degraded", "True", "TargetControlled", 30)
+    assert "ignoreController" in degraded["message"]
+    assert [e.type for e in world.events("TargetControlled")] == ["Warning"]
+    deployment = world.deployment().metadata
+    assert (deployment.generation, knobs_of(world.template_args())) == (untouched.generation, BEFORE)
+
+    world.patch_tuning({"targetRef": {"name": world.name, "ignoreController": True}})
+    world.wait_rolled_out(knob_args(*PRESET), 90)
+    world.wait_condition("Degraded", "False", None, 30)

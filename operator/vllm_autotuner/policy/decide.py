@@ -343,14 +343,15 @@ def _apply(
     """Guardrails every change passes, then the mode: Auto applies, Recommend reports, Paused holds.
 
     A config that failed to start is not retried, and once another writer
-    has put our changes back twice in a day (``changes_reverted``), or while
-    another object controls the target (``Settings.controlled_by``), every
+    has put our changes back twice in a day (``changes_reverted``) every
     change is only recommended. The cooldown holds traffic changes, and
     every change while the knobs are a person's (schedules respect them
     too) or after a rollout that could not start its pods. In Auto, no
     change starts in a change freeze or so shortly before one that it would
     still be rolling then (``schedule.freeze_in_force``), nor while the
-    operator's limit of rollouts at once is reached (``Settings.no_slot``).
+    operator's limit of rollouts at once is reached (``Settings.no_slot``),
+    and a change that passed all of these is only recommended while another
+    object controls the target (``Settings.controlled_by``).
     A traffic
     change also leaves in the day's budget the rollouts the schedule
     windows will need and room for its own rollback (``rollback_room``); a
@@ -365,9 +366,6 @@ def _apply(
     if changes_reverted(state):
         reason = f"{change.knobs} only recommended ({change.reason}): {REVERTED_ADVICE}"
         return _hold(state, now, HoldReason.REVERTED, reason, settings, change.knobs, change.gain)
-    if settings.controlled_by is not None:
-        reason = f"{change.knobs} only recommended ({change.reason}): {controlled_advice(settings.controlled_by)}"
-        return _hold(state, now, HoldReason.CONTROLLED, reason, settings, change.knobs, change.gain)
     manual = state.current.source == KnobSource.MANUAL
     wait = cooldown_left(spec, state, now) if change.source == KnobSource.TRAFFIC or manual else 0.0
     blocked = blocked_left(spec, state, now)
@@ -408,6 +406,9 @@ def _apply(
     if settings.no_slot is not None:
         reason = f"waiting for a rollout slot, {settings.no_slot}: {change.knobs} waits ({change.reason})"
         return _hold(state, now, HoldReason.NO_SLOT, reason, settings, change.knobs, change.gain)
+    if settings.controlled_by is not None:
+        reason = f"{change.knobs} only recommended ({change.reason}): {controlled_advice(settings.controlled_by)}"
+        return _hold(state, now, HoldReason.CONTROLLED, reason, settings, change.knobs, change.gain)
     if change.source == KnobSource.TRAFFIC:
         state = _abandon(state, change.regime, state.current.knobs)
     base = change.baseline

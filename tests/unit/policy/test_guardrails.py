@@ -134,23 +134,34 @@ def test_no_change_ever_leaves_the_bounds_breaks_a_rule_or_retries_a_failure(set
         assert decision.knobs is None or decision.state.history[0].hold == decision.hold  # `kubectl get` shows it
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(setup=setups(), data=st.data(), waiting=st.booleans())
-def test_the_rollout_slots_turn_a_change_into_a_wait_and_change_no_other_decision(setup, data, waiting):
-    """What the operator relies on to look for the slots' holders only when a decision without them is a Change."""
+#: What decide is told from outside the tuning that holds a change, by the hold it gives.
+OUTSIDE = {
+    HoldReason.NO_SLOT: {"slot_holders": ["ns/other (rolling out)"], "max_concurrent_rollouts": 1},
+    HoldReason.CONTROLLED: {"controlled_by": "InferenceService ns/llama"},
+}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(setup=setups(), data=st.data(), waiting=st.booleans(), hold=st.sampled_from(sorted(OUTSIDE)))
+def test_what_holds_from_outside_the_tuning_turns_a_change_into_a_hold_and_changes_no_other_decision(
+        setup, data, waiting, hold):
+    """Full rollout slots, or an object that controls the target, hold exactly the decisions that would be a
+    Change, with it as the recommendation: the operator looks for the slots' holders only then, and a controlled
+    target's recommendations are the changes it would make. Rollbacks of our own change are not held."""
     the_spec, state = setup
     earlier = T0 - timedelta(minutes=10)
     state = decide(the_spec, state, data.draw(windows(state, the_spec, earlier)), earlier).state
-    if waiting:  # a change that already waits: its place is kept
+    if waiting:  # a change that already waits for a slot: its place is kept
         state = state.model_copy(update={"slot_wait_since": utc_timestamp(T0 - timedelta(minutes=5))})
     window = data.draw(st.one_of(windows(state, the_spec, T0), st.just(long_prompt_window(state, the_spec))))
     free = decide(the_spec, state, window, T0)
-    full = decide(the_spec, state, window, T0, slot_holders=["ns/other (rolling out)"], max_concurrent_rollouts=1)
+    held = decide(the_spec, state, window, T0, **OUTSIDE[hold])
     if free.action == DecisionAction.CHANGE:
-        assert full.hold == HoldReason.NO_SLOT and full.recommendation == free.knobs
-        assert full.state.slot_wait_since == (state.slot_wait_since or utc_timestamp(T0))
+        assert held.hold == hold and held.recommendation == free.knobs and not held.changes
+        waits = state.slot_wait_since or utc_timestamp(T0) if hold == HoldReason.NO_SLOT else None
+        assert held.state.slot_wait_since == waits and held.state.last_rollout == state.last_rollout
     else:
-        assert full == free
+        assert held == free
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

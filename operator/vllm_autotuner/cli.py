@@ -106,8 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "changes (not rollbacks) wait for a slot, the longest waiting first; "
                           "0 (default) means no limit")
     run.add_argument("--rollout-pool-label", type=_label_key, default="", metavar="LABEL",
-                     help="node label naming the node pools (e.g. karpenter.sh/nodepool, cloud.google.com/gke-nodepool):"
-                          " --max-concurrent-rollouts then holds per pool, the one a target's pod template pins its "
+                     help="node label naming the node pools (e.g. karpenter.sh/nodepool, "
+                          "cloud.google.com/gke-nodepool): --max-concurrent-rollouts then holds per pool, the one a "
+                          "target's pod template pins its "
                           "pods to (nodeSelector, or required node affinity In one value); a template that pins none "
                           "shares the slots of every pool. Default: one pool")
     run.add_argument("--log-format", choices=["json", "text"], default="json", help="log line format")

@@ -109,8 +109,8 @@ class RolloutSlots:
 
     def record(self, key: Key, *, rolling: bool, waiting_since: str | None) -> None:
         """What an evaluation of ``key`` left: the operator's rollout of it in progress or not (anyone else's is
-        ``holders``' ``target_rolling``), and since when its change waits for a slot (None: it does not wait now,
-        whatever its status keeps for its place)."""
+        read by ``holders`` from the Deployment), and since when its change waits for a slot (None: it does not
+        wait now, whatever its status keeps for its place)."""
         self._seen[key] = (rolling, _moment(waiting_since))
 
     def forget(self, key: Key) -> None:

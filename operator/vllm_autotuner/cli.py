@@ -35,7 +35,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     options = RunOptions(
         settings=OperatorSettings(prometheus_url=args.prometheus_url, naive_queries=args.naive_queries,
                                   max_concurrent_rollouts=args.max_concurrent_rollouts,
-                                  rollout_pool_label=args.rollout_pool_label),
+                                  rollout_pool_label=args.rollout_pool_label,
+                                  recommend_only=args.recommend_only),
         namespaces=tuple(args.namespace or _env_list("WATCH_NAMESPACES")),
         http_host=args.http_host,
         http_port=args.http_port,
@@ -111,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "target's pod template pins its "
                           "pods to (nodeSelector, or required node affinity In one value); a template that pins none "
                           "shares the slots of every pool. Default: one pool")
+    run.add_argument("--recommend-only", action="store_true",
+                     help="every VllmTuning in mode Auto acts as in mode Recommend: recommendations in the status and "
+                          "Events, no change to any Deployment (a rollback of the operator's own earlier change still "
+                          "runs: it restores service). For a first install, or to stop all changes at once")
     run.add_argument("--log-format", choices=["json", "text"], default="json", help="log line format")
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--naive-queries", action="store_true",

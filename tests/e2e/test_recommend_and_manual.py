@@ -7,7 +7,9 @@ was written to it). Then a person edits the args and the tuning is switched
 to Auto: the operator must adopt the person's knobs as ``source: Manual``
 and respect them for the cooldown, though the traffic still calls for a
 change; its hold saying "cooldown" is the proof that it wanted to and
-did not.
+did not. An operator run with ``--recommend-only`` treats a tuning in
+mode Auto the same way: a schedule preset wanted now is only recommended,
+and rolls out once an operator without the flag takes over.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ from pathlib import Path
 
 import pytest
 from tests.e2e.conftest import Operators
-from tests.e2e.world import Load, World, knob_args, knobs_of, parse_time, tuning_spec
+from tests.e2e.world import Load, World, knob_args, knobs_of, open_window, parse_time, tuning_spec
 from tests.support import H100, Cluster, wait_for
 
 from vllm_autotuner.sim import localenv
 
 pytestmark = pytest.mark.e2e
 
-START, MANUAL = (512, 16), (1024, 16)
+START, MANUAL, PRESET = (512, 16), (1024, 16), (8192, 128)
 RECOMMENDED = re.compile(r"change to (tokens=\d+ seqs=\d+) recommended")
 COOLDOWN = 120
 
@@ -68,3 +70,24 @@ def test_recommend_mode_only_reports_and_a_persons_edit_is_adopted_and_not_rever
     assert world.deployment().metadata.generation == untouched.generation + 1  # the person's edit only
     assert knobs_of(world.template_args()) == MANUAL
     assert operator.metric("vllm_autotuner_kubernetes_api_calls_total", verb="patch", resource="deployments") == 0
+
+
+def test_with_recommend_only_an_auto_tuning_only_recommends_until_the_operator_runs_without_it(
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators) -> None:
+    world = World(cluster_with_crd, namespace)
+    world.create_deployment(H100, knob_args(*START), replicas=1)
+    untouched = world.deployment().metadata
+    preset = {"maxNumBatchedTokens": PRESET[0], "maxNumSeqs": PRESET[1]}
+    world.create_tuning(tuning_spec(world.name, schedules=[open_window("Europe/Berlin", preset)]))  # mode Auto
+    dry = operators.start("dry", None, "--recommend-only")
+    ready = world.wait_condition("Ready", "True", "Recommending", 60)
+    assert "--recommend-only" in ready["message"] and "tokens=8192 seqs=128" in ready["message"], ready
+    assert world.status()["recommendation"]["maxNumBatchedTokens"] == PRESET[0]
+    assert world.history()[-1]["hold"] == "RecommendOnly"
+    deployment = world.deployment().metadata
+    assert (deployment.generation, deployment.resource_version) == (untouched.generation, untouched.resource_version)
+    assert dry.metric("vllm_autotuner_kubernetes_api_calls_total", verb="patch", resource="deployments") == 0
+    assert dry.stop() == 0
+
+    operators.start("acting")
+    world.wait_rolled_out(knob_args(*PRESET), 90)

@@ -47,8 +47,9 @@ def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> No
     (("--set", "image.pullPolicy=Sometimes"), "at '/image/pullPolicy'"),
     (("--set", "maxConcurrentRollouts=-1"), "at '/maxConcurrentRollouts': minimum"),
     (("--set", "rolloutPoolLabel=node pool"), "at '/rolloutPoolLabel': 'node pool' does not match pattern"),
+    (("--set", "recommendOnly=yes"), "at '/recommendOnly': got string, want boolean"),
 ], ids=["replicas-string", "log-format", "unknown-key", "two-leaders", "url", "namespace-name", "secret-grant",
-        "secret-grant-without-names", "pull-policy", "negative-rollout-limit", "pool-label"])
+        "secret-grant-without-names", "pull-policy", "negative-rollout-limit", "pool-label", "recommend-only"])
 def test_bad_values_are_rejected_by_the_schema(helm: Helm, values: tuple[str, ...], complaint: str) -> None:
     result = helm("template", "x", str(CHART), *values, check=False)
     assert result.returncode != 0
@@ -105,13 +106,15 @@ def test_the_operator_deployment_is_hardened_and_leader_elected(helm: Helm) -> N
     assert single["spec"]["replicas"] == 1 and "--no-leader-election" in single["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
-def test_the_rollout_limit_values_reach_the_operator_as_its_parser_reads_them(helm: Helm) -> None:
+def test_the_change_policy_values_reach_the_operator_as_its_parser_reads_them(helm: Helm) -> None:
     objects = helm.template("rel", str(CHART), "--set", "maxConcurrentRollouts=2",
-                            "--set", "rolloutPoolLabel=karpenter.sh/nodepool")
+                            "--set", "rolloutPoolLabel=karpenter.sh/nodepool", "--set", "recommendOnly=true")
     args = build_parser().parse_args(["run", *_operator(objects)["spec"]["template"]["spec"]["containers"][0]["args"]])
-    assert (args.max_concurrent_rollouts, args.rollout_pool_label) == (2, "karpenter.sh/nodepool")
+    assert (args.max_concurrent_rollouts, args.rollout_pool_label, args.recommend_only) == (
+        2, "karpenter.sh/nodepool", True)
     default = _operator(helm.template("rel", str(CHART)))["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert build_parser().parse_args(["run", *default]).rollout_pool_label == ""  # one pool
+    parsed = build_parser().parse_args(["run", *default])
+    assert (parsed.rollout_pool_label, parsed.recommend_only) == ("", False)  # one pool; changes made
 
 
 def test_metrics_service_monitor_and_dashboard(helm: Helm) -> None:

@@ -109,6 +109,7 @@ class OperatorSettings:
     naive_queries: bool = False  # one query per family per tuning: the scale benchmark's baseline
     max_concurrent_rollouts: int = 0  # rollouts of tuned Deployments in progress at once, anyone's; 0: no limit
     rollout_pool_label: str = ""  # node label whose values are the pools the limit holds in; "": one pool
+    recommend_only: bool = False  # every Auto tuning acts as Recommend: no change is made (rollbacks still are)
 
 
 def pod_prefix(replicaset: str) -> str:
@@ -268,6 +269,9 @@ class Reconciler:
 
     async def _evaluate(self, spec: VllmTuningSpec, report: Report) -> None:
         namespace = report.namespace
+        overridden = self.settings.recommend_only and spec.mode == Mode.AUTO
+        if overridden:  # the operator-wide dry run: Auto acts as Recommend (a rollback of our change still runs)
+            spec = spec.model_copy(update={"mode": Mode.RECOMMEND})
         target = await self._target(namespace, spec)
         report.state = self._adopt_target(report, target)
         await self._track_rollout(spec, target, report)
@@ -315,7 +319,8 @@ class Reconciler:
                 await self._patch(target, decision, report, before, during_rollout=False)
             self._record_slot(key, report)
         ready_reason = {Mode.AUTO: "Tuning", Mode.RECOMMEND: "Recommending", Mode.PAUSED: "Paused"}[spec.mode]
-        report.condition(ConditionType.READY, True, ready_reason, f"{decision.action}: {decision.reason}")
+        why = " (mode Auto, but the operator runs with --recommend-only)" if overridden else ""
+        report.condition(ConditionType.READY, True, ready_reason, f"{decision.action}: {decision.reason}{why}")
         self._progress_condition(report)
 
     def _record_slot(self, key: Key, report: Report) -> None:

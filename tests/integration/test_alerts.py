@@ -73,6 +73,13 @@ CASES = [
     case({f'vllm_autotuner_decisions_total{{{TUNING},action="Hold",reason="ChangesReverted"}}': "0x10 1x30"},
          fires("VllmTuningChangesReverted", "9m"),
          fires("VllmTuningChangesReverted", "12m", {"namespace": "team-a", "tuning": "chat"})),
+    # a controlled target of one tuning, the changes of another put back: each alert names its own
+    case({f'vllm_autotuner_decisions_total{{{TUNING},action="Hold",reason="TargetControlled"}}': "0x10 1x30",
+          'vllm_autotuner_decisions_total{namespace="team-a",tuning="rag",action="Hold",reason="ChangesReverted"}':
+              "0x10 1x30"},
+         fires("VllmTuningTargetControlled", "9m"),
+         fires("VllmTuningTargetControlled", "12m", {"namespace": "team-a", "tuning": "chat"}),
+         fires("VllmTuningChangesReverted", "12m", {"namespace": "team-a", "tuning": "rag"})),
     # every decision for an hour held for missing data; another tuning's data came back
     case({f'vllm_autotuner_decisions_total{{{TUNING},action="Hold",reason="NoData"}}': "0+2x120",
           'vllm_autotuner_decisions_total{namespace="team-a",tuning="rag",action="Hold",reason="StaleData"}':
@@ -108,7 +115,7 @@ CASES = [
 def test_promtool_accepts_the_rules() -> None:
     checked = promtool("check", "rules", str(ALERTS))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 8 rules found" in checked.stdout
+    assert "SUCCESS: 9 rules found" in checked.stdout
 
 
 def test_each_alert_fires_when_it_should_and_not_otherwise(tmp_path: Path) -> None:

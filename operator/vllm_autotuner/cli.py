@@ -109,9 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rollout-pool-label", type=_label_key, default="", metavar="LABEL",
                      help="node label naming the node pools (e.g. karpenter.sh/nodepool, "
                           "cloud.google.com/gke-nodepool): --max-concurrent-rollouts then holds per pool, the one a "
-                          "target's pod template pins its "
-                          "pods to (nodeSelector, or required node affinity In one value); a template that pins none "
-                          "shares the slots of every pool. Default: one pool")
+                          "target's pod template pins its pods to (nodeSelector, or required node affinity In one "
+                          "value); a template that pins none shares the slots of every pool. Default: one pool")
     run.add_argument("--recommend-only", action="store_true",
                      help="every VllmTuning in mode Auto acts as in mode Recommend: recommendations in the status and "
                           "Events, no change to any Deployment (a rollback of the operator's own earlier change still "

@@ -56,12 +56,12 @@ from vllm_autotuner.observe.window import observe_target
 from vllm_autotuner.policy import (
     Decision,
     REVERTED_ADVICE,
-    controlled_advice,
     HoldReason,
     Observation,
     adopt_generation,
     awaiting_verdict,
     changes_reverted,
+    controlled_advice,
     decide,
     defaults_resolved,
     effective_slo,
@@ -734,7 +734,7 @@ def _knobs(recommendation: Recommendation) -> Knobs:
 
 
 def controller_of(deployment: dict[str, Any]) -> str | None:
-    """The object that controls a Deployment (its ownerReference with ``controller: true``), as ``Kind name``."""
+    """The object that controls a Deployment (its ownerReference with ``controller: true``) as ``Kind ns/name``."""
     for owner in deployment["metadata"].get("ownerReferences") or []:
         if owner.get("controller"):
             return f"{owner.get('kind')} {deployment['metadata'].get('namespace')}/{owner.get('name')}"

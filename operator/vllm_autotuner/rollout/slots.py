@@ -8,10 +8,10 @@ hold) and holds the change (reason RolloutSlots) when none is left. A slot
 is held by a rollout of a tuned Deployment in progress, the operator's or
 anyone's (a ``kubectl rollout restart``, an image bump: its surge pods need
 spare GPUs too; seen in the Deployment as soon as it starts and no longer
-once it ends, not at its tuning's next evaluation), and also by a change that has waited longer for
-one: the tunings of a tick are evaluated in the same order every tick, so
-without the queue a slot freed would go to the same tuning each time, and
-one behind several others could wait for ever.
+once it ends, not at its tuning's next evaluation), and also by a change
+that has waited longer for one: the tunings of a tick are evaluated in the
+same order every tick, so without the queue a slot freed would go to the
+same tuning each time, and one behind several others could wait for ever.
 
 Spare GPUs belong to a node pool: with ``--rollout-pool-label`` (the node
 label that names a pool: ``cloud.google.com/gke-nodepool``,

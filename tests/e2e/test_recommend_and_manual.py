@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from tests.e2e.conftest import Operators
 from tests.e2e.world import Load, World, knob_args, knobs_of, open_window, parse_time, tuning_spec
-from tests.support import H100, Cluster, wait_for
+from tests.support import H100, Cluster, NotYet, wait_for
 
 from vllm_autotuner.sim import localenv
 
@@ -80,8 +80,13 @@ def test_with_recommend_only_an_auto_tuning_only_recommends_until_the_operator_r
     preset = {"maxNumBatchedTokens": PRESET[0], "maxNumSeqs": PRESET[1]}
     world.create_tuning(tuning_spec(world.name, schedules=[open_window("Europe/Berlin", preset)]))  # mode Auto
     dry = operators.start("dry", None, "--recommend-only")
-    ready = world.wait_condition("Ready", "True", "Recommending", 60)
-    assert "--recommend-only" in ready["message"] and "tokens=8192 seqs=128" in ready["message"], ready
+
+    def recommending() -> dict | NotYet:
+        ready = world.has_condition("Ready", "True", "Recommending")
+        return ready if ready and "tokens=8192 seqs=128 recommended" in ready["message"] else NotYet(f"{ready}")
+
+    ready = wait_for(recommending, 60, "the preset recommended")
+    assert "--recommend-only" in ready["message"], ready
     assert world.status()["recommendation"]["maxNumBatchedTokens"] == PRESET[0]
     assert world.history()[-1]["hold"] == "RecommendOnly"
     deployment = world.deployment().metadata

@@ -33,6 +33,7 @@ T = TypeVar("T")
 CRD_NAME = "vllmtunings.autotuner.vllm-tuning.io"
 CRD_FILE = localenv.ROOT / "crds" / f"{CRD_NAME}.yaml"
 CHART = localenv.ROOT / "charts" / "vllm-autotuner"
+ALERTS = CHART / "files" / "alerts.yaml"
 HELM = localenv.BIN / "helm"
 FLEET_POOLS = ("llama3-8b-h100:4", "llama3-8b-l4:1")
 """The session fleet's nodes: H100s for rollouts with a surge pod, an L4 for
@@ -116,6 +117,11 @@ class Helm:
 def documents(text: str) -> list[dict]:
     """The objects of a multi-document YAML text (empty documents left out)."""
     return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    """The chart's alerting rules, as its rule file writes them."""
+    return [r for group in yaml.safe_load(ALERTS.read_text())["groups"] for r in group["rules"]]
 
 
 def _run(argv: list[str], env: dict[str, str], check: bool, stdin: str | None = None) -> subprocess.CompletedProcess:

@@ -27,11 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from tests.e2e.conftest import Operators
 from tests.e2e.test_traffic import settled_window
 from tests.e2e.world import Load, World, fleet_targets_of, knob_args, parse_time, tuning_spec
-from tests.support import CHART, H100, Cluster, NotYet, wait_for
+from tests.support import ALERTS, H100, Cluster, NotYet, alert_rules, wait_for
 
 from vllm_autotuner.sim import localenv
 
@@ -86,7 +85,7 @@ def test_an_operator_that_cannot_reach_prometheus_raises_its_alerts_and_no_other
     world.create_deployment(H100, knob_args(512, 16), replicas=1)
     world.wait_rolled_out(knob_args(512, 16), 60)  # no rollout in progress: its decisions hold for want of data
     world.create_tuning(tuning_spec(world.name))
-    watcher = localenv.start_prometheus(tmp_path / "watcher", rules=CHART / "files" / "alerts.yaml")
+    watcher = localenv.start_prometheus(tmp_path / "watcher", rules=ALERTS)
     try:
         operator = operators.start(prometheus_url=f"http://127.0.0.1:{localenv.free_port()}")  # nothing listens
         # the target labels a ServiceMonitor attaches: the operator's own namespace must not replace the tuning's
@@ -108,8 +107,7 @@ def test_an_operator_that_cannot_reach_prometheus_raises_its_alerts_and_no_other
 
         found = wait_for(active, 60, f"exactly {sorted(expected)} to be active")
         rules = [r for group in api("rules")["groups"] for r in group["rules"]]
-        written = {r["alert"] for g in yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())["groups"]
-                   for r in g["rules"]}
+        written = {r["alert"] for r in alert_rules()}
         assert {r["name"] for r in rules} == written and all(r["health"] == "ok" for r in rules), [
             (r["name"], r.get("lastError")) for r in rules]
     finally:

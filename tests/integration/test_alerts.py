@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.support import CHART, Helm
+from tests.support import ALERTS, CHART, Helm, alert_rules
 
 from vllm_autotuner.sim.localenv import PROMETHEUS
 
 pytestmark = pytest.mark.integration
 
-ALERTS = CHART / "files" / "alerts.yaml"
 PROMTOOL = PROMETHEUS.with_name("promtool")  # Debian's prometheus package ships both
 TUNING = 'namespace="team-a",tuning="chat"'
 
@@ -26,7 +25,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def rule(alert: str) -> dict:
-    (found,) = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"] if r["alert"] == alert]
+    (found,) = [r for r in alert_rules() if r["alert"] == alert]
     return found
 
 
@@ -115,12 +114,11 @@ CASES = [
 def test_promtool_accepts_the_rules() -> None:
     checked = promtool("check", "rules", str(ALERTS))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    written = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
-    assert f"SUCCESS: {len(written)} rules found" in checked.stdout
+    assert f"SUCCESS: {len(alert_rules())} rules found" in checked.stdout
 
 
 def test_each_alert_fires_when_it_should_and_not_otherwise(tmp_path: Path) -> None:
-    alerts = {r["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
+    alerts = {r["alert"] for r in alert_rules()}
     tested = {check["alertname"] for c in CASES for check in c["alert_rule_test"] if check["exp_alerts"]}
     assert tested == alerts  # every alert is shown to fire somewhere
     tests = tmp_path / "alerts_test.yaml"

@@ -307,8 +307,16 @@ class Reconciler:
             report.decision = decision
             self._count(report, decision)
             report.state = decision.state
-            self._reverted_condition(report)
-            self._controlled_condition(report, controlled_by)
+            reverts = report.state.reverts
+            self._withheld_condition(  # another writer keeps putting our changes back
+                report, events.CHANGES_REVERTED,
+                f"{len(reverts)} changes put back, the last at {reverts[0]}: {REVERTED_ADVICE}"
+                if changes_reverted(report.state) else None,
+                "the spec changed: tuning again")
+            self._withheld_condition(  # another object controls the target
+                report, events.TARGET_CONTROLLED, controlled_advice(controlled_by) if controlled_by else None,
+                "the Deployment is no longer controlled by another object, or the spec says to ignore its "
+                "controller: tuning again")
             if decision.hold in _NO_METRICS and observation is not None:
                 report.condition(ConditionType.METRICS_AVAILABLE, False, decision.hold, decision.reason)
             if decision.hold in _RECOMMENDING and decision.recommendation is not None and (
@@ -508,29 +516,15 @@ class Reconciler:
                 await self._patch(target, decision, report, state, during_rollout=True)
 
     @staticmethod
-    def _reverted_condition(report: Report) -> None:
-        """Degraded while our changes are stopped because another writer keeps putting them back."""
-        if changes_reverted(report.state):
-            message = f"{len(report.state.reverts)} changes put back, the last at {report.state.reverts[0]}: " + (
-                REVERTED_ADVICE)
-            if not report.has(ConditionType.DEGRADED, True, events.CHANGES_REVERTED):
-                report.event(events.CHANGES_REVERTED, message, warning=True)
-            report.condition(ConditionType.DEGRADED, True, events.CHANGES_REVERTED, message)
-        elif report.has(ConditionType.DEGRADED, True, events.CHANGES_REVERTED):
-            report.condition(ConditionType.DEGRADED, False, "AsExpected", "the spec changed: tuning again")
-
-    @staticmethod
-    def _controlled_condition(report: Report, controlled_by: str | None) -> None:
-        """Degraded while another object controls the target, so that changes are only recommended."""
-        if controlled_by is not None:
-            message = controlled_advice(controlled_by)
-            if not report.has(ConditionType.DEGRADED, True, events.TARGET_CONTROLLED):
-                report.event(events.TARGET_CONTROLLED, message, warning=True)
-            report.condition(ConditionType.DEGRADED, True, events.TARGET_CONTROLLED, message)
-        elif report.has(ConditionType.DEGRADED, True, events.TARGET_CONTROLLED):
-            report.condition(ConditionType.DEGRADED, False, "AsExpected",
-                             "the Deployment is no longer controlled by another object, or the spec says to ignore "
-                             "its controller: tuning again")
+    def _withheld_condition(report: Report, reason: str, message: str | None, cleared: str) -> None:
+        """Degraded (reason ``reason``, a Warning Event when it begins) while ``message`` says why changes are only
+        recommended; back to AsExpected with ``cleared`` once it no longer applies."""
+        if message is not None:
+            if not report.has(ConditionType.DEGRADED, True, reason):
+                report.event(reason, message, warning=True)
+            report.condition(ConditionType.DEGRADED, True, reason, message)
+        elif report.has(ConditionType.DEGRADED, True, reason):
+            report.condition(ConditionType.DEGRADED, False, "AsExpected", cleared)
 
     def _rollout_finished(self, report: Report, outcome: str) -> None:
         self.metrics.rollouts.labels(report.namespace, report.name, outcome).inc()

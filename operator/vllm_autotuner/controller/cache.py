@@ -98,8 +98,9 @@ class ClusterCache:
         owned = self.replicasets(deployment)
         if not owned:
             return None
-        revision = (meta.get("annotations") or {}).get(REVISION)
+        current = (meta.get("annotations") or {}).get(REVISION)
         for rs in owned:
-            if revision is not None and (rs["metadata"].get("annotations") or {}).get(REVISION) == revision:
+            if current is not None and (rs["metadata"].get("annotations") or {}).get(REVISION) == current:
                 return rs
+        # the ReplicaSet watch lags the Deployment's (a patch just made its new ReplicaSet): the newest seen
         return max(owned, key=revision)

@@ -45,9 +45,16 @@ class Evaluator:
         self.metrics = metrics
         self.clock = clock
         self.due: dict[Key, float] = {}
+        self.seen = -math.inf  # the clock at the last tick
         self.periods = 0
 
     def _schedule(self, now: float) -> None:
+        if now < self.seen - 1.0:
+            # The wall clock stepped back (an NTP correction): due times reckoned before it would not come round
+            # for as long as the step, rollbacks of failing rollouts included. Everything is due now.
+            log.warning("the clock went back %.0fs; evaluating every tuning now", self.seen - now)
+            self.due = dict.fromkeys(self.due, math.floor(now))
+        self.seen = now
         for key in list(self.due):
             if key not in self.cache.tunings:
                 del self.due[key]
@@ -57,15 +64,17 @@ class Evaluator:
             self.due.setdefault(key, math.floor(now))  # a new tuning is evaluated at once
         self.metrics.tunings.set(len(self.cache.tunings))
 
-    async def _evaluate(self, key: Key, at: float, limit: asyncio.Semaphore) -> None:
+    async def _evaluate(self, key: Key, at: float, limit: asyncio.Semaphore, stop: asyncio.Event) -> None:
         async with limit:
+            if stop.is_set():
+                return  # stopping: the evaluations in flight finish, no other starts (``operator.wind_down``)
             try:
                 await self.reconciler.evaluate(key, at)
             except Exception:  # noqa: BLE001 - one tuning's bug must not stop the others; retried next interval
                 log.exception("evaluating %s/%s failed; retrying at its next interval", *key)
 
-    async def tick(self) -> int:
-        """Evaluate every tuning that is due now; returns how many were."""
+    async def tick(self, stop: asyncio.Event) -> int:
+        """Evaluate every tuning that is due now, none once ``stop`` is set; returns how many were due."""
         now = self.clock()
         self._schedule(now)
         due = [(key, at) for key, at in self.due.items() if at <= now]
@@ -73,7 +82,7 @@ class Evaluator:
             return 0
         started = time.perf_counter()
         limit = asyncio.Semaphore(CONCURRENCY)
-        await asyncio.gather(*(self._evaluate(key, at, limit) for key, at in due))
+        await asyncio.gather(*(self._evaluate(key, at, limit, stop) for key, at in due))
         self.reconciler.observations.forget()  # the next tick looks at later windows
         for key, _ in due:
             body = self.cache.tunings.get(key)
@@ -87,7 +96,7 @@ class Evaluator:
     async def run(self, stop: asyncio.Event) -> None:
         """Tick until ``stop`` is set."""
         while not stop.is_set():
-            await self.tick()
+            await self.tick(stop)
             upcoming = min(self.due.values(), default=self.clock() + 1.0)
             delay = min(1.0, max(0.05, upcoming - self.clock()))
             try:

@@ -152,6 +152,34 @@ def observation_service(metrics: OperatorMetrics) -> ObservationService:
     return ObservationService(client_for)
 
 
+async def wind_down(workers: list[asyncio.Task], holding: asyncio.Task | None) -> bool:
+    """Stop the tasks that act, once their stop flag is set; True when the Lease was lost, meanwhile or before.
+
+    A replica that still leads lets the evaluations in flight finish (those not
+    started yet are skipped) and renews the Lease meanwhile, so that no standby
+    can lead while it still writes; the caller then releases the Lease. A
+    replica whose Lease is lost, before or during this, cancels them at once:
+    past the renew deadline a standby may take over from the end of the lease
+    duration, and two replicas patching one Deployment is what the Lease
+    exists to prevent.
+    """
+    if holding is None:
+        await asyncio.gather(*workers, return_exceptions=True)
+        return False
+    pending = [task for task in workers if not task.done()]
+    while pending and not holding.done():
+        await asyncio.wait([holding, *pending], return_when=asyncio.FIRST_COMPLETED)
+        pending = [task for task in pending if not task.done()]
+    lost = holding.done()
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
+    if not lost:
+        holding.cancel()
+        await asyncio.gather(holding, return_exceptions=True)
+    return lost
+
+
 async def run(options: RunOptions) -> int:
     """Run until SIGTERM/SIGINT (0) or until leadership is lost (1)."""
     kopf.configure(verbose=options.verbose, log_format=kopf.LogFormat.JSON if options.log_format == "json"
@@ -194,13 +222,9 @@ async def run(options: RunOptions) -> int:
     holding = asyncio.create_task(elector.hold(), name="lease") if elector else None
     if holding is not None:
         tasks.add(holding)
-    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    lost = holding is not None and holding in done
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     stop.set()
-    for task in tasks - done:
-        if task is holding:
-            task.cancel()
-    await asyncio.gather(*(t for t in tasks if t is not holding), return_exceptions=True)
+    lost = await wind_down([operator, evaluation], holding)
     metrics.leader.set(0)
     if elector is not None and not lost:
         await asyncio.to_thread(elector.release)

@@ -1,0 +1,55 @@
+"""The evaluation clock: no evaluation starts once stopping, and a clock stepped back does not stall the tunings."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from vllm_autotuner.controller.cache import ClusterCache
+from vllm_autotuner.controller.evaluator import Evaluator
+from vllm_autotuner.controller.metrics import OperatorMetrics
+
+
+class Reconciler:
+    """Records evaluations; with ``stop``, the first one sets it, as SIGTERM does in the middle of a tick."""
+
+    class Observations:
+        def forget(self) -> None:
+            pass
+
+    def __init__(self, stop: asyncio.Event | None = None) -> None:
+        self.stop = stop
+        self.evaluated: list[tuple[Any, float]] = []
+        self.observations = self.Observations()
+
+    async def evaluate(self, key: Any, at: float) -> None:
+        self.evaluated.append((key, at))
+        if self.stop is not None:
+            self.stop.set()
+
+
+def evaluator(reconciler: Reconciler, clock: Any) -> Evaluator:
+    cache = ClusterCache()
+    for name in ("a", "b", "c"):
+        cache.on_tuning_event(None, {"metadata": {"namespace": "llm", "name": name}, "spec": {}})
+    return Evaluator(cache, reconciler, OperatorMetrics(), clock=clock)  # type: ignore[arg-type]
+
+
+def test_once_stopping_the_evaluator_starts_no_further_evaluation() -> None:
+    stop = asyncio.Event()
+    reconciler = Reconciler(stop)
+    asyncio.run(evaluator(reconciler, lambda: 1000.0).run(stop))
+    assert len(reconciler.evaluated) == 1
+
+
+def test_a_clock_stepped_back_makes_every_tuning_due_at_once() -> None:
+    now = [1000.0]
+    reconciler = Reconciler()
+    clock = evaluator(reconciler, lambda: now[0])
+    stop = asyncio.Event()
+    assert asyncio.run(clock.tick(stop)) == 3  # new tunings: at once; then every 30 s (the default interval)
+    now[0] = 1010.0
+    assert asyncio.run(clock.tick(stop)) == 0
+    now[0] = 400.0  # an NTP step of ten minutes back
+    assert asyncio.run(clock.tick(stop)) == 3
+    assert {at for _, at in reconciler.evaluated[3:]} == {400.0}

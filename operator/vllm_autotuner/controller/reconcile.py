@@ -710,6 +710,10 @@ class Reconciler:
                 await self._call(self.kube.patch_tuning_status, namespace, name, status)
         except ApiException as exc:
             log.warning("writing the status of %s/%s failed: %s", namespace, name, exc.reason)
+            if exc.status == 404:
+                # Deleted while the watch was down: a re-list after it brings no DELETED event, and the
+                # tuning would be evaluated, and act, for as long as the operator runs.
+                self.cache.on_tuning_event("DELETED", body)
         self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
 
 

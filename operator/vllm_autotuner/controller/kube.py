@@ -25,6 +25,22 @@ STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 
 
+def label_selector(selector: dict[str, Any]) -> str:
+    """A Deployment's ``spec.selector`` as a list-call label selector: its matchLabels and its matchExpressions."""
+    terms = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if op == "In":
+            terms.append(f"{key} in ({','.join(values)})")
+        elif op == "NotIn":
+            terms.append(f"{key} notin ({','.join(values)})")
+        elif op == "Exists":
+            terms.append(key)
+        else:
+            terms.append(f"!{key}")
+    return ",".join(terms)
+
+
 class Kube:
     """Blocking API calls (run them with ``asyncio.to_thread``)."""
 

@@ -46,7 +46,7 @@ from vllm_autotuner.api.types import duration_seconds, parse_cron, time_zone, ut
 from vllm_autotuner.controller import events
 from vllm_autotuner.controller.cache import ClusterCache, Key, revision
 from vllm_autotuner.controller.conditions import condition, set_condition
-from vllm_autotuner.controller.kube import Kube
+from vllm_autotuner.controller.kube import Kube, label_selector
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.knobs import CommandLineError, EngineArgs, Hardware, find_vllm_container, vllm_defaults
 from vllm_autotuner.observe.client import Connection, PrometheusError
@@ -389,9 +389,9 @@ class Reconciler:
         gpus = int((resources.get("limits") or resources.get("requests") or {}).get(GPU_RESOURCE, 0) or 0)
         labels = dict(deployment["spec"]["template"]["spec"].get("nodeSelector") or {})
         if GPU_MEMORY_LABEL not in labels and spec.engine.gpu_memory_gib is None and gpus:
-            selector = ",".join(f"{k}={v}" for k, v in sorted(deployment["spec"]["selector"].get("matchLabels", {}).items()))
             try:
-                pods = await self._call(self.kube.list_pods, deployment["metadata"]["namespace"], selector)
+                pods = await self._call(self.kube.list_pods, deployment["metadata"]["namespace"],
+                                        label_selector(deployment["spec"]["selector"]))
                 node = next((p["spec"].get("nodeName") for p in pods if p["spec"].get("nodeName")), None)
                 if node:
                     labels.update(await self._call(self.kube.node_labels, node))

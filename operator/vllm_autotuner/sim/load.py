@@ -43,6 +43,7 @@ import aiohttp
 import kubernetes
 import numpy as np
 
+from vllm_autotuner.controller.kube import label_selector
 from vllm_autotuner.knobs import CommandLineError, find_vllm_container
 from vllm_autotuner.sim.cli import SCENARIOS
 from vllm_autotuner.sim.podlaunch import serving_port
@@ -78,22 +79,6 @@ def build_scenario(name: str, rate: float, mix: str, hours: float) -> Scenario:
     if name == "diurnal":
         return diurnal_with_batch_window(rate, rate / 4)
     raise ValueError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
-
-
-def label_selector(selector: dict[str, Any]) -> str:
-    """A Deployment's ``spec.selector`` as a list-call label selector."""
-    terms = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
-    for expr in selector.get("matchExpressions") or []:
-        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
-        if op == "In":
-            terms.append(f"{key} in ({','.join(values)})")
-        elif op == "NotIn":
-            terms.append(f"{key} notin ({','.join(values)})")
-        elif op == "Exists":
-            terms.append(key)
-        else:
-            terms.append(f"!{key}")
-    return ",".join(terms)
 
 
 def endpoints(pods: list[dict[str, Any]]) -> tuple[list[str], list[str]]:

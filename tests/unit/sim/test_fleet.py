@@ -21,7 +21,7 @@ from vllm_autotuner.sim.fleet import (
     node_status,
     scrape_target,
 )
-from vllm_autotuner.sim.load import build_scenario, endpoints, label_selector
+from vllm_autotuner.sim.load import build_scenario, endpoints
 from vllm_autotuner.sim.podrunner import AddressPool
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
@@ -111,23 +111,6 @@ def test_addresses_are_fresh_and_skip_taken_ones():
         squatter.close()
     taken = [pool.take(None)[0] for _ in range(260)]
     assert len(set(taken)) == 260 and not any(a.endswith((".0", ".255")) for a in taken)
-
-
-def test_label_selector_of_a_deployment():
-    assert (
-        label_selector(
-            {
-                "matchLabels": {"b": "2", "a": "1"},
-                "matchExpressions": [
-                    {"key": "tier", "operator": "In", "values": ["x", "y"]},
-                    {"key": "canary", "operator": "DoesNotExist"},
-                    {"key": "gpu", "operator": "Exists"},
-                    {"key": "zone", "operator": "NotIn", "values": ["z"]},
-                ],
-            }
-        )
-        == "a=1,b=2,tier in (x,y),!canary,gpu,zone notin (z)"
-    )
 
 
 def pod(name, ip, ready=True, args=("--port", "8001"), deleting=False):

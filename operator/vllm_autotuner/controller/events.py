@@ -32,6 +32,7 @@ INVALID_TARGET = "InvalidTarget"
 TARGET_PAUSED = "TargetPaused"
 TARGET_CONFLICT = "TargetConflict"
 INVALID_SPEC = "InvalidSpec"
+STATUS_UNREADABLE = "StatusUnreadable"  # written by a newer operator, or edited: nothing changes until it reads
 METRICS_UNAVAILABLE = "MetricsUnavailable"
 PATCH_FAILED = "PatchFailed"
 

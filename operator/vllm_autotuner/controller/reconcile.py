@@ -240,14 +240,14 @@ class Reconciler:
         now = datetime.fromtimestamp(at, UTC)
         try:
             state = VllmTuningStatus.model_validate(body.get("status") or {})
-        except ValidationError:
-            state = VllmTuningStatus()  # an unreadable status is rebuilt rather than trusted
+        except ValidationError as exc:
+            return await self._unreadable_status(body, generation, now, exc, write)
         report = Report(key[0], key[1], state, generation, now)
         try:
             spec = VllmTuningSpec.model_validate(body["spec"])
         except ValidationError as exc:
             spec = None
-            problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+            problems = _validation_problems(exc)
         else:
             problems = spec_problems(spec)
         if spec is None or problems:
@@ -265,6 +265,40 @@ class Reconciler:
                 report.event(problem.reason, str(problem), warning=True)
             report.condition(ConditionType.READY, False, problem.reason, str(problem))
         await self._finish(body, report, spec, started, write)
+        return report
+
+    async def _unreadable_status(self, body: dict[str, Any], generation: int, now: datetime, exc: ValidationError,
+                                 write: bool) -> Report:
+        """Hold, and say so in the Ready condition alone, when the status cannot be read.
+
+        The status is the operator's memory: the configs that failed to start, a
+        rollout in flight to roll back if it fails. Rebuilt from nothing, it would
+        let a config that crash-looped be tried again. It is unreadable when a newer
+        operator wrote it (a downgrade: ``helm rollback``) or a person edited it;
+        the rest of it is left as it is, for the operator that can read it.
+        """
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        message = (f"status unreadable ({'; '.join(_validation_problems(exc)[:3])}): written by a newer "
+                   "vllm-autotuner, or edited. Nothing is changed until it can be read: run the newer operator "
+                   "again, or clear the status to start afresh, forgetting failed configs and what was learned "
+                   f"(kubectl patch vllmtuning {name} -n {namespace} --subresource=status --type=merge "
+                   "-p '{\"status\":null}').")
+        report = Report(namespace, name, VllmTuningStatus(), generation, now)
+        report.condition(ConditionType.READY, False, events.STATUS_UNREADABLE, message)
+        ready = next((c for c in (body.get("status") or {}).get("conditions") or []
+                      if isinstance(c, dict) and c.get("type") == ConditionType.READY), {})
+        if write and ready.get("reason") != events.STATUS_UNREADABLE:
+            log.warning("%s: %s", events.STATUS_UNREADABLE, message,
+                        extra={"namespace": namespace, "tuning": name, "reason": events.STATUS_UNREADABLE})
+            try:
+                tuning = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
+                await self._call(self.kube.create_event, events.event_body(
+                    tuning, events.STATUS_UNREADABLE, message, events.WARNING, now))
+                conditions = report.state.model_dump(by_alias=True, mode="json")["conditions"]
+                await self._call(self.kube.patch_tuning_status, namespace, name, {"conditions": conditions})
+            except ApiException as failed:
+                log.warning("reporting the unreadable status of %s/%s failed: %s", namespace, name, failed.reason)
         return report
 
     async def _evaluate(self, spec: VllmTuningSpec, report: Report) -> None:
@@ -715,6 +749,11 @@ class Reconciler:
                 # tuning would be evaluated, and act, for as long as the operator runs.
                 self.cache.on_tuning_event("DELETED", body)
         self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
+
+
+def _validation_problems(exc: ValidationError) -> list[str]:
+    """Each problem pydantic found, as ``field.path: what is wrong``."""
+    return [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
 
 
 def _reaches_into_rollout(state: VllmTuningStatus, now: datetime, window_seconds: float) -> bool:

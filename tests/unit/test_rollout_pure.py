@@ -6,6 +6,7 @@ import copy
 from datetime import UTC, datetime, timedelta
 
 from vllm_autotuner.api import Knobs
+from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.rollout.patch import (
     KNOBS_ANNOTATION,
     TUNING_ANNOTATION,
@@ -222,10 +223,7 @@ def test_a_new_pod_that_cannot_be_scheduled_blocks_the_rollout_at_the_deadline_a
     assert blocked.progress is Progress.BLOCKED
     assert "llama-abc-9 cannot be scheduled: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu" in blocked.message
     assert "maxSurge: 0 and maxUnavailable: 1" in blocked.message
-    surging["status"]["conditions"] = [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
-                                        "message": 'ReplicaSet "llama-abc" has timed out progressing.'}]
-    assert rollout_state(surging, 3, pending, "vllm", 30, 600).progress is Progress.BLOCKED
-    assert rollout_state(surging, 3, [], "vllm", 30, 600).progress is Progress.FAILED  # nothing known of the pods
+    assert rollout_state(surging, 3, [], "vllm", 601, 600).progress is Progress.FAILED  # nothing known of the pods
     assert rollout_state(surging, 3, [*pending, crashing_pod(2)], "vllm", 30, 600).progress is Progress.FAILED
 
 
@@ -252,6 +250,82 @@ def test_new_pods_that_never_started_vllm_block_the_rollout_and_one_that_ran_fai
     refused = deployment([], status={**surging["status"], "conditions": [quota]})
     blocked = rollout_state(refused, 3, [], "vllm", 601, 600)
     assert blocked.progress is Progress.BLOCKED and "exceeded quota" in blocked.message
+
+
+def test_only_the_specs_deadline_ends_a_rollout_not_the_deployment_controllers():
+    """A 70B model loads for 15 minutes a pod: the Deployment's progressDeadlineSeconds (600 s unless it says
+    otherwise) runs out long before the 30 minutes the VllmTuning allows, and decides nothing."""
+    exceeded = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+                "message": 'ReplicaSet "llama-abc" has timed out progressing.'}
+    loading = deployment([], status={"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1,
+                                     "availableReplicas": 2, "conditions": [exceeded]})
+    pod = vllm_pod({"running": {"startedAt": "2024-05-01T12:01:00Z"}})
+    pending = [pending_pod("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")]
+
+    assert rollout_state(loading, 3, [pod], "vllm", 601, 1800).progress is Progress.IN_PROGRESS
+    assert rollout_state(loading, 3, pending, "vllm", 601, 1800).progress is Progress.IN_PROGRESS  # nor Blocked
+    late = rollout_state(loading, 3, [pod], "vllm", 1801, 1800)
+    assert late.progress is Progress.FAILED and "progressDeadline 1800s" in late.message
+
+
+def vllm_pod(state, restarts=0, ended=None, ready=False):
+    """A pod of the rollout, its vLLM container in ``state``, last ended as ``ended`` (a ``terminated`` record)."""
+    status = {"name": "vllm", "ready": ready, "restartCount": restarts, "state": state,
+              "lastState": {"terminated": ended} if ended else {}}
+    return {"metadata": {"name": "llama-abc-1"}, "status": {"containerStatuses": [status]}}
+
+
+def exited(at, message="ValueError: No available memory for the cache blocks.", code=1, reason="Error"):
+    return {"exitCode": code, "reason": reason, "message": message, "finishedAt": utc_timestamp(at)}
+
+
+def test_only_crashes_in_this_rollout_of_a_container_not_serving_fail_it():
+    """A rollback of our change scales the old ReplicaSet back up: its pods ran for days, and one restarted
+    twice on an NCCL error on Monday. That is no crash loop of the rollback's, nor is a crash the pod recovered
+    from; a pod whose vLLM keeps exiting since the rollback is."""
+    a, b = Knobs(max_num_batched_tokens=2048, max_num_seqs=64), Knobs(max_num_batched_tokens=512, max_num_seqs=64)
+    before = deployment(["--max-num-batched-tokens", "2048", "--max-num-seqs", "64"])
+    live = merge(before, knob_patch(before, None, b, "ITL breach", "chat", "Traffic", WRITTEN))
+    back = WRITTEN + timedelta(minutes=10)
+    undone = merge(live, undo_patch(live, None, replicaset_template(before), a, "512 failed", "chat", back))
+    undone["status"] = {"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1, "availableReplicas": 1}
+    monday = exited(back - timedelta(days=3), "NCCL watchdog timeout")
+    running = {"running": {"startedAt": "2024-04-28T09:00:00Z"}}
+
+    def judged(pod):
+        return rollout_state(undone, 3, [pod], "vllm", 30, 600).progress
+
+    assert judged(vllm_pod(running, restarts=3, ended=monday, ready=True)) is Progress.IN_PROGRESS
+    assert judged(vllm_pod(running, restarts=3, ended=monday)) is Progress.IN_PROGRESS  # a readiness probe failing
+    backing_off = {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}}
+    assert judged(vllm_pod(backing_off, restarts=2, ended=exited(back - timedelta(seconds=5)))) is (
+        Progress.IN_PROGRESS)  # its last exit was before the rollback
+    assert judged(vllm_pod(running, restarts=2, ended=exited(back + timedelta(minutes=1)), ready=True)) is (
+        Progress.IN_PROGRESS)  # it recovered
+    failed = rollout_state(undone, 3, [vllm_pod(backing_off, restarts=2, ended=exited(back + timedelta(minutes=1)))],
+                           "vllm", 30, 600)
+    assert failed.progress is Progress.FAILED and "No available memory for the cache blocks" in failed.message
+    assert judged(vllm_pod(running, restarts=2, ended=exited(back))) is Progress.FAILED  # loading a third time
+
+
+def test_a_container_the_runtime_cannot_start_blocks_the_rollout_and_does_not_fail_it():
+    """The NVIDIA container toolkit cannot load a node's driver: containerd's StartError (exit code 128), the
+    kubelet restarting the container in back-off. vLLM never ran, so the knobs are not to blame."""
+    b = Knobs(max_num_batched_tokens=512, max_num_seqs=64)
+    before = deployment(["--max-num-batched-tokens", "2048", "--max-num-seqs", "64"])
+    written = merge(before, knob_patch(before, None, b, "ITL breach", "chat", "Traffic", WRITTEN))
+    written["status"] = {"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1, "availableReplicas": 2}
+    mismatch = ("failed to create containerd task: failed to create shim task: nvidia-container-cli: initialization "
+                "error: nvml error: driver/library version mismatch")
+    ended = exited(WRITTEN + timedelta(minutes=1), mismatch, code=128, reason="StartError")
+
+    for waiting in ("CrashLoopBackOff", "RunContainerError"):
+        pod = vllm_pod({"waiting": {"reason": waiting, "message": "back-off 20s restarting failed container"}},
+                       restarts=2, ended=ended)
+        assert rollout_state(written, 3, [pod], "vllm", 60, 600).progress is Progress.IN_PROGRESS
+        blocked = rollout_state(written, 3, [pod], "vllm", 601, 600)
+        assert blocked.progress is Progress.BLOCKED, waiting
+        assert "cannot start its container (StartError)" in blocked.message and mismatch in blocked.message
 
 
 def test_a_slow_rollout_that_keeps_progressing_is_not_failed_and_a_stalled_one_is():

@@ -69,23 +69,29 @@ class Kube:
             raise
         return any(r.name == PLURAL for r in found.resources or [])
 
+    @staticmethod
+    def _served(response: Any) -> dict[str, Any]:
+        """An object as the apiserver served it (a call made with ``_preload_content=False``): the client's models
+        would drop what they do not know and nulls such as the pod template's ``creationTimestamp: null``, so a
+        Deployment's template, compared field by field with a ReplicaSet's (``patch.undo_patch``), is read raw."""
+        return json.loads(response.data)
+
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
         self._count("get", "deployments")
-        return self._dict(self.apps.read_namespaced_deployment(name, namespace, _request_timeout=TIMEOUT))
+        return self._served(self.apps.read_namespaced_deployment(name, namespace, _preload_content=False,
+                                                                 _request_timeout=TIMEOUT))
 
     def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """Strategic-merge patch; a ``metadata.resourceVersion`` in it makes the write conditional (409 on change)."""
         self._count("patch", "deployments")
-        return self._dict(self.apps.patch_namespaced_deployment(
-            name, namespace, patch, _content_type=STRATEGIC_MERGE, _request_timeout=TIMEOUT))
+        return self._served(self.apps.patch_namespaced_deployment(
+            name, namespace, patch, _content_type=STRATEGIC_MERGE, _preload_content=False, _request_timeout=TIMEOUT))
 
     def read_replicaset(self, namespace: str, name: str) -> dict[str, Any]:
-        """The ReplicaSet as the apiserver serves it (its pod template compared field by field with the
-        Deployment's, so not round-tripped through the client's models)."""
+        """The ReplicaSet whose pod template a rollback puts back."""
         self._count("get", "replicasets")
-        response = self.apps.read_namespaced_replica_set(name, namespace, _preload_content=False,
-                                                         _request_timeout=TIMEOUT)
-        return json.loads(response.data)
+        return self._served(self.apps.read_namespaced_replica_set(name, namespace, _preload_content=False,
+                                                                  _request_timeout=TIMEOUT))
 
     def list_replicasets(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         self._count("list", "replicasets")

@@ -21,7 +21,9 @@ ATTEMPTS = 3
 
 
 class DeploymentApi(Protocol):
-    """The two calls this needs (``controller.kube.Kube`` provides them)."""
+    """The two calls this needs (``controller.kube.Kube`` provides them). Both return the Deployment as the
+    apiserver serves it, as the watches see it: a rollback re-read after a conflict compares its pod template field
+    by field with a ReplicaSet's (``patch.undo_patch``)."""
 
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any]: ...
 

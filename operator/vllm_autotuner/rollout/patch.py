@@ -141,6 +141,12 @@ def _last_stamp(deployment: dict[str, Any]) -> dict[str, str]:
     return max(dated, key=lambda pair: pair[0])[1] if dated else stamps[0]
 
 
+def last_written(deployment: dict[str, Any]) -> datetime | None:
+    """When the operator last wrote ``deployment`` (a change or an undo), the start of its rollout; None when
+    nothing it wrote carries a time."""
+    return _written_at(_last_stamp(deployment))
+
+
 def unrecorded_write(deployment: dict[str, Any], knobs: Knobs, tuning: str, after: datetime) -> datetime | None:
     """When VllmTuning ``tuning`` wrote the template's knobs, if that was after ``after``, the latest change its
     status knows of: a patch whose status write was lost (the operator restarted in between). None otherwise.

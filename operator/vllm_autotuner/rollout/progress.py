@@ -2,29 +2,37 @@
 
 Kubernetes' own notion of "complete" is the Deployment controller's: status
 has caught up with the spec generation, and every replica is updated and
-available with no old replica left. Failure has two faces an operator must
-catch sooner than the controller's progressDeadlineSeconds: a new pod whose
+available with no old replica left. Failure has two faces: a new pod whose
 vLLM exits at start-up (CrashLoopBackOff, the error in the container's last
-termination message) and our own deadline from the VllmTuning spec, which
-counts, as the controller's does, from the rollout's last progress: a slow
-rollout of many pods, one at a time, is not a failed one. A rollout whose
-new pods never started vLLM (the scheduler found no free GPU for a surge
-pod, the image cannot be pulled, a quota refuses the pods) is stuck for a
-reason that has nothing to do with the knobs, which no vLLM has read: it
-is ``BLOCKED``, not failed, once the deadline passes (a cluster autoscaler
-may be adding a node until then).
+termination message), caught at once, and no progress for the VllmTuning's
+own deadline, which counts, as the controller's progressDeadlineSeconds
+does, from the rollout's last progress: a slow rollout of many pods, one at
+a time, is not a failed one. The controller's own deadline (its
+``ProgressDeadlineExceeded`` condition, 600 s unless the Deployment says
+otherwise) decides nothing: a large model that loads for longer than that
+per pod is slow, not broken, when the spec allows it. A rollout whose new
+pods never started vLLM (the scheduler found no free GPU for a surge pod,
+the image cannot be pulled, a quota refuses the pods, the runtime cannot
+start the container) is stuck for a reason that has nothing to do with the
+knobs, which no vLLM has read: it is ``BLOCKED``, not failed, once the
+deadline passes (a cluster autoscaler may be adding a node until then).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from vllm_autotuner.rollout.patch import last_written
+
 #: Restarts of a new pod after which its crash is taken as the config's fault.
 CRASH_RESTARTS = 2
-_CRASH_REASONS = {"CrashLoopBackOff", "Error", "OOMKilled", "RunContainerError", "CreateContainerError"}
+#: How the runtime reports a container it could not start, so its process never ran (containerd's StartError,
+#: Docker's ContainerCannotRun, exit code 128: the GPU driver the container toolkit cannot load, no such binary).
+_START_FAILURES = {"StartError", "ContainerCannotRun"}
 
 
 class Progress(StrEnum):
@@ -47,18 +55,35 @@ def _vllm_statuses(pod: dict[str, Any], container: str | None) -> list[dict[str,
     return [s for s in statuses if container is None or s.get("name") == container]
 
 
-def _new_pods_failure(pods: list[dict[str, Any]], container: str | None) -> str | None:
+def _ended(status: dict[str, Any]) -> dict[str, Any]:
+    """The container's latest termination: the current one, else the last (empty before any)."""
+    return (status.get("state") or {}).get("terminated") or (status.get("lastState") or {}).get("terminated") or {}
+
+
+def _crash_looping(status: dict[str, Any], since: datetime | None) -> bool:
+    """Whether the vLLM container crash-loops in this rollout: restarted ``CRASH_RESTARTS`` times and not
+    serving again (running and Ready is a container that recovered), its latest exit vLLM's own (a container the
+    runtime could not start never ran vLLM) and at or after ``since``, the rollout's start when known. A rollback
+    scales old pods back up, whose restarts (an NCCL error days ago) say nothing about this rollout."""
+    if status.get("restartCount", 0) < CRASH_RESTARTS or (
+            "running" in (status.get("state") or {}) and status.get("ready")):
+        return False
+    ended = _ended(status)
+    finished = ended.get("finishedAt")
+    return bool(ended) and ended.get("reason") not in _START_FAILURES and (
+        since is None or (finished is not None and datetime.fromisoformat(finished) >= since))
+
+
+def _new_pods_failure(pods: list[dict[str, Any]], container: str | None, since: datetime | None) -> str | None:
     for pod in pods:
         for status in _vllm_statuses(pod, container):
-            waiting = (status.get("state") or {}).get("waiting") or {}
-            terminated = (status.get("lastState") or {}).get("terminated") or {}
-            crashed = waiting.get("reason") in _CRASH_REASONS or terminated.get("exitCode", 0) != 0
-            if crashed and status.get("restartCount", 0) >= CRASH_RESTARTS:
-                detail = terminated.get("message") or waiting.get("message") or waiting.get("reason", "")
+            if _crash_looping(status, since):
+                ended, waiting = _ended(status), (status.get("state") or {}).get("waiting") or {}
+                detail = ended.get("message") or waiting.get("message") or waiting.get("reason", "")
                 name = pod["metadata"]["name"]
                 return (
                     f"pod {name} is crash-looping ({status.get('restartCount')} restarts, "
-                    f"{waiting.get('reason') or 'Error'}): {detail.strip()}"
+                    f"{waiting.get('reason') or ended.get('reason') or 'Error'}): {detail.strip()}"
                 )
     return None
 
@@ -80,15 +105,24 @@ def _never_started(deployment: dict[str, Any], pods: list[dict[str, Any]], conta
     held = None
     for pod in pods:
         ours = _vllm_statuses(pod, container)
-        if any({"running", "terminated"} & set(c.get("state") or {}) or "terminated" in (c.get("lastState") or {})
-               or c.get("restartCount") for c in ours):
+        if any(_ran(c) for c in ours):
             return None
         held = held or _not_started(pod, ours)
     return held
 
 
+def _ran(status: dict[str, Any]) -> bool:
+    """Whether the container's process has run: it runs, or ended other than by the runtime's failing to start
+    it (which restarts it too)."""
+    if "running" in (status.get("state") or {}):
+        return True
+    ended = _ended(status)
+    return ended.get("reason") not in _START_FAILURES if ended else bool(status.get("restartCount"))
+
+
 def _not_started(pod: dict[str, Any], containers: list[dict[str, Any]]) -> str:
-    """What holds a pod before its vLLM container starts: the scheduler, or the kubelet (image, volumes)."""
+    """What holds a pod before its vLLM container starts: the scheduler, or the kubelet (image, volumes, the
+    container runtime)."""
     name = pod["metadata"]["name"]
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if (condition.get("type"), condition.get("status")) == ("PodScheduled", "False"):
@@ -96,6 +130,9 @@ def _not_started(pod: dict[str, Any], containers: list[dict[str, Any]]) -> str:
             advice = f". {NO_ROOM_ADVICE}" if condition.get("reason") == "Unschedulable" else ""
             return f"pod {name} cannot be scheduled: {message}{advice}"
     for status in containers:
+        ended = _ended(status)
+        if ended:
+            return f"pod {name} cannot start its container ({ended.get('reason')}): {ended.get('message', '').strip()}"
         waiting = (status.get("state") or {}).get("waiting") or {}
         if waiting.get("reason"):
             return f"pod {name} is waiting to start ({waiting['reason']}): {waiting.get('message', '').strip()}"
@@ -146,11 +183,15 @@ def rollout_state(
 ) -> RolloutState:
     """Evaluate a rollout started by a patch that produced ``target_generation``.
 
-    ``new_pods`` are the pods of the Deployment's newest ReplicaSet;
-    ``stalled_seconds`` is the time since the rollout last made progress
-    (``progress_mark`` rose), failing it past ``deadline_seconds``. A
-    Deployment at a *later* generation (someone else changed it too) is
-    judged the same way: the question is whether the newest template runs.
+    ``new_pods`` are the pods of the Deployment's newest ReplicaSet (after
+    a rollback, old pods scaled back up): their crashes count from the
+    operator's write that started the rollout, whose time the Deployment
+    carries (``patch.last_written``). ``stalled_seconds`` is the time since
+    the rollout last made progress (``progress_mark`` rose), failing it past
+    ``deadline_seconds``: the spec's deadline, not the Deployment
+    controller's. A Deployment at a *later* generation (someone else
+    changed it too) is judged the same way: the question is whether the
+    newest template runs.
     """
     if _complete(deployment, target_generation):
         return RolloutState(Progress.COMPLETE, "all replicas updated and available")
@@ -158,17 +199,12 @@ def rollout_state(
     spec_replicas = deployment["spec"].get("replicas", 1)
     updated = status.get("updatedReplicas", 0)
     available = status.get("availableReplicas", 0)
-    crash = _new_pods_failure(new_pods, container)
+    crash = _new_pods_failure(new_pods, container, last_written(deployment))
     if crash:
         return RolloutState(Progress.FAILED, crash)
-    stalled = None
-    for condition in status.get("conditions") or []:
-        if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
-            stalled = f"Deployment progress deadline exceeded: {condition.get('message', '')}"
-    if stalled is None and stalled_seconds > deadline_seconds:
+    if stalled_seconds > deadline_seconds:
         stalled = (f"no progress for {stalled_seconds:.0f}s (progressDeadline {deadline_seconds:.0f}s): "
                    f"{updated}/{spec_replicas} updated, {available} available")
-    if stalled is not None:
         held = _never_started(deployment, new_pods, container)
         if held:
             return RolloutState(Progress.BLOCKED, f"{stalled}; {held}")

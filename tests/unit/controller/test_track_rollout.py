@@ -23,6 +23,7 @@ from typing import Any
 from tests.unit.policy.helpers import T0, knobs, spec, status
 
 from vllm_autotuner.api import ConditionType, Knobs, KnobSource, RolloutPhase, VllmTuningStatus
+from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.controller import events
 from vllm_autotuner.controller.conditions import condition
 from vllm_autotuner.controller.metrics import OperatorMetrics
@@ -190,10 +191,11 @@ def scaled(deployment: dict[str, Any], replicas: int, updated: int, available: i
     return out
 
 
-def crash_looping(message: str) -> dict[str, Any]:
+def crash_looping(message: str, finished: datetime) -> dict[str, Any]:
+    """A pod whose vLLM exited with ``message`` a second time at ``finished``."""
     return {"metadata": {"name": "llama-7f8b-x2x4q"}, "status": {"containerStatuses": [{
         "name": "vllm", "restartCount": 2, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-        "lastState": {"terminated": {"exitCode": 1, "message": message}}}]}}
+        "lastState": {"terminated": {"exitCode": 1, "message": message, "finishedAt": utc_timestamp(finished)}}}]}}
 
 
 def write(
@@ -228,7 +230,7 @@ def crash_at_scale_up(
 ) -> tuple[Report, Kube]:
     """The Deployment scaled to one replica at ``at`` and its pod crash-looping with ``message``: the evaluation
     two minutes later, and the API calls it made."""
-    kube = Kube([crash_looping(message)])
+    kube = Kube([crash_looping(message, at + timedelta(minutes=1))])
     return track(state, scaled(written, 1, 1, 0), at + timedelta(minutes=2), kube), kube
 
 

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from vllm_autotuner.api import SLO
-from vllm_autotuner.observe.quantile import histogram_fraction_below
+from vllm_autotuner.observe.quantile import histogram_fraction_below, histogram_quantile
 from vllm_autotuner.policy import Observation
 from vllm_autotuner.sim.metricstate import HistogramSnapshot
 
@@ -39,10 +39,12 @@ def observe(fleet: Fleet, start: float, end: float, slo: SLO, t0: datetime) -> O
     def share(h: HistogramSnapshot, target: float) -> float | None:
         return histogram_fraction_below(target, h.bounds, h.cumulative) if h.count else None
 
+    config = next(iter(window.knobs)) if len(window.knobs) == 1 else None
+    budget = None if config is None else float(config.max_num_batched_tokens)  # capped as ``observe_target`` does
     return Observation(
         window_start=t0 + timedelta(seconds=start),
         window_end=t0 + timedelta(seconds=end),
-        config=next(iter(window.knobs)) if len(window.knobs) == 1 else None,
+        config=config,
         pods=window.pods,
         rollout_in_progress=fleet.rollout_started is not None,
         data_age_seconds=SCRAPE_LAG_SECONDS,
@@ -65,6 +67,7 @@ def observe(fleet: Fleet, start: float, end: float, slo: SLO, t0: datetime) -> O
         mean_prompt_tokens=_mean(histograms["vllm:request_prompt_tokens"]),
         mean_generation_tokens=_mean(histograms["vllm:request_generation_tokens"]),
         step_tokens_mean=_mean(steps),
-        step_tokens_quantile=window.quantile("vllm:iteration_tokens_total", slo.itl.quantile),
+        step_tokens_quantile=histogram_quantile(slo.itl.quantile, steps.bounds, steps.cumulative, budget)
+        if steps.count else None,
         steps_per_second=steps.count / seconds,
     )

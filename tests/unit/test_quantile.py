@@ -70,6 +70,24 @@ def test_fraction_below_inverts_quantile_inside_finite_buckets(increments, q):
     assert histogram_fraction_below(value, BOUNDS, counts) == pytest.approx(q, abs=1e-9)
 
 
+@pytest.mark.parametrize(
+    ("q", "counts", "cap", "expected"),
+    [
+        (0.99, [10, 20, 30, 40], 4.0, 4.0),  # rank in +Inf: the cap, not Prometheus's 1.0
+        (0.99, [10, 20, 30, 40], 0.8, 0.8),  # ... even below the highest finite bound: nothing is above the cap
+        (0.7, [10, 20, 30, 40], 0.8, 0.8),  # interpolated 0.9 in (0.5, 1.0], over the cap
+        (0.3, [10, 20, 30, 40], 0.8, 0.1 + 0.4 * (2 / 10)),  # under the cap: Prometheus's answer
+        (0.5, [0, 0, 0, 0], 4.0, math.nan),
+    ],
+)
+def test_a_cap_answers_for_the_inf_bucket_and_bounds_the_rest(q, counts, cap, expected):
+    got = histogram_quantile(q, BOUNDS, counts, cap)
+    if math.isnan(expected):
+        assert math.isnan(got)
+    else:
+        assert got == pytest.approx(expected)
+
+
 def test_fraction_below_edges():
     assert histogram_fraction_below(0.05, BOUNDS, [10, 20, 30, 40]) == pytest.approx(0.125)
     assert histogram_fraction_below(5.0, BOUNDS, [10, 20, 30, 40]) == pytest.approx(0.75)

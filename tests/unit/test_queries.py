@@ -36,14 +36,25 @@ def test_quoting_and_label_validation():
         Selector(matchers=(("bad-label", "x"),))
 
 
-def test_server_start_is_the_newest_created_gauge_at_the_window_end_batched_or_per_target():
+def test_server_start_is_the_newest_created_gauge_or_a_series_begun_less_than_two_windows_ago():
+    # without `_created` (prometheus-client's multiprocess mode, vLLM with --api-server-count > 1) a rollout
+    # restart must still show: the first sample of a pod whose series began after the first of 60 steps over
+    # the window and the one before it, in the same query (one query per family, whatever the tunings)
     selector = Selector(matchers=(("cluster", "prod"),))
     q = family_query(FAMILY["started"], selector, 300)
-    assert q == '(max by (namespace, pod) (vllm:prompt_tokens_created{cluster="prod"}))'
-    extra = pod_prefix_matchers(selector, "llm", ("llama-abc-",))
-    assert family_query(FAMILY["started"], selector, 300, extra) == (
-        '(max by (namespace, pod) (vllm:prompt_tokens_created{cluster="prod",namespace="llm",pod=~"(llama-abc-).*"}))'
+    assert q == (
+        '(max by (namespace, pod) (vllm:prompt_tokens_created{cluster="prod"}))'
+        ' or (min by (namespace, pod) (min_over_time(timestamp(vllm:num_requests_running{cluster="prod"})[600s:10s]))'
+        " > time() - 590)"
     )
+    extra = pod_prefix_matchers(selector, "llm", ("llama-abc-",))
+    pods = '{cluster="prod",namespace="llm",pod=~"(llama-abc-).*"}'
+    assert family_query(FAMILY["started"], selector, 300, extra) == (
+        f"(max by (namespace, pod) (vllm:prompt_tokens_created{pods}))"
+        f" or (min by (namespace, pod) (min_over_time(timestamp(vllm:num_requests_running{pods})[600s:10s]))"
+        " > time() - 590)"
+    )
+    assert "[2s:1s])) > time() - 1)" in family_query(FAMILY["started"], selector, 1)
 
 
 def test_per_target_query_during_a_rollout_takes_every_replicaset():

@@ -62,6 +62,37 @@ def test_sums_rates_and_averages_gauges_over_the_current_pods_only():
     assert obs.step_tokens_quantile == pytest.approx(128 + 128 * (17 / 20))
 
 
+# vLLM's vllm:iteration_tokens_total buckets (vllm-metrics.txt): they end at 16384
+STEP_BOUNDS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, math.inf)
+
+
+def steps_of(tokens: float) -> dict[float, float]:
+    """Cumulative bucket rates of 10 steps per second, all of ``tokens`` tokens."""
+    return {float(b): 10.0 if tokens <= b else 0.0 for b in STEP_BOUNDS}
+
+
+@pytest.mark.parametrize(("budget", "tokens", "expected"), [
+    (32768, 32768, 32768.0),  # full steps past the last bucket: the budget, not Prometheus's 16384
+    (24576, 20000, 24576.0),  # past the last bucket, under a budget above it: taken as full
+    (2048, 20000, 2048.0),  # a chunked prompt counted whole in the step that finished it: no step computes more
+    (2048, 1500, 1024 + 1024 * 0.9),  # inside the buckets and under the budget: Prometheus's answer
+    (1536, 1500, 1536.0),  # interpolated past the budget (1945.6): the budget
+])
+def test_step_tokens_quantile_is_at_most_the_budget_and_the_budget_past_the_last_bucket(budget, tokens, expected):
+    data = window()
+    data.buckets["step_tokens"] = {pod: steps_of(tokens) for pod in (A, B)}
+    knobs = Knobs(max_num_batched_tokens=budget, max_num_seqs=64)
+    obs, _ = observe_target(data, "llm", ("llama-abc-",), 2, knobs, SLO_, False)
+    assert obs is not None and obs.step_tokens_quantile == pytest.approx(expected)
+
+
+def test_without_a_config_the_step_tokens_quantile_is_prometheus_s():
+    data = window()
+    data.buckets["step_tokens"] = {pod: steps_of(32768) for pod in (A, B)}
+    obs, _ = observe_target(data, "llm", ("llama-abc-",), 2, None, SLO_, False)
+    assert obs is not None and obs.step_tokens_quantile == 16384.0
+
+
 def test_missing_pods_or_partial_data_is_not_an_observation():
     obs, why = observe_target(window(), "llm", ("mistral-",), 1, KNOBS, SLO_, False)
     assert obs is None and "no vLLM series" in why

@@ -8,6 +8,9 @@ return for the same buckets, so this follows Prometheus's algorithm
 (promql/quantile.go, classic buckets): linear interpolation inside the bucket
 that holds the rank, the +Inf bucket answered with the highest finite bound,
 non-monotonic cumulative counts repaired by carrying the maximum forward.
+That bound is only the least the quantile can be: a caller that knows more
+(an engine step never computes more tokens than its budget, which may lie
+past vLLM's last bucket) passes a ``cap``.
 """
 
 from __future__ import annotations
@@ -17,12 +20,16 @@ import math
 from collections.abc import Sequence
 
 
-def histogram_quantile(q: float, upper_bounds: Sequence[float], cumulative_counts: Sequence[float]) -> float:
+def histogram_quantile(q: float, upper_bounds: Sequence[float], cumulative_counts: Sequence[float],
+                       cap: float | None = None) -> float:
     """The q-quantile of a classic histogram given as cumulative counts per upper bound.
 
     ``upper_bounds`` must be sorted ascending and end with ``math.inf``, like
     the ``le`` labels of a Prometheus histogram. Returns NaN where Prometheus
-    does (no observations, no +Inf bucket, fewer than two buckets).
+    does (no observations, no +Inf bucket, fewer than two buckets). With a
+    ``cap``, an upper bound the caller knows on what is measured, the answer
+    for 0 <= q <= 1 is at most ``cap``, and ``cap`` itself where the rank
+    falls in the +Inf bucket; without one, exactly Prometheus's.
     """
     if math.isnan(q):
         return math.nan
@@ -45,7 +52,7 @@ def histogram_quantile(q: float, upper_bounds: Sequence[float], cumulative_count
     rank = q * observations
     b = bisect.bisect_left(counts, rank)
     if b == len(counts) - 1:
-        return upper_bounds[-2]
+        return upper_bounds[-2] if cap is None else cap
     if b == 0 and upper_bounds[0] <= 0:
         return upper_bounds[0]
     start, end, count = 0.0, upper_bounds[b], counts[b]
@@ -55,7 +62,8 @@ def histogram_quantile(q: float, upper_bounds: Sequence[float], cumulative_count
         rank -= counts[b - 1]
     if count == 0:  # q = 0 with empty leading buckets: Go's 0/0 gives NaN here
         return math.nan
-    return start + (end - start) * (rank / count)
+    value = start + (end - start) * (rank / count)
+    return value if cap is None else min(value, cap)
 
 
 def histogram_fraction_below(value: float, upper_bounds: Sequence[float], cumulative_counts: Sequence[float]) -> float:

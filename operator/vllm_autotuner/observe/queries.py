@@ -12,7 +12,10 @@ Two ways to ask, one vocabulary:
   the same query per family per tuning, filtered to that tuning's pods.
 
 Every family names its older vLLM spelling as a fallback (``or``), so a
-Prometheus scraping vLLM releases before the V1 renames still answers.
+Prometheus scraping vLLM releases before the V1 renames still answers; the
+server start falls back the same way, per pod, to the first sample of a
+pod's series where prometheus-client exports no ``_created`` gauges, inside
+the same query, so a restart is seen without one more query per period.
 """
 
 from __future__ import annotations
@@ -30,15 +33,18 @@ class Kind(StrEnum):
     BUCKETS = "buckets"  # histogram: per-second rate of each bucket
     LAST_SEEN = "last_seen"  # gauge: timestamp of the newest sample (freshness)
     STARTED = "started"  # prometheus-client `_created` gauge: newest value at the window end (server start)
+    FIRST_SEEN = "first_seen"  # gauge: timestamp of the first sample, if the series began under two windows ago
 
 
 @dataclass(frozen=True)
 class Family:
-    """One thing to fetch: a key the aggregation uses, how to aggregate, metric names newest first."""
+    """One thing to fetch: a key the aggregation uses, how to aggregate, metric names newest first, then
+    other ways to the same answer for the pods those leave without one."""
 
     key: str
     kind: Kind
     metrics: tuple[str, ...]
+    fallback: tuple[tuple[Kind, str], ...] = ()
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -63,7 +69,10 @@ FAMILIES: tuple[Family, ...] = (
     Family("queue", Kind.BUCKETS, ("vllm:request_queue_time_seconds_bucket",)),
     Family("step_tokens", Kind.BUCKETS, ("vllm:iteration_tokens_total_bucket",)),
     Family("last_seen", Kind.LAST_SEEN, ("vllm:num_requests_running",)),
-    Family("started", Kind.STARTED, ("vllm:prompt_tokens_created",)),
+    # prometheus-client's multiprocess mode (vLLM's with --api-server-count > 1) and PROMETHEUS_DISABLE_CREATED_SERIES
+    # export no `_created` gauges: without them a pod's restart shows as its series beginning late
+    Family("started", Kind.STARTED, ("vllm:prompt_tokens_created",),
+           fallback=((Kind.FIRST_SEEN, "vllm:num_requests_running"),)),
 )
 FAMILY = {f.key: f for f in FAMILIES}
 
@@ -97,10 +106,10 @@ def _window(seconds: float) -> str:
     return f"{int(round(seconds))}s"
 
 
-def _expr(family: Family, metric: str, labels: str, window: float, by: str) -> str:
+def _expr(kind: Kind, metric: str, labels: str, window: float, by: str) -> str:
     sel = f"{metric}{labels}"
     w = _window(window)
-    match family.kind:
+    match kind:
         case Kind.RATE | Kind.BUCKETS:
             return f"sum by ({by}) (rate({sel}[{w}]))"
         case Kind.AVERAGE:
@@ -110,7 +119,15 @@ def _expr(family: Family, metric: str, labels: str, window: float, by: str) -> s
         case Kind.STARTED:
             # an instant value, not over the window: a pod restarted in the window counts from its newest start
             return f"max by ({by}) ({sel})"
-    raise AssertionError(family.kind)
+        case Kind.FIRST_SEEN:
+            # Over the window and a window before it (a start less than the settle time before the window must
+            # hold too), in steps of a sixtieth of that span. At the first step a series that was already there
+            # answers a sample from at or before that step, so only one that began later passes the filter, with
+            # its first sample's time; an older pod answers nothing (an unknown start, as without `_created`).
+            reach, step = round(2 * window), max(1, round(window / 30))
+            return (f"min by ({by}) (min_over_time(timestamp({sel})[{reach}s:{step}s]))"
+                    f" > time() - {reach - step}")
+    raise AssertionError(kind)
 
 
 Matcher = tuple[str, str, str]  # (label, operator, value)
@@ -136,4 +153,5 @@ def family_query(family: Family, selector: Selector, window_seconds: float,
         by += ", le"
     matchers = [f"{k}={quote(v)}" for k, v in selector.matchers] + [f"{k}{op}{quote(v)}" for k, op, v in extra]
     labels = _braces(matchers)
-    return " or ".join(f"({_expr(family, m, labels, window_seconds, by)})" for m in family.metrics)
+    terms = [(family.kind, m) for m in family.metrics] + list(family.fallback)
+    return " or ".join(f"({_expr(kind, m, labels, window_seconds, by)})" for kind, m in terms)

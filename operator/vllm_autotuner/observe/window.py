@@ -11,9 +11,15 @@ baseline), so what reaches ``decide`` does not depend on how it was asked.
 Missing data stays missing: a family without rows for the target's pods
 is None in the Observation, never zero, and ``observe_target`` refuses
 partial windows (fewer pods with data than Ready replicas) outright.
-The newest ``_created`` time among the target's pods (when its vLLM
-servers started) goes into the Observation as is; whether a restart in or
-just before the window makes it unfit is the decision core's call.
+The newest server start among the target's pods (their ``_created`` gauges
+or, without them, the first sample of a series that began at most a window
+before the window: ``queries``) goes into the Observation as is; whether a
+restart in or just before the window makes it unfit is the decision core's
+call. A step's tokens at the ITL quantile are capped at the token budget,
+which no step computes more than (vLLM counts a chunked prompt whole in the
+step that finishes it), and are the budget where the quantile lies past the
+last bucket: vLLM's end at 16384, below budgets that go to 32768, and there
+Prometheus answers 16384, which would make full steps look half full.
 """
 
 from __future__ import annotations
@@ -67,8 +73,8 @@ class _Histogram:
     bounds: list[float]
     counts: list[float]
 
-    def quantile(self, q: float) -> float | None:
-        value = histogram_quantile(q, self.bounds, self.counts)
+    def quantile(self, q: float, cap: float | None = None) -> float | None:
+        value = histogram_quantile(q, self.bounds, self.counts, cap)
         return None if math.isnan(value) else value
 
     def within(self, target: float) -> float | None:
@@ -129,7 +135,8 @@ def observe_target(
     newest = max(v["last_seen"][p] for p in pods)
     started = v.get("started", {})
     starts = [started[p] for p in pods if p in started and math.isfinite(started[p])]
-    ttft, itl = hist["ttft"], hist["itl"]
+    ttft, itl, steps = hist["ttft"], hist["itl"], hist["step_tokens"]
+    budget = None if config is None else float(config.max_num_batched_tokens)
     end = datetime.fromtimestamp(data.at, UTC)
     observation = Observation(
         window_start=datetime.fromtimestamp(data.at - data.window_seconds, UTC),
@@ -158,7 +165,7 @@ def observe_target(
         mean_prompt_tokens=_ratio(rates["prompt_len_sum"], rates["prompt_len_count"]),
         mean_generation_tokens=_ratio(rates["output_len_sum"], rates["output_len_count"]),
         step_tokens_mean=_ratio(rates["step_tokens_sum"], rates["steps"]),
-        step_tokens_quantile=hist["step_tokens"].quantile(slo.itl.quantile) if hist["step_tokens"] else None,
+        step_tokens_quantile=steps.quantile(slo.itl.quantile, budget) if steps else None,
         steps_per_second=rates["steps"],
     )
     return observation, None

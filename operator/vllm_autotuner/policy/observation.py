@@ -47,7 +47,9 @@ class Observation:
     """Age of the newest sample at window_end: scrape lag, or a target that stopped being scraped."""
     started_at: datetime | None = None
     """Latest start of a target pod's vLLM server (timezone-aware), from the ``_created`` gauges of its
-    counters; None when not exported (prometheus-client's PROMETHEUS_DISABLE_CREATED_SERIES)."""
+    counters or, where those are not exported (prometheus-client's multiprocess mode, which vLLM uses with
+    ``--api-server-count`` above 1, or PROMETHEUS_DISABLE_CREATED_SERIES), the first sample of a pod whose
+    series began at most a window before the window; None when neither tells."""
     slo: SLO | None = None
     """The quantiles and targets the latency fields were computed for."""
 
@@ -90,7 +92,8 @@ class Observation:
     step_tokens_mean: float | None = None
     """Mean tokens per engine step (vllm:iteration_tokens_total sum over count)."""
     step_tokens_quantile: float | None = None
-    """Tokens per engine step at the SLO's ITL quantile (vllm:iteration_tokens_total)."""
+    """Tokens per engine step at the SLO's ITL quantile (vllm:iteration_tokens_total), at most the token budget;
+    the budget (full steps) where the quantile lies past the histogram's last bucket (16384 in vLLM)."""
     steps_per_second: float | None = None
     """Engine steps per second, all pods (vllm:iteration_tokens_total count rate)."""
 
@@ -172,8 +175,8 @@ def hold_reason(
     restart that is not a knob change: ``kubectl rollout restart``, an image
     bump, a crashed container, a scale-up), or a short window, quantiles for
     another SLO, too few requests, NaN or missing numbers. An unknown start
-    (``started_at`` None: no ``_created`` series) does not hold, so setups
-    without them keep working on the knob-change settle time alone.
+    (``started_at`` None: no ``_created`` series, and every pod's series
+    reaches back more than a window before the window) does not hold.
     """
     if observation is None:
         return HoldReason.NO_DATA, "no observation: Prometheus returned no series for the target's pods"

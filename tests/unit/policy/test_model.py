@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from vllm_autotuner.api import SLO, LatencyTarget, Measurement
+from vllm_autotuner.observe.window import WindowData, observe_target
 from vllm_autotuner.policy import model
 from vllm_autotuner.policy.model import StepModel, Traffic, fit_step_model, share_within
 
@@ -218,3 +219,20 @@ def test_saturation_predicts_a_breach():
     t = Traffic.of(measurement(), SLO_CHAT, StepModel(slope=1e-3, points=1))
     assert t.predict(knobs(256, 256)).utilisation > 1 and t.predict(knobs(256, 256)).attainment < 0.05
     assert not math.isnan(t.predict(knobs(256, 256)).ttft_seconds)
+
+
+def test_full_steps_past_vllms_last_step_bucket_are_full_to_the_model():
+    # vLLM's step-token buckets end at 16384; under a 32768 budget two steps in five are full, 32768 tokens (the
+    # others decode about 6000). Prometheus's p95 is 16384, half full: a smaller budget would seem to gain no ITL.
+    data = WindowData(at=1000.0, window_seconds=300.0)
+    pod = ("llm", "llama-abc-1")
+    data.values["last_seen"] = {pod: 1000.0}
+    bounds = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, math.inf)
+    data.buckets["step_tokens"] = {pod: {float(b): 0.0 if b <= 4096 else 3.0 if b < math.inf else 5.0 for b in bounds}}
+    big = knobs(32768, 1024)
+    observation, _ = observe_target(data, "llm", ("llama-abc-",), 1, big, SLO_CHAT, False)
+    assert observation is not None
+    measured = measurement(tokens=32768, step_tokens_mean=16700, step_tokens_quantile=observation.step_tokens_quantile)
+    t = traffic(measured)
+    assert t.quantile_step_tokens(big) == 32768
+    assert t.predict(knobs(16384, 1024)).itl_seconds < t.predict(big).itl_seconds

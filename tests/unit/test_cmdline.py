@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
+import subprocess
 
 import pytest
 from hypothesis import given, settings
@@ -167,15 +170,24 @@ def test_unbalanced_quote_is_a_clear_error():
 
 
 def test_shell_tokenizer_spans_and_redirections():
-    words = split_shell("a 'b c'\\ d 2>&1|e")
-    assert [(w, op) for w, _, op in words] == [
-        ("a", False),
-        ("b c d", False),
-        ("2>&1", True),
-        ("|", True),
-        ("e", False),
-    ]
+    words = split_shell("a 'b c'\\ d 2>&1|e >/l f")
+    # redirections pass nothing to the command, also between its arguments
+    assert [(w, op) for w, _, op in words] == [("a", False), ("b c d", False), ("|", True), ("e", False), ("f", False)]
     assert words[1][1] == (2, 10)
+
+
+def test_shell_tokenizer_keeps_expansions_whole_and_skips_comments():
+    script = 'x $(a ")" (b)) `c d` $((1+(2))) ${e:-"f g"} "$(h)\\"" # i ) j\nk'
+    assert [(w, op) for w, _, op in split_shell(script)] == [
+        ("x", False),
+        ('$(a ")" (b))', False),
+        ("`c d`", False),
+        ("$((1+(2)))", False),
+        ('${e:-"f g"}', False),
+        ('$(h)"', False),
+        ("\n", True),
+        ("k", False),
+    ]
 
 
 def test_find_container():
@@ -247,10 +259,10 @@ def containers(draw):
     elif form == "command":
         container = {"command": head + words}
     else:
-        script = shlex.join(head + words) + draw(st.sampled_from(["", " 2>&1 | tee /tmp/log", " ; echo bye"]))
-        container = (
-            {"command": ["/bin/sh", "-c", script]} if form == "shell" else {"command": ["bash", "-c"], "args": [script]}
-        )
+        script = shlex.join(head + words) + draw(st.sampled_from(["", " 2>&1 | tee /tmp/log", " ; echo bye", " # $(x"]))
+        shells = [["/bin/sh", "-c"], ["bash", "-c"], ["tini", "--", "bash", "-o", "pipefail", "-c"]]
+        shell = draw(st.sampled_from(shells))
+        container = {"command": [*shell, script]} if form == "shell" else {"command": shell, "args": [script]}
     return container, tokens, seqs
 
 
@@ -281,3 +293,126 @@ def test_read_write_roundtrip_changes_nothing_else(case, new_tokens, new_seqs):
     # writing the current values back restores a container that set both flags exactly
     if tokens is not None and seqs is not None:
         assert set_knobs(out, Knobs.model_construct(max_num_batched_tokens=tokens, max_num_seqs=seqs)) == container
+
+
+# --- shell forms, checked against a real shell ---------------------------------------------------
+
+STUB_VLLM = '#!/bin/sh\nprintf "%s\\0" "$@" > "$VLLM_ARGV"\n'
+# Runs the command after its options, as tini and dumb-init do.
+STUB_INIT = '#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do [ "$1" = -- ] && { shift; break; }; shift; done\nexec "$@"\n'
+
+
+@pytest.fixture
+def shell_run(tmp_path):
+    """Run a container's command and args with a stub vllm on PATH; the argv vLLM received (None: not started)."""
+    for name, text in (("vllm", STUB_VLLM), ("tini", STUB_INIT), ("dumb-init", STUB_INIT)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    received = tmp_path / "argv"
+
+    def run(container):
+        received.unlink(missing_ok=True)
+        env = {**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin", "VLLM_ARGV": str(received)}
+        subprocess.run([*container.get("command", []), *container.get("args", [])], env=env, cwd=tmp_path,
+                       capture_output=True, timeout=30, check=False)
+        return received.read_text().split("\0")[:-1] if received.exists() else None
+
+    return run
+
+
+def knob_flags(argv):
+    """The knob flags in a list-form argv, in order, as (name, value)."""
+    return [(f.name, f.value) for f in CommandLine.parse({"args": argv}).flags()
+            if f.name in ("max-num-batched-tokens", "max-num-seqs")]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or not os.path.exists("/bin/sh"), reason="needs /bin/sh and bash")
+@pytest.mark.parametrize(
+    ("container", "seqs"),
+    [
+        # Kubernetes' $(VAR), left as it is when VAR is undefined: the shell's command substitution
+        ({"command": ["/bin/sh", "-c"], "args": ["vllm serve M -tp $(TP_SIZE) --max-num-seqs 64 2>&1 | tee log"]}, 64),
+        ({"command": ["/bin/sh", "-c", "vllm serve M --max-num-seqs 64 -tp $(echo 'a )' | wc -l)"]}, 64),
+        ({"command": ["/bin/sh", "-c", "vllm serve M --max-num-seqs 64 -tp $(( (1+1)/2 )) --port `echo 80`"]}, 64),
+        ({"command": ["/bin/bash", "-o", "pipefail", "-c", "vllm serve M --max-num-seqs 64 2>&1 | tee log"]}, 64),
+        ({"command": ["bash", "-eo", "pipefail", "+O", "extglob", "-c", "vllm serve M --max-num-seqs=64 | tee l"]}, 64),
+        ({"command": ["/bin/sh", "-c", "--", "vllm serve M --max-num-seqs 64"]}, 64),
+        ({"command": ["tini", "--", "/bin/sh", "-c", "vllm serve M --max-num-seqs 64"]}, 64),
+        ({"command": ["dumb-init", "--single-child", "bash", "-c", "exec vllm serve M --max-num-seqs 64"]}, 64),
+        ({"command": ["env", "-u", "HOME", "A=1", "/bin/sh", "-ec"], "args": ["vllm serve M --max-num-seqs 64"]}, 64),
+        ({"command": ["/bin/sh", "-c", "vllm serve M --max-model-len 8192  # serves M\n"]}, None),
+        ({"command": ["/bin/sh", "-c", "vllm serve M >log 2>&1 --max-num-seqs 64"]}, 64),  # flags after a redirection
+        ({"command": ["/bin/sh", "-c", 'vllm serve M --override-generation-config "{\\"t\\": 1}" --max-num-seqs 64']},
+         64),
+        # arguments the script passes on as "$@" ($0 is the word after the script)
+        ({"command": ["/bin/sh", "-c", 'set -e; exec vllm serve "$@"', "--"], "args": ["M", "--max-num-seqs", "64"]},
+         64),
+        ({"command": ["/bin/sh", "-c", 'vllm serve "$@" | tee log', "sh", "M"]}, None),
+        ({"command": ["/bin/sh", "-c", 'exec "$@"', "sh", "vllm", "serve", "M", "--max-num-seqs=64"]}, 64),
+    ],
+)
+def test_shell_forms_vllm_gets_what_the_operator_reads_and_writes(shell_run, container, seqs):
+    received = shell_run(container)
+    assert received is not None and received[:2] == ["serve", "M"]
+    assert EngineArgs.from_container(container).max_num_seqs == seqs == EngineArgs.from_container(
+        {"args": received}).max_num_seqs
+
+    out = set_knobs(container, NEW)
+    new = EngineArgs.from_container(out)
+    assert (new.max_num_batched_tokens, new.max_num_seqs) == (3072, 96)
+    received = shell_run(out)
+    assert received is not None and received[:2] == ["serve", "M"]
+    # each knob once, with the new value: nothing written where vLLM does not get it, no old value left
+    assert sorted(knob_flags(received)) == [("max-num-batched-tokens", "3072"), ("max-num-seqs", "96")]
+
+
+@pytest.mark.parametrize(
+    ("command", "written"),
+    [
+        (["/bin/sh", "-c", "vllm serve M -tp $(TP_SIZE) --max-num-seqs 64 | tee log"],
+         "vllm serve M -tp $(TP_SIZE) --max-num-seqs 96 --max-num-batched-tokens 3072 | tee log"),
+        (["/bin/sh", "-c", "vllm serve M --max-num-seqs 64 # (tuned)\necho done"],
+         "vllm serve M --max-num-seqs 96 --max-num-batched-tokens 3072 # (tuned)\necho done"),
+        (["/bin/sh", "-c", "vllm serve M 2>&1 >log --max-num-seqs 64 && echo done"],
+         "vllm serve M 2>&1 >log --max-num-seqs 96 --max-num-batched-tokens 3072 && echo done"),
+    ],
+)
+def test_shell_rewrite_changes_only_the_knob_tokens(command, written):
+    assert set_knobs({"command": command}, NEW)["command"] == [*command[:-1], written]
+
+
+def test_arguments_passed_on_as_dollar_at_are_rewritten_where_they_are():
+    container = {"command": ["sh", "-c", 'exec vllm serve "$@" 2>&1 | tee log', "--"],
+                 "args": ["M", "--max-num-seqs", "64"]}
+    assert set_knobs(container, NEW) == {
+        "command": container["command"], "args": ["M", "--max-num-seqs", "96", "--max-num-batched-tokens", "3072"]}
+    assert CommandLine.parse(container).model() == "M"
+
+
+@pytest.mark.parametrize(
+    ("command", "match"),
+    [
+        (["sh", "-c", "vllm serve M -tp $(case $G in a) echo 2;; esac) --max-num-seqs 64"], "case statement"),
+        (["sh", "-c", "vllm serve M -tp $(nproc --max-num-seqs 64"], "unclosed \\$\\("),
+        (["sh", "-c", "vllm serve M -tp `nproc --max-num-seqs 64"], "unclosed `"),
+        (["sh", "-c", "cat >/c <<EOF\nvllm serve X\nEOF\nvllm serve M --max-num-seqs 64"], "here-document"),
+        (["bash", "-c", "vllm serve M --max-num-seqs 64 > >(tee log)"], "no file or descriptor"),
+        (["numactl", "--interleave=all", "bash", "-c", "vllm serve M --max-num-seqs 64"], "runs under numactl"),
+        (["sh", "-o", "pipefail", "-c"], "no command string"),
+        (["sh", "-c", "exec vllm serve $1 --max-num-seqs 64", "sh", "M"], "uses its arguments as \\$1"),
+        (["sh", "-c", 'shift; exec vllm serve "$@"', "sh", "x", "M"], "changes its arguments \\(shift\\)"),
+        (["sh", "-c", 'set -- "$@" --max-num-seqs 8; exec vllm serve "$@"', "sh", "M"], "changes its arguments"),
+        (["sh", "-c", "exec vllm serve $@", "sh", "my model", "--max-num-seqs", "8"], 'write "\\$@"'),
+    ],
+)
+def test_forms_that_cannot_be_read_with_certainty_are_refused(command, match):
+    with pytest.raises(CommandLineError, match=match):
+        EngineArgs.from_container({"command": command})
+    with pytest.raises(CommandLineError, match=match):
+        set_knobs({"command": command}, NEW)
+
+
+def test_an_unreadable_sidecar_does_not_hide_the_vllm_container():
+    init = {"name": "writer", "image": "busybox", "command": ["sh", "-c", "cat >/cfg <<EOF\nit's: 1\nEOF"]}
+    engine = {"name": "engine", "image": "registry/llm", "command": ["vllm", "serve", "M"]}
+    assert find_vllm_container({"containers": [init, engine]})["name"] == "engine"

@@ -10,12 +10,21 @@ character as the person wrote it: a rewrite that reorders or re-quotes a
 command would be an unrelated edit to their Deployment.
 
 The model: a container's ``command`` and ``args`` are a list of *words*. In
-list form each element is a word. In shell form the script string is split
-into words by a small POSIX-shell tokenizer that remembers each word's
-character span, so a value can be replaced in place. Flags are then read the
-way vLLM's argument parser reads them: names normalised (underscores ->
-dashes), ``--flag=value`` or ``--flag value``, the one-dash aliases of the
-flags read here (``-dp 2``), the last occurrence wins.
+list form each element is a word. In shell form (a shell's ``-c`` script, also
+behind ``env``, ``tini`` or ``dumb-init`` and shell options such as ``-o
+pipefail``) the script string is split into words by a small POSIX-shell
+tokenizer that remembers each word's character span, so a value can be
+replaced in place; the arguments a script passes on as ``"$@"`` are elements
+again. Flags are then read the way vLLM's argument parser reads them: names
+normalised (underscores -> dashes), ``--flag=value`` or ``--flag value``, the
+one-dash aliases of the flags read here (``-dp 2``), the last occurrence wins.
+
+A wrong reading is worse than none: flags written where vLLM does not get
+them leave the operator believing in values vLLM never ran with, and a script
+broken by a rewrite crash-loops every pod. So a form that cannot be read with
+certainty (an unknown program in front of the shell, a here-document, a
+script that reshuffles its arguments) raises CommandLineError, and the
+operator changes nothing.
 """
 
 from __future__ import annotations
@@ -38,8 +47,16 @@ _BOOLEAN_FLAGS = {"trust-remote-code", "enforce-eager", "async-scheduling", "hea
 # vLLM's one-dash aliases of flags read here (argparse takes ``-dp 2`` and ``-dp=2`` as ``--data-parallel-size 2``).
 _SHORT_ALIASES = {"-tp": "tensor-parallel-size", "-dp": "data-parallel-size", "-dpl": "data-parallel-size-local"}
 
-# Shell metacharacters that end a simple command (``;``, ``&&``, ``|``, ...).
-_OPERATOR_CHARS = set(";&|()<>\n")
+# The shell's operators: those that separate commands, and redirections, which take the next word as their target
+# and pass nothing to the command; longest first. Their characters end a word.
+_CONTROL_OPERATORS = ("&&", "||", ";;", "|&", ";", "&", "|", "(", ")", "\n")
+_REDIRECTIONS = ("<<<", "&>>", ">>", ">|", ">&", "<&", "<>", "<<", "&>", ">", "<")
+_OPERATORS = sorted(_CONTROL_OPERATORS + _REDIRECTIONS, key=len, reverse=True)
+_WORD_ENDS = " \t;&|()<>\n"
+
+# Programs that run the command in the rest of their argv (init processes, env), with their options that take a
+# value; a shell behind one of them is found and its -c script read.
+_WRAPPERS = {"env": {"-u", "--unset", "-C", "--chdir"}, "tini": {"-p", "-e"}, "dumb-init": {"-r", "--rewrite"}}
 
 
 def human_readable_int(text: str) -> int | None:
@@ -68,8 +85,8 @@ class Word:
     text: str
     field: str  # "command" or "args"
     index: int  # element index within that field
-    span: tuple[int, int] | None = None  # character span within a shell script element
-    operator: bool = False  # a shell operator (;, &&, |, >...), not an argv word
+    span: tuple[int, int] | None = None  # character span within a shell script; None for a whole element
+    operator: bool = False  # a shell operator that separates commands (;, &&, |, ...), not an argv word
 
 
 @dataclass(frozen=True)
@@ -98,80 +115,179 @@ def _flag_name(spelling: str) -> str | None:
 def split_shell(script: str) -> list[tuple[str, tuple[int, int], bool]]:
     """Split a POSIX shell script into (text, span, is_operator) words.
 
-    Handles single and double quotes, backslash escapes, and the operators
-    that separate commands; a digit-only word glued to a redirection (``2>``)
-    is part of the operator. Expansions (``$VAR``) are kept literally: the
-    operator only ever reads integer flag values.
+    Handles single and double quotes, backslash escapes, comments, and the
+    operators that separate commands. Redirections (``2>&1``, ``> /log``)
+    are left out, like comments: the shell passes neither to the command,
+    and a redirection may stand between its arguments. Expansions (``$VAR``,
+    ``${VAR}``, ``$(cmd)``, ``$((expr))``, backquotes) are kept literally
+    within their word: the operator only ever reads integer flag values, but
+    must know where an expansion ends, as one may hold spaces, quotes and
+    operators of its own. Raises CommandLineError where it cannot tell the
+    words apart with certainty.
     """
+    return _scan(script, 0, nested=False)[0]
+
+
+def _scan(script: str, i: int, nested: bool) -> tuple[list[tuple[str, tuple[int, int], bool]], int]:
+    """The words from i to the end of the script, or, ``nested`` (the body of a ``$(``), to the ``)`` that
+    closes it; and where that is (len(script) when the script ends first)."""
     words: list[tuple[str, tuple[int, int], bool]] = []
-    i, n = 0, len(script)
+    depth, n = 0, len(script)  # depth: parentheses opened within the body
     while i < n:
-        ch = script[i]
+        ch, start = script[i], i
         if ch in " \t":
             i += 1
-            continue
-        start = i
-        if ch in _OPERATOR_CHARS:
-            i = _operator_end(script, i)
-            words.append((script[start:i], (start, i), True))
-            continue
-        text = []
-        while i < n and script[i] not in " \t" and script[i] not in _OPERATOR_CHARS:
-            ch = script[i]
-            if ch == "\\" and i + 1 < n:
-                if script[i + 1] != "\n":
-                    text.append(script[i + 1])
-                i += 2
-            elif ch in "'\"":
-                end = script.find(ch, i + 1)
-                if end < 0:
-                    raise CommandLineError(f"unbalanced {ch} quote in shell command: {script!r}")
-                text.append(script[i + 1 : end])
-                i = end + 1
+        elif ch == "#":  # a comment, to the end of the line
+            i = script.find("\n", i) if "\n" in script[i:] else n
+        elif ch in _WORD_ENDS:
+            operator = next(op for op in _OPERATORS if script.startswith(op, i))
+            if nested and operator == ")" and depth == 0:
+                break
+            depth += (operator == "(") - (operator == ")")
+            if operator in _REDIRECTIONS:
+                i = _redirection_end(script, i)
             else:
-                text.append(ch)
-                i += 1
-        word = "".join(text)
-        if i < n and script[i] in "<>" and word.isdigit():
-            i = _operator_end(script, i)
-            words.append((script[start:i], (start, i), True))
-            continue
-        words.append((word, (start, i), False))
-    return words
+                i += len(operator)
+                words.append((operator, (start, i), True))
+        else:
+            text, i = _text(script, i, _WORD_ENDS)
+            if i < n and script[i] in "<>" and text.isdigit():  # the file descriptor of a redirection: 2>&1
+                i = _redirection_end(script, i)
+            elif nested and text == "case":  # its patterns' unmatched ")" would end the body early
+                raise CommandLineError(f"a case statement within $( ) cannot be read; move it out: {script!r}")
+            else:
+                words.append((text, (start, i), False))
+    return words, i
 
 
-def _operator_end(script: str, i: int) -> int:
-    """End of the operator starting at i; a duplication (``>&1``, ``<&-``) includes its target."""
+def _text(script: str, i: int, ends: str, in_double_quotes: bool = False) -> tuple[str, int]:
+    """The text from i to the first of ``ends`` outside quotes and expansions, unquoted as the shell does,
+    and where it stops. Within double quotes a backslash escapes only ``$ ` " \\`` and a newline."""
+    out: list[str] = []
     n = len(script)
-    while i < n and script[i] in _OPERATOR_CHARS:
-        i += 1
-    if script[i - 2 : i] in (">&", "<&"):
-        while i < n and (script[i].isdigit() or script[i] == "-"):
+    while i < n and script[i] not in ends:
+        ch = script[i]
+        if ch == "\\" and i + 1 < n:
+            escaped = script[i + 1]
+            if escaped != "\n":  # backslash-newline continues the line
+                out.append(escaped if not in_double_quotes or escaped in '$`"\\' else ch + escaped)
+            i += 2
+        elif ch in "'\"" and not in_double_quotes:
+            if ch == "'":
+                end = script.find("'", i + 1) if "'" in script[i + 1 :] else n
+                text = script[i + 1 : end]
+            else:
+                text, end = _text(script, i + 1, '"', in_double_quotes=True)
+            if end == n:
+                raise CommandLineError(f"unbalanced {ch} quote in shell command: {script!r}")
+            out.append(text)
+            i = end + 1
+        elif ch == "`" or script.startswith(("$(", "${"), i):
+            end = _expansion_end(script, i)
+            out.append(script[i:end])
+            i = end
+        else:
+            out.append(ch)
             i += 1
-    return i
+    return "".join(out), i
+
+
+def _expansion_end(script: str, i: int) -> int:
+    """The index just after the expansion starting at i: ``$(...)`` and ``$((...))``, whose body is a script of
+    its own; ``${...}``; a backquoted command, which ends at the first backquote not escaped."""
+    n = len(script)
+    if script[i] == "`":
+        end = i + 1
+        while end < n and script[end] != "`":
+            end += 2 if script[end] == "\\" else 1
+    elif script[i + 1] == "(":
+        end = _scan(script, i + 2, nested=True)[1]
+    else:
+        end = _text(script, i + 2, "}")[1]
+    if end >= n:
+        opener = script[i] if script[i] == "`" else script[i : i + 2]
+        raise CommandLineError(f"unclosed {opener} in shell command: {script!r}")
+    return end + 1
+
+
+def _redirection_end(script: str, i: int) -> int:
+    """The index after the redirection at i and its target word (``> /log``, ``>&1``). Refuses a here-document,
+    whose body would be read as commands, and a target that is no word (``>(tee log)``)."""
+    operator = next(op for op in _OPERATORS if script.startswith(op, i))
+    if operator == "<<":
+        raise CommandLineError(f"a here-document in the shell command cannot be read; use a file: {script!r}")
+    i += len(operator)
+    while i < len(script) and script[i] in " \t":
+        i += 1
+    end = _text(script, i, _WORD_ENDS)[1]
+    if end == i:
+        raise CommandLineError(f"redirection {operator} has no file or descriptor in shell command: {script!r}")
+    return end
 
 
 def _is_shell(word: str) -> bool:
     return word.rsplit("/", 1)[-1] in SHELLS
 
 
-def _shell_script_position(command: list[str], args: list[str]) -> tuple[str, int] | None:
-    """Where the ``-c`` script of a shell invocation is: (field, index), or None for list form."""
-    argv = [("command", i, w) for i, w in enumerate(command)] + [("args", i, w) for i, w in enumerate(args)]
-    if not argv:
-        return None
-    first = 1 if argv[0][2].rsplit("/", 1)[-1] == "env" and len(argv) > 1 else 0
-    if not _is_shell(argv[first][2]):
-        return None
-    for pos in range(first + 1, len(argv)):
-        word = argv[pos][2]
-        if not word.startswith("-"):
-            return None
-        if "c" in word.lstrip("-") and not word.startswith("--"):
-            if pos + 1 < len(argv):
-                return argv[pos + 1][0], argv[pos + 1][1]
-            raise CommandLineError("shell started with -c but no command string follows")
+def _script_position(argv: list[str]) -> int | None:
+    """Index in argv of the script a shell runs with ``-c``, behind any wrappers; None when there is none.
+    Raises CommandLineError for such a shell started by a program not known to run the rest of its argv, as
+    flags written after it would reach the shell, not vLLM."""
+    start = _command_start(argv)
+    if start < len(argv) and _is_shell(argv[start]):
+        return _shell_script_index(argv, start)
+    for i in range(start + 1, len(argv)):
+        if _is_shell(argv[i]) and _shell_script_index(argv, i) is not None:
+            raise CommandLineError(
+                f"{argv[i]} -c runs under {argv[start]}, which the operator does not know; start the shell "
+                f"directly or through {', '.join(_WRAPPERS)}"
+            )
     return None
+
+
+def _command_start(argv: list[str]) -> int:
+    """Index of the command that wrappers at the start of argv (``env X=1``, ``tini --``, ``dumb-init``) run."""
+    pos = 0
+    while pos < len(argv) and (name := argv[pos].rsplit("/", 1)[-1]) in _WRAPPERS:
+        pos += 1
+        while pos < len(argv) and argv[pos].startswith("-"):
+            option = argv[pos]
+            pos += 2 if option in _WRAPPERS[name] else 1
+            if option == "--":
+                break
+        while name == "env" and pos < len(argv) and "=" in argv[pos]:
+            pos += 1
+    return pos
+
+
+def _shell_script_index(argv: list[str], shell: int) -> int | None:
+    """Index in argv of the ``-c`` script of the shell at argv[shell]; None when it runs no -c script."""
+    pos, letters = _shell_options(argv, shell + 1)
+    if "c" not in letters:
+        return None
+    if pos == len(argv):
+        raise CommandLineError("shell started with -c but no command string follows")
+    return pos
+
+
+def _shell_options(words: list[str], pos: int) -> tuple[int, str]:
+    """Read the options of ``sh`` or of the ``set`` builtin from words[pos]: the index of the first operand,
+    and the option letters given. ``-o NAME`` and ``+o NAME`` (bash's ``-O``/``+O`` too) take the next word,
+    also in a group (``-eo pipefail``); ``--`` or ``-`` ends the options."""
+    letters = ""
+    while pos < len(words):
+        word = words[pos]
+        pos += 1
+        if word in ("--", "-"):
+            break
+        if word.startswith("--"):  # bash's long options
+            pos += 1 if word in ("--rcfile", "--init-file") else 0
+        elif len(word) > 1 and word[0] in "-+":
+            letters += word[1:]
+            pos += sum(word[1:].count(letter) for letter in "oO")
+        else:
+            return pos - 1, letters
+    return min(pos, len(words)), letters  # an option's value missing at the end
 
 
 @dataclass(frozen=True)
@@ -188,19 +304,13 @@ class CommandLine:
         """Parse ``command`` and ``args`` of a container (a dict as the API returns it)."""
         command = [str(w) for w in container.get("command") or []]
         args = [str(w) for w in container.get("args") or []]
-        script_at = _shell_script_position(command, args)
-        words: list[Word] = []
+        argv = [Word(w, "command", i) for i, w in enumerate(command)] + [Word(w, "args", i) for i, w in enumerate(args)]
+        script_at = _script_position([w.text for w in argv])
         if script_at is None:
-            words = [Word(w, "command", i) for i, w in enumerate(command)] + [
-                Word(w, "args", i) for i, w in enumerate(args)
-            ]
-        else:
-            field, index = script_at
-            script = (command if field == "command" else args)[index]
-            words = [
-                Word(text, field, index, span, op) for text, span, op in split_shell(script)
-            ]
-        return cls(tuple(command), tuple(args), tuple(words), script_at)
+            return cls(tuple(command), tuple(args), tuple(argv), None)
+        script = argv[script_at]
+        words = _script_words(script, argv[script_at + 2 :])
+        return cls(tuple(command), tuple(args), tuple(words), (script.field, script.index))
 
     def runs_vllm(self) -> bool:
         """True when the command invokes vLLM's server (``vllm serve`` or the api_server module)."""
@@ -320,33 +430,31 @@ class CommandLine:
         """
         values = {normalise(name): value for name, value in values.items()}
         fields = {"command": list(self.command), "args": list(self.args)}
-        present = {f.name for f in self.flags()}
-        edits: list[tuple[Word, str]] = []  # (word, replacement text) for list form and shell spans
-        for flag in self.flags():
+        script_edits: list[tuple[tuple[int, int], str]] = []  # (span, replacement) within the shell script
+        flags = self.flags()
+        for flag in flags:
             if flag.name in values:
                 new = str(values[flag.name])
-                if flag.value_word is not None:
-                    edits.append((flag.value_word, new))
+                word, text = (flag.value_word, new) if flag.value_word else (flag.flag_word, f"{flag.spelling}={new}")
+                if word.span is None:
+                    fields[word.field][word.index] = text
                 else:
-                    edits.append((flag.flag_word, f"{flag.spelling}={new}"))
-        missing = [(name, str(v)) for name, v in values.items() if name not in present]
-        if self.shell_script is None:
-            for word, text in edits:
-                fields[word.field][word.index] = text
-            tail = "args" if fields["args"] or not fields["command"] else "command"
-            for name, value in missing:
-                fields[tail].extend(self._new_flag_words(name, value))
-        else:
+                    script_edits.append((word.span, _shell_quote(text)))
+        present = {f.name for f in flags}
+        added = [w for name, v in values.items() if name not in present for w in self._new_flag_words(name, str(v))]
+        if added:
+            _, end = self._vllm_segment()
+            if end == 0 and self.shell_script is not None:
+                raise CommandLineError("the shell's -c script is empty: there is no vLLM command to set flags on")
+            last = self.words[end - 1] if end else Word("", "args", -1)  # no command or args: the image runs vLLM
+            if last.span is None:  # an element: list form, or a positional parameter passed to the script
+                fields[last.field][last.index + 1 : last.index + 1] = added
+            else:
+                script_edits.append(((last.span[1], last.span[1]), " " + " ".join(map(_shell_quote, added))))
+        if self.shell_script is not None:
             field, index = self.shell_script
             script = fields[field][index]
-            inserts: list[tuple[tuple[int, int], str]] = [(w.span, _shell_quote(t)) for w, t in edits]
-            if missing:
-                _, end = self._vllm_segment()
-                last = self.words[end - 1] if end > 0 else None
-                at = last.span[1] if last is not None and last.span else len(script)
-                added = " ".join(" ".join(_shell_quote(t) for t in self._new_flag_words(n, v)) for n, v in missing)
-                inserts.append(((at, at), " " + added))
-            for (lo, hi), text in sorted(inserts, key=lambda e: e[0], reverse=True):
+            for (lo, hi), text in sorted(script_edits, reverse=True):
                 script = script[:lo] + text + script[hi:]
             fields[field][index] = script
         return fields
@@ -356,6 +464,36 @@ class CommandLine:
         equals_style = bool(flags) and all(f.value_word is None and f.value is not None for f in flags if f.value)
         spelling = f"--{normalise(name)}"
         return [f"{spelling}={value}"] if equals_style else [spelling, value]
+
+
+def _script_words(script: Word, positional: list[Word]) -> list[Word]:
+    """The words of a ``-c`` script. A ``"$@"`` word stands for the positional parameters, the argv words after
+    ``$0`` (``sh -c 'exec vllm serve "$@"' -- M --max-num-seqs 64``): those reach vLLM as they are, so they are
+    read and rewritten as elements. Raises CommandLineError where the script uses them in another way."""
+    words: list[Word] = []
+    for text, (lo, hi), operator in split_shell(script.text):
+        if operator or script.text[lo:hi] not in ('"$@"', "$@"):
+            words.append(Word(text, script.field, script.index, (lo, hi), operator))
+            continue
+        if script.text[lo:hi] == "$@" and any(re.search(r"[\s*?[]", w.text) or not w.text for w in positional):
+            raise CommandLineError('unquoted $@ splits and expands its arguments; write "$@"')
+        words.extend(positional)
+    if not positional:
+        return words
+    for k, word in enumerate(words):
+        if word.span is None:
+            continue
+        if re.search(r"\$\{?[1-9@*]", word.text):
+            raise CommandLineError(f'the script uses its arguments as {word.text}; pass them to vLLM as "$@"')
+        if word.text == "shift" or word.text == "set" and _sets_positionals(words, k):
+            raise CommandLineError(f"the script changes its arguments ({word.text}); pass them to vLLM as \"$@\"")
+    return words
+
+
+def _sets_positionals(words: list[Word], k: int) -> bool:
+    """Whether the ``set`` at words[k] sets the positional parameters (``set -- a``, ``set a``), not only options."""
+    pos, _ = _shell_options([w.text for w in words], k + 1)
+    return words[pos - 1].text in ("--", "-") or (pos < len(words) and not words[pos].operator)
 
 
 def _shell_quote(text: str) -> str:
@@ -372,7 +510,7 @@ def find_vllm_container(pod_spec: dict[str, Any], name: str | None = None) -> di
                 return container
         names = ", ".join(c.get("name", "?") for c in containers) or "none"
         raise CommandLineError(f"no container named {name!r} in the pod template (containers: {names})")
-    running = [c for c in containers if CommandLine.parse(c).runs_vllm()]
+    running = [c for c in containers if _runs_vllm(c)]
     if len(running) == 1:
         return running[0]
     by_image = [c for c in containers if "vllm" in str(c.get("image", "")).lower()]
@@ -382,6 +520,15 @@ def find_vllm_container(pod_spec: dict[str, Any], name: str | None = None) -> di
     names = ", ".join(c.get("name", "?") for c in containers) or "none"
     why = "several containers run vLLM" if candidates else "no container runs vLLM (vllm serve or the api_server module)"
     raise CommandLineError(f"{why}; set spec.targetRef.container to one of: {names}")
+
+
+def _runs_vllm(container: dict[str, Any]) -> bool:
+    """Whether the container's command runs vLLM; a command that cannot be read is taken not to (a sidecar's
+    must not stop the search, and vLLM's own then fails to parse with its own message)."""
+    try:
+        return CommandLine.parse(container).runs_vllm()
+    except CommandLineError:
+        return False
 
 
 def with_container_command(container: dict[str, Any], fields: dict[str, list[str]]) -> dict[str, Any]:

@@ -306,7 +306,7 @@ class Schedule(TimeWindow):
     )
 
     priority: int = Field(default=0, ge=-1000, le=1000)
-    """When windows overlap, the highest priority wins; on a tie, the earlier entry in the list."""
+    """When windows overlap, the highest priority wins; on a tie, the earlier entry in the list. A window that only overrides bounds or slo says nothing of the knobs: an open preset window it outranks keeps its preset."""
     knobs: Knobs | None = None
     """A fixed preset used for the whole window."""
     bounds: Bounds | None = None
@@ -314,7 +314,7 @@ class Schedule(TimeWindow):
     slo: SLO | None = None
     """SLO that replaces spec.slo during the window."""
     pre_roll: Duration | None = None
-    """How long before the window start the change begins, so new pods are Ready when it opens. Default: the last measured rollout duration plus a margin, or 5m before any rollout was measured."""
+    """How long before the window start the change begins, so new pods are Ready when it opens. Default: the last rolling restart's duration (status.rolloutSeconds) plus a margin, or 5m before one was timed."""
 
 
 class RolloutSpec(SpecModel):
@@ -327,7 +327,7 @@ class RolloutSpec(SpecModel):
     min_improvement_percent: float = Field(default=5.0, ge=0, le=1000)
     """Least expected SLO-goodput gain, net of the capacity a rolling restart costs, for a traffic-driven change."""
     max_step_factor: float = Field(default=2.0, ge=1.1, le=16)
-    """Largest factor by which one traffic-driven change may raise a knob, or lower it below the requests running."""
+    """Largest factor by which one change of the Adaptive search may raise a knob, or lower it below the requests running. Tiers go straight to the matching tier's knobs."""
     settle_time: Duration = "2m"
     """Time after a rollout before metrics of the new config count (warm-up, queue drain)."""
     progress_deadline: Duration = "10m"
@@ -342,7 +342,7 @@ class RolloutSpec(SpecModel):
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-    """Change freezes (a business peak, a release): no change starts while one is open, nor so shortly before one opens that its rolling restart would still run in it (the last rollout's duration plus a margin, or 5m), schedule windows' changes included; they wait for its end. A rollback of the operator's own failed or regressed change still runs."""
+    """Change freezes (a business peak, a release): no change starts while one is open, nor so shortly before one opens that its rolling restart would still run in it (the last rolling restart's duration plus a margin, or 5m), schedule windows' changes included; they wait for its end. A rollback of the operator's own failed or regressed change still runs."""
 
 
 class EngineSpec(SpecModel):

@@ -360,6 +360,8 @@ class VllmTuningStatus(StatusModel):
     """The latest rollout."""
     restart_cost_seconds: float | None = Field(default=None, ge=0)
     """What a rollout of this target costs, in seconds of its whole SLO goodput: lostSeconds over the baseline attainment, averaged over the measured rollouts (none yet: estimated from the load)."""
+    rollout_seconds: float | None = Field(default=None, ge=0)
+    """How long a rolling restart of the target takes: the last one the operator timed, from the patch to its last pod Ready (seconds). Only a change of its own that succeeded with pods running is timed: not a rollback (after a rollout whose new pods could not start, it only removes a pending pod), nor a config written while the Deployment was scaled to zero (it waited for a scale-up). Schedule pre-rolls, the lead before a change freeze and the price of a restart follow it; absent, 5 minutes ahead of a window or freeze, and 3 minutes out of service for each wave of pods a restart stops."""
     rollout_times: list[str] = Field(default_factory=list, max_length=300)
     """Start times of rollouts in the last 24 hours (the daily rollout budget)."""
     history: list[DecisionRecord] = Field(default_factory=list, max_length=HISTORY_LIMIT)

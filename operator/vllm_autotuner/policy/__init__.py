@@ -87,9 +87,10 @@ What it does
 
 1. **Time of day** (``schedule``): the schedule window in force, read in its
    IANA time zone, across midnight and daylight-saving changes, with
-   overlaps settled by ``priority`` then list order, and pre-roll so a
-   preset is live when its window opens. A preset window closing restores
-   the config that ran before it.
+   overlaps settled by ``priority`` then list order (a window that only
+   overrides the SLO or bounds leaves an open preset window's knobs in
+   force), and pre-roll so a preset is live when its window opens. A
+   preset window closing restores the config that ran before it.
 2. **Traffic** (``regime``, ``adaptive``, ``model``): the regime (load and
    length mix, or the user's ``Tiers``); the Adaptive strategy predicts
    every candidate config with a model fitted online from the windows (step
@@ -105,7 +106,7 @@ What it does
    recommendations, once another writer (a GitOps sync) has put back what
    the operator changed twice in a day (``changes_reverted(state)``,
    ``REVERTED_ADVICE`` says what to do); at most ``maxStepFactor`` per
-   step into unmeasured territory; cooldown; a daily rollout budget that keeps
+   Adaptive step into unmeasured territory; cooldown; a daily rollout budget that keeps
    room for the day's schedule windows; no change in a change freeze, nor
    in the rollout lead before one (``schedule.freeze_in_force``); a regime,
    and its length mix, must last one window; no traffic change before the

@@ -66,7 +66,13 @@ from vllm_autotuner.policy.lifecycle import regression_measured
 from vllm_autotuner.policy.model import attainment
 from vllm_autotuner.policy.observation import HoldReason, Observation, hold_reason, rollout_active
 from vllm_autotuner.policy.regime import classify, matching_tier, mix_moved
-from vllm_autotuner.policy.schedule import ActiveWindow, freeze_in_force, scheduled_rollouts, window_in_force
+from vllm_autotuner.policy.schedule import (
+    ActiveWindow,
+    freeze_in_force,
+    preset_in_force,
+    scheduled_rollouts,
+    windows_in_force,
+)
 
 #: Windows a rollout's first settled window may stay short of its baseline before the change counts as a regression.
 REGRESSION_PATIENCE = 6
@@ -96,9 +102,12 @@ SLOT_WAIT_KEPT_BY = frozenset({
 
 @dataclass(frozen=True)
 class Settings:
-    """What is in force at a moment: the schedule window, and the SLO and bounds it implies."""
+    """What is in force at a moment: the schedule window, the preset, and the SLO and bounds the window implies."""
 
     window: ActiveWindow | None
+    preset_window: ActiveWindow | None
+    """The window whose preset is in force (``schedule.preset_in_force``): ``window``, or an open preset window
+    beneath it when it only overrides the SLO or bounds."""
     slo: SLO
     bounds: Bounds
     warnings: tuple[str, ...]
@@ -109,21 +118,26 @@ class Settings:
 
     @property
     def preset(self) -> Knobs | None:
-        return self.window.schedule.knobs if self.window else None
+        return self.preset_window.schedule.knobs if self.preset_window else None
 
     @property
     def override(self) -> str | None:
-        """Name of a window that overrides bounds or SLO (the traffic policy keeps running inside it)."""
-        return self.window.schedule.name if self.window and self.preset is None else None
+        """Name of the window in force when it overrides bounds or SLO (the traffic policy runs inside it, unless
+        a preset window is open beneath it)."""
+        return self.window.schedule.name if self.window and self.window.schedule.knobs is None else None
 
 
 def settings_at(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) -> Settings:
-    """The schedule window in force at ``now`` (pre-roll included) and the SLO and bounds it implies."""
-    window, errors = window_in_force(spec.schedules, state, now)
+    """The schedule window in force at ``now`` (pre-roll included), the preset in force, and the SLO and bounds
+    the window implies."""
+    windows, errors = windows_in_force(spec.schedules, state, now)
+    window = windows[0] if windows else None
     schedule = window.schedule if window else None
     slo = schedule.slo if schedule and schedule.slo else spec.slo
     bounds = schedule.bounds if schedule and schedule.bounds else spec.bounds
-    return Settings(window=window, slo=slo, bounds=bounds, warnings=tuple(errors))
+    return Settings(
+        window=window, preset_window=preset_in_force(windows, now), slo=slo, bounds=bounds, warnings=tuple(errors)
+    )
 
 
 def effective_slo(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) -> SLO:
@@ -377,7 +391,7 @@ def _apply(
         return _hold(state, now, HoldReason.COOLDOWN, reason, settings, change.knobs, change.gain)
     windows = rollback = 0
     if change.source == KnobSource.TRAFFIC:
-        windows, rollback = scheduled_rollouts(spec.schedules, now, DAY_SECONDS), rollback_room(spec)
+        windows, rollback = scheduled_rollouts(spec.schedules, state, now, DAY_SECONDS), rollback_room(spec)
     if budget_left(spec, state, now, windows + rollback) < 1:
         kept = "".join(
             f", {n} kept for {what}" for n, what in ((windows, "schedule windows"), (rollback, "its rollback")) if n
@@ -455,7 +469,7 @@ def _schedule_change(
     """
     current = state.current
     assert current is not None
-    window = settings.window
+    window = settings.preset_window
     if window is not None and settings.preset is not None:
         target = clamp(settings.preset, spec.bounds, current)
         name = window.schedule.name
@@ -474,12 +488,11 @@ def _schedule_change(
         return _Change(
             target, KnobSource.SCHEDULE, f"preset window closed: back to {target}, the traffic policy resumes"
         )
-    if window is not None and not acceptable(current.knobs, settings.bounds, current):
+    override = settings.override
+    if override is not None and not acceptable(current.knobs, settings.bounds, current):
         target = clamp(current.knobs, settings.bounds, current)
         if target is not None:
-            return _Change(
-                target, KnobSource.SCHEDULE, f"schedule {window.schedule.name}: {current.knobs} is outside its bounds"
-            )
+            return _Change(target, KnobSource.SCHEDULE, f"schedule {override}: {current.knobs} is outside its bounds")
     return None
 
 

@@ -13,7 +13,6 @@ import math
 from datetime import datetime, timedelta
 
 from vllm_autotuner.api import Bounds, CurrentKnobs, Knobs, KnobSource, VllmTuningSpec, VllmTuningStatus
-from vllm_autotuner.api.status import RolloutPhase
 from vllm_autotuner.api.types import duration_seconds
 from vllm_autotuner.knobs import startup_errors
 
@@ -151,20 +150,10 @@ def rollback_room(spec: VllmTuningSpec) -> int:
     return 1 if spec.rollout.max_rollouts_per_day > 1 else 0
 
 
-def rollout_seconds(state: VllmTuningStatus) -> float | None:
-    """How long the last rollout took, from the patch to its last pod Ready, when it measured a rolling restart:
-    None unless it succeeded, or when it was written while the Deployment was scaled to zero (it then lasted until
-    a scale-up)."""
-    last = state.last_rollout
-    if last is None or last.phase != RolloutPhase.SUCCEEDED or last.finished_at is None or last.unverified_at:
-        return None
-    return (_time(last.finished_at) - _time(last.started_at)).total_seconds()
-
-
 def restart_seconds(state: VllmTuningStatus, waves: int) -> float:
     """Seconds one wave of a rolling restart lasts (the pods it stops are out of service meanwhile): the last
-    measured rollout's time over its ``waves``."""
-    took = rollout_seconds(state)
+    timed rolling restart's duration (``status.rolloutSeconds``) over its ``waves``."""
+    took = state.rollout_seconds
     if took is None or took <= 0 or waves < 1:
         return DEFAULT_RESTART_SECONDS
     return max(took / waves, 1.0)

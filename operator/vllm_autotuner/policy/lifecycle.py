@@ -72,13 +72,24 @@ def rollout_unverified(state: VllmTuningStatus, now: datetime) -> VllmTuningStat
 
 
 def rollout_succeeded(state: VllmTuningStatus, now: datetime) -> VllmTuningStatus:
-    """All pods of the rollout awaiting its verdict are updated and Ready: its config is live from ``now``."""
+    """All pods of the rollout awaiting its verdict are updated and Ready: its config is live from ``now``.
+
+    A change of ours that restarted running pods times a rolling restart
+    (``status.rolloutSeconds``), which the next pre-roll, freeze lead and
+    restart price follow. A rollback does not: after a blocked rollout it only
+    removes the pending surge pod, in seconds, and a freeze lead that short
+    would let a long restart start just before a freeze and run in it. Nor
+    does a config written at zero replicas: it waited for a scale-up.
+    """
     if not awaiting_verdict(state) or state.current is None:
         return state
     assert state.last_rollout is not None
     rollout = state.last_rollout.model_copy(update={"phase": RolloutPhase.SUCCEEDED, "finished_at": utc_timestamp(now)})
     current = _written(state, rollout.to_knobs, rollout.source, now)
-    return state.model_copy(update={"last_rollout": rollout, "current": current})
+    update: dict[str, object] = {"last_rollout": rollout, "current": current}
+    if rollout.source != KnobSource.ROLLBACK and rollout.unverified_at is None:
+        update["rollout_seconds"] = (now - datetime.fromisoformat(rollout.started_at)).total_seconds()
+    return state.model_copy(update=update)
 
 
 def _written(state: VllmTuningStatus, knobs: Knobs, source: KnobSource, now: datetime) -> CurrentKnobs:

@@ -9,8 +9,12 @@ compares two datetimes of one zone by wall clock and would misorder the
 repeated hour. A window is also in force during its *pre-roll*, the time
 before it opens, so that a preset's rolling restart is complete when the
 window starts; once in force, it stays in force until that opening closes,
-even when the pre-roll, recomputed from the last rollout (the preset's own),
-shrinks. Overlaps go to the highest ``priority``, then the earlier entry.
+even when the pre-roll, recomputed from the preset's own rollout, shrinks.
+A window whose end fires at the very instant it starts (both in the hour a
+spring-forward skips) is empty: never in force. Overlaps go to the highest
+``priority``, then the earlier entry; but a window that only overrides the
+SLO or bounds says nothing of the knobs, so an open preset window beneath
+it keeps its preset.
 
 Change freezes (``spec.rollout.freezes``) are windows of the same kind, read
 the same way; one is in force from the rollout lead before it opens (a
@@ -27,9 +31,8 @@ from cronsim import CronSim
 
 from vllm_autotuner.api import Schedule, TimeWindow, VllmTuningStatus
 from vllm_autotuner.api.types import duration_seconds, parse_cron, time_zone
-from vllm_autotuner.policy.guardrails import rollout_seconds
 
-#: Pre-roll before any rollout was measured; then the last rollout's duration plus a margin.
+#: Pre-roll before any rolling restart was timed; then its duration plus a margin.
 DEFAULT_PRE_ROLL_SECONDS = 300.0
 PRE_ROLL_MARGIN = 1.25
 PRE_ROLL_MIN_EXTRA_SECONDS = 60.0
@@ -90,14 +93,16 @@ def window_at(window: TimeWindow, now: datetime, pre_roll_seconds: float) -> tup
     next_start = _following(window.start, zone, now)
     if next_start is None or (next_start - now).total_seconds() > pre_roll_seconds:
         return None
+    if _previous(window.end, zone, next_start) == next_start:
+        return None  # it closes as it opens: nothing to pre-roll for
     end = _following(window.end, zone, next_start)
     return (next_start, end) if end is not None else None
 
 
 def rollout_lead_seconds(state: VllmTuningStatus) -> float:
-    """How long before a moment a rollout must start to be complete by then: the last measured rollout's duration
-    plus a margin, or 5 minutes."""
-    took = rollout_seconds(state)
+    """How long before a moment a rollout must start to be complete by then: the last timed rolling restart's
+    duration (``status.rolloutSeconds``) plus a margin, or 5 minutes."""
+    took = state.rollout_seconds
     if took is None:
         return DEFAULT_PRE_ROLL_SECONDS
     return max(took * PRE_ROLL_MARGIN, took + PRE_ROLL_MIN_EXTRA_SECONDS)
@@ -126,10 +131,11 @@ def freeze_in_force(
     return None
 
 
-def window_in_force(
+def windows_in_force(
     schedules: Sequence[Schedule], state: VllmTuningStatus, now: datetime
-) -> tuple[ActiveWindow | None, list[str]]:
-    """The window in force at ``now`` (highest priority, then list order), and one error per unreadable schedule.
+) -> tuple[list[ActiveWindow], list[str]]:
+    """The windows in force at ``now``, the one in force first (highest priority, then list order), and one error
+    per unreadable schedule.
 
     The window in force at the last evaluation (``state.active_schedule``)
     keeps its pre-roll up to the opening it was in force for
@@ -137,45 +143,77 @@ def window_in_force(
     shorter than the pre-roll it was started in, would take the window out
     of force before it opens, and the preset would be undone and redone.
     """
-    best: ActiveWindow | None = None
+    found: list[ActiveWindow] = []
     errors = []
     for index, schedule in enumerate(schedules):
         pre_roll = pre_roll_seconds(schedule, state)
         if schedule.name == state.active_schedule and state.active_schedule_start is not None:
             pre_roll = max(pre_roll, (datetime.fromisoformat(state.active_schedule_start) - now).total_seconds())
         try:
-            found = window_at(schedule, now, pre_roll)
+            times = window_at(schedule, now, pre_roll)
         except ValueError as exc:
             errors.append(f"schedule {schedule.name} ignored: {exc}")
             continue
-        if found is not None and (best is None or schedule.priority > best.schedule.priority):
-            best = ActiveWindow(schedule=schedule, index=index, start=found[0], end=found[1])
-    return best, errors
+        if times is not None:
+            found.append(ActiveWindow(schedule=schedule, index=index, start=times[0], end=times[1]))
+    return sorted(found, key=lambda window: -window.schedule.priority), errors  # stable: list order on a tie
 
 
-def scheduled_rollouts(schedules: Sequence[Schedule], now: datetime, horizon_seconds: float) -> int:
+def window_in_force(
+    schedules: Sequence[Schedule], state: VllmTuningStatus, now: datetime
+) -> tuple[ActiveWindow | None, list[str]]:
+    """The window in force at ``now`` (the first of ``windows_in_force``), and one error per unreadable schedule."""
+    found, errors = windows_in_force(schedules, state, now)
+    return (found[0] if found else None), errors
+
+
+def preset_in_force(windows: Sequence[ActiveWindow], now: datetime) -> ActiveWindow | None:
+    """The window whose preset is in force, of ``windows_in_force``'s: the window in force when it has one; under
+    one that only overrides the SLO or bounds, the first preset window open beneath it.
+
+    Such a window says nothing of the knobs, so it does not end a preset:
+    an SLO for a report run nested in the night's preset window leaves the
+    preset live, where going back to the day's knobs when it opens and to
+    the preset when it closes would cost two rolling restarts for nothing.
+    A preset window beneath it that is still in its pre-roll waits until it
+    opens: only the window in force keeps its pre-roll when the preset's own
+    rollout shortens it (``state.active_schedule``).
+    """
+    if not windows:
+        return None
+    if windows[0].schedule.knobs is not None:
+        return windows[0]
+    return next((w for w in windows[1:] if w.schedule.knobs is not None and w.is_open(now)), None)
+
+
+def scheduled_rollouts(
+    schedules: Sequence[Schedule], state: VllmTuningStatus, now: datetime, horizon_seconds: float
+) -> int:
     """How many times a window may force a rollout within the horizon: rollouts to keep in the budget.
 
     A preset window forces one when it opens and one when it closes; a window
     with bounds one when it opens (the knobs may lie outside them); a window
-    that only overrides the SLO none.
+    that only overrides the SLO none. An opening forces its rollout a
+    pre-roll early, so it counts once its pre-roll starts within the horizon:
+    a change made the day before must leave the budget the preset needs then.
     """
     until = now + timedelta(seconds=horizon_seconds)
     count = 0
     for schedule in schedules:
+        opens = (schedule.start, timedelta(seconds=pre_roll_seconds(schedule, state)))
         if schedule.knobs is not None:
-            boundaries = (schedule.start, schedule.end)
+            boundaries = (opens, (schedule.end, timedelta(0)))
         elif schedule.bounds is not None:
-            boundaries = (schedule.start,)
+            boundaries = (opens,)
         else:
             continue
-        for expr in boundaries:
+        for expr, early in boundaries:
             try:
                 parse_cron(expr)
                 moment = _following(expr, schedule.time_zone, now)
             except ValueError:
                 continue
-            while moment is not None and moment <= until:
+            while moment is not None and moment - early <= until:
                 count += 1
                 moment = _following(expr, schedule.time_zone, moment)
     return count

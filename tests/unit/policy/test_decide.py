@@ -26,6 +26,7 @@ from vllm_autotuner.policy import (
     adopt_generation,
     decide,
     defaults_resolved,
+    effective_slo,
     manual_change_detected,
     rollout_blocked,
     rollout_failed,
@@ -33,6 +34,9 @@ from vllm_autotuner.policy import (
     rollout_unverified,
     strategy_seen,
 )
+from vllm_autotuner.policy.decision import with_rollout
+from vllm_autotuner.policy.guardrails import DAY_SECONDS
+from vllm_autotuner.policy.schedule import scheduled_rollouts
 
 from .helpers import T0, knobs, long_prompt_window, shifted, spec, status
 
@@ -178,6 +182,15 @@ def test_budget_keeps_room_for_the_days_schedule_windows():
     assert decision.hold == HoldReason.BUDGET and "2 kept for schedule windows" in decision.reason
 
 
+def test_budget_keeps_room_for_a_preset_whose_pre_roll_starts_within_the_day():
+    # Thursday 12:30 UTC, pre-rolled an hour: its preset rolls out at 11:30, within 24 hours of Wednesday noon
+    thursday = {"name": "thursday", "start": "30 12 * * 4", "end": "0 18 * * 4", "preRoll": "1h", "knobs": PRESET}
+    the_spec = spec(rollout={"maxRolloutsPerDay": 3}, schedules=[thursday])
+    state = warmed(the_spec, status(rollout_times=["2024-05-01T06:00:00Z"]))
+    decision = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
+    assert decision.hold == HoldReason.BUDGET and "1 kept for schedule windows" in decision.reason
+
+
 def test_schedule_preset_is_pre_rolled_without_traffic_data_and_restored_at_the_end():
     the_spec = spec(schedules=[NIGHT])
     state = status()
@@ -227,6 +240,25 @@ def test_no_change_starts_so_shortly_before_a_freeze_that_it_would_still_be_roll
     assert "opens at 2024-05-01T12:04:00Z, before a rollout started now would finish" in held.reason
     later = spec(rollout={"freezes": [{"name": "release", "start": "6 12 * * *", "end": "0 13 * * *"}]})
     assert decide(later, state, long_prompt_window(state, later), T0).action == DecisionAction.CHANGE
+
+
+def test_a_rollback_that_only_removed_a_stuck_pod_does_not_shorten_the_lead_before_a_freeze():
+    noon = {"name": "noon", "start": "40 12 * * *", "end": "0 18 * * *", "preRoll": "0s", "knobs": PRESET}
+    release = {"name": "release", "start": "0 13 * * *", "end": "0 17 * * *"}
+    the_spec = spec(schedules=[noon], rollout={"freezes": [release]})
+    # a rolling restart of the fleet takes 20 minutes
+    morning = T0.replace(hour=8)
+    written = with_rollout(status(), morning, knobs(4096, 256), KnobSource.TRAFFIC, "r")
+    state = rollout_succeeded(written, morning + timedelta(minutes=20))
+    # the next change's surge pod found no GPU; its rollback removed the pending pod in 30 seconds
+    later = T0.replace(hour=10)
+    written = with_rollout(state, later, knobs(8192, 512), KnobSource.TRAFFIC, "r")
+    blocked = rollout_blocked(written, later + timedelta(minutes=10), "0/6 nodes are available: Insufficient GPU")
+    state = succeed(blocked, later + timedelta(minutes=10, seconds=30))
+    # 20 minutes before the freeze: a restart started now would run in it
+    held = decide(the_spec, state, None, T0.replace(minute=40))
+    assert held.hold == HoldReason.FREEZE and held.recommendation == knobs(16384, 512), held.reason
+    assert "before a rollout started now would finish" in held.reason
 
 
 def test_a_preset_window_opening_in_a_freeze_waits_for_its_end():
@@ -751,3 +783,28 @@ def test_rollout_times_stay_within_the_status_cap_at_the_highest_limit():
     back = rollout_failed(change.state, opens + timedelta(minutes=3), "CUDA out of memory", generation=1)
     assert len(back.state.rollout_times) == 289
     VllmTuningStatus.model_validate(back.state.model_dump(by_alias=True))  # within the CRD's maxItems
+
+
+@pytest.mark.parametrize(
+    "override", [{"slo": {"ttft": {"seconds": 10}}}, {"bounds": {"maxNumBatchedTokens": {"max": 4096}}}]
+)
+def test_a_window_that_only_overrides_the_slo_or_bounds_nested_in_a_preset_window_leaves_the_preset_live(override):
+    night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "0s", "knobs": PRESET}
+    report = {"name": "report-run", "priority": 5, "start": "0 2 * * *", "end": "0 3 * * *", "preRoll": "0s",
+              **override}  # fmt: skip
+    the_spec = spec(schedules=[night, report])
+    start = T0.replace(hour=21)
+    changes, _ = _evaluated(the_spec, status(), start, start + timedelta(hours=10), timedelta(minutes=30))
+    # the preset at 22:00 and the day's knobs back at 06:00; not back at 02:00 and the preset again at 03:00
+    assert [(c.knobs, c.state.rollout_times[-1]) for c in changes] == [
+        (knobs(16384, 512), "2024-05-01T22:00:00Z"),
+        (knobs(8192, 1024), "2024-05-02T06:00:00Z"),
+    ]
+    assert scheduled_rollouts(the_spec.schedules, status(), start, DAY_SECONDS) >= len(changes)
+    # inside it the override is the window in force, the preset its knobs
+    opened = succeed(decide(the_spec, status(), None, T0.replace(hour=22)), T0.replace(hour=22, minute=2))
+    inside = T0.replace(day=2, hour=2, minute=30)
+    held = decide(the_spec, opened, None, inside)
+    assert held.hold == HoldReason.SCHEDULE and held.knobs == knobs(16384, 512)
+    assert held.state.active_schedule == "report-run" and held.state.resume_knobs == knobs(8192, 1024)
+    assert effective_slo(the_spec, held.state, inside) == (the_spec.schedules[1].slo or the_spec.slo)

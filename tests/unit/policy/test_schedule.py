@@ -6,12 +6,21 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
-from vllm_autotuner.api import Schedule, VllmTuningStatus
-from vllm_autotuner.api.status import Rollout, RolloutPhase
-from vllm_autotuner.api.types import utc_timestamp
-from vllm_autotuner.policy.schedule import pre_roll_seconds, scheduled_rollouts, window_at, window_in_force
+from vllm_autotuner.api import KnobSource, Schedule, VllmTuningStatus
+from vllm_autotuner.policy import manual_change_detected, rollout_blocked, rollout_succeeded, rollout_unverified
+from vllm_autotuner.policy.decision import with_rollout
+from vllm_autotuner.policy.guardrails import DAY_SECONDS, restart_seconds
+from vllm_autotuner.policy.schedule import (
+    pre_roll_seconds,
+    preset_in_force,
+    rollout_lead_seconds,
+    scheduled_rollouts,
+    window_at,
+    window_in_force,
+    windows_in_force,
+)
 
-from .helpers import knobs
+from .helpers import knobs, status
 
 
 def sched(start, end, zone="UTC", name="w", priority=0, pre_roll="0s"):
@@ -91,23 +100,43 @@ def test_pre_roll_puts_the_window_in_force_before_it_opens():
     assert window_in_force([window], state, utc(2024, 5, 1, 21, 49))[0] is None
 
 
-def test_default_pre_roll_follows_the_last_measured_rollout():
+def rolled(state, start, minutes, source=KnobSource.TRAFFIC):
+    """``state`` after a rollout of ``source`` patched at ``start`` whose pods were all Ready ``minutes`` later."""
+    state = with_rollout(state, start, knobs(4096, 256), source, "r")
+    return rollout_succeeded(state, start + timedelta(minutes=minutes))
+
+
+def test_default_pre_roll_follows_the_last_timed_rolling_restart():
     window = Schedule(name="w", start="0 22 * * *", end="0 6 * * *", knobs=knobs(4096, 256))
-    assert pre_roll_seconds(window, VllmTuningStatus()) == 300
-    rollout = Rollout(
-        from_knobs=knobs(8192, 256),
-        to_knobs=knobs(4096, 256),
-        source="Traffic",
-        reason="r",
-        started_at=utc_timestamp(utc(2024, 5, 1)),
-        finished_at=utc_timestamp(utc(2024, 5, 1, 0, 8)),
-        phase=RolloutPhase.SUCCEEDED,
+    assert pre_roll_seconds(window, status()) == 300
+    assert pre_roll_seconds(window, rolled(status(), utc(2024, 5, 1), 8)) == 600  # 8m * 1.25
+    assert pre_roll_seconds(window, rolled(status(), utc(2024, 5, 1), 2)) == 180  # 2m + 1m
+    # written at zero replicas, it waited three hours for a scale-up: no restart's duration
+    written = with_rollout(status(), utc(2024, 5, 1), knobs(4096, 256), KnobSource.TRAFFIC, "r")
+    at_zero = rollout_unverified(written, utc(2024, 5, 1, 0, 0, 5))
+    assert pre_roll_seconds(window, rollout_succeeded(at_zero, utc(2024, 5, 1, 3))) == 300
+
+
+def test_a_rollback_or_a_superseded_rollout_leaves_the_lead_to_the_last_rolling_restart():
+    restarted = rolled(status(rollout_unavailable=1), utc(2024, 5, 1, 8), 20)
+    assert rollout_lead_seconds(restarted) == 1500  # 20m * 1.25
+    # the next change's surge pod found no GPU; its rollback only removed that pod, in 30 s
+    blocked = rollout_blocked(
+        with_rollout(restarted, utc(2024, 5, 1, 10), knobs(8192, 512), KnobSource.TRAFFIC, "r"),
+        utc(2024, 5, 1, 10, 10),
+        "0/6 nodes are available: Insufficient nvidia.com/gpu",
     )
-    assert pre_roll_seconds(window, VllmTuningStatus(last_rollout=rollout)) == 600  # 8m * 1.25
-    short = rollout.model_copy(update={"finished_at": utc_timestamp(utc(2024, 5, 1, 0, 2))})
-    assert pre_roll_seconds(window, VllmTuningStatus(last_rollout=short)) == 180  # 2m + 1m
-    failed = rollout.model_copy(update={"phase": RolloutPhase.FAILED})
-    assert pre_roll_seconds(window, VllmTuningStatus(last_rollout=failed)) == 300
+    rolled_back = rollout_succeeded(blocked.state, utc(2024, 5, 1, 10, 10, 30))
+    assert rolled_back.last_rollout.source == KnobSource.ROLLBACK
+    assert rollout_lead_seconds(rolled_back) == 1500
+    assert restart_seconds(rolled_back, 4) == restart_seconds(restarted, 4) == 300  # the restart's price too
+    # a rollout a person's change superseded timed nothing either
+    superseded = manual_change_detected(
+        with_rollout(restarted, utc(2024, 5, 1, 10), knobs(8192, 512), KnobSource.SCHEDULE, "r"),
+        knobs(2048, 128),
+        utc(2024, 5, 1, 10, 5),
+    )
+    assert rollout_lead_seconds(superseded) == 1500
 
 
 def test_overlaps_go_to_priority_then_list_order():
@@ -133,9 +162,24 @@ def test_unreadable_schedules_are_reported_and_skipped():
 def test_scheduled_rollouts_count_openings_and_closings_within_the_horizon():
     night = sched("0 22 * * *", "0 6 * * *")
     overrides = Schedule(name="o", start="0 12 * * *", end="0 13 * * *", slo={"ttft": {"seconds": 5}})
-    assert scheduled_rollouts([night, overrides], utc(2024, 5, 1, 12), 24 * 3600) == 2
-    assert scheduled_rollouts([night], utc(2024, 5, 1, 12), 11 * 3600) == 1
-    assert scheduled_rollouts([night], utc(2024, 5, 1, 12), 3 * 24 * 3600) == 6
+    state = VllmTuningStatus()
+    assert scheduled_rollouts([night, overrides], state, utc(2024, 5, 1, 12), 24 * 3600) == 2
+    assert scheduled_rollouts([night], state, utc(2024, 5, 1, 12), 11 * 3600) == 1
+    assert scheduled_rollouts([night], state, utc(2024, 5, 1, 12), 3 * 24 * 3600) == 6
+
+
+def test_an_opening_counts_once_its_pre_roll_starts_within_the_horizon():
+    # Monday to Friday 09:00-18:00, pre-rolled an hour: Monday's preset rolls out at 08:00
+    business = sched("0 9 * * 1-5", "0 18 * * 1-5", pre_roll="1h")
+    state = VllmTuningStatus()
+    sunday = utc(2024, 5, 5, 8)
+    assert scheduled_rollouts([business], state, sunday, DAY_SECONDS) == 1
+    assert scheduled_rollouts([business], state, sunday - timedelta(seconds=1), DAY_SECONDS) == 0
+    # the default pre-roll follows the last rolling restart: 20 minutes, so 25 minutes ahead
+    default = Schedule(name="b", start="0 9 * * 1-5", end="0 18 * * 1-5", knobs=knobs(16384, 512))
+    slow = rolled(status(), utc(2024, 5, 4), 20)
+    assert scheduled_rollouts([default], slow, utc(2024, 5, 5, 8, 35), DAY_SECONDS) == 1
+    assert scheduled_rollouts([default], status(), utc(2024, 5, 5, 8, 35), DAY_SECONDS) == 0
 
 
 def test_every_moment_of_a_dst_year_is_in_force_exactly_when_local_time_says_so():
@@ -161,17 +205,8 @@ def test_new_york_fall_back_window_ending_in_the_repeated_hour_closes_once():
 def test_a_window_in_force_in_its_pre_roll_stays_in_force_when_the_pre_roll_shrinks():
     window = Schedule(name="w", start="0 22 * * *", end="0 6 * * *", knobs=knobs(16384, 512))
     # the preset's own rollout took 80 s: the pre-roll is now 140 s, not the 300 s it was entered in
-    rollout = Rollout(
-        from_knobs=knobs(8192, 1024),
-        to_knobs=knobs(16384, 512),
-        source="Schedule",
-        reason="r",
-        started_at=utc_timestamp(utc(2024, 5, 1, 21, 55)),
-        finished_at=utc_timestamp(utc(2024, 5, 1, 21, 56, 20)),
-        phase=RolloutPhase.SUCCEEDED,
-    )
     moment = utc(2024, 5, 1, 21, 56, 30)
-    fresh = VllmTuningStatus(last_rollout=rollout)
+    fresh = rolled(status(), utc(2024, 5, 1, 21, 55), 80 / 60, KnobSource.SCHEDULE)
     assert window_in_force([window], fresh, moment)[0] is None
     entered = fresh.model_copy(update={"active_schedule": "w", "active_schedule_start": "2024-05-01T22:00:00Z"})
     found, _ = window_in_force([window], entered, moment)
@@ -184,5 +219,44 @@ def test_a_window_in_force_in_its_pre_roll_stays_in_force_when_the_pre_roll_shri
 def test_a_window_with_bounds_keeps_budget_for_its_opening_and_one_with_an_slo_none():
     bounds = Schedule(name="b", start="0 22 * * *", end="0 6 * * *", bounds={"maxNumBatchedTokens": {"max": 4096}})
     slo = Schedule(name="s", start="0 12 * * *", end="0 13 * * *", slo={"ttft": {"seconds": 5}})
-    assert scheduled_rollouts([bounds], utc(2024, 5, 1, 12), 24 * 3600) == 1
-    assert scheduled_rollouts([bounds, slo], utc(2024, 5, 1, 12), 3 * 24 * 3600) == 3
+    state = VllmTuningStatus()
+    assert scheduled_rollouts([bounds], state, utc(2024, 5, 1, 12), 24 * 3600) == 1
+    assert scheduled_rollouts([bounds, slo], state, utc(2024, 5, 1, 12), 3 * 24 * 3600) == 3
+
+
+@pytest.mark.parametrize(
+    ("zone", "skipped"),
+    [
+        ("Europe/Berlin", utc(2024, 3, 31, 1)),  # 02:00 CET -> 03:00 CEST = 01:00 UTC
+        ("America/New_York", utc(2024, 3, 10, 7)),  # 02:00 EST -> 03:00 EDT = 07:00 UTC
+    ],
+)
+def test_a_window_whose_start_and_end_the_spring_forward_skips_is_empty(zone, skipped):
+    # 02:00-03:00 does not exist that night: both fire at 03:00 (Debian cron), the window closes as it opens
+    window = sched("0 2 * * *", "0 3 * * *", zone)
+    for moment in (skipped - timedelta(minutes=8), skipped, skipped + timedelta(minutes=30)):
+        assert window_at(window, moment, 600) is None, moment
+    # the night before and the night after, an hour each
+    before = window_at(window, skipped - timedelta(days=1), 0)
+    after = window_at(window, skipped + timedelta(days=1, minutes=-30), 0)
+    assert before is not None and before[0] < skipped and before[1] - before[0] == timedelta(hours=1)
+    assert after is not None and after[0] > skipped and after[1] - after[0] == timedelta(hours=1)
+
+
+def test_a_window_that_only_overrides_the_slo_or_bounds_keeps_an_open_preset_window_beneath_it():
+    night = sched("0 22 * * *", "0 6 * * *", name="night")
+    report = Schedule(name="report", priority=5, start="0 2 * * *", end="0 3 * * *", pre_roll="0s",
+                      slo={"ttft": {"seconds": 10}})  # fmt: skip
+    state = VllmTuningStatus()
+    windows, _ = windows_in_force([night, report], state, utc(2024, 5, 2, 2, 30))
+    assert [w.schedule.name for w in windows] == ["report", "night"]
+    assert preset_in_force(windows, utc(2024, 5, 2, 2, 30)) is windows[1]
+    # a preset window outranking the override is the one in force, as before
+    first = night.model_copy(update={"priority": 9})
+    windows, _ = windows_in_force([report, first], state, utc(2024, 5, 2, 2, 30))
+    assert preset_in_force(windows, utc(2024, 5, 2, 2, 30)) is windows[0] and windows[0].schedule.name == "night"
+    # a preset window only in its pre-roll beneath the override waits for its opening
+    early = sched("0 3 * * *", "0 6 * * *", name="early", pre_roll="1h")
+    windows, _ = windows_in_force([early, report], state, utc(2024, 5, 2, 2, 30))
+    assert [w.schedule.name for w in windows] == ["report", "early"]
+    assert preset_in_force(windows, utc(2024, 5, 2, 2, 30)) is None

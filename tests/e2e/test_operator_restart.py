@@ -37,7 +37,8 @@ def test_an_operator_killed_mid_rollout_and_restarted_finishes_it_without_a_seco
         return deployment.metadata.generation == 2 and (deployment.status.updated_replicas or 0) < 2
     wait_for(mid_rollout, 60, "the preset's rollout to start")
     # The Events follow the patch; killed between the two, an operator loses them (as any controller would).
-    wait_for(lambda: world.events("RolloutStarted"), 30, "the first operator's RolloutStarted Event")
+    wait_for(lambda: world.events("RolloutStarted") and world.events("VllmKnobsChanged", kind="Deployment"), 30,
+             "the first operator's RolloutStarted and VllmKnobsChanged Events")
     assert mid_rollout(), "the rollout finished before the kill; minReadySeconds should hold it longer"
     first.kill()
     before = world.status()

@@ -74,6 +74,7 @@ from vllm_autotuner.policy import (
     rollout_unverified,
     rolling_out,
     strategy_seen,
+    with_timed_restart,
 )
 from vllm_autotuner.policy.decision import with_rollout
 from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
@@ -239,7 +240,7 @@ class Reconciler:
         generation = int(body["metadata"].get("generation") or 0)
         now = datetime.fromtimestamp(at, UTC)
         try:
-            state = VllmTuningStatus.model_validate(body.get("status") or {})
+            state = with_timed_restart(VllmTuningStatus.model_validate(body.get("status") or {}))
         except ValidationError as exc:
             return await self._unreadable_status(body, generation, now, exc, write)
         report = Report(key[0], key[1], state, generation, now)

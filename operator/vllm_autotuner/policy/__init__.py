@@ -79,7 +79,10 @@ Rollout lifecycle (the operator calls these when the Deployment tells it):
     ``defaults_resolved(state, knobs, table)`` the args still leave a knob to
     vLLM, whose default for the pods' GPU is now known better;
     ``adopt_generation(state, generation)`` the spec changed (failed configs
-    of older specs may be tried again). A measured regression is found by
+    of older specs may be tried again);
+    ``with_timed_restart(state)`` a status read from the cluster, written by
+    an older version without ``rolloutSeconds``, takes it from its last
+    rollout. A measured regression is found by
     ``decide`` itself, which then returns a Rollback (``regression_measured``).
 
 What it does
@@ -136,6 +139,7 @@ from vllm_autotuner.policy.lifecycle import (
     rollout_succeeded,
     rollout_unverified,
     strategy_seen,
+    with_timed_restart,
 )
 from vllm_autotuner.policy.guardrails import changes_reverted
 from vllm_autotuner.policy.observation import HoldReason, Observation, hold_reason, rolling_out
@@ -163,4 +167,5 @@ __all__ = [
     "last_known_change",
     "adopt_generation",
     "defaults_resolved",
+    "with_timed_restart",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from vllm_autotuner.api import CurrentKnobs, DecisionAction, FailedConfig, Knobs, KnobSource, VllmTuningStatus
-from vllm_autotuner.api.status import FAILED_LIMIT, REVERT_LIMIT, RolloutPhase
+from vllm_autotuner.api.status import FAILED_LIMIT, REVERT_LIMIT, Rollout, RolloutPhase
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.policy.decision import Decision, with_history, with_rollout
 from vllm_autotuner.policy.observation import rolling_out
@@ -87,9 +87,28 @@ def rollout_succeeded(state: VllmTuningStatus, now: datetime) -> VllmTuningStatu
     rollout = state.last_rollout.model_copy(update={"phase": RolloutPhase.SUCCEEDED, "finished_at": utc_timestamp(now)})
     current = _written(state, rollout.to_knobs, rollout.source, now)
     update: dict[str, object] = {"last_rollout": rollout, "current": current}
-    if rollout.source != KnobSource.ROLLBACK and rollout.unverified_at is None:
-        update["rollout_seconds"] = (now - datetime.fromisoformat(rollout.started_at)).total_seconds()
+    if (took := timed_restart(rollout)) is not None:
+        update["rollout_seconds"] = took
     return state.model_copy(update=update)
+
+
+def timed_restart(rollout: Rollout) -> float | None:
+    """How long ``rollout`` took, when it timed a rolling restart of running pods: a change of ours that
+    succeeded, not a rollback nor a config written at zero replicas (``rollout_succeeded``); None otherwise."""
+    if (rollout.phase != RolloutPhase.SUCCEEDED or rollout.finished_at is None or rollout.source == KnobSource.ROLLBACK
+            or rollout.unverified_at is not None):
+        return None
+    return (datetime.fromisoformat(rollout.finished_at) - datetime.fromisoformat(rollout.started_at)).total_seconds()
+
+
+def with_timed_restart(state: VllmTuningStatus) -> VllmTuningStatus:
+    """A status from before ``rolloutSeconds`` (chart 0.5.11 and older) takes it from its last rollout, as this
+    version would have recorded it: after an upgrade, the freeze lead and pre-roll follow the restarts measured
+    before it, not their 5-minute default."""
+    if state.rollout_seconds is not None or state.last_rollout is None:
+        return state
+    took = timed_restart(state.last_rollout)
+    return state if took is None else state.model_copy(update={"rollout_seconds": took})
 
 
 def _written(state: VllmTuningStatus, knobs: Knobs, source: KnobSource, now: datetime) -> CurrentKnobs:

@@ -7,7 +7,13 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from vllm_autotuner.api import KnobSource, Schedule, VllmTuningStatus
-from vllm_autotuner.policy import manual_change_detected, rollout_blocked, rollout_succeeded, rollout_unverified
+from vllm_autotuner.policy import (
+    manual_change_detected,
+    rollout_blocked,
+    rollout_succeeded,
+    rollout_unverified,
+    with_timed_restart,
+)
 from vllm_autotuner.policy.decision import with_rollout
 from vllm_autotuner.policy.guardrails import DAY_SECONDS, restart_seconds
 from vllm_autotuner.policy.schedule import (
@@ -137,6 +143,18 @@ def test_a_rollback_or_a_superseded_rollout_leaves_the_lead_to_the_last_rolling_
         utc(2024, 5, 1, 10, 5),
     )
     assert rollout_lead_seconds(superseded) == 1500
+
+
+def test_a_status_from_before_rollout_seconds_takes_it_from_its_last_rollout():
+    # as an older version wrote it: the timed rollout, without rolloutSeconds
+    older = rolled(status(), utc(2024, 5, 1, 8), 20).model_copy(update={"rollout_seconds": None})
+    assert rollout_lead_seconds(older) == 300  # read as it is, the lead would fall to its default
+    assert rollout_lead_seconds(with_timed_restart(older)) == 1500
+    blocked = rollout_blocked(
+        with_rollout(older, utc(2024, 5, 1, 10), knobs(8192, 512), KnobSource.TRAFFIC, "r"),
+        utc(2024, 5, 1, 10, 10), "0/6 nodes are available: Insufficient nvidia.com/gpu")
+    rolled_back = rollout_succeeded(blocked.state, utc(2024, 5, 1, 10, 10, 30))
+    assert with_timed_restart(rolled_back).rollout_seconds is None  # a rollback timed no restart
 
 
 def test_overlaps_go_to_priority_then_list_order():

@@ -252,11 +252,19 @@ class Reconciler:
         else:
             problems = spec_problems(spec)
         if spec is None or problems:
-            message = "; ".join(problems) + ". Fix the spec; nothing is changed until then."
+            message = "; ".join(problems) + (". Fix the spec; nothing is changed until then (a rollout of the "
+                                             "operator's own in progress is still seen through: rolled back if it fails).")
             if not report.has(ConditionType.READY, False, "InvalidSpec"):
                 report.event(events.INVALID_SPEC, message, warning=True)
             report.condition(ConditionType.READY, False, "InvalidSpec", message)
-            await self._finish(body, report, None, started, write)
+            if spec is not None and awaiting_verdict(report.state):
+                # what admission cannot check is wrong (a time zone, a cron), the rest of the spec is read: the
+                # rollout the last spec started is still ours to judge, and to roll back if its pods crash-loop
+                try:
+                    await self._follow(spec, report)
+                except TargetProblem as problem:
+                    log.info("not following the rollout of %s/%s: %s", report.namespace, report.name, problem)
+            await self._finish(body, report, spec, started, write)
             return report
         report.state = adopt_generation(report.state, generation)
         try:
@@ -302,14 +310,19 @@ class Reconciler:
                 log.warning("reporting the unreadable status of %s/%s failed: %s", namespace, name, failed.reason)
         return report
 
+    async def _follow(self, spec: VllmTuningSpec, report: Report) -> Target:
+        """Read the target, adopt it if new, and follow our rollout in progress (or notice someone else's change)."""
+        target = await self._target(report.namespace, spec)
+        report.state = self._adopt_target(report, target)
+        await self._track_rollout(spec, target, report)
+        return target
+
     async def _evaluate(self, spec: VllmTuningSpec, report: Report) -> None:
         namespace = report.namespace
         overridden = self.settings.recommend_only and spec.mode == Mode.AUTO
         if overridden:  # the operator-wide dry run: Auto acts as Recommend (a rollback of our change still runs)
             spec = spec.model_copy(update={"mode": Mode.RECOMMEND})
-        target = await self._target(namespace, spec)
-        report.state = self._adopt_target(report, target)
-        await self._track_rollout(spec, target, report)
+        target = await self._follow(spec, report)
         if target.paused:
             name = spec.target_ref.name
             raise TargetProblem(events.TARGET_PAUSED,

@@ -298,12 +298,9 @@ class Reconciler:
         ready = next((c for c in (body.get("status") or {}).get("conditions") or []
                       if isinstance(c, dict) and c.get("type") == ConditionType.READY), {})
         if write and ready.get("reason") != events.STATUS_UNREADABLE:
-            log.warning("%s: %s", events.STATUS_UNREADABLE, message,
-                        extra={"namespace": namespace, "tuning": name, "reason": events.STATUS_UNREADABLE})
+            report.event(events.STATUS_UNREADABLE, message, warning=True)
+            await self._send_events(meta, report, None)
             try:
-                tuning = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
-                await self._call(self.kube.create_event, events.event_body(
-                    tuning, events.STATUS_UNREADABLE, message, events.WARNING, now))
                 conditions = report.state.model_dump(by_alias=True, mode="json")["conditions"]
                 await self._call(self.kube.patch_tuning_status, namespace, name, {"conditions": conditions})
             except ApiException as failed:
@@ -737,22 +734,10 @@ class Reconciler:
             return
         deployment = self.cache.deployment(namespace, spec.target_ref.name) if spec else None
         self._record_slot((namespace, name), report)  # also after evaluations that stopped early
-        for reason, message, type_ in report.events + report.target_events:
-            # what the Events say goes to the log too: the one record that outlives their TTL
-            log.log(logging.WARNING if type_ == events.WARNING else logging.INFO, "%s: %s", reason, message,
-                    extra={"namespace": namespace, "tuning": name, "reason": reason})
         # Events before the status: whoever sees a condition in the status finds its Event too, and
         # an operator stopped between the two writes sends an Event twice rather than never (whether
         # to send one is judged from the status).
-        try:
-            tuning = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
-            for reason, message, type_ in report.events:
-                await self._call(self.kube.create_event, events.event_body(tuning, reason, message, type_, report.now))
-            for reason, message, type_ in report.target_events if deployment else ():
-                involved = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": deployment["metadata"]}
-                await self._call(self.kube.create_event, events.event_body(involved, reason, message, type_, report.now))
-        except ApiException as exc:
-            log.warning("sending the Events of %s/%s failed: %s", namespace, name, exc.reason)
+        await self._send_events(meta, report, deployment)
         try:
             if _pruned(status) != _pruned(body.get("status") or {}):
                 await self._call(self.kube.patch_tuning_status, namespace, name, status)
@@ -763,6 +748,24 @@ class Reconciler:
                 # tuning would be evaluated, and act, for as long as the operator runs.
                 self.cache.on_tuning_event("DELETED", body)
         self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
+
+    async def _send_events(self, meta: dict[str, Any], report: Report, deployment: dict[str, Any] | None) -> None:
+        """Log the report's Events, then send them: on the VllmTuning, and on ``deployment`` (when known) those
+        about the target."""
+        namespace, name = meta["namespace"], meta["name"]
+        for reason, message, type_ in report.events + report.target_events:
+            # what the Events say goes to the log too: the one record that outlives their TTL
+            log.log(logging.WARNING if type_ == events.WARNING else logging.INFO, "%s: %s", reason, message,
+                    extra={"namespace": namespace, "tuning": name, "reason": reason})
+        try:
+            tuning = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
+            for reason, message, type_ in report.events:
+                await self._call(self.kube.create_event, events.event_body(tuning, reason, message, type_, report.now))
+            for reason, message, type_ in report.target_events if deployment else ():
+                involved = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": deployment["metadata"]}
+                await self._call(self.kube.create_event, events.event_body(involved, reason, message, type_, report.now))
+        except ApiException as exc:
+            log.warning("sending the Events of %s/%s failed: %s", namespace, name, exc.reason)
 
 
 def _validation_problems(exc: ValidationError) -> list[str]:

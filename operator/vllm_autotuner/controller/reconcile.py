@@ -551,14 +551,20 @@ class Reconciler:
             else:
                 decision = rollout_failed(state, report.now, judged.message, report.generation)
                 reason, message = events.ROLLOUT_FAILED, f"{rollout.to_knobs} failed: {judged.message}"
-            self._rollout_finished(report, judged.progress.value)
+            # judged so before, and the rollback could not be written then: said once, counted once
+            again = bool(rollout.message)
+            if not again:
+                self._rollout_finished(report, judged.progress.value)
+                report.event(reason, message, warning=True)
             report.state = decision.state
             report.condition(ConditionType.DEGRADED, True, reason, message)
-            report.event(reason, message, warning=True)
             if decision.changes:
                 # our own rollout failed or is stuck: put the previous config back whatever the mode is now (if
-                # that patch fails, the rollout stays in progress and is judged again at the next evaluation)
-                await self._patch(target, decision, report, state, during_rollout=True)
+                # that patch fails, the rollout stays in progress, with its verdict, and is judged again and
+                # the rollback retried at the next evaluation)
+                judged_state = state.model_copy(update={"last_rollout": rollout.model_copy(
+                    update={"message": message})})
+                await self._patch(target, decision, report, judged_state, during_rollout=True, again=again)
 
     @staticmethod
     def _withheld_condition(report: Report, reason: str, message: str | None, cleared: str) -> None:
@@ -596,13 +602,15 @@ class Reconciler:
         return state.model_copy(update={"last_rollout": rollout})
 
     async def _patch(self, target: Target, decision: Decision, report: Report, before: VllmTuningStatus,
-                     during_rollout: bool) -> None:
+                     during_rollout: bool, again: bool = False) -> None:
         """Patch the target to the decision's knobs.
 
         ``report.state`` is the decision's state (a rollout in progress) with this
         evaluation's conditions; it stands when the patch does. ``before`` is the
         status the decision was made from: without a patch there is no rollout,
         so the status goes back to it, keeping the recommendation and the conditions.
+        ``again``: a rollback retried after its patch failed; a failure that goes
+        on is logged, its Warning Event went out the first time.
         """
         assert decision.knobs is not None and decision.source is not None
         rollback = decision.action == DecisionAction.ROLLBACK
@@ -615,8 +623,13 @@ class Reconciler:
             report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
                                                      "conditions": report.state.conditions})
             detail = getattr(exc, "reason", None) or str(exc)
-            report.event(events.PATCH_FAILED, f"not applying {decision.knobs}: {detail}",
-                         warning=not isinstance(exc, RolloutBusy))
+            if again:
+                log.warning("%s again: not applying %s: %s", events.PATCH_FAILED, decision.knobs, detail,
+                            extra={"namespace": report.namespace, "tuning": report.name,
+                                   "reason": events.PATCH_FAILED})
+            else:
+                report.event(events.PATCH_FAILED, f"not applying {decision.knobs}: {detail}",
+                             warning=not isinstance(exc, RolloutBusy))
             return
         report.state = self._with_generation(report.state, patched)
         report.event(events.ROLLED_BACK if rollback else events.ROLLOUT_STARTED, f"{decision.knobs}: {decision.reason}")

@@ -20,6 +20,7 @@ import copy
 from datetime import datetime, timedelta
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
 from tests.unit.policy.helpers import T0, knobs, spec, status
 
 from vllm_autotuner.api import ConditionType, Knobs, KnobSource, RolloutPhase, VllmTuningStatus
@@ -96,7 +97,8 @@ class Kube:
         return {"metadata": {"generation": 99}}
 
 
-def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, kube: Kube | None = None) -> Report:
+def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, kube: Kube | None = None,
+          metrics: OperatorMetrics | None = None) -> Report:
     """One evaluation's look at the target, by an operator that knows only ``state``."""
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     engine = EngineArgs.from_container(container)
@@ -107,7 +109,7 @@ def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, ku
                     replicasets=[])
     report = Report("default", TUNING, state, 1, now)
     reconciler = Reconciler(kube=kube, cache=None, observations=None,  # type: ignore[arg-type]
-                            metrics=OperatorMetrics(), settings=OperatorSettings())
+                            metrics=metrics or OperatorMetrics(), settings=OperatorSettings())
     asyncio.run(reconciler._track_rollout(SPEC, target, report))
     return report
 
@@ -375,3 +377,45 @@ def test_a_blocked_rollback_stands():
     rollout = report.state.last_rollout
     assert rollout is not None and (rollout.to_knobs, rollout.phase) == (A, RolloutPhase.FAILED)
     assert report.state.current is not None and report.state.current.knobs == A
+
+
+class RefusingKube(Kube):
+    """The API calls of ``Kube``, with the rollback's patch refused ``refusals`` times (an admission webhook
+    down, the operator's Role edited) before one is let through."""
+
+    def __init__(self, pods: list[dict[str, Any]], refusals: int) -> None:
+        super().__init__(pods)
+        self.refusals = refusals
+
+    def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        if self.refusals:
+            self.refusals -= 1
+            raise ApiException(status=500, reason="Internal error: failed calling webhook")
+        return super().patch_deployment(namespace, name, patch)
+
+
+def test_a_rollback_that_cannot_be_written_is_retried_and_the_failure_said_once():
+    state, written = unverified_at_zero()
+    up = T0 + timedelta(hours=3)
+    kube = RefusingKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], refusals=2)
+    pods = scaled(written, 1, 1, 0)
+    metrics = OperatorMetrics()
+    reports = []
+    for minute in (2, 3, 4):
+        reports.append(track(state, pods, up + timedelta(minutes=minute), kube, metrics))
+        state = reports[-1].state
+
+    first, second, third = ([reason for reason, _, _ in r.events] for r in reports)
+    assert first == [events.ROLLOUT_FAILED, events.PATCH_FAILED]
+    assert second == []  # the same verdict, the same refusal: not a Warning a minute
+    assert third == [events.ROLLED_BACK]
+    for report in reports[:2]:  # until the rollback is written, the rollout waits for it, failed
+        rollout = report.state.last_rollout
+        assert rollout is not None and rollout.to_knobs == B and awaiting_verdict(report.state)
+        assert report.has(ConditionType.DEGRADED, True, events.ROLLOUT_FAILED)
+    rollout = state.last_rollout
+    assert rollout is not None and (rollout.to_knobs, rollout.source) == (A, KnobSource.ROLLBACK)
+    assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in state.failed_configs] == [(4096, 512)]
+    assert len(kube.patches) == 1
+    failed = metrics.rollouts.labels("default", TUNING, "Failed")._value.get()
+    assert failed == 1  # one failed rollout, judged three times

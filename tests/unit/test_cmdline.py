@@ -97,6 +97,16 @@ def test_boolean_flags_do_not_swallow_the_next_flag():
     assert EngineArgs.from_container({"args": ["--no-enable-chunked-prefill"]}).chunked_prefill is False
 
 
+def test_a_boolean_flags_true_or_false_after_a_space_is_its_value():
+    # older vLLM (StoreBoolean, nargs='?') took `--enable-chunked-prefill False`; with chunked prefill off, a
+    # budget under max-model-len fails at start-up, so reading it as on would let the operator write one
+    c = {"args": ["--enable-chunked-prefill", "False", "--max-model-len", "8192", "--max-num-seqs", "4"]}
+    args = EngineArgs.from_container(c)
+    assert args.chunked_prefill is False and args.max_model_len == 8192 and args.max_num_seqs == 4
+    shell = CommandLine.parse({"command": ["sh", "-c", "vllm serve M --enable-chunked-prefill true --max-num-seqs 8"]})
+    assert (shell.get_bool("enable-chunked-prefill"), shell.get_int("max-num-seqs"), shell.model()) == (True, 8, "M")
+
+
 def test_one_dash_aliases_are_read_as_their_flags_and_take_no_other_flags_value():
     cmd = CommandLine.parse({"command": ["vllm", "serve", "M", "-tp", "2", "-dp=4", "--max-num-seqs", "8"]})
     assert (cmd.get_int("tensor-parallel-size"), cmd.get_int("data-parallel-size"), cmd.get_int("max-num-seqs")) == (

@@ -354,7 +354,10 @@ class CommandLine:
                 continue
             if eq:
                 found.append(Flag(name, inline, word, None, spelling))
-            elif self._takes_value(name) and i + 1 < end and self._is_value(self.words[i + 1]):
+            elif i + 1 < end and self._is_value(self.words[i + 1]) and (
+                    self._takes_value(name) or self.words[i + 1].text.lower() in ("true", "false")):
+                # a boolean flag's True/False after a space: older vLLM's `--enable-chunked-prefill False`
+                # (argparse nargs='?' with vLLM's StoreBoolean action)
                 found.append(Flag(name, self.words[i + 1].text, word, self.words[i + 1], spelling))
                 i += 1
             else:

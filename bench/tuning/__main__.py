@@ -8,9 +8,9 @@ scenario as a static run, and the adaptive run; then, once the grid has
 picked phase_oracle's configs, the hindsight run (``bench.tuning.hindsight``).
 Progress is printed as runs finish. A static run does not depend on the
 decision core, so its result is kept in ``.cache/bench-tuning/``, keyed by
-the scenario, the config and the source of the simulator, of the
+the scenario, the config and the code of the simulator, of the
 benchmark's fleet and runner and of the rule that scores a request against
-the ITL target: a rerun after a policy change simulates only the adaptive
+the ITL target (comments and docstrings aside): a rerun after a policy change simulates only the adaptive
 and hindsight runs (``--no-cache`` to simulate and keep nothing). Outputs
 (``--out``, default ``bench/results``, ``bench/results/quick`` for the quick
 run): ``tuning.json``, ``tuning.md`` and one
@@ -20,11 +20,13 @@ run): ``tuning.json``, ``tuning.md`` and one
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import inspect
 import os
 import pickle
 import sys
+import textwrap
 import time
 from collections.abc import Iterator, Sequence
 from multiprocessing import Pool
@@ -72,13 +74,25 @@ _SOURCES = (engine, metricstate, profiles, startup, workload, capacity, quantile
 _SCORING = (slow_gaps_allowed,)
 
 
+def _code(source: str) -> bytes:
+    """What ``source`` runs: its syntax tree without comments and docstrings (string statements, which run as
+    nothing), so that a change of wording does not throw away hours of simulation."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            node.body = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                                                 and isinstance(s.value.value, str))]
+    return ast.dump(tree).encode()
+
+
 def _cache_key(scenario: BenchScenario, knobs: Knobs) -> str:
     """What a static run's result depends on: the scenario, the config, and the code that simulates it."""
     digest = hashlib.sha256(repr((scenario, knobs)).encode())
     for module in _SOURCES:
-        digest.update(Path(module.__file__).read_bytes())
+        digest.update(_code(Path(module.__file__).read_text()))
     for function in _SCORING:
-        digest.update(inspect.getsource(function).encode())
+        digest.update(_code(textwrap.dedent(inspect.getsource(function))))
     return digest.hexdigest()[:32]
 
 

@@ -29,7 +29,6 @@ from vllm_autotuner.policy import (
     rollout_succeeded,
 )
 from vllm_autotuner.policy.model import slow_gaps_allowed
-from vllm_autotuner.policy.schedule import window_in_force
 from vllm_autotuner.sim.profiles import get_profile
 from vllm_autotuner.sim.startup import check_startup, default_knobs
 
@@ -99,13 +98,12 @@ def itl_targets(spec: VllmTuningSpec) -> tuple[float, ...]:
 def slo_in_force(spec: VllmTuningSpec, arrival: np.ndarray) -> tuple[list[SLO], np.ndarray]:
     """The SLOs of the scenario, and which of them was in force when each request arrived (schedule windows
     without pre-roll)."""
-    schedules = [s.model_copy(update={"pre_roll": "0s"}) for s in spec.schedules]
+    unrolled = spec.model_copy(update={"schedules": [s.model_copy(update={"pre_roll": "0s"}) for s in spec.schedules]})
     minutes = int(math.ceil((arrival.max() if len(arrival) else 0) / 60)) + 1
     slos: list[SLO] = []
     which = np.empty(minutes, np.int64)
     for minute in range(minutes):
-        window, _ = window_in_force(schedules, VllmTuningStatus(), START + timedelta(minutes=minute))
-        slo = window.schedule.slo if window and window.schedule.slo else spec.slo
+        slo = effective_slo(unrolled, VllmTuningStatus(), START + timedelta(minutes=minute))
         if slo not in slos:
             slos.append(slo)
         which[minute] = slos.index(slo)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.tuning import calibration, scenarios
-from bench.tuning.__main__ import run
+from bench.tuning.__main__ import _code, run
 from bench.tuning.hindsight import plan, run_hindsight
 from bench.tuning.report import POLICIES
 from bench.tuning.runner import default_config, run_static
@@ -114,3 +114,10 @@ def test_calibration_sets_the_model_against_the_simulator_at_the_load_it_ran(tmp
     assert json.loads((tmp_path / "calibration.json").read_text()) == document
     text = (tmp_path / "calibration.md").read_text()
     assert "| llama3-8b-a100 chat | 85% | 2048/256 |" in text and "| llama3-8b-a100 chat | 85% | 512 |" in text
+
+
+def test_the_static_run_cache_is_keyed_on_code_not_on_its_wording():
+    source = 'def f(x):\n    """Twice x."""\n    return 2 * x  # doubled\n'
+    assert _code(source) == _code('def f(x):\n    # reworded\n    """x, twice."""\n    return 2 * x\n')
+    assert _code(source) != _code('def f(x):\n    """Twice x."""\n    return 3 * x\n')
+    assert _code(source) != _code('def f(x, cap=None):\n    """Twice x."""\n    return 2 * x\n')

@@ -159,14 +159,6 @@ def windows_in_force(
     return sorted(found, key=lambda window: -window.schedule.priority), errors  # stable: list order on a tie
 
 
-def window_in_force(
-    schedules: Sequence[Schedule], state: VllmTuningStatus, now: datetime
-) -> tuple[ActiveWindow | None, list[str]]:
-    """The window in force at ``now`` (the first of ``windows_in_force``), and one error per unreadable schedule."""
-    found, errors = windows_in_force(schedules, state, now)
-    return (found[0] if found else None), errors
-
-
 def preset_in_force(windows: Sequence[ActiveWindow], now: datetime) -> ActiveWindow | None:
     """The window whose preset is in force, of ``windows_in_force``'s: the window in force when it has one; under
     one that only overrides the SLO or bounds, the first preset window open beneath it.

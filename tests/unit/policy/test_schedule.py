@@ -22,7 +22,6 @@ from vllm_autotuner.policy.schedule import (
     rollout_lead_seconds,
     scheduled_rollouts,
     window_at,
-    window_in_force,
     windows_in_force,
 )
 
@@ -101,9 +100,9 @@ def test_new_york_fall_back_ambiguous_start_fires_once():
 def test_pre_roll_puts_the_window_in_force_before_it_opens():
     window = sched("0 22 * * *", "0 6 * * *", "UTC", pre_roll="10m")
     state = VllmTuningStatus()
-    found, _ = window_in_force([window], state, utc(2024, 5, 1, 21, 50))
-    assert found is not None and not found.is_open(utc(2024, 5, 1, 21, 50)) and found.start == utc(2024, 5, 1, 22)
-    assert window_in_force([window], state, utc(2024, 5, 1, 21, 49))[0] is None
+    (found,), _ = windows_in_force([window], state, utc(2024, 5, 1, 21, 50))
+    assert not found.is_open(utc(2024, 5, 1, 21, 50)) and found.start == utc(2024, 5, 1, 22)
+    assert windows_in_force([window], state, utc(2024, 5, 1, 21, 49))[0] == []
 
 
 def rolled(state, start, minutes, source=KnobSource.TRAFFIC):
@@ -163,16 +162,16 @@ def test_overlaps_go_to_priority_then_list_order():
     twin = sched("0 22 * * *", "0 6 * * *", name="twin", priority=5)
     state = VllmTuningStatus()
     at = utc(2024, 5, 1, 23)
-    assert window_in_force([wide, narrow, twin], state, at)[0].schedule.name == "narrow"
-    assert window_in_force([wide, twin, narrow], state, at)[0].schedule.name == "twin"
-    assert window_in_force([wide, narrow], state, utc(2024, 5, 1, 21))[0].schedule.name == "wide"
+    assert windows_in_force([wide, narrow, twin], state, at)[0][0].schedule.name == "narrow"
+    assert windows_in_force([wide, twin, narrow], state, at)[0][0].schedule.name == "twin"
+    assert windows_in_force([wide, narrow], state, utc(2024, 5, 1, 21))[0][0].schedule.name == "wide"
 
 
 def test_unreadable_schedules_are_reported_and_skipped():
     bad_cron = sched("0 25 * * *", "0 6 * * *", name="badcron")
     bad_zone = sched("0 22 * * *", "0 6 * * *", "Mars/Olympus_Mons", name="badzone")
     good = sched("0 22 * * *", "0 6 * * *", name="good")
-    found, errors = window_in_force([bad_cron, bad_zone, good], VllmTuningStatus(), utc(2024, 5, 1, 23))
+    (found,), errors = windows_in_force([bad_cron, bad_zone, good], VllmTuningStatus(), utc(2024, 5, 1, 23))
     assert found.schedule.name == "good"
     assert len(errors) == 2 and "badcron" in errors[0] and "Bad hour" in errors[0] and "IANA" in errors[1]
 
@@ -225,13 +224,13 @@ def test_a_window_in_force_in_its_pre_roll_stays_in_force_when_the_pre_roll_shri
     # the preset's own rollout took 80 s: the pre-roll is now 140 s, not the 300 s it was entered in
     moment = utc(2024, 5, 1, 21, 56, 30)
     fresh = rolled(status(), utc(2024, 5, 1, 21, 55), 80 / 60, KnobSource.SCHEDULE)
-    assert window_in_force([window], fresh, moment)[0] is None
+    assert windows_in_force([window], fresh, moment)[0] == []
     entered = fresh.model_copy(update={"active_schedule": "w", "active_schedule_start": "2024-05-01T22:00:00Z"})
-    found, _ = window_in_force([window], entered, moment)
-    assert found is not None and found.start == utc(2024, 5, 1, 22) and found.end == utc(2024, 5, 2, 6)
+    (found,), _ = windows_in_force([window], entered, moment)
+    assert found.start == utc(2024, 5, 1, 22) and found.end == utc(2024, 5, 2, 6)
     # an opening already past (the window closed since) extends nothing
     stale = entered.model_copy(update={"active_schedule_start": "2024-04-30T22:00:00Z"})
-    assert window_in_force([window], stale, moment)[0] is None
+    assert windows_in_force([window], stale, moment)[0] == []
 
 
 def test_a_window_with_bounds_keeps_budget_for_its_opening_and_one_with_an_slo_none():

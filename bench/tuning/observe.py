@@ -11,14 +11,17 @@ grid.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 
 import numpy as np
 
 from vllm_autotuner.api import SLO
 from vllm_autotuner.observe.quantile import histogram_fraction_below, histogram_quantile
+from vllm_autotuner.observe.queries import completed_requests
 from vllm_autotuner.policy import Observation
 from vllm_autotuner.sim.metricstate import HistogramSnapshot
+from vllm_autotuner.sim.metrics import finished_by_reason
 
 from bench.tuning.fleet import SCRAPE_LAG_SECONDS, Fleet
 
@@ -40,6 +43,7 @@ def observe(fleet: Fleet, start: float, end: float, slo: SLO, t0: datetime) -> O
         return histogram_fraction_below(target, h.bounds, h.cumulative) if h.count else None
 
     config = next(iter(window.knobs)) if len(window.knobs) == 1 else None
+    finished = finished_by_reason(counters)  # as the fleet exports vllm:request_success_total
     budget = None if config is None else float(config.max_num_batched_tokens)  # capped as ``observe_target`` does
     return Observation(
         window_start=t0 + timedelta(seconds=start),
@@ -49,8 +53,8 @@ def observe(fleet: Fleet, start: float, end: float, slo: SLO, t0: datetime) -> O
         rollout_in_progress=fleet.rollout_started is not None,
         data_age_seconds=SCRAPE_LAG_SECONDS,
         slo=slo,
-        requests=counters["request_success"],
-        request_rate=counters["request_success"] / seconds,
+        requests=completed_requests(finished),  # the operator's sample count: not aborted or failed
+        request_rate=math.fsum(finished.values()) / seconds,
         prompt_tokens_rate=counters["prompt_tokens"] / seconds,
         generation_tokens_rate=counters["generation_tokens"] / seconds,
         ttft_seconds=window.quantile("vllm:time_to_first_token_seconds", slo.ttft.quantile),

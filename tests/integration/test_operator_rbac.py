@@ -54,7 +54,7 @@ WATCHED_NAMESPACE = {
     ("apps", "replicasets", "get"),  # Kube.read_replicaset: the pod template a rollback puts back
     ("apps", "replicasets", "list"),  # kopf's index of ReplicaSets: a Deployment's current pods
     ("apps", "replicasets", "watch"),
-    ("", "pods", "list"),  # Kube.list_pods: rollout progress, the node a vLLM pod runs on
+    ("", "pods", "list"),  # Kube.list_pods: rollout progress, the node a vLLM pod runs on, pods by name
     ("", "events", "create"),  # Kube.create_event
 }
 EVERYWHERE = {("", "nodes", "get")}  # Kube.node_labels: GPU labels; cluster-scoped

@@ -4,12 +4,35 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_autotuner.observe.queries import FAMILY, Selector, family_query, pod_prefix_matchers, quote
+from vllm_autotuner.observe.queries import (
+    FAMILIES,
+    FAMILY,
+    PodMatch,
+    Selector,
+    completed_requests,
+    family_query,
+    pod_prefix_matchers,
+    quote,
+)
 
 
 def test_batched_counter_groups_by_namespace_and_pod_with_user_matchers():
+    q = family_query(FAMILY["prompt_tokens"], Selector(matchers=(("cluster", "prod"),)), 300)
+    assert q == '(sum by (namespace, pod) (rate(vllm:prompt_tokens_total{cluster="prod"}[300s])))'
+
+
+def test_requests_are_grouped_by_finished_reason_in_the_same_query():
+    # the load counts every finished request, the sample count the completed ones: one query answers both
     q = family_query(FAMILY["requests"], Selector(matchers=(("cluster", "prod"),)), 300)
-    assert q == '(sum by (namespace, pod) (rate(vllm:request_success_total{cluster="prod"}[300s])))'
+    assert q == '(sum by (namespace, pod, finished_reason) (rate(vllm:request_success_total{cluster="prod"}[300s])))'
+    assert len(FAMILIES) == 22  # the query count per period the README and bench/results/scale.md state
+
+
+def test_aborted_and_failed_requests_are_no_samples():
+    # vLLM's finished reasons (vllm/v1/engine FINISH_REASON_STRINGS); abort and error end without a whole request
+    rates = {"stop": 1.0, "length": 2.0, "abort": 4.0, "error": 8.0, "repetition": 16.0}
+    assert completed_requests(rates) == 19.0
+    assert completed_requests({"": 3.0}) == 3.0  # a label relabelled away: counted, as before reasons were told apart
 
 
 def test_batched_histogram_keeps_le_and_falls_back_to_the_old_name():
@@ -22,10 +45,10 @@ def test_batched_histogram_keeps_le_and_falls_back_to_the_old_name():
 
 def test_per_target_query_filters_to_the_current_replicaset():
     selector = Selector()
-    extra = pod_prefix_matchers(selector, "llm", ("llama-7d9f8c.v2-",))
+    extra = pod_prefix_matchers(selector, "llm", PodMatch(("llama-7d9f8c.v2-",)))
     q = family_query(FAMILY["kv_usage"], selector, 300, extra)
     assert q.startswith(
-        '(sum by (namespace, pod) (avg_over_time(vllm:kv_cache_usage_perc{namespace="llm",pod=~"(llama-7d9f8c\\\\.v2-).*"}[300s])))'
+        '(sum by (namespace, pod) (avg_over_time(vllm:kv_cache_usage_perc{namespace="llm",pod=~"(llama-7d9f8c\\\\.v2-.*)"}[300s])))'
     )
     assert " or (sum by (namespace, pod) (avg_over_time(vllm:gpu_cache_usage_perc{" in q
 
@@ -47,8 +70,8 @@ def test_server_start_is_the_newest_created_gauge_or_a_series_begun_less_than_tw
         ' or (min by (namespace, pod) (min_over_time(timestamp(vllm:num_requests_running{cluster="prod"})[600s:10s]))'
         " > time() - 590)"
     )
-    extra = pod_prefix_matchers(selector, "llm", ("llama-abc-",))
-    pods = '{cluster="prod",namespace="llm",pod=~"(llama-abc-).*"}'
+    extra = pod_prefix_matchers(selector, "llm", PodMatch(("llama-abc-",)))
+    pods = '{cluster="prod",namespace="llm",pod=~"(llama-abc-.*)"}'
     assert family_query(FAMILY["started"], selector, 300, extra) == (
         f"(max by (namespace, pod) (vllm:prompt_tokens_created{pods}))"
         f" or (min by (namespace, pod) (min_over_time(timestamp(vllm:num_requests_running{pods})[600s:10s]))"
@@ -58,5 +81,13 @@ def test_server_start_is_the_newest_created_gauge_or_a_series_begun_less_than_tw
 
 
 def test_per_target_query_during_a_rollout_takes_every_replicaset():
-    extra = pod_prefix_matchers(Selector(), "llm", ("llama-abc-", "llama-def-"))
-    assert extra == (("namespace", "=", "llm"), ("pod", "=~", "(llama-abc-|llama-def-).*"))
+    extra = pod_prefix_matchers(Selector(), "llm", PodMatch(("llama-abc-", "llama-def-")))
+    assert extra == (("namespace", "=", "llm"), ("pod", "=~", "(llama-abc-.*|llama-def-.*)"))
+
+
+def test_per_target_query_names_pods_exactly_where_their_prefix_is_ambiguous():
+    # Prometheus anchors a regex at both ends: an exact name matches that pod alone, a prefix needs its `.*`
+    match = PodMatch(prefixes=("llama.v2-7d9f8c-",), names=("llama.v3-x2x4q", "llama.v3-k9j2w"))
+    extra = pod_prefix_matchers(Selector(), "llm", match)
+    assert extra == (("namespace", "=", "llm"),
+                     ("pod", "=~", "(llama\\.v3-x2x4q|llama\\.v3-k9j2w|llama\\.v2-7d9f8c-.*)"))

@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from vllm_autotuner.api import SLO, Knobs, LatencyTarget
-from vllm_autotuner.observe.window import WindowData, observe_target
+from vllm_autotuner.observe.queries import PodMatch
+from vllm_autotuner.observe.window import WindowData, observe_target, target_pods
 
 SLO_ = SLO(ttft=LatencyTarget(quantile=0.9, seconds=0.5), itl=LatencyTarget(quantile=0.9, seconds=0.05))
 KNOBS = Knobs(max_num_batched_tokens=2048, max_num_seqs=64)
@@ -19,6 +20,7 @@ def window(pods=(A, B)) -> WindowData:
     data = WindowData(at=1000.0, window_seconds=100.0)
     per_pod = {
         "requests": 2.0,
+        "completed": 2.0,
         "prompt_tokens": 1000.0,
         "generation_tokens": 500.0,
         "preemptions": 0.0,
@@ -46,7 +48,7 @@ def window(pods=(A, B)) -> WindowData:
 
 
 def test_sums_rates_and_averages_gauges_over_the_current_pods_only():
-    obs, why = observe_target(window(), "llm", ("llama-abc-",), 2, KNOBS, SLO_, False)
+    obs, why = observe_target(window(), "llm", PodMatch(("llama-abc-",)), 2, KNOBS, SLO_, False)
     assert why is None and obs is not None
     assert obs.pods == 2
     assert obs.request_rate == 4.0 and obs.requests == 400.0  # two pods, not three
@@ -82,45 +84,68 @@ def test_step_tokens_quantile_is_at_most_the_budget_and_the_budget_past_the_last
     data = window()
     data.buckets["step_tokens"] = {pod: steps_of(tokens) for pod in (A, B)}
     knobs = Knobs(max_num_batched_tokens=budget, max_num_seqs=64)
-    obs, _ = observe_target(data, "llm", ("llama-abc-",), 2, knobs, SLO_, False)
+    obs, _ = observe_target(data, "llm", PodMatch(("llama-abc-",)), 2, knobs, SLO_, False)
     assert obs is not None and obs.step_tokens_quantile == pytest.approx(expected)
 
 
 def test_without_a_config_the_step_tokens_quantile_is_prometheus_s():
     data = window()
     data.buckets["step_tokens"] = {pod: steps_of(32768) for pod in (A, B)}
-    obs, _ = observe_target(data, "llm", ("llama-abc-",), 2, None, SLO_, False)
+    obs, _ = observe_target(data, "llm", PodMatch(("llama-abc-",)), 2, None, SLO_, False)
     assert obs is not None and obs.step_tokens_quantile == 16384.0
 
 
 def test_missing_pods_or_partial_data_is_not_an_observation():
-    obs, why = observe_target(window(), "llm", ("mistral-",), 1, KNOBS, SLO_, False)
+    obs, why = observe_target(window(), "llm", PodMatch(("mistral-",)), 1, KNOBS, SLO_, False)
     assert obs is None and "no vLLM series" in why
-    obs, why = observe_target(window(pods=(A,)), "llm", ("llama-abc-",), 2, KNOBS, SLO_, False)
+    obs, why = observe_target(window(pods=(A,)), "llm", PodMatch(("llama-abc-",)), 2, KNOBS, SLO_, False)
     assert obs is None and "only 1 of 2 Ready pods" in why
 
 
 def test_a_family_missing_for_one_pod_is_none_not_zero():
     data = window()
     del data.values["preemptions"][B]
-    obs, _ = observe_target(data, "llm", ("llama-abc-",), 2, KNOBS, SLO_, False)
+    obs, _ = observe_target(data, "llm", PodMatch(("llama-abc-",)), 2, KNOBS, SLO_, False)
     assert obs is not None and obs.preemption_rate is None
 
 
 def test_started_at_is_the_newest_server_start_among_the_current_pods():
     data = window()
     data.values["started"] = {A: 700.0, B: 905.0, OTHER: 990.0}  # the other ReplicaSet's pod does not count
-    obs, _ = observe_target(data, "llm", ("llama-abc-",), 2, KNOBS, SLO_, False)
+    obs, _ = observe_target(data, "llm", PodMatch(("llama-abc-",)), 2, KNOBS, SLO_, False)
     assert obs is not None and obs.started_at == datetime.fromtimestamp(905.0, UTC)
 
 
 def test_started_at_is_none_without_created_series():
-    obs, _ = observe_target(window(), "llm", ("llama-abc-",), 2, KNOBS, SLO_, False)
+    obs, _ = observe_target(window(), "llm", PodMatch(("llama-abc-",)), 2, KNOBS, SLO_, False)
     assert obs is not None and obs.started_at is None
 
 
 def test_during_our_rollout_the_window_takes_every_replicaset_with_what_reports():
     data = window(pods=(A,))  # one new pod reports so far; the old ReplicaSet's pod still serves
-    obs, why = observe_target(data, "llm", ("llama-abc-", "llama-old-"), 0, None, SLO_, True)
+    obs, why = observe_target(data, "llm", PodMatch(("llama-abc-", "llama-old-")), 0, None, SLO_, True)
     assert why is None and obs is not None
     assert obs.pods == 2 and obs.request_rate == 4.0 and obs.rollout_in_progress and obs.config is None
+
+
+def test_pods_named_exactly_are_taken_alone_where_a_cut_prefix_would_take_other_revisions_and_deployments():
+    # A 57-character Deployment name: every pod of it, of any revision, and of Deployment `<name>-canary` is named
+    # `<name>-xxxxx` (the generateName is cut to 58 characters); only the current revision's pods by name are its own
+    name = "llama-3-1-70b-instruct-chat-production-europe-west4-green"
+    current, old, canary = (("llm", f"{name}-{s}") for s in ("x2x4q", "b7m5z", "c4n1y"))
+    data = window(pods=(current, old, canary))
+    match = PodMatch(names=(current[1],))
+    assert target_pods(data, "llm", match) == [current]
+    obs, why = observe_target(data, "llm", match, 1, KNOBS, SLO_, False)
+    assert why is None and obs is not None and obs.pods == 1 and obs.request_rate == 2.0
+    # names and prefixes together: a rollout from a ReplicaSet named in full to one whose name is cut
+    assert target_pods(data, "llm", PodMatch(("llama-old-",), (current[1],))) == sorted([current, OTHER])
+
+
+def test_the_hold_without_series_names_the_pods_looked_for():
+    match = PodMatch(("llama-new-",), ("llama-x2x4q", "llama-k9j2w"))
+    obs, why = observe_target(window(), "llm", match, 1, KNOBS, SLO_, False)
+    assert obs is None
+    assert why.startswith("no vLLM series for pods llama-x2x4q, llama-k9j2w, llama-new-* in namespace llm")
+    _, why = observe_target(window(), "llm", PodMatch(), 0, None, SLO_, True)
+    assert why.startswith("no vLLM series for pods (none listed) in namespace llm")

@@ -50,7 +50,7 @@ from vllm_autotuner.controller.kube import Kube, label_selector
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.knobs import CommandLineError, EngineArgs, Hardware, find_vllm_container, vllm_defaults
 from vllm_autotuner.observe.client import Connection, PrometheusError
-from vllm_autotuner.observe.queries import Selector, pod_prefix_matchers
+from vllm_autotuner.observe.queries import PodMatch, Selector, pod_prefix_matchers
 from vllm_autotuner.observe.service import ObservationService
 from vllm_autotuner.observe.window import observe_target
 from vllm_autotuner.policy import (
@@ -77,6 +77,7 @@ from vllm_autotuner.policy import (
     with_timed_restart,
 )
 from vllm_autotuner.policy.decision import with_rollout
+from vllm_autotuner.policy.observation import stale_after
 from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
 from vllm_autotuner.rollout.patch import unrecorded_write, written_reason
 from vllm_autotuner.rollout.progress import (
@@ -139,15 +140,6 @@ class Target:
     defaults_table: str | None
     replicaset: dict[str, Any] | None
     replicasets: list[dict[str, Any]]  # every one the Deployment owns, the current one included
-
-    @property
-    def pod_prefix(self) -> str | None:
-        return pod_prefix(self.replicaset["metadata"]["name"]) if self.replicaset else None
-
-    @property
-    def pod_prefixes(self) -> tuple[str, ...]:
-        """What the names of all the Deployment's pods begin with, old revisions' included."""
-        return tuple(sorted(pod_prefix(rs["metadata"]["name"]) for rs in self.replicasets))
 
     @property
     def paused(self) -> bool:
@@ -695,14 +687,20 @@ class Reconciler:
         prom = spec.prometheus
         selector = Selector(matchers=tuple(sorted(prom.label_matchers.items())),
                             namespace_label=prom.namespace_label, pod_label=prom.pod_label)
-        if target.pod_prefix is None:
+        if target.replicaset is None:
             report.condition(ConditionType.METRICS_AVAILABLE, False, HoldReason.NO_DATA,
                              "the Deployment has no current ReplicaSet yet")
             return None
         window = duration_seconds(spec.traffic.window)
         restart = ours or _reaches_into_rollout(report.state, report.now, window)
-        prefixes = target.pod_prefixes if restart else (target.pod_prefix,)
-        extra = pod_prefix_matchers(selector, namespace, prefixes) if self.settings.naive_queries else ()
+        try:
+            pods = await self._pods(target, restart)
+        except ApiException as exc:
+            report.condition(ConditionType.METRICS_AVAILABLE, False, HoldReason.NO_DATA,
+                             f"the pods of Deployment {namespace}/{spec.target_ref.name} are unreadable "
+                             f"({exc.reason}); holding")
+            return None
+        extra = pod_prefix_matchers(selector, namespace, pods) if self.settings.naive_queries else ()
         try:
             data = await self.observations.window(connection, selector, window, report.now.timestamp(), extra)
         except PrometheusError as exc:
@@ -712,8 +710,9 @@ class Reconciler:
             report.condition(ConditionType.METRICS_AVAILABLE, False, exc.kind, f"{exc}; holding")
             return None
         slo = effective_slo(spec, report.state, report.now)
-        observation, why = observe_target(data, namespace, prefixes, 0 if restart else target.ready_pods,
-                                          None if restart else target.knobs, slo, rolling or ours)
+        observation, why = observe_target(data, namespace, pods, 0 if restart else target.ready_pods,
+                                          None if restart else target.knobs, slo, rolling or ours,
+                                          stale_after_seconds=stale_after(spec))
         if observation is None:
             report.condition(ConditionType.METRICS_AVAILABLE, False, HoldReason.NO_DATA, f"{why}; holding")
         else:
@@ -721,6 +720,36 @@ class Reconciler:
                               f"{observation.pods} pods, {observation.requests or 0:.0f} requests in the last "
                               f"{spec.traffic.window}")
         return observation
+
+    async def _pods(self, target: Target, restart: bool) -> PodMatch:
+        """The pods whose series are the tuning's: the current ReplicaSet's, or (``restart``) those of every
+        ReplicaSet the Deployment owns, old revisions' included.
+
+        A ReplicaSet's pods are matched by their names' prefix, its name and '-', at no API call, unless that
+        is longer than the apiserver keeps of a generateName (``pod_prefix``; a Deployment name of 47 characters
+        or more, by the hash's length): the cut prefix, short of (part of) the pod-template hash, would take the
+        Deployment's other revisions too (series under other configs) and other Deployments whose names begin
+        the same (``<name>-canary``). The pods of such ReplicaSets are listed, by the Deployment's selector (one
+        call, whatever the revisions), and matched by their exact names, those whose ownerReferences name one of
+        them. That sees only the pods that exist now: one already deleted (an old revision's, gone in the
+        rolling restart; one replaced in the window) is not counted, though its series reach into the window,
+        rather than counting other configs' or other Deployments' pods.
+        """
+        prefixes: list[str] = []
+        cut: set[str] = set()  # uids of the ReplicaSets whose pods are matched by name
+        for rs in target.replicasets if restart else [target.replicaset]:
+            name = rs["metadata"]["name"]
+            if pod_prefix(name) == f"{name}-":
+                prefixes.append(f"{name}-")
+            else:
+                cut.add(rs["metadata"]["uid"])
+        if not cut:
+            return PodMatch(tuple(sorted(prefixes)))
+        listed = await self._call(self.kube.list_pods, target.deployment["metadata"]["namespace"],
+                                  label_selector(target.deployment["spec"]["selector"]))
+        names = [pod["metadata"]["name"] for pod in listed
+                 if cut & {ref.get("uid") for ref in pod["metadata"].get("ownerReferences") or []}]
+        return PodMatch(tuple(sorted(prefixes)), tuple(sorted(names)))
 
     # --- report ---------------------------------------------------------------------------------
 

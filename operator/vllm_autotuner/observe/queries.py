@@ -4,7 +4,8 @@ Two ways to ask, one vocabulary:
 
 * **batched** (what the operator runs): one query per family for *all*
   tunings that share a Prometheus, label set and window, grouped by
-  namespace and pod (and ``le`` for histograms). Each tuning then keeps the
+  namespace and pod (and ``le`` for histograms; ``finished_reason`` for the
+  requests, whose completed ones are the sample count). Each tuning then keeps the
   rows of its own current pods. The query count is independent of the number
   of tunings; quantiles are computed from the summed bucket rates with
   Prometheus's own algorithm (``observe.quantile``).
@@ -20,7 +21,9 @@ the same query, so a restart is seen without one more query per period.
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -36,19 +39,45 @@ class Kind(StrEnum):
     FIRST_SEEN = "first_seen"  # gauge: timestamp of the first sample, if the series began under two windows ago
 
 
+#: ``finished_reason`` values of ``vllm:request_success_total`` that are not a completed request: "abort" (one the
+#: engine aborted: vLLM V1 counts no request whose client went away, its output processor drops it unrecorded) and
+#: "error" (a request-level internal error, answered 500). Either may have no first token and has a cut e2e.
+UNFINISHED_REASONS = frozenset({"abort", "error"})
+
+
+def completed_requests(by_reason: Mapping[str, float]) -> float:
+    """Of requests counted by ``finished_reason``, those that completed (``stop``, ``length``, ``repetition``):
+    the sample count the decision core asks a minimum of. A reason not named (a label dropped by relabelling)
+    counts, as every request did before the reasons were told apart."""
+    return math.fsum(n for reason, n in by_reason.items() if reason not in UNFINISHED_REASONS)
+
+
+@dataclass(frozen=True)
+class Part:
+    """A second answer from one RATE family's query: its rows grouped by ``label`` too, the family's key gets
+    their sum over every value of ``label`` and ``key`` what ``of`` makes of a pod's rates by value."""
+
+    key: str
+    label: str
+    of: Callable[[Mapping[str, float]], float]
+
+
 @dataclass(frozen=True)
 class Family:
     """One thing to fetch: a key the aggregation uses, how to aggregate, metric names newest first, then
-    other ways to the same answer for the pods those leave without one."""
+    other ways to the same answer for the pods those leave without one, and a part of it with a key of its own."""
 
     key: str
     kind: Kind
     metrics: tuple[str, ...]
     fallback: tuple[tuple[Kind, str], ...] = ()
+    part: Part | None = None
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("requests", Kind.RATE, ("vllm:request_success_total",)),
+    # every finished request (the load) and, in the same query, the completed ones (the sample count)
+    Family("requests", Kind.RATE, ("vllm:request_success_total",),
+           part=Part("completed", "finished_reason", completed_requests)),
     Family("prompt_tokens", Kind.RATE, ("vllm:prompt_tokens_total",)),
     Family("generation_tokens", Kind.RATE, ("vllm:generation_tokens_total",)),
     Family("preemptions", Kind.RATE, ("vllm:num_preemptions_total",)),
@@ -133,16 +162,42 @@ def _expr(kind: Kind, metric: str, labels: str, window: float, by: str) -> str:
 Matcher = tuple[str, str, str]  # (label, operator, value)
 
 
-def pod_prefix_matchers(selector: Selector, namespace: str, pod_prefixes: tuple[str, ...]) -> tuple[Matcher, ...]:
-    """Matchers for one tuning's pods (each of ``pod_prefixes`` is a ReplicaSet's name plus '-')."""
-    alternatives = "|".join(prefix.replace(".", "\\.") for prefix in pod_prefixes)  # DNS labels: only '.' is special
-    pod_regex = f"({alternatives}).*"
-    return ((selector.namespace_label, "=", namespace), (selector.pod_label, "=~", pod_regex))
+@dataclass(frozen=True)
+class PodMatch:
+    """Which pods are one tuning's: those whose names begin with one of ``prefixes`` (a ReplicaSet's name and '-',
+    which its pods' generated names begin with) and those in ``names``, the exact names of the pods of a
+    ReplicaSet whose name is too long for that: the apiserver cuts a generateName, and the cut prefix would also
+    hold the Deployment's other revisions and other Deployments whose names begin the same."""
+
+    prefixes: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
+
+    def matches(self, pod: str) -> bool:
+        return pod in self.names or pod.startswith(self.prefixes)
+
+    def __str__(self) -> str:
+        """What was looked for, for the messages: ``name, prefix*``."""
+        return ", ".join((*self.names, *(f"{prefix}*" for prefix in self.prefixes))) or "(none listed)"
+
+    @property
+    def regex(self) -> str:
+        """The same pods as a Prometheus regex (anchored at both ends by Prometheus); in DNS names only '.' is
+        special."""
+        def escaped(name: str) -> str:
+            return name.replace(".", "\\.")
+
+        alternatives = [*map(escaped, self.names), *(f"{escaped(prefix)}.*" for prefix in self.prefixes)]
+        return "(" + "|".join(alternatives) + ")"
+
+
+def pod_prefix_matchers(selector: Selector, namespace: str, pods: PodMatch) -> tuple[Matcher, ...]:
+    """Matchers for one tuning's ``pods``, in its namespace."""
+    return ((selector.namespace_label, "=", namespace), (selector.pod_label, "=~", pods.regex))
 
 
 def family_query(family: Family, selector: Selector, window_seconds: float,
                  extra: tuple[Matcher, ...] = ()) -> str:
-    """One family, grouped by namespace and pod (and ``le`` for histograms).
+    """One family, grouped by namespace and pod (and ``le`` for histograms, a part's label for a family with one).
 
     Without ``extra`` matchers this is the batched query that serves every
     tuning at once; with a tuning's namespace and pod matchers it is the
@@ -151,6 +206,8 @@ def family_query(family: Family, selector: Selector, window_seconds: float,
     by = f"{selector.namespace_label}, {selector.pod_label}"
     if family.kind is Kind.BUCKETS:
         by += ", le"
+    if family.part is not None:
+        by += f", {family.part.label}"
     matchers = [f"{k}={quote(v)}" for k, v in selector.matchers] + [f"{k}{op}{quote(v)}" for k, op, v in extra]
     labels = _braces(matchers)
     terms = [(family.kind, m) for m in family.metrics] + list(family.fallback)

@@ -3,14 +3,20 @@
 ``fetch_window`` runs the family queries for one (Prometheus, selector,
 window, time) key and keeps the answers per pod; ``observe_target`` sums a
 tuning's pods out of that (its current ReplicaSet's; during its own
-rollout, every ReplicaSet's) and turns them into the decision core's
-``Observation``. The live operator calls ``fetch_window`` once per key for
-all its tunings (optionally with a tuning's own pod matchers, the naive
-baseline), so what reaches ``decide`` does not depend on how it was asked.
+rollout, every ReplicaSet's; by name prefix, or by exact name where a
+long name leaves the prefix ambiguous: ``queries.PodMatch``) and turns
+them into the decision core's ``Observation``. The live operator calls
+``fetch_window`` once per key for all its tunings (optionally with a
+tuning's own pod matchers, the naive baseline), so what reaches ``decide``
+does not depend on how it was asked.
 
 Missing data stays missing: a family without rows for the target's pods
 is None in the Observation, never zero, and ``observe_target`` refuses
-partial windows (fewer pods with data than Ready replicas) outright.
+partial windows (fewer pods with data than Ready replicas, counting only
+pods whose newest sample is within the decision core's staleness limit)
+outright. The sample count is the completed requests (``finished_reason``
+other than abort and error: ``queries.completed_requests``); the request
+rate, the load, counts every finished request.
 The newest server start among the target's pods (their ``_created`` gauges
 or, without them, the first sample of a series that began at most a window
 before the window: ``queries``) goes into the Observation as is; whether a
@@ -32,7 +38,7 @@ from datetime import UTC, datetime
 from vllm_autotuner.api import SLO, Knobs
 from vllm_autotuner.observe.client import PrometheusClient
 from vllm_autotuner.observe.quantile import histogram_fraction_below, histogram_quantile
-from vllm_autotuner.observe.queries import FAMILIES, Kind, Matcher, Selector, family_query
+from vllm_autotuner.observe.queries import FAMILIES, Kind, Matcher, PodMatch, Selector, family_query
 from vllm_autotuner.policy import Observation
 
 PodKey = tuple[str, str]  # (namespace, pod)
@@ -52,19 +58,25 @@ def fetch_window(client: PrometheusClient, selector: Selector, window_seconds: f
                  extra: tuple[Matcher, ...] = ()) -> WindowData:
     """Run one query per family. Raises ``PrometheusError`` if any query fails (no half windows)."""
     data = WindowData(at=at, window_seconds=window_seconds)
+
+    def pod(labels: dict[str, str]) -> PodKey:
+        return labels.get(selector.namespace_label, ""), labels.get(selector.pod_label, "")
+
     for family in FAMILIES:
         rows = client.query(family_query(family, selector, window_seconds, extra), at)
         if family.kind is Kind.BUCKETS:
             per_pod: dict[PodKey, dict[float, float]] = defaultdict(dict)
             for row in rows:
-                key = (row.labels.get(selector.namespace_label, ""), row.labels.get(selector.pod_label, ""))
-                per_pod[key][float(row.labels.get("le", "nan"))] = row.value
+                per_pod[pod(row.labels)][float(row.labels.get("le", "nan"))] = row.value
             data.buckets[family.key] = dict(per_pod)
+        elif family.part is not None:  # grouped by the part's label too: the family is the sum over it
+            by_value: dict[PodKey, dict[str, float]] = defaultdict(dict)
+            for row in rows:
+                by_value[pod(row.labels)][row.labels.get(family.part.label, "")] = row.value
+            data.values[family.key] = {key: math.fsum(rates.values()) for key, rates in by_value.items()}
+            data.values[family.part.key] = {key: family.part.of(rates) for key, rates in by_value.items()}
         else:
-            data.values[family.key] = {
-                (row.labels.get(selector.namespace_label, ""), row.labels.get(selector.pod_label, "")): row.value
-                for row in rows
-            }
+            data.values[family.key] = {pod(row.labels): row.value for row in rows}
     return data
 
 
@@ -102,37 +114,61 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def target_pods(data: WindowData, namespace: str, pod_prefixes: tuple[str, ...]) -> list[PodKey]:
-    """The pods of one tuning (those of its ReplicaSets, by their names' prefixes) that have data in the window."""
+def _partial(fresh: int, ready_pods: int, stale: dict[PodKey, float], limit: float) -> str:
+    """Why a window with fewer pods reporting than are Ready is refused, and what to look at."""
+    if not stale:
+        return f"only {fresh} of {ready_pods} Ready pods have series in the window: partial data"
+    last = ", ".join(f"{pod} {age:.0f}s ago" for (_, pod), age in sorted(stale.items()))
+    return (f"only {fresh} of {ready_pods} Ready pods reported in the last {limit:.0f}s: partial data; last sample "
+            f"from {last}: for each of those pods that still runs, check its scrape target in Prometheus (up, "
+            f"scrape errors) and the pod itself (its vLLM server's /metrics)")
+
+
+def target_pods(data: WindowData, namespace: str, match: PodMatch) -> list[PodKey]:
+    """The pods of one tuning (those of its ReplicaSets, by their names' prefixes or exact names) that have data
+    in the window."""
     seen = data.values.get("last_seen", {})
-    return sorted(k for k in seen if k[0] == namespace and k[1].startswith(pod_prefixes))
+    return sorted(k for k in seen if k[0] == namespace and match.matches(k[1]))
 
 
 def observe_target(
     data: WindowData,
     namespace: str,
-    pod_prefixes: tuple[str, ...],
+    match: PodMatch,
     ready_pods: int,
     config: Knobs | None,
     slo: SLO,
     rollout_in_progress: bool,
+    *,
+    stale_after_seconds: float = math.inf,
 ) -> tuple[Observation | None, str | None]:
-    """The Observation of one tuning's pods, or (None, why) when there is nothing usable."""
-    pods = target_pods(data, namespace, pod_prefixes)
+    """The Observation of one tuning's pods, or (None, why) when there is nothing usable.
+
+    A pod counts against the ``ready_pods`` only while its newest sample is at most ``stale_after_seconds``
+    old at the window's end (the decision core's limit, ``policy.stale_after``): one whose scrapes stopped
+    minutes ago still has series in the window, and would pass a window without its latest part for complete.
+    A pod deleted in the window (a scale-down, an old revision's in a restart, whose windows pass 0 Ready pods)
+    is no Ready pod any more, so its old samples miss nothing; its series still count in the sums. Without a
+    limit (the default) every pod with series counts, as before the limit was passed in.
+    """
+    pods = target_pods(data, namespace, match)
     if not pods:
-        names = ", ".join(f"{prefix}*" for prefix in pod_prefixes)
-        return None, f"no vLLM series for pods {names} in namespace {namespace}: is Prometheus scraping them?"
-    if len(pods) < ready_pods:
-        return None, f"only {len(pods)} of {ready_pods} Ready pods have series in the window: partial data"
+        return None, f"no vLLM series for pods {match} in namespace {namespace}: is Prometheus scraping them?"
+    ages = {p: max(0.0, data.at - data.values["last_seen"][p]) for p in pods}
+    stale = {p: age for p, age in ages.items() if not age <= stale_after_seconds}
+    if len(pods) - len(stale) < ready_pods:
+        return None, _partial(len(pods) - len(stale), ready_pods, stale, stale_after_seconds)
     n = len(pods)
     v = data.values
     rates = {key: _sum(v.get(key, {}), pods) for key in (
-        "requests", "prompt_tokens", "generation_tokens", "preemptions", "prompt_len_sum", "prompt_len_count",
-        "output_len_sum", "output_len_count", "step_tokens_sum", "steps", "itl_sum", "itl_count",
+        "requests", "completed", "prompt_tokens", "generation_tokens", "preemptions", "prompt_len_sum",
+        "prompt_len_count", "output_len_sum", "output_len_count", "step_tokens_sum", "steps", "itl_sum", "itl_count",
         "running", "waiting", "kv_usage")}
     hist = {key: _summed_histogram(data.buckets.get(key, {}), pods)
             for key in ("ttft", "itl", "e2e", "queue", "step_tokens")}
-    newest = max(v["last_seen"][p] for p in pods)
+    # the data's age: the ready_pods-th freshest pod's (the freshest's where no pod is counted Ready), by when
+    # as many pods as are Ready had all reported; the decision core's staleness rule judges it by the same limit
+    age = sorted(ages.values())[max(ready_pods, 1) - 1]
     started = v.get("started", {})
     starts = [started[p] for p in pods if p in started and math.isfinite(started[p])]
     ttft, itl, steps = hist["ttft"], hist["itl"], hist["step_tokens"]
@@ -144,10 +180,10 @@ def observe_target(
         config=config,
         pods=n,
         rollout_in_progress=rollout_in_progress,
-        data_age_seconds=max(0.0, data.at - newest),
+        data_age_seconds=age,
         started_at=datetime.fromtimestamp(max(starts), UTC) if starts else None,
         slo=slo,
-        requests=None if rates["requests"] is None else rates["requests"] * data.window_seconds,
+        requests=None if rates["completed"] is None else rates["completed"] * data.window_seconds,
         request_rate=rates["requests"],
         prompt_tokens_rate=rates["prompt_tokens"],
         generation_tokens_rate=rates["generation_tokens"],

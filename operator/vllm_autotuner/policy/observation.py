@@ -44,7 +44,10 @@ class Observation:
     rollout_in_progress: bool = False
     """Whether the target Deployment was rolling out (by anyone) during the window."""
     data_age_seconds: float | None = None
-    """Age of the newest sample at window_end: scrape lag, or a target that stopped being scraped."""
+    """Age at window_end of the newest sample of the N-th freshest pod, N the Ready pods (of the freshest pod where
+    none counts as Ready, as in a restart's windows): by when as many pods as are Ready had all reported. Scrape
+    lag, or targets that stopped being scraped; judged by ``stale_after``, the limit by which the observe step
+    counts the pods that report."""
     started_at: datetime | None = None
     """Latest start of a target pod's vLLM server (timezone-aware), from the ``_created`` gauges of its
     counters or, where those are not exported (prometheus-client's multiprocess mode, which vLLM uses with
@@ -54,9 +57,11 @@ class Observation:
     """The quantiles and targets the latency fields were computed for."""
 
     requests: float | None = None
-    """Completed requests in the window (increase of vllm:request_success_total): the sample count."""
+    """Completed requests in the window (increase of vllm:request_success_total, finished_reason stop, length or
+    repetition: not abort or error, which end without a whole request's latencies): the sample count."""
     request_rate: float | None = None
-    """Completed requests per second."""
+    """Finished requests per second, whatever their finished_reason: the load the pods served (aborted ones
+    included, as in vLLM's request histograms the means of prompt and output lengths come from)."""
     prompt_tokens_rate: float | None = None
     """Prefill tokens per second (vllm:prompt_tokens_total)."""
     generation_tokens_rate: float | None = None
@@ -149,7 +154,8 @@ class HoldReason(StrEnum):
 
 
 def stale_after(spec: VllmTuningSpec) -> float:
-    """Seconds after which a window's newest sample is too old to act on: three evaluation intervals, at least 90 s."""
+    """Seconds after which a window's newest sample is too old to act on: three evaluation intervals, at least 90 s.
+    A pod whose newest sample is older does not count as reporting (``observe.window.observe_target``)."""
     return max(3 * duration_seconds(spec.traffic.evaluation_interval), 90.0)
 
 
@@ -184,7 +190,7 @@ def hold_reason(
         return HoldReason.ROLLOUT_IN_PROGRESS, "a rollout of the target is in progress"
     age = (now - observation.window_end).total_seconds() + (observation.data_age_seconds or 0.0)
     if math.isnan(age) or age > stale_after(spec):
-        return HoldReason.STALE, f"newest sample is {age:.0f}s old (limit {stale_after(spec):.0f}s)"
+        return HoldReason.STALE, f"the pods' newest samples are {age:.0f}s old (limit {stale_after(spec):.0f}s)"
     current = state.current
     if current is None:
         return HoldReason.UNKNOWN_CONFIG, "the target's current knobs are not known yet"

@@ -19,7 +19,7 @@ operator's fallback queries can be tested against both generations.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -101,6 +101,15 @@ OLD_NAMES = {
     ),
 }
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
+def finished_by_reason(counters: Mapping[str, float]) -> dict[str, float]:
+    """``vllm:request_success`` by ``finished_reason``: every request the engine finished under ``length`` (it ends
+    one only at its output length), none under the others. A request whose client went away (or gave up waiting for
+    a first token) is aborted unrecorded, under ``abort`` too: vLLM V1's output processor drops an aborted request's
+    state without its finished-request stats; only an abort the engine itself reports is counted there."""
+    return {reason: counters["request_success"] if reason == "length" else 0.0 for reason in FINISHED_REASONS}
+
 
 # vLLM's CacheConfig.metrics_info() labels that do not depend on the engine.
 _CACHE_CONFIG_STATIC = {
@@ -237,7 +246,7 @@ class VllmCollector(Collector):
             "vllm:request_success",
             "Count of successfully processed requests.",
             "finished_reason",
-            {reason: counters["request_success"] if reason == "length" else 0 for reason in FINISHED_REASONS},
+            finished_by_reason(counters),
         )
         rejections = CounterMetricFamily(
             "vllm:admission_rejections",

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from vllm_autotuner.api import SLO, LatencyTarget, Measurement
+from vllm_autotuner.observe.queries import PodMatch
 from vllm_autotuner.observe.window import WindowData, observe_target
 from vllm_autotuner.policy import model
 from vllm_autotuner.policy.model import StepModel, Traffic, fit_step_model, share_within
@@ -230,7 +231,7 @@ def test_full_steps_past_vllms_last_step_bucket_are_full_to_the_model():
     bounds = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, math.inf)
     data.buckets["step_tokens"] = {pod: {float(b): 0.0 if b <= 4096 else 3.0 if b < math.inf else 5.0 for b in bounds}}
     big = knobs(32768, 1024)
-    observation, _ = observe_target(data, "llm", ("llama-abc-",), 1, big, SLO_CHAT, False)
+    observation, _ = observe_target(data, "llm", PodMatch(("llama-abc-",)), 1, big, SLO_CHAT, False)
     assert observation is not None
     measured = measurement(tokens=32768, step_tokens_mean=16700, step_tokens_quantile=observation.step_tokens_quantile)
     t = traffic(measured)

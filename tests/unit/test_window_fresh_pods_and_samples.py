@@ -1,0 +1,89 @@
+"""Which pods count as reporting (fresh by the decision core's staleness limit), and what counts as a sample."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_window import KNOBS, OTHER, SLO_, A, B, window
+from vllm_autotuner.observe.client import Sample
+from vllm_autotuner.observe.queries import PodMatch, Selector
+from vllm_autotuner.observe.window import fetch_window, observe_target
+
+CURRENT = PodMatch(("llama-abc-",))
+LIMIT = 90.0  # ``stale_after`` of a spec with the default 30 s evaluation interval
+GONE = ("llm", "llama-abc-3")
+
+
+def test_a_ready_pod_whose_scrapes_stopped_minutes_ago_makes_the_window_partial():
+    # its series are still in the window (Prometheus answers an instant query up to 5 minutes back), so it counted
+    data = window()
+    data.values["last_seen"][B] = data.at - 300
+    obs, why = observe_target(data, "llm", CURRENT, 2, KNOBS, SLO_, False, stale_after_seconds=LIMIT)
+    assert obs is None
+    assert why.startswith("only 1 of 2 Ready pods reported in the last 90s: partial data; last sample from "
+                          "llama-abc-2 300s ago")
+    assert "scrape target" in why
+    # at the limit a pod still counts: the decision core's rule holds a window only past it
+    data.values["last_seen"][B] = data.at - LIMIT
+    obs, why = observe_target(data, "llm", CURRENT, 2, KNOBS, SLO_, False, stale_after_seconds=LIMIT)
+    assert why is None and obs is not None and obs.data_age_seconds == LIMIT
+
+
+def test_a_pod_gone_in_a_scale_down_does_not_hold_the_window_and_its_requests_still_count():
+    data = window(pods=(A, B, GONE))
+    data.values["last_seen"][GONE] = data.at - 200  # deleted: no Ready pod any more (2 Ready)
+    obs, why = observe_target(data, "llm", CURRENT, 2, KNOBS, SLO_, False, stale_after_seconds=LIMIT)
+    assert why is None and obs is not None
+    assert obs.pods == 3 and obs.request_rate == 6.0
+    assert obs.data_age_seconds == 2.0  # that of the two freshest pods, not of the one gone
+
+
+def test_old_revision_pods_deleted_during_our_restart_do_not_hold_its_windows():
+    data = window(pods=(A,))
+    data.values["last_seen"][OTHER] = data.at - 250  # the old revision's pod, deleted minutes ago
+    both = PodMatch(("llama-abc-", "llama-old-"))
+    obs, why = observe_target(data, "llm", both, 0, None, SLO_, True, stale_after_seconds=LIMIT)
+    assert why is None and obs is not None
+    assert obs.pods == 2 and obs.data_age_seconds == 2.0  # the freshest pod's, as no pod is counted Ready
+
+
+def test_the_data_age_is_that_of_the_last_to_report_of_as_many_pods_as_are_ready():
+    data = window()
+    data.values["last_seen"][B] = data.at - 60
+    obs, _ = observe_target(data, "llm", CURRENT, 2, KNOBS, SLO_, False, stale_after_seconds=LIMIT)
+    assert obs is not None and obs.data_age_seconds == 60.0
+    obs, _ = observe_target(data, "llm", CURRENT, 1, KNOBS, SLO_, False, stale_after_seconds=LIMIT)
+    assert obs is not None and obs.data_age_seconds == 2.0
+
+
+def test_the_sample_count_is_the_completed_requests_and_the_rate_every_finished_one():
+    data = window()
+    data.values["completed"] = {A: 1.5, B: 1.0, OTHER: 2.0}  # the rest aborted or failed
+    obs, _ = observe_target(data, "llm", CURRENT, 2, KNOBS, SLO_, False)
+    assert obs is not None
+    assert obs.request_rate == 4.0  # the load: every finished request
+    assert obs.requests == pytest.approx(250.0)  # 2.5 completed per second over the 100 s window
+
+
+class _Prometheus:
+    """Answers the requests family with one row per finished reason, as vLLM exports them; nothing else."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def query(self, promql: str, at: float) -> list[Sample]:
+        self.asked.append(promql)
+        if "vllm:request_success_total" not in promql:
+            return []
+        rates = {"stop": 0.5, "length": 1.0, "abort": 2.0, "error": 4.0, "repetition": 0.25}
+        return [Sample({"namespace": "llm", "pod": "llama-abc-1", "finished_reason": reason}, rate)
+                for reason, rate in rates.items()]
+
+
+def test_one_query_answers_every_finished_request_and_the_completed_ones():
+    prometheus = _Prometheus()
+    data = fetch_window(prometheus, Selector(), 300, 1000.0)  # type: ignore[arg-type]
+    assert data.values["requests"] == {A: 7.75}
+    assert data.values["completed"] == {A: 1.75}  # stop, length and repetition
+    (asked,) = [q for q in prometheus.asked if "vllm:request_success_total" in q]
+    assert "sum by (namespace, pod, finished_reason)" in asked

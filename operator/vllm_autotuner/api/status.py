@@ -188,7 +188,7 @@ class Rollout(StatusModel):
     progress_mark: int = Field(default=0, ge=0)
     """Pods of the new config created plus those of them available, when the rollout last made progress."""
     message: str = ""
-    """Details, e.g. the vLLM error of a crash-looping pod. While InProgress: the verdict (failed, or blocked) of a rollout whose rollback could not be written yet; the rollback is retried at each evaluation."""
+    """Details, e.g. the vLLM error of a crash-looping pod. While the rollout awaits its verdict: the verdict (`RolloutFailed: ...` or `RolloutBlocked: ...`) of a rollout whose rollback could not be written yet; the rollback is retried at each evaluation."""
     regime: str | None = None
     """Traffic regime the change was made for."""
     baseline_attainment: float | None = Field(default=None, ge=0, le=1)

@@ -521,6 +521,11 @@ class Reconciler:
         judged = rollout_state(target.deployment, generation, pods, target.container.get("name"),
                                (report.now - progressed).total_seconds(),
                                duration_seconds(spec.rollout.progress_deadline))
+        if rollout.message and judged.progress not in (Progress.FAILED, Progress.BLOCKED):
+            # a verdict kept while its rollback could not be written no longer stands: the pods came up, or
+            # start again (a surge pod found its GPU); a verdict from here on is a new one, and said
+            rollout = rollout.model_copy(update={"message": ""})
+            report.state = state = state.model_copy(update={"last_rollout": rollout})
         if judged.progress is Progress.COMPLETE and target.replicas == 0:
             if rollout.phase == RolloutPhase.IN_PROGRESS:  # else it still waits for its first pod
                 report.state = rollout_unverified(state, report.now)
@@ -544,7 +549,8 @@ class Reconciler:
                 decision = rollout_failed(state, report.now, judged.message, report.generation)
                 reason, message = events.ROLLOUT_FAILED, f"{rollout.to_knobs} failed: {judged.message}"
             # judged so before, and the rollback could not be written then: said once, counted once
-            again = bool(rollout.message)
+            verdict = f"{reason}: {message}"
+            again = rollout.message.partition(":")[0] == reason
             if not again:
                 self._rollout_finished(report, judged.progress.value)
                 report.event(reason, message, warning=True)
@@ -552,10 +558,14 @@ class Reconciler:
             report.condition(ConditionType.DEGRADED, True, reason, message)
             if decision.changes:
                 # our own rollout failed or is stuck: put the previous config back whatever the mode is now (if
-                # that patch fails, the rollout stays in progress, with its verdict, and is judged again and
-                # the rollback retried at the next evaluation)
-                judged_state = state.model_copy(update={"last_rollout": rollout.model_copy(
-                    update={"message": message})})
+                # that patch fails, the rollout stays in progress, with its verdict and what the verdict
+                # records, a failed config or the wait after a blocked rollout, and is judged again and the
+                # rollback retried at the next evaluation)
+                judged_state = state.model_copy(update={
+                    "last_rollout": rollout.model_copy(update={"message": verdict}),
+                    "failed_configs": decision.state.failed_configs,
+                    "blocked_at": decision.state.blocked_at,
+                })
                 await self._patch(target, decision, report, judged_state, during_rollout=True, again=again)
 
     @staticmethod

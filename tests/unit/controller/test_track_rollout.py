@@ -419,3 +419,50 @@ def test_a_rollback_that_cannot_be_written_is_retried_and_the_failure_said_once(
     assert len(kube.patches) == 1
     failed = metrics.rollouts.labels("default", TUNING, "Failed")._value.get()
     assert failed == 1  # one failed rollout, judged three times
+
+
+def outcomes(metrics: OperatorMetrics) -> dict[str, float]:
+    return {o: metrics.rollouts.labels("default", TUNING, o)._value.get() for o in ("Blocked", "Failed", "Succeeded")}
+
+
+def test_a_new_verdict_after_a_refused_rollback_is_said_and_recorded():
+    metrics = OperatorMetrics()
+    state, written = surge_stuck(B)
+    blocked = track(state, written, T0 + timedelta(minutes=11),
+                    RefusingKube([unschedulable("llama-7f8b-s1")], refusals=9), metrics)
+    # the GPU frees up before the rollback is let through: the surge pod starts vLLM, which crash-loops
+    crash = crash_looping("ValueError: not enough KV cache", T0 + timedelta(minutes=15))
+    failed = track(blocked.state, written, T0 + timedelta(minutes=16), RefusingKube([crash], refusals=9), metrics)
+
+    assert [reason for reason, _, _ in blocked.events] == [events.ROLLOUT_BLOCKED, events.PATCH_FAILED]
+    assert [reason for reason, _, _ in failed.events] == [events.ROLLOUT_FAILED, events.PATCH_FAILED]
+    assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in failed.state.failed_configs] == [(4096, 512)]
+    assert outcomes(metrics) == {"Blocked": 1, "Failed": 1, "Succeeded": 0}
+
+
+def test_a_failed_config_is_recorded_before_its_rollback_is_written():
+    crash = crash_looping("ValueError: not enough KV cache", T0 + timedelta(minutes=4))
+    state, written = surge_stuck(B)
+    failed = track(state, written, T0 + timedelta(minutes=5), RefusingKube([crash], refusals=1))
+    # the crash-looping pod is replaced by one that finds no GPU: the rollback goes through as a blocked one
+    blocked = track(failed.state, written, T0 + timedelta(minutes=12), RefusingKube([unschedulable("llama-7f8b-s2")], 0))
+
+    assert [reason for reason, _, _ in blocked.events] == [events.ROLLOUT_BLOCKED, events.ROLLED_BACK]
+    for report in (failed, blocked):  # never tried again, whoever puts the old config back
+        assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 512)]
+
+
+def test_a_verdict_whose_rollback_was_refused_ends_when_the_pods_come_up():
+    metrics = OperatorMetrics()
+    state, written = surge_stuck(B)
+    blocked = track(state, written, T0 + timedelta(minutes=11),
+                    RefusingKube([unschedulable("llama-7f8b-s1")], refusals=9), metrics)
+    live = copy.deepcopy(written)
+    live["status"].update({"replicas": 2, "updatedReplicas": 2, "availableReplicas": 2})
+
+    report = track(blocked.state, live, T0 + timedelta(minutes=20), RefusingKube([], refusals=9), metrics)
+
+    rollout = report.state.last_rollout
+    assert rollout is not None and (rollout.to_knobs, rollout.phase, rollout.message) == (
+        B, RolloutPhase.SUCCEEDED, "")
+    assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_SUCCEEDED]

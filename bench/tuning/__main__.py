@@ -34,6 +34,8 @@ from pathlib import Path
 
 from vllm_autotuner.api import Knobs
 from vllm_autotuner.observe import quantile
+from vllm_autotuner.policy import schedule
+from vllm_autotuner.policy.decide import settings_at
 from vllm_autotuner.policy.model import slow_gaps_allowed
 from vllm_autotuner.sim import capacity, engine, metricstate, profiles, startup, workload
 from vllm_autotuner.sim.profiles import get_profile
@@ -67,11 +69,12 @@ def grid(scenario: BenchScenario, tokens: Sequence[int], seqs: Sequence[float]) 
 
 CACHE = Path(".cache/bench-tuning")
 #: The code a static run executes: the simulator's engine and what it is built from, the benchmark's fleet and runner
-#: (the scenario itself, traffic and spec, is in the key by value), and the decision core's rule for a request within
-#: the ITL target, which the runner scores with (the rest of the decision core is not in the key, nor is
-#: ``bench.tuning.observe``: a static run builds no Observation).
-_SOURCES = (engine, metricstate, profiles, startup, workload, capacity, quantile, fleet, runner)
-_SCORING = (slow_gaps_allowed,)
+#: (the scenario itself, traffic and spec, is in the key by value), and the decision core's rules the runner scores
+#: with: a request within the ITL target, and the SLO in force at each minute (a schedule window's, or the spec's).
+#: The rest of the decision core is not in the key, nor is ``bench.tuning.observe``: a static run builds no
+#: Observation.
+_SOURCES = (engine, metricstate, profiles, startup, workload, capacity, quantile, fleet, runner, schedule)
+_SCORING = (slow_gaps_allowed, settings_at)
 
 
 def _code(source: str) -> bytes:

@@ -148,8 +148,9 @@ def observe_target(
     old at the window's end (the decision core's limit, ``policy.stale_after``): one whose scrapes stopped
     minutes ago still has series in the window, and would pass a window without its latest part for complete.
     A pod deleted in the window (a scale-down, an old revision's in a restart, whose windows pass 0 Ready pods)
-    is no Ready pod any more, so its old samples miss nothing; its series still count in the sums. Without a
-    limit (the default) every pod with series counts, as before the limit was passed in.
+    is no Ready pod any more, so it misses nothing; Prometheus marks its series stale once its target is gone,
+    so it is usually no pod of the window either (``last_seen`` is an instant query). Without a limit (the
+    default) every pod with series counts, as before the limit was passed in.
     """
     pods = target_pods(data, namespace, match)
     if not pods:

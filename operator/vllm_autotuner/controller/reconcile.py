@@ -481,14 +481,22 @@ class Reconciler:
                 return
             written = unrecorded_write(target.deployment, template, report.name, last_known_change(state))
             source, reason = written_reason(target.deployment)
-            if written and pending and rollout is not None and template == rollout.rollback_knobs and (
-                    source == KnobSource.ROLLBACK):
-                # our rollout failed and we rolled it back, but that status write was lost: record the failure
-                # again (a config that failed to start is never tried twice) and follow the rollback (its
-                # Events went out before the status write, and this process or the last one counted it)
-                decision = rollout_failed(state, written, reason or "rolled back", report.generation)
+            ours = bool(written) and source == KnobSource.ROLLBACK
+            kept, _, verdict = rollout.message.partition(": ") if pending and rollout is not None else ("", "", "")
+            if pending and rollout is not None and template == rollout.rollback_knobs and (ours or kept):
+                # the rollback of our rollout is in the template: ours, whose status write was lost, or the one a
+                # kept verdict waited for, its write refused, made by someone else (`kubectl rollout undo`).
+                # Record the verdict again (a config that failed to start is never tried twice) and follow the
+                # rollback (the verdict's Events went out before; this process or the last one counted it);
+                # a person who only did what the operator was trying to do made no change to respect.
+                at = written if ours else report.now
+                if kept == events.ROLLOUT_BLOCKED:
+                    decision = rollout_blocked(state, at, verdict)
+                else:
+                    decision = rollout_failed(state, at, verdict or reason or "rolled back", report.generation)
                 report.state = self._with_generation(decision.state, target.deployment)
-                report.condition(ConditionType.DEGRADED, True, "RolloutFailed", f"{rollout.to_knobs} failed: {reason}")
+                report.condition(ConditionType.DEGRADED, True, kept or events.ROLLOUT_FAILED,
+                                 f"{rollout.to_knobs}: {verdict or reason}")
                 return
             if written and not rolling_out(state):
                 # our patch landed but its status write did not (operator restarted in between; an unverified
@@ -549,7 +557,6 @@ class Reconciler:
                 decision = rollout_failed(state, report.now, judged.message, report.generation)
                 reason, message = events.ROLLOUT_FAILED, f"{rollout.to_knobs} failed: {judged.message}"
             # judged so before, and the rollback could not be written then: said once, counted once
-            verdict = f"{reason}: {message}"
             again = rollout.message.partition(":")[0] == reason
             if not again:
                 self._rollout_finished(report, judged.progress.value)
@@ -562,7 +569,7 @@ class Reconciler:
                 # records, a failed config or the wait after a blocked rollout, and is judged again and the
                 # rollback retried at the next evaluation)
                 judged_state = state.model_copy(update={
-                    "last_rollout": rollout.model_copy(update={"message": verdict}),
+                    "last_rollout": rollout.model_copy(update={"message": f"{reason}: {judged.message}"}),
                     "failed_configs": decision.state.failed_configs,
                     "blocked_at": decision.state.blocked_at,
                 })

@@ -466,3 +466,19 @@ def test_a_verdict_whose_rollback_was_refused_ends_when_the_pods_come_up():
     assert rollout is not None and (rollout.to_knobs, rollout.phase, rollout.message) == (
         B, RolloutPhase.SUCCEEDED, "")
     assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_SUCCEEDED]
+
+
+def test_a_persons_undo_of_a_rollout_whose_rollback_was_refused_is_that_rollback():
+    state, written = unverified_at_zero()
+    up = T0 + timedelta(hours=3)
+    pods = scaled(written, 1, 1, 0)
+    kube = RefusingKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], refusals=9)
+    refused = track(state, pods, up + timedelta(minutes=2), kube)
+    # a person does what the operator could not write: kubectl rollout undo, to the revision that ran A
+    report = track(refused.state, undone(pods, scaled(deployment(A), 1, 1, 1)), up + timedelta(minutes=5), kube)
+
+    assert report.events == [] and report.state.reverts == []  # no person's change to respect, nor a revert
+    rollout = report.state.last_rollout
+    assert rollout is not None and (rollout.to_knobs, rollout.source) == (A, KnobSource.ROLLBACK)
+    assert awaiting_verdict(report.state)  # followed to its end like the operator's own rollback
+    assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 512)]

@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from vllm_autotuner.api import GROUP, PLURAL, VERSION
 from vllm_autotuner.controller.metrics import OperatorMetrics
@@ -24,6 +25,16 @@ from vllm_autotuner.controller.metrics import OperatorMetrics
 TIMEOUT = 15.0
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
+
+
+def api_error(exc: ApiException) -> str:
+    """What the apiserver said of a refused call: the HTTP reason and its Status message (an admission policy's or
+    webhook's reason, the fields a validation refused), which says what to do about it."""
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):  # not JSON, or not a Status object
+        message = None
+    return f"{exc.reason}: {message}" if message else str(exc.reason)
 
 
 def label_selector(selector: dict[str, Any]) -> str:
@@ -64,7 +75,7 @@ class Kube:
         self._count("get", "discovery")
         try:
             found = self.custom.get_api_resources(GROUP, VERSION, _request_timeout=TIMEOUT)
-        except client.exceptions.ApiException as exc:
+        except ApiException as exc:
             if exc.status == 404:
                 return False
             raise

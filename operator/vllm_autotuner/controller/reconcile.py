@@ -46,7 +46,7 @@ from vllm_autotuner.api.types import duration_seconds, parse_cron, time_zone, ut
 from vllm_autotuner.controller import events
 from vllm_autotuner.controller.cache import ClusterCache, Key, revision
 from vllm_autotuner.controller.conditions import condition, set_condition
-from vllm_autotuner.controller.kube import Kube, label_selector
+from vllm_autotuner.controller.kube import Kube, api_error, label_selector
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.knobs import CommandLineError, EngineArgs, Hardware, find_vllm_container, vllm_defaults
 from vllm_autotuner.observe.client import Connection, PrometheusError
@@ -631,7 +631,7 @@ class Reconciler:
         except (RolloutBusy, ApiException, CommandLineError) as exc:
             report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
                                                      "conditions": report.state.conditions})
-            detail = getattr(exc, "reason", None) or str(exc)
+            detail = api_error(exc) if isinstance(exc, ApiException) else str(exc)
             if again:
                 log.warning("%s again: not applying %s: %s", events.PATCH_FAILED, decision.knobs, detail,
                             extra={"namespace": report.namespace, "tuning": report.name,

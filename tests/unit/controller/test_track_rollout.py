@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -379,6 +380,9 @@ def test_a_blocked_rollback_stands():
     assert report.state.current is not None and report.state.current.knobs == A
 
 
+REFUSAL = "deployments.apps \"llama\" is forbidden: ValidatingAdmissionPolicy 'freeze' denied request: frozen"
+
+
 class RefusingKube(Kube):
     """The API calls of ``Kube``, with the rollback's patch refused ``refusals`` times (an admission webhook
     down, the operator's Role edited) before one is let through."""
@@ -390,7 +394,9 @@ class RefusingKube(Kube):
     def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         if self.refusals:
             self.refusals -= 1
-            raise ApiException(status=500, reason="Internal error: failed calling webhook")
+            refused = ApiException(status=422, reason="Unprocessable Entity")
+            refused.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Invalid", "message": REFUSAL})
+            raise refused
         return super().patch_deployment(namespace, name, patch)
 
 
@@ -407,6 +413,7 @@ def test_a_rollback_that_cannot_be_written_is_retried_and_the_failure_said_once(
 
     first, second, third = ([reason for reason, _, _ in r.events] for r in reports)
     assert first == [events.ROLLOUT_FAILED, events.PATCH_FAILED]
+    assert reports[0].events[1][1].endswith(f"Unprocessable Entity: {REFUSAL}")  # the why, from the Status
     assert second == []  # the same verdict, the same refusal: not a Warning a minute
     assert third == [events.ROLLED_BACK]
     for report in reports[:2]:  # until the rollback is written, the rollout waits for it, failed

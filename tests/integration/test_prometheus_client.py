@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily
 from tests.support import wait_for
 
 from vllm_autotuner.observe.client import Connection, PrometheusClient
-from vllm_autotuner.observe.queries import PodMatch, Selector, pod_prefix_matchers
+from vllm_autotuner.observe.queries import PodMatch, Selector, pod_matchers
 from vllm_autotuner.observe.window import fetch_window
 from vllm_autotuner.sim import localenv
 
@@ -83,14 +83,14 @@ def test_the_server_start_family_reads_the_created_gauge_batched_and_per_target(
         selector = Selector()
         batched = fetch_window(client, selector, 60, time.time())
         assert batched.values["started"][pod] == pytest.approx(created)  # other tests' pods may be there too
-        extra = pod_prefix_matchers(selector, "llm", PodMatch(("llama-abc-",)))
+        extra = pod_matchers(selector, "llm", PodMatch(("llama-abc-",)))
         per_target = fetch_window(client, selector, 60, time.time(), extra)
         assert per_target.values["started"] == {pod: pytest.approx(created)}
         # by exact names (a Deployment name too long for its pods' prefix): one gone, one a prefix of the pod's
-        extra = pod_prefix_matchers(selector, "llm", PodMatch(names=("llama-abc-x2x4", pod[1], "llama-abc-gone1")))
+        extra = pod_matchers(selector, "llm", PodMatch(names=("llama-abc-x2x4", pod[1], "llama-abc-gone1")))
         by_name = fetch_window(client, selector, 60, time.time(), extra)
         assert by_name.values["started"] == {pod: pytest.approx(created)}
-        extra = pod_prefix_matchers(selector, "llm", PodMatch(names=("llama-abc-x2x4",)))
+        extra = pod_matchers(selector, "llm", PodMatch(names=("llama-abc-x2x4",)))
         assert fetch_window(client, selector, 60, time.time(), extra).values["started"] == {}
     finally:
         localenv.write_targets(prometheus.targets_file, [])

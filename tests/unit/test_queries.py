@@ -11,7 +11,7 @@ from vllm_autotuner.observe.queries import (
     Selector,
     completed_requests,
     family_query,
-    pod_prefix_matchers,
+    pod_matchers,
     quote,
 )
 
@@ -45,7 +45,7 @@ def test_batched_histogram_keeps_le_and_falls_back_to_the_old_name():
 
 def test_per_target_query_filters_to_the_current_replicaset():
     selector = Selector()
-    extra = pod_prefix_matchers(selector, "llm", PodMatch(("llama-7d9f8c.v2-",)))
+    extra = pod_matchers(selector, "llm", PodMatch(("llama-7d9f8c.v2-",)))
     q = family_query(FAMILY["kv_usage"], selector, 300, extra)
     assert q.startswith(
         '(sum by (namespace, pod) (avg_over_time(vllm:kv_cache_usage_perc{namespace="llm",pod=~"(llama-7d9f8c\\\\.v2-.*)"}[300s])))'
@@ -70,7 +70,7 @@ def test_server_start_is_the_newest_created_gauge_or_a_series_begun_less_than_tw
         ' or (min by (namespace, pod) (min_over_time(timestamp(vllm:num_requests_running{cluster="prod"})[600s:10s]))'
         " > time() - 590)"
     )
-    extra = pod_prefix_matchers(selector, "llm", PodMatch(("llama-abc-",)))
+    extra = pod_matchers(selector, "llm", PodMatch(("llama-abc-",)))
     pods = '{cluster="prod",namespace="llm",pod=~"(llama-abc-.*)"}'
     assert family_query(FAMILY["started"], selector, 300, extra) == (
         f"(max by (namespace, pod) (vllm:prompt_tokens_created{pods}))"
@@ -81,13 +81,13 @@ def test_server_start_is_the_newest_created_gauge_or_a_series_begun_less_than_tw
 
 
 def test_per_target_query_during_a_rollout_takes_every_replicaset():
-    extra = pod_prefix_matchers(Selector(), "llm", PodMatch(("llama-abc-", "llama-def-")))
+    extra = pod_matchers(Selector(), "llm", PodMatch(("llama-abc-", "llama-def-")))
     assert extra == (("namespace", "=", "llm"), ("pod", "=~", "(llama-abc-.*|llama-def-.*)"))
 
 
 def test_per_target_query_names_pods_exactly_where_their_prefix_is_ambiguous():
     # Prometheus anchors a regex at both ends: an exact name matches that pod alone, a prefix needs its `.*`
     match = PodMatch(prefixes=("llama.v2-7d9f8c-",), names=("llama.v3-x2x4q", "llama.v3-k9j2w"))
-    extra = pod_prefix_matchers(Selector(), "llm", match)
+    extra = pod_matchers(Selector(), "llm", match)
     assert extra == (("namespace", "=", "llm"),
                      ("pod", "=~", "(llama\\.v3-x2x4q|llama\\.v3-k9j2w|llama\\.v2-7d9f8c-.*)"))

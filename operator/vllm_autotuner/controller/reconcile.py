@@ -50,7 +50,7 @@ from vllm_autotuner.controller.kube import Kube, api_error, label_selector
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.knobs import CommandLineError, EngineArgs, Hardware, find_vllm_container, vllm_defaults
 from vllm_autotuner.observe.client import Connection, PrometheusError
-from vllm_autotuner.observe.queries import PodMatch, Selector, pod_prefix_matchers
+from vllm_autotuner.observe.queries import PodMatch, Selector, pod_matchers
 from vllm_autotuner.observe.service import ObservationService
 from vllm_autotuner.observe.window import observe_target
 from vllm_autotuner.policy import (
@@ -717,7 +717,7 @@ class Reconciler:
                              f"the pods of Deployment {namespace}/{spec.target_ref.name} are unreadable "
                              f"({exc.reason}); holding")
             return None
-        extra = pod_prefix_matchers(selector, namespace, pods) if self.settings.naive_queries else ()
+        extra = pod_matchers(selector, namespace, pods) if self.settings.naive_queries else ()
         try:
             data = await self.observations.window(connection, selector, window, report.now.timestamp(), extra)
         except PrometheusError as exc:

@@ -190,7 +190,7 @@ class PodMatch:
         return "(" + "|".join(alternatives) + ")"
 
 
-def pod_prefix_matchers(selector: Selector, namespace: str, pods: PodMatch) -> tuple[Matcher, ...]:
+def pod_matchers(selector: Selector, namespace: str, pods: PodMatch) -> tuple[Matcher, ...]:
     """Matchers for one tuning's ``pods``, in its namespace."""
     return ((selector.namespace_label, "=", namespace), (selector.pod_label, "=~", pods.regex))
 

@@ -8,10 +8,11 @@ scenario as a static run, and the adaptive run; then, once the grid has
 picked phase_oracle's configs, the hindsight run (``bench.tuning.hindsight``).
 Progress is printed as runs finish. A static run does not depend on the
 decision core, so its result is kept in ``.cache/bench-tuning/``, keyed by
-the scenario, the config and the code of the simulator, of the
-benchmark's fleet and runner and of the rule that scores a request against
-the ITL target (comments and docstrings aside): a rerun after a policy change simulates only the adaptive
-and hindsight runs (``--no-cache`` to simulate and keep nothing). Outputs
+the scenario, the config and the code (comments and docstrings aside) of
+the simulator, of the benchmark's fleet and runner and of the rules it
+scores with (a request within the ITL target, the SLO in force): a rerun
+after a policy change simulates only the adaptive and hindsight runs
+(``--no-cache`` to simulate and keep nothing). Outputs
 (``--out``, default ``bench/results``, ``bench/results/quick`` for the quick
 run): ``tuning.json``, ``tuning.md`` and one
 ``tuning-<scenario>-<profile>.png`` timeline per scenario.

@@ -38,6 +38,7 @@ from vllm_autotuner.api import (
     KnobSource,
     Mode,
     Recommendation,
+    Rollout,
     RolloutPhase,
     VllmTuningSpec,
     VllmTuningStatus,
@@ -482,7 +483,7 @@ class Reconciler:
             written = unrecorded_write(target.deployment, template, report.name, last_known_change(state))
             source, reason = written_reason(target.deployment)
             ours = bool(written) and source == KnobSource.ROLLBACK
-            kept, _, verdict = rollout.message.partition(": ") if pending and rollout is not None else ("", "", "")
+            kept, verdict = _kept_verdict(rollout) if pending else ("", "")
             if pending and rollout is not None and template == rollout.rollback_knobs and (ours or kept):
                 # the rollback of our rollout is in the template: ours, whose status write was lost, or the one a
                 # kept verdict waited for, its write refused, made by someone else (`kubectl rollout undo`).
@@ -557,7 +558,7 @@ class Reconciler:
                 decision = rollout_failed(state, report.now, judged.message, report.generation)
                 reason, message = events.ROLLOUT_FAILED, f"{rollout.to_knobs} failed: {judged.message}"
             # judged so before, and the rollback could not be written then: said once, counted once
-            again = rollout.message.partition(":")[0] == reason
+            again = _kept_verdict(rollout)[0] == reason
             if not again:
                 self._rollout_finished(report, judged.progress.value)
                 report.event(reason, message, warning=True)
@@ -569,7 +570,7 @@ class Reconciler:
                 # records, a failed config or the wait after a blocked rollout, and is judged again and the
                 # rollback retried at the next evaluation)
                 judged_state = state.model_copy(update={
-                    "last_rollout": rollout.model_copy(update={"message": f"{reason}: {judged.message}"}),
+                    "last_rollout": rollout.model_copy(update={"message": f"{reason}: {judged.message}"}),  # kept
                     "failed_configs": decision.state.failed_configs,
                     "blocked_at": decision.state.blocked_at,
                 })
@@ -715,7 +716,7 @@ class Reconciler:
         except ApiException as exc:
             report.condition(ConditionType.METRICS_AVAILABLE, False, HoldReason.NO_DATA,
                              f"the pods of Deployment {namespace}/{spec.target_ref.name} are unreadable "
-                             f"({exc.reason}); holding")
+                             f"({api_error(exc)}); holding")
             return None
         extra = pod_matchers(selector, namespace, pods) if self.settings.naive_queries else ()
         try:
@@ -825,6 +826,16 @@ class Reconciler:
                 await self._call(self.kube.create_event, events.event_body(involved, reason, message, type_, report.now))
         except ApiException as exc:
             log.warning("sending the Events of %s/%s failed: %s", namespace, name, exc.reason)
+
+
+def _kept_verdict(rollout: Rollout | None) -> tuple[str, str]:
+    """The verdict a rollout awaiting its verdict keeps while its rollback cannot be written (its message,
+    ``<reason>: <what went wrong>``): the reason (RolloutFailed, RolloutBlocked) and what went wrong; two empty
+    strings when it keeps none."""
+    if rollout is None or not rollout.message:
+        return "", ""
+    reason, _, message = rollout.message.partition(": ")
+    return reason, message
 
 
 def _validation_problems(exc: ValidationError) -> list[str]:

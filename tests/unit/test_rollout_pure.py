@@ -131,14 +131,26 @@ def test_a_rollback_of_our_change_puts_back_the_replaced_template_exactly():
     assert live["spec"]["template"] != before["spec"]["template"]
 
     later = WRITTEN + timedelta(minutes=10)
-    patch = undo_patch(live, None, replicaset_template(before), a, "512 failed", "chat", later)
+    patch = undo_patch(live, None, replicaset_template(before), a, "512 failed", "chat", later, "RolloutFailed")
 
     assert patch is not None
     undone = merge(live, patch)
     assert undone["spec"]["template"] == before["spec"]["template"]  # the old ReplicaSet's: no new pods
-    # a lost status write of the rollback is still told from a person's undo
+    # a lost status write of the rollback is still told from a person's undo, and says which verdict it followed
     assert unrecorded_write(undone, a, "chat", WRITTEN) == later.replace(microsecond=0)
-    assert written_reason(undone) == ("Rollback", "512 failed")
+    assert written_reason(undone) == ("Rollback", "512 failed", "RolloutFailed")
+
+
+def test_only_the_rollback_of_a_judged_rollout_carries_its_verdict():
+    a, b = Knobs(max_num_batched_tokens=2048, max_num_seqs=64), Knobs(max_num_batched_tokens=512, max_num_seqs=64)
+    before = deployment(["--max-num-batched-tokens", "512", "--max-num-seqs", "64"])
+    back = merge(before, knob_patch(before, None, a, "512 could not start its pods", "chat", "Rollback", WRITTEN,
+                                    "RolloutBlocked"))
+    assert written_reason(back) == ("Rollback", "512 could not start its pods", "RolloutBlocked")
+
+    later = merge(back, knob_patch(back, None, b, "ITL breach", "chat", "Traffic", WRITTEN + timedelta(hours=1)))
+
+    assert written_reason(later) == ("Traffic", "ITL breach", "")  # the next change's stamp leaves none behind
 
 
 def test_a_rollback_puts_back_nothing_but_our_change():

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -481,18 +481,20 @@ class Reconciler:
                 report.state = defaults_resolved(state, template, target.defaults_table)
                 return
             written = unrecorded_write(target.deployment, template, report.name, last_known_change(state))
-            source, reason = written_reason(target.deployment)
+            source, reason, written_verdict = written_reason(target.deployment)
             ours = bool(written) and source == KnobSource.ROLLBACK
             kept, verdict = _kept_verdict(rollout) if pending else ("", "")
             if pending and rollout is not None and template == rollout.rollback_knobs and (ours or kept):
                 # the rollback of our rollout is in the template: ours, whose status write was lost, or the one a
                 # kept verdict waited for, its write refused, made by someone else (`kubectl rollout undo`).
-                # Record the verdict again (a config that failed to start is never tried twice) and follow the
-                # rollback (the verdict's Events went out before; this process or the last one counted it);
-                # a person who only did what the operator was trying to do made no change to respect.
+                # Record the verdict again (a config that failed to start is never tried twice; one whose pods
+                # found no GPU is not blamed, as our rollback's annotations say) and follow the rollback (the
+                # verdict's Events went out before; this process or the last one counted it); a person who only
+                # did what the operator was trying to do made no change to respect.
+                kept = kept or (written_verdict if ours else "")
                 at = written if ours else report.now
                 if kept == events.ROLLOUT_BLOCKED:
-                    decision = rollout_blocked(state, at, verdict)
+                    decision = rollout_blocked(state, at, verdict or reason)
                 else:
                     decision = rollout_failed(state, at, verdict or reason or "rolled back", report.generation)
                 report.state = self._with_generation(decision.state, target.deployment)
@@ -557,9 +559,13 @@ class Reconciler:
             else:
                 decision = rollout_failed(state, report.now, judged.message, report.generation)
                 reason, message = events.ROLLOUT_FAILED, f"{rollout.to_knobs} failed: {judged.message}"
-            # judged so before, and the rollback could not be written then: said once, counted once
+            # judged so before, and the rollback could not be written then: said once, counted once, and the
+            # failed config's record stands as first made (when it failed, and why)
             again = _kept_verdict(rollout)[0] == reason
-            if not again:
+            if again:
+                decision = replace(decision, state=decision.state.model_copy(
+                    update={"failed_configs": state.failed_configs}))
+            else:
                 self._rollout_finished(report, judged.progress.value)
                 report.event(reason, message, warning=True)
             report.state = decision.state
@@ -574,7 +580,8 @@ class Reconciler:
                     "failed_configs": decision.state.failed_configs,
                     "blocked_at": decision.state.blocked_at,
                 })
-                await self._patch(target, decision, report, judged_state, during_rollout=True, again=again)
+                await self._patch(target, decision, report, judged_state, during_rollout=True, again=again,
+                                  verdict=reason)
 
     @staticmethod
     def _withheld_condition(report: Report, reason: str, message: str | None, cleared: str) -> None:
@@ -612,7 +619,7 @@ class Reconciler:
         return state.model_copy(update={"last_rollout": rollout})
 
     async def _patch(self, target: Target, decision: Decision, report: Report, before: VllmTuningStatus,
-                     during_rollout: bool, again: bool = False) -> None:
+                     during_rollout: bool, again: bool = False, verdict: str | None = None) -> None:
         """Patch the target to the decision's knobs.
 
         ``report.state`` is the decision's state (a rollout in progress) with this
@@ -620,7 +627,9 @@ class Reconciler:
         status the decision was made from: without a patch there is no rollout,
         so the status goes back to it, keeping the recommendation and the conditions.
         ``again``: a rollback retried after its patch failed; a failure that goes
-        on is logged, its Warning Event went out the first time.
+        on is logged, its Warning Event went out the first time. ``verdict``: the
+        judgement (RolloutFailed, RolloutBlocked) of the rollout a rollback undoes,
+        annotated with it.
         """
         assert decision.knobs is not None and decision.source is not None
         rollback = decision.action == DecisionAction.ROLLBACK
@@ -628,7 +637,7 @@ class Reconciler:
             previous = await self._replaced_template(target) if rollback else None
             patched = await self._call(apply_knobs, self.kube, target.deployment, target.container.get("name"),
                                        decision.knobs, decision.reason, report.name, str(decision.source),
-                                       report.now, during_rollout, previous)
+                                       report.now, during_rollout, previous, verdict)
         except (RolloutBusy, ApiException, CommandLineError) as exc:
             report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
                                                      "conditions": report.state.conditions})

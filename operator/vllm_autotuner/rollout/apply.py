@@ -36,13 +36,15 @@ class RolloutBusy(Exception):
 
 def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str | None, knobs: Knobs, reason: str,
                 tuning: str, source: str, at: datetime, during_rollout: bool = False,
-                previous: dict[str, Any] | None = None) -> dict[str, Any]:
+                previous: dict[str, Any] | None = None, verdict: str | None = None) -> dict[str, Any]:
     """Patch ``deployment`` (as last seen) to ``knobs`` at ``at``; returns the patched Deployment.
 
     ``during_rollout`` is for rolling back our own failed rollout, which is by
     definition still in progress. ``previous``, for a rollback, is the pod
     template of the ReplicaSet our change replaced: put back exactly when
-    our change is all that differs (``patch.undo_patch``). Raises
+    our change is all that differs (``patch.undo_patch``); ``verdict``, the
+    judgement of the rollout it rolls back (RolloutFailed, RolloutBlocked),
+    is annotated with it (``patch.VERDICT_ANNOTATION``). Raises
     RolloutBusy, CommandLineError (args unreadable) or ApiException.
     """
     namespace, name = deployment["metadata"]["namespace"], deployment["metadata"]["name"]
@@ -51,8 +53,8 @@ def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str 
         if rollout_in_progress(current) and not during_rollout:
             raise RolloutBusy(f"Deployment {namespace}/{name} is already rolling out; not patching")
         try:
-            undo = undo_patch(current, container, previous, knobs, reason, tuning, at) if previous else None
-            patch = undo or knob_patch(current, container, knobs, reason, tuning, source, at)
+            undo = undo_patch(current, container, previous, knobs, reason, tuning, at, verdict) if previous else None
+            patch = undo or knob_patch(current, container, knobs, reason, tuning, source, at, verdict)
             return kube.patch_deployment(namespace, name, patch)
         except ApiException as exc:
             if exc.status != 409 or attempt == ATTEMPTS - 1:

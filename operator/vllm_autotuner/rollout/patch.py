@@ -34,6 +34,10 @@ SOURCE_ANNOTATION = f"{GROUP}/source"
 #: When the operator wrote them (the evaluation's clock, as the status's times are). It lives in the pod template
 #: with the others, so ``kubectl rollout undo`` or a GitOps revert puts back an old time with old knobs.
 WRITTEN_AT_ANNOTATION = f"{GROUP}/written-at"
+#: On the rollback of a rollout judged failed or unable to start its pods, that verdict (RolloutFailed,
+#: RolloutBlocked); absent on other writes. A status write lost after the rollback is recovered from it: a config
+#: whose pods found no GPU is not recorded as failed.
+VERDICT_ANNOTATION = f"{GROUP}/verdict"
 #: Longest reason kept in the annotation; the full text is in status and Events.
 REASON_LIMIT = 512
 
@@ -42,21 +46,24 @@ def knobs_annotation(knobs: Knobs) -> str:
     return f"maxNumBatchedTokens={knobs.max_num_batched_tokens},maxNumSeqs={knobs.max_num_seqs}"
 
 
-_STAMP = (KNOBS_ANNOTATION, REASON_ANNOTATION, TUNING_ANNOTATION, SOURCE_ANNOTATION, WRITTEN_AT_ANNOTATION)
+_STAMP = (KNOBS_ANNOTATION, REASON_ANNOTATION, TUNING_ANNOTATION, SOURCE_ANNOTATION, WRITTEN_AT_ANNOTATION,
+          VERDICT_ANNOTATION)
 #: The fields of the vLLM container a knob change rewrites.
 _COMMAND = ("command", "args")
 #: The label the Deployment controller adds to a ReplicaSet's copy of the pod template.
 TEMPLATE_HASH_LABEL = "pod-template-hash"
 
 
-def _stamp(knobs: Knobs, reason: str, tuning: str, source: str, at: datetime) -> dict[str, str]:
-    """The annotations of a write of ours: which config, why, by whom, when."""
-    return dict(zip(_STAMP, (knobs_annotation(knobs), reason[:REASON_LIMIT], tuning, source, utc_timestamp(at)),
-                    strict=True))
+def _stamp(knobs: Knobs, reason: str, tuning: str, source: str, at: datetime,
+           verdict: str | None) -> dict[str, str | None]:
+    """The annotations of a write of ours: which config, why, by whom, when, and after which verdict (None
+    removes one a write before left)."""
+    return dict(zip(_STAMP, (knobs_annotation(knobs), reason[:REASON_LIMIT], tuning, source, utc_timestamp(at),
+                             verdict), strict=True))
 
 
 def _patch(deployment: dict[str, Any], container: str, command: dict[str, Any], template_annotations: dict[str, Any],
-           annotations: dict[str, str] | None = None) -> dict[str, Any]:
+           annotations: dict[str, str | None] | None = None) -> dict[str, Any]:
     """A strategic-merge patch of the vLLM container's ``command``/``args`` (None deletes one) and of annotations,
     conditional on the resourceVersion read."""
     metadata: dict[str, Any] = {"resourceVersion": deployment["metadata"]["resourceVersion"]}
@@ -67,19 +74,20 @@ def _patch(deployment: dict[str, Any], container: str, command: dict[str, Any], 
 
 
 def knob_patch(deployment: dict[str, Any], container_name: str | None, knobs: Knobs, reason: str, tuning: str,
-               source: str, at: datetime) -> dict[str, Any]:
-    """The strategic-merge patch that sets ``knobs`` on the live ``deployment``, written at ``at``.
+               source: str, at: datetime, verdict: str | None = None) -> dict[str, Any]:
+    """The strategic-merge patch that sets ``knobs`` on the live ``deployment``, written at ``at`` (after
+    ``verdict``, for a rollback of a rollout judged so).
 
     Raises ``knobs.CommandLineError`` when the vLLM container or its flags cannot be read.
     """
     container = find_vllm_container(deployment["spec"]["template"]["spec"], container_name)
     updated = set_knobs(container, knobs)
     command = {key: updated[key] for key in _COMMAND if key in updated}
-    return _patch(deployment, container["name"], command, _stamp(knobs, reason, tuning, source, at))
+    return _patch(deployment, container["name"], command, _stamp(knobs, reason, tuning, source, at, verdict))
 
 
 def undo_patch(deployment: dict[str, Any], container_name: str | None, previous: dict[str, Any], knobs: Knobs,
-               reason: str, tuning: str, at: datetime) -> dict[str, Any] | None:
+               reason: str, tuning: str, at: datetime, verdict: str | None = None) -> dict[str, Any] | None:
     """The patch that rolls ``deployment`` back to ``previous``, a ReplicaSet's pod template that ran ``knobs``,
     exactly (its knob flags and annotations back), stamped on the Deployment's own annotations; None unless the
     live template is ``previous`` with its knobs set by ``knob_patch`` (anything else changed since, by anyone,
@@ -104,7 +112,7 @@ def undo_patch(deployment: dict[str, Any], container_name: str | None, previous:
     command = {key: old.get(key) for key in _COMMAND if key in old or key in new}
     restored = (before.get("metadata") or {}).get("annotations") or {}
     return _patch(deployment, new["name"], command, {key: restored.get(key) for key in _STAMP},
-                  _stamp(knobs, reason, tuning, KnobSource.ROLLBACK, at))
+                  _stamp(knobs, reason, tuning, KnobSource.ROLLBACK, at, verdict))
 
 
 def _without(template: dict[str, Any], field: str, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -164,7 +172,9 @@ def unrecorded_write(deployment: dict[str, Any], knobs: Knobs, tuning: str, afte
     return written_at if written_at is not None and written_at > after else None
 
 
-def written_reason(deployment: dict[str, Any]) -> tuple[str, str]:
-    """(source, reason) the operator annotated its last change with."""
+def written_reason(deployment: dict[str, Any]) -> tuple[str, str, str]:
+    """(source, reason, verdict) the operator annotated its last change with; the verdict is empty but on the
+    rollback of a rollout judged failed or blocked."""
     annotations = _last_stamp(deployment)
-    return annotations.get(SOURCE_ANNOTATION, ""), annotations.get(REASON_ANNOTATION, "")
+    return (annotations.get(SOURCE_ANNOTATION, ""), annotations.get(REASON_ANNOTATION, ""),
+            annotations.get(VERDICT_ANNOTATION) or "")

@@ -23,6 +23,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from tests.unit.policy.helpers import T0, knobs, spec, status
+from tests.unit.test_rollout_pure import merge
 
 from vllm_autotuner.api import ConditionType, Knobs, KnobSource, RolloutPhase, VllmTuningStatus
 from vllm_autotuner.api.types import utc_timestamp
@@ -380,6 +381,23 @@ def test_a_blocked_rollback_stands():
     assert report.state.current is not None and report.state.current.knobs == A
 
 
+def test_the_rollback_of_a_blocked_rollout_whose_status_write_was_lost_does_not_blame_the_config():
+    state, written = surge_stuck(B)
+    kube = Kube([unschedulable("llama-7f8b-s1")])
+    judged = track(state, written, T0 + timedelta(minutes=11), kube)  # the rollback is written...
+    (patch,) = kube.patches
+    back = merge(written, patch)
+    back["metadata"]["generation"] += 1
+
+    report = track(state, back, T0 + timedelta(minutes=12))  # ...and its status write lost: the status before it
+
+    assert report.state.failed_configs == []  # B may be tried again, as the evaluation that judged it said
+    assert report.state.blocked_at == judged.state.blocked_at is not None  # and the wait after it holds
+    rollout = report.state.last_rollout
+    assert rollout is not None and (rollout.to_knobs, rollout.source) == (A, KnobSource.ROLLBACK)
+    assert report.has(ConditionType.DEGRADED, True, events.ROLLOUT_BLOCKED)
+
+
 REFUSAL = "deployments.apps \"llama\" is forbidden: ValidatingAdmissionPolicy 'freeze' denied request: frozen"
 
 
@@ -423,6 +441,7 @@ def test_a_rollback_that_cannot_be_written_is_retried_and_the_failure_said_once(
     rollout = state.last_rollout
     assert rollout is not None and (rollout.to_knobs, rollout.source) == (A, KnobSource.ROLLBACK)
     assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in state.failed_configs] == [(4096, 512)]
+    assert state.failed_configs[0].at == utc_timestamp(up + timedelta(minutes=2))  # when it was found failing
     assert len(kube.patches) == 1
     failed = metrics.rollouts.labels("default", TUNING, "Failed")._value.get()
     assert failed == 1  # one failed rollout, judged three times

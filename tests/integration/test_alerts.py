@@ -69,6 +69,12 @@ CASES = [
          fires("VllmTuningRolloutFailed", "9m"),
          fires("VllmTuningRolloutFailed", "20m", {"namespace": "team-a", "tuning": "chat", "outcome": "Failed"}),
          fires("VllmTuningRolloutFailed", "80m")),
+    # ... and one counted before the series was ever scraped (born at 1) too, for the hour after it
+    case({f'vllm_autotuner_rollouts_total{{{TUNING},outcome="Blocked"}}': "_x10 1x100"},
+         fires("VllmTuningRolloutFailed", "9m"),
+         fires("VllmTuningRolloutFailed", "20m", {"namespace": "team-a", "tuning": "chat", "outcome": "Blocked"}),
+         fires("VllmTuningRolloutFailed", "69m", {"namespace": "team-a", "tuning": "chat", "outcome": "Blocked"}),
+         fires("VllmTuningRolloutFailed", "80m")),
     case({f'vllm_autotuner_decisions_total{{{TUNING},action="Hold",reason="ChangesReverted"}}': "0x10 1x30"},
          fires("VllmTuningChangesReverted", "9m"),
          fires("VllmTuningChangesReverted", "12m", {"namespace": "team-a", "tuning": "chat"})),

@@ -61,7 +61,9 @@ class Evaluator:
                 self.metrics.forget(*key)
                 self.reconciler.slots.forget(key)
         for key in self.cache.tunings:
-            self.due.setdefault(key, math.floor(now))  # a new tuning is evaluated at once
+            if key not in self.due:  # a new tuning is evaluated at once
+                self.due[key] = math.floor(now)
+                self.metrics.watch(*key)
         self.metrics.tunings.set(len(self.cache.tunings))
 
     async def _evaluate(self, key: Key, at: float, limit: asyncio.Semaphore, stop: asyncio.Event) -> None:

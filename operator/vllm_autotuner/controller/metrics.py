@@ -12,6 +12,10 @@ from datetime import datetime
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
+#: The outcomes ``rollouts`` counts (a measured regression's rollback is a decision, counted in ``decisions``).
+ROLLOUT_OUTCOMES = ("Succeeded", "Failed", "Blocked")
+
+
 class OperatorMetrics:
     """All operator metrics, in their own registry (no process-global state)."""
 
@@ -22,7 +26,7 @@ class OperatorMetrics:
             "vllm_autotuner_decisions", "Decisions made, by outcome (Hold, Change, Rollback) and hold reason.",
             ["namespace", "tuning", "action", "reason"], registry=r)
         self.rollouts = Counter(
-            "vllm_autotuner_rollouts", "Rollouts finished, by outcome (Succeeded, Failed, Blocked, RolledBack).",
+            "vllm_autotuner_rollouts", "Rollouts finished, by outcome (Succeeded, Failed, Blocked).",
             ["namespace", "tuning", "outcome"], registry=r)
         self.evaluation_seconds = Histogram(
             "vllm_autotuner_evaluation_duration_seconds", "Time to observe, decide and act for one tuning.",
@@ -53,12 +57,19 @@ class OperatorMetrics:
         self.tunings = Gauge("vllm_autotuner_tunings", "VllmTunings watched.", registry=r)
         self.leader = Gauge("vllm_autotuner_leader", "1 while this replica is the leader.", registry=r)
 
+    def watch(self, namespace: str, tuning: str) -> None:
+        """Export a new tuning's rollout counts, at 0: an alert on ``increase()`` then sees its first rollout
+        fail (a series first scraped at 1 shows no increase)."""
+        for outcome in ROLLOUT_OUTCOMES:
+            self.rollouts.labels(namespace, tuning, outcome)
+
     def forget(self, namespace: str, tuning: str) -> None:
         """Drop a deleted tuning's labelled series so they do not linger as stale values."""
-        for metric in (self.knobs, self.recommended):
-            for knob in ("max_num_batched_tokens", "max_num_seqs"):
+        knobs = ("max_num_batched_tokens", "max_num_seqs")
+        for metric, labels in ((self.knobs, knobs), (self.recommended, knobs), (self.rollouts, ROLLOUT_OUTCOMES)):
+            for label in labels:
                 try:
-                    metric.remove(namespace, tuning, knob)
+                    metric.remove(namespace, tuning, label)
                 except KeyError:
                     pass
         self.slot_wait(namespace, tuning, None)

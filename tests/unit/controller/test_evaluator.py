@@ -1,4 +1,5 @@
-"""The evaluation clock: no evaluation starts once stopping, and a clock stepped back does not stall the tunings."""
+"""The evaluation clock: no evaluation starts once stopping, a clock stepped back does not stall the tunings, and
+the tunings' own series come and go with them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from vllm_autotuner.controller.cache import ClusterCache
 from vllm_autotuner.controller.evaluator import Evaluator
-from vllm_autotuner.controller.metrics import OperatorMetrics
+from vllm_autotuner.controller.metrics import ROLLOUT_OUTCOMES, OperatorMetrics
 
 
 class Reconciler:
@@ -17,10 +18,15 @@ class Reconciler:
         def forget(self) -> None:
             pass
 
+    class Slots:
+        def forget(self, key: Any) -> None:
+            pass
+
     def __init__(self, stop: asyncio.Event | None = None) -> None:
         self.stop = stop
         self.evaluated: list[tuple[Any, float]] = []
         self.observations = self.Observations()
+        self.slots = self.Slots()
 
     async def evaluate(self, key: Any, at: float) -> None:
         self.evaluated.append((key, at))
@@ -53,3 +59,21 @@ def test_a_clock_stepped_back_makes_every_tuning_due_at_once() -> None:
     now[0] = 400.0  # an NTP step of ten minutes back
     assert asyncio.run(clock.tick(stop)) == 3
     assert {at for _, at in reconciler.evaluated[3:]} == {400.0}
+
+
+def rollout_counts(metrics: OperatorMetrics) -> dict[tuple[str, str], float]:
+    """The ``vllm_autotuner_rollouts_total`` samples exported now, by (tuning, outcome)."""
+    (family,) = [m for m in metrics.registry.collect() if m.name == "vllm_autotuner_rollouts"]
+    return {(s.labels["tuning"], s.labels["outcome"]): s.value for s in family.samples if s.name.endswith("_total")}
+
+
+def test_a_tunings_rollout_counts_are_exported_at_zero_from_its_first_evaluation_until_it_is_deleted() -> None:
+    # a first failed rollout must be an increase Prometheus can see: from 0, not a series born at 1
+    clock = evaluator(Reconciler(), lambda: 1000.0)
+    asyncio.run(clock.tick(asyncio.Event()))
+    assert rollout_counts(clock.metrics) == {(name, o): 0.0 for name in "abc" for o in ROLLOUT_OUTCOMES}
+
+    clock.cache.on_tuning_event("DELETED", {"metadata": {"namespace": "llm", "name": "b"}, "spec": {}})
+    asyncio.run(clock.tick(asyncio.Event()))
+
+    assert rollout_counts(clock.metrics) == {(name, o): 0.0 for name in "ac" for o in ROLLOUT_OUTCOMES}

@@ -77,7 +77,7 @@ def time_zone(name: str) -> ZoneInfo:
     """The ZoneInfo for an IANA name, or ValueError saying what to write instead."""
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:  # OSError: a folder of the database ("America")
         raise ValueError(
             f"unknown time zone {name!r}: use an IANA name such as UTC, Europe/Berlin or America/New_York"
         ) from exc

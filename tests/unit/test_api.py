@@ -110,6 +110,23 @@ def test_schedules_and_freezes_the_apiserver_could_not_check_are_named_as_spec_p
         "spec.rollout.freezes[peak].timeZone", "spec.rollout.freezes[peak].end"], problems
 
 
+def test_a_schedules_bounds_that_do_not_fit_over_spec_bounds_are_a_spec_problem():
+    from vllm_autotuner.controller.reconcile import spec_problems
+
+    night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *",
+             "bounds": {"maxNumBatchedTokens": {"min": 16384}, "maxNumSeqs": {"min": 32}}}
+    spec = VllmTuningSpec.model_validate({"targetRef": {"name": "llama"}, "schedules": [night], "bounds": {
+        "maxNumBatchedTokens": {"min": 16, "max": 8192}, "maxNumSeqs": {"max": 64}}})
+    assert spec_problems(spec) == [
+        "spec.schedules[night].bounds over spec.bounds: maxNumBatchedTokens.min 16384 > maxNumBatchedTokens.max 8192"]
+    wider = VllmTuningSpec.model_validate({"targetRef": {"name": "llama"}, "schedules": [night]})
+    assert spec_problems(wider) == []  # the same window over spec.bounds that leave room for it
+    low = VllmTuningSpec.model_validate({"targetRef": {"name": "llama"}, "schedules": [
+        {**night, "bounds": {"maxNumSeqs": {"min": 64, "max": 128}}}], "bounds": {"maxNumBatchedTokens": {"min": 32}}})
+    assert spec_problems(low) == ["spec.schedules[night].bounds over spec.bounds: maxNumBatchedTokens.min 32 < "
+                                  "maxNumSeqs.min 64 (vLLM needs max_num_batched_tokens >= max_num_seqs)"]
+
+
 def test_crd_defaults_fill_nested_objects():
     spec = _version(crd())["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     assert spec["rollout"]["default"] == {}

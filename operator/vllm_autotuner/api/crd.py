@@ -17,7 +17,7 @@ import yaml
 
 from vllm_autotuner.api import resource
 from vllm_autotuner.api.resource import VllmTuning
-from vllm_autotuner.api.spec import VllmTuningSpec
+from vllm_autotuner.api.spec import OVERLAY, VllmTuningSpec
 from vllm_autotuner.api.status import VllmTuningStatus
 
 PRINTER_COLUMNS = [
@@ -138,11 +138,23 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             out[key] = True
         else:
             out[key] = value
+    if out.pop(OVERLAY, False):
+        out = _without_defaults(out)
     if "default" in out:
         out["default"] = _minimal_default(out["default"], out)
     if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
         out["x-kubernetes-preserve-unknown-fields"] = True
     return _ordered(out)
+
+
+def _without_defaults(node: dict[str, Any]) -> dict[str, Any]:
+    """A schema node without ``default`` at any depth: the apiserver then fills in none of its fields."""
+    out = {k: v for k, v in node.items() if k != "default"}
+    if "properties" in out:
+        out["properties"] = {name: _without_defaults(sub) for name, sub in out["properties"].items()}
+    if "items" in out:
+        out["items"] = _without_defaults(out["items"])
+    return out
 
 
 # Keywords first in this order (then any other, then the nested ones), so the

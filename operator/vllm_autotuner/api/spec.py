@@ -9,12 +9,16 @@ both fields, so the API server rejects the object at admission.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 from vllm_autotuner.api.types import LABEL_NAME_PATTERN, CronExpression, Duration, LabelName, TimeZoneName
+
+#: JSON Schema keyword of a field whose value is put over another's (``SpecModel.overlaid``): the CRD gives the
+#: fields within it no defaults, so those a person leaves out stay out, and are the other's.
+OVERLAY = "x-overlay"
 
 #: Largest values the API accepts; far above any GPU's real limits, they only
 #: catch typos (an extra zero) before they reach a Deployment.
@@ -46,6 +50,18 @@ class SpecModel(BaseModel):
         frozen=True,
         use_attribute_docstrings=True,
     )
+
+    def overlaid(self, override: Self | None) -> Self:
+        """This model with the fields ``override`` was given (at any depth) put over it: a schedule's bounds or
+        SLO over the spec's, so a field a schedule leaves out is the spec's, not the field's default."""
+        if override is None:
+            return self
+        update = {}
+        for name in override.model_fields_set:
+            value, under = getattr(override, name), getattr(self, name)
+            update[name] = under.overlaid(value) if isinstance(under, SpecModel) and isinstance(
+                value, SpecModel) else value
+        return self.model_copy(update=update)
 
 
 #: Most extra label matchers on the target's series.
@@ -210,6 +226,17 @@ class Bounds(SpecModel):
     max_num_seqs: SeqBounds = SeqBounds()
     """Range for --max-num-seqs."""
 
+    def problems(self) -> list[str]:
+        """The CEL rules of these bounds, for bounds put together from two (``SpecModel.overlaid``), which
+        admission saw apart."""
+        tokens, seqs = self.max_num_batched_tokens, self.max_num_seqs
+        found = [f"{name}.min {r.min} > {name}.max {r.max}" for name, r in (("maxNumBatchedTokens", tokens),
+                                                                           ("maxNumSeqs", seqs)) if r.min > r.max]
+        if tokens.min < seqs.min:
+            found.append(f"maxNumBatchedTokens.min {tokens.min} < maxNumSeqs.min {seqs.min} (vLLM needs "
+                         f"max_num_batched_tokens >= max_num_seqs)")
+        return found
+
 
 class Strategy(StrEnum):
     ADAPTIVE = "Adaptive"
@@ -309,10 +336,10 @@ class Schedule(TimeWindow):
     """When windows overlap, the highest priority wins; on a tie, the earlier entry in the list. A window that only overrides bounds or slo says nothing of the knobs: an open preset window it outranks keeps its preset."""
     knobs: Knobs | None = None
     """A fixed preset used for the whole window."""
-    bounds: Bounds | None = None
-    """Bounds that replace spec.bounds during the window (the traffic policy keeps running inside them)."""
-    slo: SLO | None = None
-    """SLO that replaces spec.slo during the window."""
+    bounds: Bounds | None = Field(default=None, json_schema_extra={OVERLAY: True})
+    """Bounds in force during the window, field by field over spec.bounds (a field left out is spec.bounds'); the traffic policy keeps running inside them."""
+    slo: SLO | None = Field(default=None, json_schema_extra={OVERLAY: True})
+    """SLO in force during the window, field by field over spec.slo (a field left out is spec.slo's)."""
     pre_roll: Duration | None = None
     """How long before the window start the change begins, so new pods are Ready when it opens. Default: the last rolling restart's duration (status.rolloutSeconds) plus a margin, or 5m before one was timed."""
 

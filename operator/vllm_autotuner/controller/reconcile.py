@@ -186,8 +186,9 @@ class Report:
 
 def spec_problems(spec: VllmTuningSpec) -> list[str]:
     """What admission could not check: time zones that exist, cron expressions cron can run (schedules' and
-    freezes')."""
-    problems = []
+    freezes'), and schedules' bounds with spec.bounds beneath them."""
+    problems = [f"spec.schedules[{s.name}].bounds over spec.bounds: {problem}" for s in spec.schedules
+                for problem in spec.bounds.overlaid(s.bounds).problems()]
     windows = [("schedules", w) for w in spec.schedules] + [("rollout.freezes", w) for w in spec.rollout.freezes]
     for path, window in windows:
         for name, check in (("timeZone", lambda w=window: time_zone(w.time_zone)),

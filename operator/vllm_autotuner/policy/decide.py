@@ -133,8 +133,8 @@ def settings_at(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) ->
     windows, errors = windows_in_force(spec.schedules, state, now)
     window = windows[0] if windows else None
     schedule = window.schedule if window else None
-    slo = schedule.slo if schedule and schedule.slo else spec.slo
-    bounds = schedule.bounds if schedule and schedule.bounds else spec.bounds
+    slo = spec.slo.overlaid(schedule.slo if schedule else None)
+    bounds = spec.bounds.overlaid(schedule.bounds if schedule else None)
     return Settings(
         window=window, preset_window=preset_in_force(windows, now), slo=slo, bounds=bounds, warnings=tuple(errors)
     )

@@ -25,7 +25,9 @@ from vllm_autotuner.policy.schedule import (
     windows_in_force,
 )
 
-from .helpers import knobs, status
+from vllm_autotuner.policy.decide import settings_at
+
+from .helpers import knobs, spec, status
 
 
 def sched(start, end, zone="UTC", name="w", priority=0, pre_roll="0s"):
@@ -277,3 +279,19 @@ def test_a_window_that_only_overrides_the_slo_or_bounds_keeps_an_open_preset_win
     windows, _ = windows_in_force([early, report], state, utc(2024, 5, 2, 2, 30))
     assert [w.schedule.name for w in windows] == ["report", "early"]
     assert preset_in_force(windows, utc(2024, 5, 2, 2, 30)) is None
+
+
+def test_a_window_overrides_only_the_bounds_and_slo_fields_it_gives():
+    # as the apiserver stores it: the CRD defaults nothing within a schedule's bounds or slo
+    night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *",
+             "bounds": {"maxNumSeqs": {"max": 64}}, "slo": {"ttft": {"seconds": 10}}}
+    tuning = spec(bounds={"maxNumBatchedTokens": {"min": 1024, "max": 8192}, "maxNumSeqs": {"min": 16, "max": 512}},
+                  slo={"ttft": {"seconds": 1.5, "quantile": 0.9}, "itl": {"seconds": 0.05}}, schedules=[night])
+
+    settings = settings_at(tuning, VllmTuningStatus(), utc(2024, 5, 1, 23))
+
+    tokens, seqs = settings.bounds.max_num_batched_tokens, settings.bounds.max_num_seqs
+    assert (tokens.min, tokens.max, seqs.min, seqs.max) == (1024, 8192, 16, 64)  # the budget's cap still holds
+    assert (settings.slo.ttft.seconds, settings.slo.ttft.quantile, settings.slo.itl.seconds) == (10, 0.9, 0.05)
+    day = settings_at(tuning, VllmTuningStatus(), utc(2024, 5, 1, 12))
+    assert (day.bounds, day.slo) == (tuning.bounds, tuning.slo)

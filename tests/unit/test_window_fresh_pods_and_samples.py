@@ -1,4 +1,5 @@
-"""Which pods count as reporting (fresh by the decision core's staleness limit), and what counts as a sample."""
+"""Which pods count as reporting (fresh by the decision core's staleness limit), what counts as a sample, and how
+one query's rows become a pod's histogram."""
 
 from __future__ import annotations
 
@@ -87,3 +88,20 @@ def test_one_query_answers_every_finished_request_and_the_completed_ones():
     assert data.values["completed"] == {A: 1.75}  # stop, length and repetition
     (asked,) = [q for q in prometheus.asked if "vllm:request_success_total" in q]
     assert "sum by (namespace, pod, finished_reason)" in asked
+
+
+class _Upgraded(_Prometheus):
+    """Answers the TTFT buckets of one pod as Prometheus does across its 2 -> 3 upgrade: the same bound in the
+    window under vLLM's spelling ("1.0") and under Prometheus 3's ("1"), two series."""
+
+    def query(self, promql: str, at: float) -> list[Sample]:
+        if "vllm:time_to_first_token_seconds_bucket" not in promql:
+            return []
+        pod = {"namespace": "llm", "pod": "llama-abc-1"}
+        rates = (("0.5", 0.3), ("1.0", 0.2), ("1", 0.3), ("+Inf", 1.0))
+        return [Sample({**pod, "le": le}, rate) for le, rate in rates]
+
+
+def test_one_bucket_bound_spelled_two_ways_is_one_bucket_of_both():
+    data = fetch_window(_Upgraded(), Selector(), 300, 1000.0)  # type: ignore[arg-type]
+    assert data.buckets["ttft"] == {A: {0.5: 0.3, 1.0: 0.5, float("inf"): 1.0}}

@@ -66,8 +66,11 @@ def fetch_window(client: PrometheusClient, selector: Selector, window_seconds: f
         rows = client.query(family_query(family, selector, window_seconds, extra), at)
         if family.kind is Kind.BUCKETS:
             per_pod: dict[PodKey, dict[float, float]] = defaultdict(dict)
+            # one bound spelled two ways ("1.0", and "1" since a Prometheus 3 upgrade) is one bucket of both,
+            # as in Prometheus' own histogram_quantile
             for row in rows:
-                per_pod[pod(row.labels)][float(row.labels.get("le", "nan"))] = row.value
+                bound = float(row.labels.get("le", "nan"))
+                per_pod[pod(row.labels)][bound] = per_pod[pod(row.labels)].get(bound, 0.0) + row.value
             data.buckets[family.key] = dict(per_pod)
         elif family.part is not None:  # grouped by the part's label too: the family is the sum over it
             by_value: dict[PodKey, dict[str, float]] = defaultdict(dict)

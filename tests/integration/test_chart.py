@@ -26,9 +26,14 @@ NAMESPACED = ("--set", "watchNamespaces={team-a,team-b}",
 SINGLE = ("--set", "replicaCount=1", "--set", "leaderElection.enabled=false", "--set", "podDisruptionBudget.enabled=false")
 EXTRAS = ("--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
           "--set", "dashboard.namespace=monitoring", "--set", "verbose=true")
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+# The image pinned by digest; names and a budget the apiserver takes that the schema must not refuse.
+PINNED = ("--set", f"image.digest={DIGEST}", "--set", "podDisruptionBudget.maxUnavailable=50%",
+          "--set", "serviceAccount.name=operator.v1", "--set", "leaderElection.leaseName=lease.v1")
 
 
-@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, EXTRAS], ids=["defaults", "namespaced", "single", "extras"])
+@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, EXTRAS, PINNED],
+                         ids=["defaults", "namespaced", "single", "extras", "pinned"])
 def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> None:
     out = helm("lint", "--strict", str(CHART), *values).stdout
     assert "1 chart(s) linted, 0 chart(s) failed" in out
@@ -48,8 +53,16 @@ def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> No
     (("--set", "maxConcurrentRollouts=-1"), "at '/maxConcurrentRollouts': minimum"),
     (("--set", "rolloutPoolLabel=node pool"), "at '/rolloutPoolLabel': 'node pool' does not match pattern"),
     (("--set", "recommendOnly=yes"), "at '/recommendOnly': got string, want boolean"),
+    # The full name becomes the Service's name, a DNS-1035 label: no dot, no leading digit.
+    (("--set", "fullnameOverride=my.tuner"), "at '/fullnameOverride': 'my.tuner' does not match pattern"),
+    (("--set", "nameOverride=1tuner"), "at '/nameOverride': '1tuner' does not match pattern"),
+    (("--set", "podDisruptionBudget.maxUnavailable=0%"), "at '/podDisruptionBudget/maxUnavailable': '0%' does not"),
+    (("--set", "image.digest=sha256:abc"), "at '/image/digest': 'sha256:abc' does not match pattern"),
+    # NOTES.txt lists a grant's names with no fallback for an empty list: the schema must refuse one.
+    (("--set-json", 'rbac.secrets=[{"namespace": "a", "names": []}]'), "at '/rbac/secrets/0/names': minItems"),
 ], ids=["replicas-string", "log-format", "unknown-key", "two-leaders", "url", "namespace-name", "secret-grant",
-        "secret-grant-without-names", "pull-policy", "negative-rollout-limit", "pool-label", "recommend-only"])
+        "secret-grant-without-names", "pull-policy", "negative-rollout-limit", "pool-label", "recommend-only",
+        "fullname-with-dot", "name-with-leading-digit", "pdb-zero-percent", "digest", "secret-grant-of-no-names"])
 def test_bad_values_are_rejected_by_the_schema(helm: Helm, values: tuple[str, ...], complaint: str) -> None:
     result = helm("template", "x", str(CHART), *values, check=False)
     assert result.returncode != 0
@@ -106,6 +119,79 @@ def test_the_operator_deployment_is_hardened_and_leader_elected(helm: Helm) -> N
     assert single["spec"]["replicas"] == 1 and "--no-leader-election" in single["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_a_digest_pins_the_image_and_overrides_the_tag(helm: Helm) -> None:
+    pinned = _operator(helm.template("rel", str(CHART), "--set", f"image.digest={DIGEST}", "--set", "image.tag=9.9.9"))
+    assert pinned["spec"]["template"]["spec"]["containers"][0]["image"] == f"ghcr.io/vllm-tuning/vllm-autotuner@{DIGEST}"
+    tagged = _operator(helm.template("rel", str(CHART), "--set", "image.tag=9.9.9"))
+    assert tagged["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/vllm-tuning/vllm-autotuner:9.9.9"
+
+
+def _cluster_scoped(objects: list[dict]) -> tuple[str, str, str]:
+    """The ClusterRole's name, the ClusterRoleBinding's, and the ClusterRole its roleRef names."""
+    (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    (binding,) = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
+    assert binding["roleRef"]["kind"] == "ClusterRole"
+    return role["metadata"]["name"], binding["metadata"]["name"], binding["roleRef"]["name"]
+
+
+@pytest.mark.parametrize("values", [(), NAMESPACED, ("--set", "fullnameOverride=" + "a" * 63)],
+                         ids=["defaults", "namespaced", "longest-name"])
+def test_cluster_scoped_names_differ_between_release_namespaces(helm: Helm, values: tuple[str, ...]) -> None:
+    # Releases of one name in two namespaces must not claim the same cluster-scoped objects.
+    names = {ns: _cluster_scoped(helm.template("vllm-autotuner", str(CHART), "-n", ns, *values))
+             for ns in ("ops-a", "ops-b")}
+    for role, binding, bound in names.values():
+        assert role == binding == bound and len(role) <= 63
+    assert names["ops-a"][0] != names["ops-b"][0]
+    if not values:
+        assert names["ops-a"][0] == "vllm-autotuner-ops-a"
+
+
+def test_releases_of_one_name_in_two_namespaces_install_side_by_side(cluster: Cluster, helm: Helm) -> None:
+    helm, rbac = helm.on(cluster), client.RbacAuthorizationV1Api(cluster.api)
+    with cluster.fresh_namespace() as ops_a, cluster.fresh_namespace() as ops_b, \
+            cluster.fresh_namespace() as team_a, cluster.fresh_namespace() as team_b:
+        releases = {ops_a: team_a, ops_b: team_b}
+        try:
+            for ops, team in releases.items():
+                helm("install", INSTALLED, str(CHART), "-n", ops, "--skip-crds", "--set", f"watchNamespaces={{{team}}}")
+            for ops in releases:
+                names = _cluster_scoped(documents(helm("get", "manifest", INSTALLED, "-n", ops).stdout))
+                binding = rbac.read_cluster_role_binding(names[1])
+                assert [(s.namespace, s.name) for s in binding.subjects] == [(ops, INSTALLED)]
+                assert rbac.read_cluster_role(binding.role_ref.name).rules[0].resources == ["nodes"]
+        finally:
+            for ops in releases:
+                helm("uninstall", INSTALLED, "-n", ops, "--wait", check=False)
+
+
+def _notes(cluster: Cluster, helm: Helm, namespace: str, *values: str) -> str:
+    """The NOTES.txt an install with these values prints (a client-side dry run: nothing is created)."""
+    out = helm.on(cluster)("install", "rel", str(CHART), "-n", namespace, "--dry-run", "--skip-crds", "-o", "json",
+                           *values).stdout
+    return json.loads(out)["info"]["notes"]
+
+
+def test_the_notes_point_at_the_lease_only_when_there_is_one(cluster: Cluster, helm: Helm, namespace: str) -> None:
+    elected = _notes(cluster, helm, namespace)
+    assert "get lease rel-vllm-autotuner" in elected and "the others stand by" in elected
+    single = _notes(cluster, helm, namespace, *SINGLE)
+    assert "lease" not in single and "stand by" not in single
+    assert f"kubectl -n {namespace} get pods -l app.kubernetes.io/instance=rel" in single
+
+
+def test_the_notes_say_what_the_operator_may_read_only_when_the_chart_grants_it(
+        cluster: Cluster, helm: Helm, namespace: str) -> None:
+    assert "It can read no Secret." in _notes(cluster, helm, namespace)
+    granted = _notes(cluster, helm, namespace, *NAMESPACED)
+    assert "team-a: prometheus-token" in granted and "team-b: prometheus-ca" in granted
+    # Without rbac.create the chart grants nothing: the notes must not say what it grants.
+    for values in [(), NAMESPACED]:
+        notes = _notes(cluster, helm, namespace, "--set", "rbac.create=false", *values)
+        assert "It can read no Secret" not in notes and "It may read these Secrets" not in notes
+        assert f"created no Role or binding (rbac.create=false): grant ServiceAccount\n   {namespace}/rel-vllm-autotuner" in notes
+
+
 def test_the_change_policy_values_reach_the_operator_as_its_parser_reads_them(helm: Helm) -> None:
     objects = helm.template("rel", str(CHART), "--set", "maxConcurrentRollouts=2",
                             "--set", "rolloutPoolLabel=karpenter.sh/nodepool", "--set", "recommendOnly=true")
@@ -134,7 +220,7 @@ def test_metrics_service_monitor_and_dashboard(helm: Helm) -> None:
     assert "ServiceMonitor" not in {o["kind"] for o in helm.template("rel", str(CHART))}
 
 
-@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE], ids=["defaults", "namespaced", "single"])
+@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, PINNED], ids=["defaults", "namespaced", "single", "pinned"])
 def test_rendered_manifests_pass_a_server_side_dry_run(cluster_with_crd: Cluster, helm: Helm, namespace: str,
                                                        values: tuple[str, ...]) -> None:
     with cluster_with_crd.fresh_namespace() as team_a, cluster_with_crd.fresh_namespace() as team_b:

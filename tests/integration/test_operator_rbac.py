@@ -38,7 +38,7 @@ from vllm_autotuner.sim import localenv
 pytestmark = pytest.mark.integration
 
 RELEASE = "rbac"
-ACCOUNT = f"{RELEASE}-vllm-autotuner"  # the chart's ServiceAccount, Lease and ClusterRole name
+ACCOUNT = f"{RELEASE}-vllm-autotuner"  # the chart's ServiceAccount and Lease name
 SECRET = "prometheus-token"
 EXAMPLES = DEPLOY / "examples"
 

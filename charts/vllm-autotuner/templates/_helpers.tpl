@@ -23,6 +23,19 @@ contains the chart name, else "<release>-<chart>"; at most 63 characters.
 {{- end }}
 
 {{/*
+Name of the release's cluster-scoped resources (ClusterRole, ClusterRoleBinding): the full
+name and the release namespace, so that releases of one name in two namespaces do not
+collide. Over 63 characters, cut short and ended with a hash of the whole, which stays unique.
+*/}}
+{{- define "vllm-autotuner.clusterName" -}}
+{{- $name := printf "%s-%s" (include "vllm-autotuner.fullname" .) .Release.Namespace }}
+{{- if gt (len $name) 63 }}
+{{- $name = printf "%s-%s" ($name | trunc 54 | trimSuffix "-") ($name | sha256sum | trunc 8) }}
+{{- end }}
+{{- $name }}
+{{- end }}
+
+{{/*
 Chart name and version, for the helm.sh/chart label.
 */}}
 {{- define "vllm-autotuner.chart" -}}
@@ -68,10 +81,15 @@ Name of the leader-election Lease.
 {{- end }}
 
 {{/*
-The operator image, tag defaulting to the chart's appVersion.
+The operator image: pinned by image.digest when set (the tag is then ignored), else by the
+tag, which defaults to the chart's appVersion.
 */}}
 {{- define "vllm-autotuner.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/*

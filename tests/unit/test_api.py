@@ -158,6 +158,8 @@ def test_minimal_object_gets_documented_defaults():
     [
         {"mode": "Sometimes"},
         {"traffic": {"window": "five minutes"}},
+        {"traffic": {"window": "1s"}},
+        {"traffic": {"evaluationInterval": "500ms"}},
         {"bounds": {"maxNumSeqs": {"min": 0}}},
         {
             "schedules": [

@@ -11,10 +11,17 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
-from vllm_autotuner.api.types import LABEL_NAME_PATTERN, CronExpression, Duration, LabelName, TimeZoneName
+from vllm_autotuner.api.types import (
+    LABEL_NAME_PATTERN,
+    CronExpression,
+    Duration,
+    LabelName,
+    TimeZoneName,
+    duration_seconds,
+)
 
 #: JSON Schema keyword of a field whose value is put over another's (``SpecModel.overlaid``): the CRD gives the
 #: fields within it no defaults, so those a person leaves out stay out, and are the other's.
@@ -38,6 +45,26 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Any
     if field_path:
         entry["fieldPath"] = field_path
     return entry
+
+
+def duration_at_least(least: str, why: str) -> Any:
+    """A Duration of at least ``least``, refused below it (``why`` says what the floor is for) at admission, by a
+    CEL rule, and by the model, for specs built in Python (the simulator, the benchmark)."""
+    message = f"must be at least {least}: {why}"
+
+    def check(value: str) -> str:
+        if duration_seconds(value) < duration_seconds(least):
+            raise ValueError(message)
+        return value
+
+    rule = cel(f"duration(self) >= duration('{least}')", message)
+    return Annotated[Duration, AfterValidator(check), Field(json_schema_extra={"x-kubernetes-validations": [rule]})]
+
+
+QueryTimeout = duration_at_least("100ms", "a query takes some time")
+ObservationWindow = duration_at_least("2s", "rates need two scrapes in the window")
+EvaluationInterval = duration_at_least("1s", "the operator evaluates at most once a second")
+ProgressDeadline = duration_at_least("10s", "a shorter one fails every rollout before a pod can start")
 
 
 class SpecModel(BaseModel):
@@ -153,7 +180,7 @@ class PrometheusSpec(SpecModel):
     """Secret holding a bearer token sent as 'Authorization: Bearer ...' (e.g. for a managed Prometheus)."""
     ca_secret_ref: SecretKeyRef | None = None
     """Secret holding the PEM CA bundle that signs the Prometheus server certificate."""
-    timeout: Duration = "10s"
+    timeout: QueryTimeout = "10s"
     """Timeout of one Prometheus query."""
 
 
@@ -288,9 +315,9 @@ class TrafficSpec(SpecModel):
 
     strategy: Strategy = Strategy.ADAPTIVE
     """Adaptive: search online for the best knobs under the SLO. Tiers: map observed traffic to the knobs of the first matching tier."""
-    window: Duration = "5m"
+    window: ObservationWindow = "5m"
     """Observation window: metrics are aggregated over this much time, taken only under the current config."""
-    evaluation_interval: Duration = "30s"
+    evaluation_interval: EvaluationInterval = "30s"
     """How often the operator observes and decides."""
     min_requests: int = Field(default=50, ge=1, le=1_000_000)
     """Fewest completed requests in the window for an observation to count; fewer means hold."""
@@ -357,7 +384,7 @@ class RolloutSpec(SpecModel):
     """Largest factor by which one change of the Adaptive search may raise a knob, or lower it below the requests running. Tiers go straight to the matching tier's knobs."""
     settle_time: Duration = "2m"
     """Time after a rollout before metrics of the new config count (warm-up, queue drain)."""
-    progress_deadline: Duration = "10m"
+    progress_deadline: ProgressDeadline = "10m"
     """A rollout that makes no progress for this long (no pod of the new config created or become available; time paused does not count), or whose pods crash-loop, is rolled back and its config recorded as failed."""
     rollback_on_regression: bool = True
     """After settling, compare with the window before the change and roll back a measured regression."""

@@ -14,7 +14,8 @@ A window whose end fires at the very instant it starts (both in the hour a
 spring-forward skips) is empty: never in force. Overlaps go to the highest
 ``priority``, then the earlier entry; but a window that only overrides the
 SLO or bounds says nothing of the knobs, so an open preset window beneath
-it keeps its preset.
+it keeps its preset. Windows that do not overlap are not ranked: one that
+closes as (or before) a preset window opens gives way to that one's pre-roll.
 
 Change freezes (``spec.rollout.freezes``) are windows of the same kind, read
 the same way; one is in force from the rollout lead before it opens (a
@@ -134,8 +135,9 @@ def freeze_in_force(
 def windows_in_force(
     schedules: Sequence[Schedule], state: VllmTuningStatus, now: datetime
 ) -> tuple[list[ActiveWindow], list[str]]:
-    """The windows in force at ``now``, the one in force first (highest priority, then list order), and one error
-    per unreadable schedule.
+    """The windows in force at ``now``, the one in force first (highest priority, then list order; but an open
+    window that closes before a preset window in its pre-roll opens comes after it), and one error per unreadable
+    schedule.
 
     The window in force at the last evaluation (``state.active_schedule``)
     keeps its pre-roll up to the opening it was in force for
@@ -156,7 +158,11 @@ def windows_in_force(
             continue
         if times is not None:
             found.append(ActiveWindow(schedule=schedule, index=index, start=times[0], end=times[1]))
-    return sorted(found, key=lambda window: -window.schedule.priority), errors  # stable: list order on a tie
+    ranked = sorted(found, key=lambda window: -window.schedule.priority)  # stable: list order on a tie
+    # an open window that closes by the time a preset window in its pre-roll opens does not overlap it: the
+    # pre-roll, there to have the preset live when that window opens, goes first (both sorts are stable)
+    pre_rolling = [w for w in found if w.schedule.knobs is not None and not w.is_open(now)]
+    return sorted(ranked, key=lambda w: w.is_open(now) and any(o.start >= w.end for o in pre_rolling)), errors
 
 
 def preset_in_force(windows: Sequence[ActiveWindow], now: datetime) -> ActiveWindow | None:

@@ -274,9 +274,10 @@ def test_a_window_that_only_overrides_the_slo_or_bounds_keeps_an_open_preset_win
     first = night.model_copy(update={"priority": 9})
     windows, _ = windows_in_force([report, first], state, utc(2024, 5, 2, 2, 30))
     assert preset_in_force(windows, utc(2024, 5, 2, 2, 30)) is windows[0] and windows[0].schedule.name == "night"
-    # a preset window only in its pre-roll beneath the override waits for its opening
+    # a preset window only in its pre-roll beneath an override open past its opening waits for that opening
     early = sched("0 3 * * *", "0 6 * * *", name="early", pre_roll="1h")
-    windows, _ = windows_in_force([early, report], state, utc(2024, 5, 2, 2, 30))
+    longer = report.model_copy(update={"end": "30 3 * * *"})
+    windows, _ = windows_in_force([early, longer], state, utc(2024, 5, 2, 2, 30))
     assert [w.schedule.name for w in windows] == ["report", "early"]
     assert preset_in_force(windows, utc(2024, 5, 2, 2, 30)) is None
 
@@ -295,3 +296,20 @@ def test_a_window_overrides_only_the_bounds_and_slo_fields_it_gives():
     assert (settings.slo.ttft.seconds, settings.slo.ttft.quantile, settings.slo.itl.seconds) == (10, 0.9, 0.05)
     day = settings_at(tuning, VllmTuningStatus(), utc(2024, 5, 1, 12))
     assert (day.bounds, day.slo) == (tuning.bounds, tuning.slo)
+
+
+@pytest.mark.parametrize("evening_priority", [0, 10])
+@pytest.mark.parametrize("evening_first", [True, False])
+def test_a_window_that_closes_as_the_next_opens_gives_way_to_its_pre_roll(evening_first, evening_priority):
+    evening = Schedule(name="evening", start="0 18 * * *", end="0 22 * * *", priority=evening_priority,
+                       knobs=knobs(4096, 256))
+    night = Schedule(name="night", start="0 22 * * *", end="0 6 * * *", pre_roll="30m", knobs=knobs(16384, 512))
+    schedules = [evening, night] if evening_first else [night, evening]
+
+    at = utc(2024, 5, 1, 21, 40)
+    windows, _ = windows_in_force(schedules, VllmTuningStatus(), at)
+
+    preset = preset_in_force(windows, at)
+    assert preset is not None and preset.schedule.name == "night"  # live by 22:00, not rolling out from 22:00
+    at = utc(2024, 5, 1, 21, 20)  # before the pre-roll, the evening's preset
+    assert preset_in_force(windows_in_force(schedules, VllmTuningStatus(), at)[0], at).schedule.name == "evening"

@@ -194,24 +194,27 @@ def scheduled_rollouts(
     that only overrides the SLO none. An opening forces its rollout a
     pre-roll early, so it counts once its pre-roll starts within the horizon:
     a change made the day before must leave the budget the preset needs then.
+    Only a start that opens the window and an end that closes it count: a
+    Friday window closed by a daily ``end`` closes once a week, not daily.
     """
     until = now + timedelta(seconds=horizon_seconds)
     count = 0
     for schedule in schedules:
-        opens = (schedule.start, timedelta(seconds=pre_roll_seconds(schedule, state)))
+        opens = (schedule.start, timedelta(seconds=pre_roll_seconds(schedule, state)), True)
         if schedule.knobs is not None:
-            boundaries = (opens, (schedule.end, timedelta(0)))
+            boundaries = (opens, (schedule.end, timedelta(0), False))
         elif schedule.bounds is not None:
             boundaries = (opens,)
         else:
             continue
-        for expr, early in boundaries:
+        for expr, early, opening in boundaries:
             try:
                 parse_cron(expr)
                 moment = _following(expr, schedule.time_zone, now)
             except ValueError:
                 continue
             while moment is not None and moment - early <= until:
-                count += 1
+                # open just before: a start then opens nothing, and an end closes it
+                count += (window_at(schedule, moment - timedelta(seconds=1), 0.0) is None) == opening
                 moment = _following(expr, schedule.time_zone, moment)
     return count

@@ -313,3 +313,15 @@ def test_a_window_that_closes_as_the_next_opens_gives_way_to_its_pre_roll(evenin
     assert preset is not None and preset.schedule.name == "night"  # live by 22:00, not rolling out from 22:00
     at = utc(2024, 5, 1, 21, 20)  # before the pre-roll, the evening's preset
     assert preset_in_force(windows_in_force(schedules, VllmTuningStatus(), at)[0], at).schedule.name == "evening"
+
+
+def test_only_the_boundaries_that_open_or_close_the_window_are_kept_in_the_budget():
+    friday = sched("0 22 * * 5", "0 6 * * *", name="friday")  # Friday 22:00 to Saturday 06:00
+    tuesday = utc(2024, 4, 30, 12)
+    assert scheduled_rollouts([friday], VllmTuningStatus(), tuesday, 24 * 3600) == 0  # no daily 06:00 closing
+    friday_noon = utc(2024, 5, 3, 12)
+    assert scheduled_rollouts([friday], VllmTuningStatus(), friday_noon, 24 * 3600) == 2
+    assert scheduled_rollouts([friday], VllmTuningStatus(), tuesday, 7 * 24 * 3600) == 2
+    # a start firing while the window is open opens nothing: hourly starts of a night window
+    hourly = sched("0 22-23 * * *", "0 6 * * *", name="hourly")
+    assert scheduled_rollouts([hourly], VllmTuningStatus(), tuesday, 24 * 3600) == 2

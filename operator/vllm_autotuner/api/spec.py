@@ -377,7 +377,7 @@ class RolloutSpec(SpecModel):
     cooldown: Duration = "15m"
     """Least time between the end of one rollout and the start of the next traffic-driven change."""
     max_rollouts_per_day: int = Field(default=8, ge=0, le=288)
-    """Most rollouts in any 24 hours, schedule changes and rollbacks included (a traffic change keeps room for its own rollback; at 1, a rollback may be the one past it); 0 forbids changes."""
+    """Most rollouts in any 24 hours, schedule changes and rollbacks included (a traffic change keeps room for its own rollback; at 1, a rollback may be the one past it; a schedule change counts the last 23 hours, so that it keeps its wall-clock time on the day clocks go forward); 0 forbids changes."""
     min_improvement_percent: float = Field(default=5.0, ge=0, le=1000)
     """Least expected SLO-goodput gain, net of the capacity a rolling restart costs, for a traffic-driven change."""
     max_step_factor: float = Field(default=2.0, ge=1.1, le=16)

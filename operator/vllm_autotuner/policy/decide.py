@@ -52,6 +52,7 @@ from vllm_autotuner.policy.adaptive import ATTAINMENT_FLOOR, COMPARABLE_LOAD
 from vllm_autotuner.policy.decision import Decision, with_history, with_rollout
 from vllm_autotuner.policy.guardrails import (
     DAY_SECONDS,
+    SHORTEST_DAY_SECONDS,
     acceptable,
     budget_left,
     changes_reverted,
@@ -370,7 +371,8 @@ def _apply(
     change also leaves in the day's budget the rollouts the schedule
     windows will need and room for its own rollback (``rollback_room``); a
     schedule change needs one rollout left, the traffic policy having kept
-    it.
+    it, in the last 23 hours (``SHORTEST_DAY_SECONDS``: a day's change at the
+    wall-clock time of the last day's, across a daylight-saving change).
     """
     assert state.current is not None
     if change.knobs in failed_configs(state):
@@ -390,9 +392,10 @@ def _apply(
                   f"({change.reason})")
         return _hold(state, now, HoldReason.COOLDOWN, reason, settings, change.knobs, change.gain)
     windows = rollback = 0
+    day = SHORTEST_DAY_SECONDS if change.source == KnobSource.SCHEDULE else DAY_SECONDS
     if change.source == KnobSource.TRAFFIC:
         windows, rollback = scheduled_rollouts(spec.schedules, state, now, DAY_SECONDS), rollback_room(spec)
-    if budget_left(spec, state, now, windows + rollback) < 1:
+    if budget_left(spec, state, now, windows + rollback, day) < 1:
         kept = "".join(
             f", {n} kept for {what}" for n, what in ((windows, "schedule windows"), (rollback, "its rollback")) if n
         )

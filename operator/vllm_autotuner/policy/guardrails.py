@@ -17,6 +17,10 @@ from vllm_autotuner.api.types import duration_seconds
 from vllm_autotuner.knobs import startup_errors
 
 DAY_SECONDS = 24 * 3600.0
+#: The shortest day a daylight-saving change makes: a schedule's change at the wall-clock time of its last one a day
+#: before is this long after it the day clocks go forward, and counts its budget over it (else it would run an
+#: hour late, and push the next day's with it).
+SHORTEST_DAY_SECONDS = DAY_SECONDS - 3600.0
 #: Per-pod restart time assumed before a rollout was measured (model load, compile, graph capture).
 DEFAULT_RESTART_SECONDS = 180.0
 #: Least expected life of a regime, and the horizon past which a change's gain is not counted.
@@ -128,14 +132,16 @@ def _cooldown_after(spec: VllmTuningSpec, ends: list[datetime], now: datetime) -
     return max(0.0, (until - now).total_seconds())
 
 
-def rollouts_last_day(state: VllmTuningStatus, now: datetime) -> list[str]:
-    """Start times of the rollouts in the 24 hours before ``now``."""
-    return [t for t in state.rollout_times if (now - _time(t)).total_seconds() < DAY_SECONDS]
+def rollouts_last_day(state: VllmTuningStatus, now: datetime, day_seconds: float = DAY_SECONDS) -> list[str]:
+    """Start times of the rollouts in the day (24 hours unless ``day_seconds`` says otherwise) before ``now``."""
+    return [t for t in state.rollout_times if (now - _time(t)).total_seconds() < day_seconds]
 
 
-def budget_left(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime, reserved: int = 0) -> int:
-    """Rollouts still allowed in the rolling 24 hours, keeping ``reserved`` for scheduled windows."""
-    return spec.rollout.max_rollouts_per_day - len(rollouts_last_day(state, now)) - reserved
+def budget_left(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime, reserved: int = 0,
+                day_seconds: float = DAY_SECONDS) -> int:
+    """Rollouts still allowed in the rolling day (``rollouts_last_day``), keeping ``reserved`` for scheduled
+    windows."""
+    return spec.rollout.max_rollouts_per_day - len(rollouts_last_day(state, now, day_seconds)) - reserved
 
 
 def rollback_room(spec: VllmTuningSpec) -> int:

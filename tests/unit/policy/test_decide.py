@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -35,7 +35,7 @@ from vllm_autotuner.policy import (
     strategy_seen,
 )
 from vllm_autotuner.policy.decision import with_rollout
-from vllm_autotuner.policy.guardrails import DAY_SECONDS
+from vllm_autotuner.policy.guardrails import DAY_SECONDS, budget_left
 from vllm_autotuner.policy.schedule import scheduled_rollouts
 
 from .helpers import T0, knobs, long_prompt_window, shifted, spec, status
@@ -189,6 +189,21 @@ def test_budget_keeps_room_for_a_preset_whose_pre_roll_starts_within_the_day():
     state = warmed(the_spec, status(rollout_times=["2024-05-01T06:00:00Z"]))
     decision = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
     assert decision.hold == HoldReason.BUDGET and "1 kept for schedule windows" in decision.reason
+
+
+def test_a_schedule_that_needs_the_whole_budget_keeps_its_time_the_day_clocks_go_forward():
+    night = {**NIGHT, "timeZone": "America/New_York", "preRoll": "5m"}
+    the_spec = spec(rollout={"maxRolloutsPerDay": 2}, schedules=[night])
+    # Saturday's opening at 21:55 EST and Sunday's closing at 06:00 EDT: 23 hours before Sunday's opening
+    state = status(rollout_times=["2026-03-08T02:55:00Z", "2026-03-08T10:00:00Z"])
+    sunday = datetime.fromisoformat("2026-03-09T01:55:00+00:00")  # 21:55 EDT
+
+    decision = decide(the_spec, state, None, sunday)
+
+    assert decision.action == DecisionAction.CHANGE and decision.source == KnobSource.SCHEDULE
+    assert decision.knobs == knobs(16384, 512)
+    # a traffic change still counts 24 hours
+    assert budget_left(the_spec, state, sunday) == 0
 
 
 def test_schedule_preset_is_pre_rolled_without_traffic_data_and_restored_at_the_end():

@@ -110,6 +110,18 @@ def test_schedules_and_freezes_the_apiserver_could_not_check_are_named_as_spec_p
         "spec.rollout.freezes[peak].timeZone", "spec.rollout.freezes[peak].end"], problems
 
 
+def test_a_window_whose_end_fires_whenever_its_start_does_is_a_spec_problem():
+    from vllm_autotuner.controller.reconcile import spec_problems
+
+    never = {"name": "never", "start": "0 22 * * *", "end": "00 22 * * 0-6"}  # not the same text: admission took it
+    december = {"name": "december", "start": "0 22 * * *", "end": "0 22 * 1-11 *"}  # open in December only
+    spec = VllmTuningSpec.model_validate({"targetRef": {"name": "llama"}, "rollout": {"freezes": [never, december]},
+                                          "schedules": [{**never, "slo": {"itl": {"seconds": 0.05}}}]})
+    assert spec_problems(spec) == [
+        f"spec.{path}[never].end: '00 22 * * 0-6' fires whenever start '0 22 * * *' does, so the window is never "
+        "open: give it an end after its start" for path in ("schedules", "rollout.freezes")]
+
+
 def test_a_schedules_bounds_that_do_not_fit_over_spec_bounds_are_a_spec_problem():
     from vllm_autotuner.controller.reconcile import spec_problems
 

@@ -79,6 +79,7 @@ from vllm_autotuner.policy import (
 )
 from vllm_autotuner.policy.decision import with_rollout
 from vllm_autotuner.policy.observation import stale_after
+from vllm_autotuner.policy.schedule import never_opens
 from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
 from vllm_autotuner.rollout.patch import unrecorded_write, written_reason
 from vllm_autotuner.rollout.progress import (
@@ -185,19 +186,24 @@ class Report:
 
 
 def spec_problems(spec: VllmTuningSpec) -> list[str]:
-    """What admission could not check: time zones that exist, cron expressions cron can run (schedules' and
-    freezes'), and schedules' bounds with spec.bounds beneath them."""
+    """What admission could not check: time zones that exist, cron expressions cron can run, windows that ever
+    open (schedules' and freezes'), and schedules' bounds with spec.bounds beneath them."""
     problems = [f"spec.schedules[{s.name}].bounds over spec.bounds: {problem}" for s in spec.schedules
                 for problem in spec.bounds.overlaid(s.bounds).problems()]
     windows = [("schedules", w) for w in spec.schedules] + [("rollout.freezes", w) for w in spec.rollout.freezes]
     for path, window in windows:
+        unreadable = []
         for name, check in (("timeZone", lambda w=window: time_zone(w.time_zone)),
                             ("start", lambda w=window: parse_cron(w.start)),
                             ("end", lambda w=window: parse_cron(w.end))):
             try:
                 check()
             except ValueError as exc:
-                problems.append(f"spec.{path}[{window.name}].{name}: {exc}")
+                unreadable.append(f"spec.{path}[{window.name}].{name}: {exc}")
+        if not unreadable and never_opens(window.start, window.end, window.time_zone):
+            unreadable.append(f"spec.{path}[{window.name}].end: {window.end!r} fires whenever start {window.start!r} "
+                              f"does, so the window is never open: give it an end after its start")
+        problems += unreadable
     return problems
 
 

@@ -24,6 +24,7 @@ change started then would still be rolling in it) until it closes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -98,6 +99,28 @@ def window_at(window: TimeWindow, now: datetime, pre_roll_seconds: float) -> tup
         return None  # it closes as it opens: nothing to pre-roll for
     end = _following(window.end, zone, next_start)
     return (next_start, end) if end is not None else None
+
+
+#: Where ``never_opens`` starts to look, and how many of the start's occurrences it looks at: a year of a daily
+#: window's. The answer is the spec's, whatever the day.
+_FIRST_LOOK = datetime(2024, 1, 1, tzinfo=UTC)
+_OPENINGS_LOOKED_AT = 400
+
+
+@functools.lru_cache(maxsize=256)
+def never_opens(start: str, end: str, zone: str) -> bool:
+    """Whether a window's end fires whenever its start does (``0 22 * * *`` to ``00 22 * * 0-6``): it is then never
+    in force, however its text differs. Raises ValueError for a cron expression or time zone that cannot be read."""
+    parse_cron(start)
+    parse_cron(end)
+    moment: datetime | None = _FIRST_LOOK
+    for _ in range(_OPENINGS_LOOKED_AT):
+        moment = _following(start, zone, moment)
+        if moment is None:
+            break
+        if _previous(end, zone, moment) != moment:
+            return False
+    return True
 
 
 def rollout_lead_seconds(state: VllmTuningStatus) -> float:
@@ -195,7 +218,8 @@ def scheduled_rollouts(
     pre-roll early, so it counts once its pre-roll starts within the horizon:
     a change made the day before must leave the budget the preset needs then.
     Only a start that opens the window and an end that closes it count: a
-    Friday window closed by a daily ``end`` closes once a week, not daily.
+    Friday window closed by a daily ``end`` closes once a week, not daily,
+    and a start its end fires with opens nothing.
     """
     until = now + timedelta(seconds=horizon_seconds)
     count = 0
@@ -214,7 +238,8 @@ def scheduled_rollouts(
             except ValueError:
                 continue
             while moment is not None and moment - early <= until:
-                # open just before: a start then opens nothing, and an end closes it
-                count += (window_at(schedule, moment - timedelta(seconds=1), 0.0) is None) == opening
+                was, becomes = (window_at(schedule, at, 0.0) is not None for at in (moment - timedelta(seconds=1),
+                                                                                     moment))
+                count += (becomes and not was) if opening else (was and not becomes)
                 moment = _following(expr, schedule.time_zone, moment)
     return count

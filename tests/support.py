@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import subprocess
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -122,6 +124,39 @@ def documents(text: str) -> list[dict]:
 def alert_rules() -> list[dict[str, Any]]:
     """The chart's alerting rules, as its rule file writes them."""
     return [r for group in yaml.safe_load(ALERTS.read_text())["groups"] for r in group["rules"]]
+
+
+@dataclass(frozen=True)
+class AlertWatcher:
+    """A Prometheus evaluating the chart's alerts on an operator's /metrics (``alert_watcher``)."""
+
+    url: str
+
+    def api(self, path: str) -> Any:
+        """The ``data`` of its HTTP API's answer at ``/api/v1/<path>``."""
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}", timeout=5) as response:
+            return json.load(response)["data"]
+
+    def active(self) -> dict[str, list[dict[str, Any]]]:
+        """The alerts pending or firing now, by name."""
+        found: dict[str, list[dict[str, Any]]] = {}
+        for alert in self.api("alerts")["alerts"]:
+            found.setdefault(alert["labels"]["alertname"], []).append(alert)
+        return found
+
+
+@contextlib.contextmanager
+def alert_watcher(workdir: Path, operator_url: str) -> Iterator[AlertWatcher]:
+    """A Prometheus that scrapes the operator at ``operator_url`` with the target labels a ServiceMonitor attaches
+    (the operator's own namespace and pod, which must not replace a tuning's) and evaluates the chart's alerts."""
+    watcher = localenv.start_prometheus(workdir, rules=ALERTS)
+    try:
+        scraped_as = {"namespace": "vllm-autotuner-system", "pod": "vllm-autotuner-0"}
+        localenv.write_targets(watcher.operator_targets_file,
+                               [{"targets": [operator_url.removeprefix("http://")], "labels": scraped_as}])
+        yield AlertWatcher(watcher.url)
+    finally:
+        watcher.stop()
 
 
 def _run(argv: list[str], env: dict[str, str], check: bool, stdin: str | None = None) -> subprocess.CompletedProcess:

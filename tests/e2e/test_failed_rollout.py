@@ -12,20 +12,22 @@ GPU pools without a spare GPU do, so the failing pod replaces the old one
 and the rollback is what brings service back. With that rollback refused by
 admission (a ValidatingAdmissionPolicy, as an admission webhook down or a
 Role edited would refuse it), the operator records the failed config at
-once, retries the rollback at each evaluation and says each thing once.
+once, retries the rollback at each evaluation and says each thing once. The
+chart's alert on failed rollouts fires for the tuning's first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from tests.e2e.conftest import Operators
 from tests.e2e.world import World, knob_args, knobs_of, open_window, parse_time, tuning_spec
-from tests.support import L4, Cluster, NotYet, expected_startup, vllm_deployment, wait_for
+from tests.support import L4, Cluster, NotYet, alert_watcher, expected_startup, vllm_deployment, wait_for
 
 from vllm_autotuner.sim import localenv
 
@@ -36,7 +38,8 @@ PROGRESS_DEADLINE = 60
 
 
 def test_a_config_that_cannot_start_is_rolled_back_recorded_and_never_tried_again(
-        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators) -> None:
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators,
+        tmp_path: Path) -> None:
     assert expected_startup(L4, knob_args(*START)).ok
     assert "KV cache" in expected_startup(L4, knob_args(*TOO_BIG)).error
     world = World(cluster_with_crd, namespace)
@@ -47,8 +50,14 @@ def test_a_config_that_cannot_start_is_rolled_back_recorded_and_never_tried_agai
         schedules=[open_window("Europe/Berlin", {"maxNumBatchedTokens": TOO_BIG[0], "maxNumSeqs": TOO_BIG[1]})]))
     operator = operators.start()
 
-    degraded = world.wait_condition("Degraded", "True", "RolloutFailed", 120)
-    assert "crash-looping" in degraded["message"] and "KV cache" in degraded["message"], degraded
+    with alert_watcher(tmp_path / "watcher", operator.url) as watcher:
+        degraded = world.wait_condition("Degraded", "True", "RolloutFailed", 120)
+        assert "crash-looping" in degraded["message"] and "KV cache" in degraded["message"], degraded
+        # the tuning's first failed rollout is an increase the chart's alert sees
+        (alert,) = wait_for(lambda: watcher.active().get("VllmTuningRolloutFailed") or NotYet("no alert"), 30,
+                            "VllmTuningRolloutFailed to fire")
+    assert alert["state"] == "firing" and (alert["labels"]["namespace"], alert["labels"]["tuning"],
+                                           alert["labels"]["outcome"]) == (namespace, world.name, "Failed"), alert
     recovered = world.wait_condition("Degraded", "False", "RecoveredByRollback", 120)
     assert "KV cache" in recovered["message"]
     world.wait_rolled_out(knob_args(*START), 60)

@@ -20,8 +20,6 @@ named and described from the operator's own series, and no other.
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ import pytest
 from tests.e2e.conftest import Operators
 from tests.e2e.test_traffic import settled_window
 from tests.e2e.world import Load, World, fleet_targets_of, knob_args, parse_time, tuning_spec
-from tests.support import ALERTS, H100, Cluster, NotYet, alert_rules, wait_for
+from tests.support import H100, Cluster, NotYet, alert_rules, alert_watcher, wait_for
 
 from vllm_autotuner.sim import localenv
 
@@ -85,33 +83,19 @@ def test_an_operator_that_cannot_reach_prometheus_raises_its_alerts_and_no_other
     world.create_deployment(H100, knob_args(512, 16), replicas=1)
     world.wait_rolled_out(knob_args(512, 16), 60)  # no rollout in progress: its decisions hold for want of data
     world.create_tuning(tuning_spec(world.name))
-    watcher = localenv.start_prometheus(tmp_path / "watcher", rules=ALERTS)
-    try:
-        operator = operators.start(prometheus_url=f"http://127.0.0.1:{localenv.free_port()}")  # nothing listens
-        # the target labels a ServiceMonitor attaches: the operator's own namespace must not replace the tuning's
-        scraped_as = {"namespace": "vllm-autotuner-system", "pod": "vllm-autotuner-0"}
-        localenv.write_targets(watcher.operator_targets_file,
-                               [{"targets": [operator.url.removeprefix("http://")], "labels": scraped_as}])
-        expected = {"VllmAutotunerPrometheusErrors", "VllmTuningBlind"}
-
-        def api(path: str) -> Any:
-            with urllib.request.urlopen(f"{watcher.url}/api/v1/{path}", timeout=5) as response:
-                return json.load(response)["data"]
+    operator = operators.start(prometheus_url=f"http://127.0.0.1:{localenv.free_port()}")  # nothing listens
+    expected = {"VllmAutotunerPrometheusErrors", "VllmTuningBlind"}
+    with alert_watcher(tmp_path / "watcher", operator.url) as watcher:
 
         def active() -> dict[str, list[dict[str, Any]]] | NotYet:
-            alerts = api("alerts")["alerts"]
-            found: dict[str, list[dict[str, Any]]] = {}
-            for alert in alerts:
-                found.setdefault(alert["labels"]["alertname"], []).append(alert)
+            found = watcher.active()
             return found if set(found) == expected else NotYet(f"active alerts {sorted(found)}")
 
         found = wait_for(active, 60, f"exactly {sorted(expected)} to be active")
-        rules = [r for group in api("rules")["groups"] for r in group["rules"]]
+        rules = [r for group in watcher.api("rules")["groups"] for r in group["rules"]]
         written = {r["alert"] for r in alert_rules()}
         assert {r["name"] for r in rules} == written and all(r["health"] == "ok" for r in rules), [
             (r["name"], r.get("lastError")) for r in rules]
-    finally:
-        watcher.stop()
     (errors,) = found["VllmAutotunerPrometheusErrors"]
     assert errors["state"] == "pending" and errors["labels"]["kind"] == "PrometheusUnreachable", errors
     assert "(PrometheusUnreachable)" in errors["annotations"]["summary"], errors

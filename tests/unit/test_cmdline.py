@@ -166,12 +166,31 @@ def test_a_model_length_vllm_fits_to_memory_is_unknown(length):
 
 
 def test_knobs_left_to_a_config_file_cannot_be_known():
+    with pytest.raises(CommandLineError, match="may set --max-num-batched-tokens, --max-num-seqs, .* where"):
+        EngineArgs.from_container({"args": ["--config", "serve.yaml"]})
+    stated = ["--max-num-batched-tokens", "4k", "--max-num-seqs", "64", "--no-enable-chunked-prefill", "-dp", "1"]
+    both = EngineArgs.from_container({"args": ["--config", "serve.yaml", *stated]})
     defaults = vllm_defaults("0.11", Hardware(gpus=1, memory_gib=80))
-    with pytest.raises(CommandLineError, match="may set --max-num-batched-tokens and --max-num-seqs where"):
-        EngineArgs.from_container({"args": ["--config", "serve.yaml"]}).effective(defaults)
-    both = EngineArgs.from_container({"args": ["--config", "serve.yaml", "--max-num-batched-tokens", "4k",
-                                               "--max-num-seqs", "64"]})
     assert both.effective(defaults) == (Knobs(max_num_batched_tokens=4000, max_num_seqs=64), False)  # over the file
+    assert (both.chunked_prefill, both.max_model_len) == (False, None)  # a length left to the file is unknown
+
+
+@pytest.mark.parametrize(
+    ("missing", "said"),
+    [
+        ("--no-enable-chunked-prefill", "--enable-chunked-prefill or --no-enable-chunked-prefill"),
+        ("-dp", "--data-parallel-size"),
+    ],
+)
+def test_a_config_file_may_not_hold_what_the_start_up_rules_or_the_data_parallel_refusal_read(missing, said):
+    # vLLM loads the file's keys as flags: chunked prefill off (a budget below max_model_len is refused) or a
+    # data-parallel size there would be missed, so the command line must say them, as it must the knobs
+    stated = ["--max-num-batched-tokens", "4096", "--max-num-seqs", "64", "--no-enable-chunked-prefill", "-dp", "1"]
+    at = stated.index(missing)
+    args = ["--config=/etc/vllm/serve.yaml", *stated[:at], *stated[at + (1 if missing.startswith("--") else 2):]]
+    with pytest.raises(CommandLineError, match=f"which may set --[a-z-]+ where the operator cannot read it; put {said} "
+                                               "on the command line"):
+        EngineArgs.from_container({"args": args})
 
 
 def test_unbalanced_quote_is_a_clear_error():
@@ -182,22 +201,33 @@ def test_unbalanced_quote_is_a_clear_error():
 def test_shell_tokenizer_spans_and_redirections():
     words = split_shell("a 'b c'\\ d 2>&1|e >/l f")
     # redirections pass nothing to the command, also between its arguments
-    assert [(w, op) for w, _, op in words] == [("a", False), ("b c d", False), ("|", True), ("e", False), ("f", False)]
+    assert [(w, op) for w, _, op, _ in words] == [("a", False), ("b c d", False), ("|", True), ("e", False),
+                                                  ("f", False)]
     assert words[1][1] == (2, 10)
+
+
+def test_a_line_continuation_between_words_separates_them():
+    # `\` + newline is removed before the shell splits words: between words it is no word of its own
+    words = split_shell("vllm serve \\\n  org/model \\\n  --max-num-seqs \\\n  64 --max-num\\\n-batched-tokens 8")
+    assert [w for w, *_ in words] == ["vllm", "serve", "org/model", "--max-num-seqs", "64", "--max-num-batched-tokens",
+                                      "8"]
 
 
 def test_shell_tokenizer_keeps_expansions_whole_and_skips_comments():
     script = 'x $(a ")" (b)) `c d` $((1+(2))) ${e:-"f g"} "$(h)\\"" # i ) j\nk'
-    assert [(w, op) for w, _, op in split_shell(script)] == [
-        ("x", False),
-        ('$(a ")" (b))', False),
-        ("`c d`", False),
-        ("$((1+(2)))", False),
-        ('${e:-"f g"}', False),
-        ('$(h)"', False),
-        ("\n", True),
-        ("k", False),
+    assert [(w, op, expands) for w, _, op, expands in split_shell(script)] == [
+        ("x", False, False),
+        ('$(a ")" (b))', False, True),
+        ("`c d`", False, True),
+        ("$((1+(2)))", False, True),
+        ('${e:-"f g"}', False, True),
+        ('$(h)"', False, True),
+        ("\n", True, False),
+        ("k", False, False),
     ]
+    marked = [(w, expands) for w, _, _, expands in split_shell("""$A "$1x" '$B' \\$C $@ a$ "$" ${#x}""")]
+    assert marked == [("$A", True), ("$1x", True), ("$B", False), ("$C", False), ("$@", True), ("a$", False),
+                      ("$", False), ("${#x}", True)]
 
 
 def test_find_container():
@@ -352,6 +382,10 @@ def knob_flags(argv):
         ({"command": ["env", "-u", "HOME", "A=1", "/bin/sh", "-ec"], "args": ["vllm serve M --max-num-seqs 64"]}, 64),
         ({"command": ["/bin/sh", "-c", "vllm serve M --max-model-len 8192  # serves M\n"]}, None),
         ({"command": ["/bin/sh", "-c", "vllm serve M >log 2>&1 --max-num-seqs 64"]}, 64),  # flags after a redirection
+        # line continuations, between words and between a flag and its value
+        ({"command": ["/bin/sh", "-c", "vllm serve \\\n  M \\\n  --max-num-seqs 64"]}, 64),
+        ({"command": ["/bin/sh", "-c", "vllm serve M \\\n  --max-num-batched-tokens \\\n    8192 \\\n"
+                                       "  --max-num-seqs \\\n  64"]}, 64),
         ({"command": ["/bin/sh", "-c", 'vllm serve M --override-generation-config "{\\"t\\": 1}" --max-num-seqs 64']},
          64),
         # arguments the script passes on as "$@" ($0 is the word after the script)
@@ -426,3 +460,178 @@ def test_an_unreadable_sidecar_does_not_hide_the_vllm_container():
     init = {"name": "writer", "image": "busybox", "command": ["sh", "-c", "cat >/cfg <<EOF\nit's: 1\nEOF"]}
     engine = {"name": "engine", "image": "registry/llm", "command": ["vllm", "serve", "M"]}
     assert find_vllm_container({"containers": [init, engine]})["name"] == "engine"
+
+
+# --- what vLLM gets after kubelet's $(VAR) and the shell's expansions ----------------------------
+
+H100 = vllm_defaults("v0.11.0", Hardware(gpus=1, memory_gib=80, product="NVIDIA-H100-80GB-HBM3"))
+
+
+def env(**values):
+    return [{"name": name, "value": value} for name, value in values.items()]
+
+
+@pytest.mark.parametrize(
+    ("element", "expanded"),
+    [
+        ("$(A)", "1"),
+        ("x$(A)y$(B)", "x1y2 3"),
+        ("$$(A)", "$(A)"),  # escaped
+        ("$$$(A)", "$1"),
+        ("$(UNDEFINED)", "$(UNDEFINED)"),  # left as written
+        ("$(A", "$(A"),
+        ("$A", "$A"),
+        ("$(C)", "1-$(D)"),  # C's value expanded with the variables before it only
+        ("$(E)", ""),
+    ],
+)
+def test_kubelet_expands_variable_references_with_the_containers_env(element, expanded):
+    container = {"args": ["--served-model-name", element],
+                 "env": [*env(A="1", B="2 3", C="$(A)-$(D)", D="4"), {"name": "E"}]}
+    assert CommandLine.parse(container).get("served-model-name").value == expanded
+
+
+def test_flags_passed_through_a_variable_reference_are_read_and_refused_as_written():
+    script = ["/bin/sh", "-c", "exec vllm serve $(MODEL) $(VLLM_ARGS) 2>&1 | tee log"]
+    container = {"command": script, "env": env(MODEL="org/m", VLLM_ARGS="--max-num-seqs 32 -dp 2")}
+    with pytest.raises(CommandLineError, match="run one engine per pod"):
+        EngineArgs.from_container(container)
+    container["env"] = env(MODEL="org/m", VLLM_ARGS="--max-num-seqs 32 --max-model-len 32768 --no-enable-chunked-prefill")
+    engine = EngineArgs.from_container(container)
+    assert (engine.max_num_seqs, engine.max_model_len, engine.chunked_prefill) == (32, 32768, False)
+    assert CommandLine.parse(container).model() == "org/m"
+    # the operator changes the command line only, never a variable's value
+    with pytest.raises(CommandLineError, match=r"--max-num-seqs comes from \$\(VLLM_ARGS\) of the container's env"):
+        set_knobs(container, NEW)
+    container["env"] = env(MODEL="org/m", VLLM_ARGS="--max-model-len 4096")
+    assert set_knobs(container, NEW)["command"][2] == (
+        "exec vllm serve $(MODEL) $(VLLM_ARGS) --max-num-batched-tokens 3072 --max-num-seqs 96 2>&1 | tee log")
+
+
+def test_a_rewrite_keeps_variable_references_where_they_are():
+    container = {"command": ["sh", "-c", "vllm serve $(MODEL) --max-num-seqs $(SEQS) --port $$PORT"],
+                 "args": ["$(SEQS)"], "env": env(MODEL="org/m", SEQS="64")}
+    with pytest.raises(CommandLineError, match=r"--max-num-seqs comes from \$\(SEQS\)"):
+        set_knobs(container, NEW)
+    container["command"][2] = "vllm serve $(MODEL) --max-num-seqs 64 --port $$PORT"
+    assert set_knobs(container, NEW)["command"][2] == (
+        "vllm serve $(MODEL) --max-num-seqs 96 --port $$PORT --max-num-batched-tokens 3072")
+    listed = {"args": ["$(MODEL)", "--max-num-seqs", "$(SEQS)"], "env": env(MODEL="org/m", SEQS="64")}
+    assert EngineArgs.from_container(listed).max_num_seqs == 64
+    assert set_knobs(listed, NEW)["args"] == ["$(MODEL)", "--max-num-seqs", "96", "--max-num-batched-tokens", "3072"]
+
+
+@pytest.mark.parametrize(
+    "container",
+    [
+        {"command": ["/bin/sh", "-c", "exec vllm serve M $VLLM_ARGS"]},
+        {"command": ["/bin/sh", "-c", "exec vllm serve ${MODEL} ${EXTRA_ARGS:-} --max-num-seqs 8"]},
+        {"command": ["bash", "-c", 'vllm serve M --max-num-seqs 8 "$EXTRA" | tee log']},
+        {"command": ["sh", "-c", "vllm serve M `cat /etc/vllm/args`"]},
+        {"command": ["sh", "-c", "python3 -m vllm.entrypoints.openai.api_server $(cat /args)"]},
+        {"command": ["sh", "-c", "vllm serve M --enforce-eager $EXTRA"]},  # a flag that takes no value
+        {"command": ["sh", "-c", "vllm serve M --$NAME=8"]},
+        # Kubernetes: a variable from a Secret, or one envFrom may set, is unknown
+        {"args": ["M", "$(EXTRA)"], "env": [{"name": "EXTRA", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]},
+        {"args": ["M", "$(EXTRA)"], "envFrom": [{"configMapRef": {"name": "vllm-args"}}]},
+        {"command": ["sh", "-c", "vllm serve M '$(EXTRA)'"], "envFrom": [{"configMapRef": {"name": "vllm-args"}}]},
+    ],
+)
+def test_an_expansion_where_vllm_takes_flags_is_refused_saying_to_write_them_literally(container):
+    with pytest.raises(CommandLineError, match="write the flags literally in the command or args"):
+        EngineArgs.from_container(container)
+    with pytest.raises(CommandLineError, match="write the flags literally"):
+        set_knobs(container, NEW)
+
+
+@pytest.mark.parametrize(
+    "container",
+    [
+        # an expansion in another command of the script is not vLLM's
+        {"command": ["sh", "-c", 'exec vllm serve "$MODEL" --port $PORT --served-model-name "${NAME:-m}" '
+                                 "--max-num-seqs 8 -tp $(nproc) | tee $LOG"]},
+        {"command": ["sh", "-c", "vllm serve $(MODEL) --max-num-seqs=8 --api-key=$KEY"], "envFrom": [{"x": 1}]},
+        {"args": ["$(MODEL)", "--served-model-name", "$(POD_NAME)", "--max-num-seqs", "8"],
+         "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
+        {"command": ["sh", "-c", 'exec vllm serve "$@"', "--"], "args": ["M", "--max-num-seqs", "8"]},
+    ],
+)
+def test_an_expansion_for_a_flags_value_or_the_model_is_read(container):
+    assert EngineArgs.from_container(container).max_num_seqs == 8
+
+
+def test_the_data_parallel_refusal_and_the_rules_see_flags_from_a_variable_in_list_form():
+    container = {"args": ["M", "$(DP)", "$(N)"], "env": env(DP="--data-parallel-size=2", N="--max-num-seqs=8")}
+    with pytest.raises(CommandLineError, match="run one engine per pod"):
+        EngineArgs.from_container(container)
+
+
+# --- vLLM's own reading of the flags: abbreviations, value types, tied defaults --------------------
+
+
+def test_a_unique_prefix_of_a_flag_is_read_and_rewritten_as_that_flag():
+    container = {"command": ["vllm", "serve", "M", "--max-num-batched", "2048", "--max_num_seq=64",
+                             "--no-enable-chunked", "--max-model", "4096"]}
+    engine = EngineArgs.from_container(container)
+    assert (engine.max_num_batched_tokens, engine.max_num_seqs, engine.chunked_prefill, engine.max_model_len) == (
+        2048, 64, False, 4096)
+    assert set_knobs(container, NEW)["command"] == ["vllm", "serve", "M", "--max-num-batched", "3072",
+                                                    "--max_num_seq=96", "--no-enable-chunked", "--max-model", "4096"]
+    with pytest.raises(CommandLineError, match="run one engine per pod"):
+        EngineArgs.from_container({"args": ["--data-parallel-size-l", "2", "--max-num-seqs", "64"]})
+
+
+@pytest.mark.parametrize("prefix", ["--max-num", "--max_num=64", "--data-parallel-s", "--no-enable"])
+def test_a_prefix_of_several_flags_is_refused_as_vllm_refuses_it(prefix):
+    with pytest.raises(CommandLineError, match="abbreviates several of vLLM's flags .* write the flag in full"):
+        EngineArgs.from_container({"args": ["M", prefix, "64"]})
+
+
+@pytest.mark.parametrize(
+    ("args", "read"),
+    [
+        (["--max-model-len", "Auto"], (None, None, None)),
+        (["--max-model-len", "None"], (None, None, None)),
+        (["--max-model-len", "8_192", "--max-num-batched-tokens", " 8_192 "], (8192, None, 8192)),
+        (["--max-num-seqs", "None", "--max-num-batched-tokens="], (None, None, None)),  # absent: vLLM's default
+        (["--max-num-seqs", "+64"], (None, 64, None)),
+    ],
+)
+def test_integer_values_are_read_with_the_type_vllm_gives_each_flag(args, read):
+    engine = EngineArgs.from_container({"args": ["M", *args]})
+    assert (engine.max_model_len, engine.max_num_seqs, engine.max_num_batched_tokens) == read
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--max-num-seqs", "1k"], "'1k', not a positive integer .* plain number such as 64"),  # vLLM: type=int
+        (["--max-num-seqs", "0"], "'0', not a positive integer"),
+        (["--max-num-batched-tokens", "-1"], "'-1', not a positive integer"),
+        (["--data-parallel-size", "None"], "'None', not a positive integer"),  # not optional in vLLM
+        (["--max-num-seqs"], "None, not a positive integer"),
+    ],
+)
+def test_values_vllm_refuses_are_refused(args, match):
+    with pytest.raises(CommandLineError, match=match):
+        EngineArgs.from_container({"args": ["M", *args]})
+
+
+@pytest.mark.parametrize(
+    ("args", "knobs"),
+    [
+        (["--max-num-batched-tokens", "512"], (512, 512)),  # max_num_seqs = min(default, budget)
+        (["--no-enable-chunked-prefill", "--max-model-len", "32768", "--max-num-seqs", "64"], (32768, 64)),
+        (["--max-model-len", "1024", "--max-num-seqs", "2"], (2048, 2)),  # budget <= max_num_seqs * max_model_len
+        (["--max-model-len", "4", "--no-enable-chunked-prefill"], (4096, 1024)),  # both ties: max(4, 8192), 1024 * 4
+        (["--max-num-seqs", "64"], (8192, 64)),  # the model's length is unknown: no ceiling from it
+    ],
+)
+def test_absent_knobs_are_filled_as_vllm_ties_them(args, knobs):
+    (effective, from_defaults) = EngineArgs.from_container({"args": ["M", *args]}).effective(H100)
+    assert (effective.max_num_batched_tokens, effective.max_num_seqs, from_defaults) == (*knobs, True)
+
+
+def test_a_default_budget_that_is_the_unknown_model_length_is_refused():
+    with pytest.raises(CommandLineError, match="put --max-model-len or --max-num-batched-tokens on the command line"):
+        EngineArgs.from_container({"args": ["M", "--no-enable-chunked-prefill"]}).effective(H100)

@@ -12,7 +12,7 @@ from typing import Any
 
 from vllm_autotuner.api.spec import Knobs
 from vllm_autotuner.knobs.cmdline import CommandLine, CommandLineError, find_vllm_container, with_container_command
-from vllm_autotuner.knobs.defaults import AssumedDefaults, Hardware, vllm_defaults
+from vllm_autotuner.knobs.defaults import AssumedDefaults, Hardware, engine_knobs, vllm_defaults
 from vllm_autotuner.knobs.feasibility import startup_errors, startup_warnings
 
 TOKENS_FLAG = "max-num-batched-tokens"
@@ -21,6 +21,16 @@ SEQS_FLAG = "max-num-seqs"
 #: metrics carry one series per engine (``engine="0"``, ``"1"``...) and --max-num-seqs caps each engine, while
 #: the operator's queries and model take a pod for one engine, so such a target would be mis-tuned.
 DATA_PARALLEL_FLAGS = ("data-parallel-size", "data-parallel-size-local")
+#: What a ``--config`` file may set that the operator must know, and the flags that say it on the command line (which
+#: take precedence over the file): the knobs, chunked prefill (off, vLLM refuses a budget below max_model_len) and the
+#: data-parallel size (a file's data-parallel-size-local cannot exceed the command line's --data-parallel-size 1).
+#: A max_model_len left to the file is unknown, as a model's own is: the start-up rules then keep the budget safe.
+CONFIG_FILE_FLAGS = {
+    TOKENS_FLAG: f"--{TOKENS_FLAG}",
+    SEQS_FLAG: f"--{SEQS_FLAG}",
+    "enable-chunked-prefill": "--enable-chunked-prefill or --no-enable-chunked-prefill",
+    "data-parallel-size": "--data-parallel-size",
+}
 
 
 @dataclass(frozen=True)
@@ -32,12 +42,12 @@ class EngineArgs:
     max_model_len: int | None  # None also for ``auto``/``-1``: vLLM fits it to the memory left
     chunked_prefill: bool | None  # None: vLLM's default (always on in the V1 engine)
     performance_mode: str | None
-    config_file: str | None  # --config YAML: flags in it are not visible to the operator
 
     @classmethod
     def from_container(cls, container: dict[str, Any]) -> EngineArgs:
-        """Read a container's command and args. Raises CommandLineError for unreadable values, and for a
-        data-parallel engine, which the operator cannot tune."""
+        """Read a container's command and args. Raises CommandLineError for unreadable values, for a
+        data-parallel engine, which the operator cannot tune, and for a ``--config`` file that may set what the
+        operator must know."""
         cmd = CommandLine.parse(container)
         for name in DATA_PARALLEL_FLAGS:
             size = cmd.get_int(name)
@@ -49,32 +59,38 @@ class EngineArgs:
                     f"count per engine, while this operator tunes one engine per pod; run one engine per pod "
                     f"(data-parallel size 1, one replica per engine) or tune this Deployment by hand"
                 )
-        mode = cmd.get("performance-mode")
         config = cmd.get("config")
-        model_len = cmd.get("max-model-len")
+        missing = [name for name in CONFIG_FILE_FLAGS if cmd.get(name) is None and cmd.get(f"no-{name}") is None]
+        if config is not None and missing:
+            first, *rest = missing
+            also = f", and also {' and '.join(CONFIG_FILE_FLAGS[name] for name in rest)}" if rest else ""
+            raise CommandLineError(
+                f"vLLM reads --config {config.value}, which may set {_listed(['--' + name for name in missing])} "
+                f"where the operator cannot read {'them' if rest else 'it'}; put {CONFIG_FILE_FLAGS[first]} on the "
+                f"command line{also} (flags there take precedence over the file)"
+            )
+        mode = cmd.get("performance-mode")
         return cls(
             max_num_batched_tokens=cmd.get_int(TOKENS_FLAG),
             max_num_seqs=cmd.get_int(SEQS_FLAG),
-            max_model_len=None if model_len and model_len.value in ("auto", "-1") else cmd.get_int("max-model-len"),
+            max_model_len=cmd.get_int("max-model-len"),
             chunked_prefill=cmd.get_bool("enable-chunked-prefill"),
             performance_mode=mode.value if mode else None,
-            config_file=config.value if config else None,
         )
 
     def effective(self, defaults: AssumedDefaults) -> tuple[Knobs, bool]:
-        """The knobs vLLM runs with, and whether any came from its defaults. Raises CommandLineError when a knob is
-        left to a ``--config`` file, which may set it where the operator cannot read it."""
-        missing = [f"--{flag}" for flag, value in ((TOKENS_FLAG, self.max_num_batched_tokens),
-                                                   (SEQS_FLAG, self.max_num_seqs)) if value is None]
-        if self.config_file is not None and missing:
-            raise CommandLineError(
-                f"vLLM reads --config {self.config_file}, which may set {' and '.join(missing)} where the operator "
-                f"cannot read it; put {' and '.join(missing)} on the command line (it takes precedence over the file)"
-            )
-        tokens = self.max_num_batched_tokens or defaults.knobs.max_num_batched_tokens
-        seqs = self.max_num_seqs or defaults.knobs.max_num_seqs
+        """The knobs vLLM runs with, and whether any came from its defaults (``engine_knobs``: vLLM ties an absent
+        one to the other and to max_model_len). Raises CommandLineError where that depends on what the operator
+        cannot read."""
+        tokens, seqs = engine_knobs(self.max_num_batched_tokens, self.max_num_seqs, defaults.knobs, self.max_model_len,
+                                    self.chunked_prefill is not False)
         from_defaults = self.max_num_batched_tokens is None or self.max_num_seqs is None
         return Knobs(max_num_batched_tokens=tokens, max_num_seqs=seqs), from_defaults
+
+
+def _listed(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join(filter(None, (", ".join(items[:-1]), items[-1])))
 
 
 def set_knobs(container: dict[str, Any], knobs: Knobs) -> dict[str, Any]:
@@ -87,5 +103,6 @@ def set_knobs(container: dict[str, Any], knobs: Knobs) -> dict[str, Any]:
 
 __all__ = [
     "TOKENS_FLAG", "SEQS_FLAG", "EngineArgs", "set_knobs", "CommandLine", "CommandLineError",
-    "find_vllm_container", "AssumedDefaults", "Hardware", "vllm_defaults", "startup_errors", "startup_warnings",
+    "find_vllm_container", "AssumedDefaults", "Hardware", "engine_knobs", "vllm_defaults", "startup_errors",
+    "startup_warnings",
 ]

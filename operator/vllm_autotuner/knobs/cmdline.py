@@ -17,7 +17,22 @@ tokenizer that remembers each word's character span, so a value can be
 replaced in place; the arguments a script passes on as ``"$@"`` are elements
 again. Flags are then read the way vLLM's argument parser reads them: names
 normalised (underscores -> dashes), ``--flag=value`` or ``--flag value``, the
-one-dash aliases of the flags read here (``-dp 2``), the last occurrence wins.
+one-dash aliases of the flags read here (``-dp 2``), the last occurrence wins,
+a unique prefix of a long option taken for it (``--max-num-batched 2048``:
+vLLM's parser keeps argparse's abbreviations), and each integer value read
+with the type vLLM gives that flag (``8k`` is a size for
+``--max-num-batched-tokens`` but no number for ``--max-num-seqs``).
+
+What vLLM gets is not always what is written. Kubelet first replaces each
+``$(VAR)`` in command and args with the container's variable (``$$`` escapes
+it, an undefined one stays as written), so the operator expands them alike
+from the container's ``env`` values. A shell then expands ``$VAR``,
+``${...}``, ``$(...)`` and backquotes to values the operator never sees, and
+an unquoted one may split into several words. Such an expansion (or a
+variable the operator cannot read, from a Secret or ``envFrom``) is read only
+as a flag's value or as the model: anywhere else vLLM may get flags from it
+(``vllm serve M $VLLM_ARGS``), the data-parallel size or chunked prefill that
+decide which knobs vLLM accepts among them, so the command is refused.
 
 A wrong reading is worse than none: flags written where vLLM does not get
 them leave the operator believing in values vLLM never ran with, and a script
@@ -29,8 +44,10 @@ operator changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +64,20 @@ _BOOLEAN_FLAGS = {"trust-remote-code", "enforce-eager", "async-scheduling", "hea
 # vLLM's one-dash aliases of flags read here (argparse takes ``-dp 2`` and ``-dp=2`` as ``--data-parallel-size 2``).
 _SHORT_ALIASES = {"-tp": "tensor-parallel-size", "-dp": "data-parallel-size", "-dpl": "data-parallel-size-local"}
 
+# The long options the operator and the simulator read (a boolean in both forms). vLLM's parser takes a word that is
+# a prefix of exactly one option for that option, and refuses a prefix of several ("ambiguous option"): so a prefix of
+# one of these is read as it, and a prefix of several is refused. (Were it also a prefix of an option not read here,
+# vLLM would refuse to start, and what the word is read as would not matter.)
+_READ_FLAGS = (
+    "max-num-batched-tokens", "max-num-seqs", "max-model-len", "enable-chunked-prefill", "no-enable-chunked-prefill",
+    "data-parallel-size", "data-parallel-size-local", "performance-mode", "config", "model", "tensor-parallel-size",
+    "gpu-memory-utilization", "enable-prefix-caching", "no-enable-prefix-caching", "block-size", "port",
+    "served-model-name",
+)
+
+# Characters a shell expands in a word: a flag name with one in it is not known until the script runs.
+_EXPANSION_CHARACTERS = ("$", "`")
+
 # The shell's operators: those that separate commands, and redirections, which take the next word as their target
 # and pass nothing to the command; longest first. Their characters end a word.
 _CONTROL_OPERATORS = ("&&", "||", ";;", "|&", ";", "&", "|", "(", ")", "\n")
@@ -59,19 +90,31 @@ _WORD_ENDS = " \t;&|()<>\n"
 _WRAPPERS = {"env": {"-u", "--unset", "-C", "--chdir"}, "tini": {"-p", "-e"}, "dumb-init": {"-r", "--rewrite"}}
 
 
-def human_readable_int(text: str) -> int | None:
-    """An integer as vLLM's argument parser reads its size flags (``--max-num-batched-tokens``,
-    ``--max-model-len``): plain (``8192``), with a decimal suffix k/m/g/t (``8k`` = 8000, ``25.6k``) or a binary
-    one K/M/G/T (``8K`` = 8192, whole numbers only); None when it is none of these."""
-    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kmgtKMGT]?)", text.strip())
+def human_readable_int(text: str) -> int:
+    """vLLM's ``human_readable_int``, the type of ``--max-num-batched-tokens``: a decimal suffix k/m/g/t (``8k`` =
+    8000, ``25.6k``) or a binary one K/M/G/T (``8K`` = 8192, whole numbers only), else what Python's ``int`` reads
+    (``8192``, ``8_192``). Raises ValueError where vLLM refuses the text."""
+    text = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT])", text)
     if match is None:
-        return None
+        return int(text)
     number, suffix = match.groups()
     if suffix.islower():
         return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
-    if "." in number:
-        return None
-    return int(number) * (1024 ** ("KMGT".index(suffix) + 1) if suffix else 1)
+    return int(number) * 1024 ** ("KMGT".index(suffix) + 1)  # int("2.5") raises: vLLM refuses 2.5K too
+
+
+def _model_len(text: str) -> int | None:
+    """vLLM's ``human_readable_int_or_auto``, the type of ``--max-model-len``; its ``auto`` or ``-1`` (vLLM fits the
+    length to the memory left) as None, a length the operator cannot know."""
+    return None if text.strip() == "-1" or text.strip().lower() == "auto" else human_readable_int(text)
+
+
+# The type vLLM's parser gives each integer flag read here that is not a plain ``int``.
+_INT_TYPES: dict[str, Callable[[str], int | None]] = {"max-num-batched-tokens": human_readable_int,
+                                                      "max-model-len": _model_len}
+# Those whose field in vLLM's EngineArgs is ``int | None``: vLLM reads ``None`` or an empty value as absent.
+_OPTIONAL_INTS = {"max-num-batched-tokens", "max-num-seqs", "max-model-len", "data-parallel-size-local"}
 
 
 class CommandLineError(ValueError):
@@ -87,6 +130,7 @@ class Word:
     index: int  # element index within that field
     span: tuple[int, int] | None = None  # character span within a shell script; None for a whole element
     operator: bool = False  # a shell operator that separates commands (;, &&, |, ...), not an argv word
+    expands: bool = False  # holds a shell expansion or a variable the operator cannot read: text is not what vLLM gets
 
 
 @dataclass(frozen=True)
@@ -106,37 +150,56 @@ def normalise(flag: str) -> str:
 
 
 def _flag_name(spelling: str) -> str | None:
-    """The normalised name of the flag spelled ``spelling`` (the part before any ``=``); None when no flag."""
-    if spelling.startswith("--"):
-        return normalise(spelling) if spelling != "--" else None
-    return _SHORT_ALIASES.get(spelling)
+    """The normalised name of the flag spelled ``spelling`` (the part before any ``=``), a prefix of one flag read
+    here taken for it as vLLM's parser takes it; None when no flag. Raises CommandLineError for a prefix of several,
+    which vLLM refuses."""
+    if not spelling.startswith("--"):
+        return _SHORT_ALIASES.get(spelling)
+    if spelling == "--":
+        return None
+    name = normalise(spelling)
+    candidates = [flag for flag in _READ_FLAGS if flag.startswith(name)]
+    if name in _READ_FLAGS or not candidates:
+        return name
+    if len(candidates) > 1:
+        raise CommandLineError(
+            f"{spelling} abbreviates several of vLLM's flags ({', '.join('--' + c for c in candidates)}), which vLLM's "
+            f"parser refuses as ambiguous; write the flag in full"
+        )
+    return candidates[0]
 
 
-def split_shell(script: str) -> list[tuple[str, tuple[int, int], bool]]:
-    """Split a POSIX shell script into (text, span, is_operator) words.
+ShellWord = tuple[str, tuple[int, int], bool, bool]
 
-    Handles single and double quotes, backslash escapes, comments, and the
-    operators that separate commands. Redirections (``2>&1``, ``> /log``)
-    are left out, like comments: the shell passes neither to the command,
-    and a redirection may stand between its arguments. Expansions (``$VAR``,
-    ``${VAR}``, ``$(cmd)``, ``$((expr))``, backquotes) are kept literally
-    within their word: the operator only ever reads integer flag values, but
-    must know where an expansion ends, as one may hold spaces, quotes and
-    operators of its own. Raises CommandLineError where it cannot tell the
-    words apart with certainty.
+
+def split_shell(script: str) -> list[ShellWord]:
+    """Split a POSIX shell script into (text, span, is_operator, expands) words.
+
+    Handles single and double quotes, backslash escapes and line
+    continuations, comments, and the operators that separate commands.
+    Redirections (``2>&1``, ``> /log``) are left out, like comments: the
+    shell passes neither to the command, and a redirection may stand between
+    its arguments. Expansions (``$VAR``, ``${VAR}``, ``$(cmd)``,
+    ``$((expr))``, backquotes) are kept literally within their word, which is
+    marked ``expands``: the operator cannot know what they expand to, but
+    must know where one ends, as it may hold spaces, quotes and operators of
+    its own. Raises CommandLineError where it cannot tell the words apart
+    with certainty.
     """
     return _scan(script, 0, nested=False)[0]
 
 
-def _scan(script: str, i: int, nested: bool) -> tuple[list[tuple[str, tuple[int, int], bool]], int]:
+def _scan(script: str, i: int, nested: bool) -> tuple[list[ShellWord], int]:
     """The words from i to the end of the script, or, ``nested`` (the body of a ``$(``), to the ``)`` that
     closes it; and where that is (len(script) when the script ends first)."""
-    words: list[tuple[str, tuple[int, int], bool]] = []
+    words: list[ShellWord] = []
     depth, n = 0, len(script)  # depth: parentheses opened within the body
     while i < n:
         ch, start = script[i], i
         if ch in " \t":
             i += 1
+        elif script.startswith("\\\n", i):  # a line continuation between words separates them, like a space
+            i += 2
         elif ch == "#":  # a comment, to the end of the line
             i = script.find("\n", i) if "\n" in script[i:] else n
         elif ch in _WORD_ENDS:
@@ -148,22 +211,25 @@ def _scan(script: str, i: int, nested: bool) -> tuple[list[tuple[str, tuple[int,
                 i = _redirection_end(script, i)
             else:
                 i += len(operator)
-                words.append((operator, (start, i), True))
+                words.append((operator, (start, i), True, False))
         else:
-            text, i = _text(script, i, _WORD_ENDS)
+            text, i, expands = _text(script, i, _WORD_ENDS)
             if i < n and script[i] in "<>" and text.isdigit():  # the file descriptor of a redirection: 2>&1
                 i = _redirection_end(script, i)
             elif nested and text == "case":  # its patterns' unmatched ")" would end the body early
                 raise CommandLineError(f"a case statement within $( ) cannot be read; move it out: {script!r}")
             else:
-                words.append((text, (start, i), False))
+                words.append((text, (start, i), False, expands))
     return words, i
 
 
-def _text(script: str, i: int, ends: str, in_double_quotes: bool = False) -> tuple[str, int]:
+def _text(script: str, i: int, ends: str, in_double_quotes: bool = False) -> tuple[str, int, bool]:
     """The text from i to the first of ``ends`` outside quotes and expansions, unquoted as the shell does,
-    and where it stops. Within double quotes a backslash escapes only ``$ ` " \\`` and a newline."""
+    where it stops, and whether it holds an expansion (``$NAME``, ``$1``, ``$@``..., ``${``, ``$(``, a
+    backquote; not within single quotes). Within double quotes a backslash escapes only ``$ ` " \\`` and a
+    newline."""
     out: list[str] = []
+    expands = False
     n = len(script)
     while i < n and script[i] not in ends:
         ch = script[i]
@@ -177,7 +243,8 @@ def _text(script: str, i: int, ends: str, in_double_quotes: bool = False) -> tup
                 end = script.find("'", i + 1) if "'" in script[i + 1 :] else n
                 text = script[i + 1 : end]
             else:
-                text, end = _text(script, i + 1, '"', in_double_quotes=True)
+                text, end, quoted_expands = _text(script, i + 1, '"', in_double_quotes=True)
+                expands = expands or quoted_expands
             if end == n:
                 raise CommandLineError(f"unbalanced {ch} quote in shell command: {script!r}")
             out.append(text)
@@ -185,11 +252,13 @@ def _text(script: str, i: int, ends: str, in_double_quotes: bool = False) -> tup
         elif ch == "`" or script.startswith(("$(", "${"), i):
             end = _expansion_end(script, i)
             out.append(script[i:end])
-            i = end
+            expands, i = True, end
         else:
+            # $NAME, $1, and the special parameters
+            expands = expands or ch == "$" and i + 1 < n and (script[i + 1].isalnum() or script[i + 1] in "_@*#?$!-")
             out.append(ch)
             i += 1
-    return "".join(out), i
+    return "".join(out), i, expands
 
 
 def _expansion_end(script: str, i: int) -> int:
@@ -290,6 +359,90 @@ def _shell_options(words: list[str], pos: int) -> tuple[int, str]:
     return min(pos, len(words)), letters  # an option's value missing at the end
 
 
+# A name a ConfigMap or Secret key can spell, so that a container's ``envFrom`` may set it.
+_SOURCE_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A stretch of a command or args element after kubelet's ``$(VAR)`` expansion."""
+
+    at: int  # where it starts in the expanded text
+    text: str
+    written: tuple[int, int]  # the characters of the element as written that it stands for
+    variable: str | None = None  # the variable it is the value of; None: the element's own characters (or a $$)
+    known: bool = True  # False: a variable whose value the operator cannot read, left as written
+
+    @property
+    def verbatim(self) -> bool:
+        """Whether it is the element's own characters, one for one, so that an edit there edits them."""
+        return self.variable is None and len(self.text) == self.written[1] - self.written[0]
+
+
+class _Environment:
+    """A container's variables as kubelet substitutes them for ``$(VAR)`` in its command and args.
+
+    Kubelet sets the ``env`` entries in order, each ``value`` expanded with
+    the variables before it, and leaves a reference to an undefined variable
+    as written. The operator knows the literal values only: a variable set
+    from a Secret, ConfigMap, field or resource (``valueFrom``), any name a
+    ConfigMap or Secret key can spell when the container has ``envFrom``
+    (literal ``env`` entries override those), and a value that refers to
+    either, is unknown (None). Service links (``<SERVICE>_PORT``...) count as
+    undefined: they hold addresses and ports, never flags.
+    """
+
+    def __init__(self, container: dict[str, Any]) -> None:
+        self.values: dict[str, str | None] = {}
+        self.from_sources = bool(container.get("envFrom"))
+        for entry in container.get("env") or []:
+            value = str(entry.get("value") or "")
+            if value:
+                parts = self.expand(value)
+                self.values[entry["name"]] = "".join(p.text for p in parts) if all(p.known for p in parts) else None
+            else:
+                self.values[entry["name"]] = None if entry.get("valueFrom") else ""
+
+    def expand(self, text: str) -> list[_Part]:
+        """``text`` as kubelet expands it (Kubernetes' ``expansion.Expand``), in parts: ``$(VAR)`` is VAR's value,
+        ``$$`` a ``$``; an undefined VAR, an unclosed ``$(`` and a ``$`` before any other character stay as written.
+        A VAR whose value is unknown stays as written too, in a part marked not ``known``."""
+        parts: list[_Part] = []
+
+        def add(piece: str, lo: int, hi: int, variable: str | None = None, known: bool = True) -> None:
+            part = _Part(parts[-1].at + len(parts[-1].text) if parts else 0, piece, (lo, hi), variable, known)
+            if parts and parts[-1].verbatim and part.verbatim:  # one stretch of the element's own characters
+                last = parts.pop()
+                part = _Part(last.at, last.text + piece, (last.written[0], hi))
+            parts.append(part)
+
+        checkpoint = cursor = 0
+        while cursor < len(text):
+            if text[cursor] == "$" and cursor + 1 < len(text):
+                add(text[checkpoint:cursor], checkpoint, cursor)
+                close = text.find(")", cursor + 2) if text[cursor + 1] == "(" else -1
+                if text[cursor + 1] == "$":
+                    add("$", cursor, cursor + 2)
+                    cursor += 1
+                elif close < 0:  # not a reference: kept with the character after the $
+                    add(text[cursor : cursor + 2], cursor, cursor + 2)
+                    cursor += 1
+                else:
+                    name, written = text[cursor + 2 : close], text[cursor : close + 1]
+                    if name in self.values:
+                        value = self.values[name]
+                        add(written if value is None else value, cursor, close + 1, name, value is not None)
+                    elif self.from_sources and _SOURCE_KEY.fullmatch(name):
+                        add(written, cursor, close + 1, name, known=False)
+                    else:
+                        add(written, cursor, close + 1)
+                    cursor = close
+                checkpoint = cursor + 1
+            cursor += 1
+        add(text[checkpoint:], checkpoint, len(text))
+        return parts
+
+
 @dataclass(frozen=True)
 class CommandLine:
     """The vLLM command line of one container, parsed; ``with_flags`` rewrites it."""
@@ -298,19 +451,35 @@ class CommandLine:
     args: tuple[str, ...]
     words: tuple[Word, ...]
     shell_script: tuple[str, int] | None  # (field, index) of the shell script element
+    script_parts: tuple[_Part, ...] = ()  # the shell script after kubelet's $(VAR) expansion, part by part
 
     @classmethod
     def parse(cls, container: dict[str, Any]) -> CommandLine:
-        """Parse ``command`` and ``args`` of a container (a dict as the API returns it)."""
+        """Parse ``command`` and ``args`` of a container (a dict as the API returns it), expanded with its ``env``
+        as kubelet expands them. Raises CommandLineError for a form that cannot be read with certainty."""
+        cmd = cls._split(container)
+        cmd.flags()  # refuses now what cannot be read as flags, before anyone acts on the command
+        return cmd
+
+    @classmethod
+    def _split(cls, container: dict[str, Any]) -> CommandLine:
+        """The words of ``command`` and ``args``, not yet read as flags."""
+        environment = _Environment(container)
         command = [str(w) for w in container.get("command") or []]
         args = [str(w) for w in container.get("args") or []]
-        argv = [Word(w, "command", i) for i, w in enumerate(command)] + [Word(w, "args", i) for i, w in enumerate(args)]
+        argv: list[Word] = []
+        expanded: list[list[_Part]] = []
+        for field, elements in (("command", command), ("args", args)):
+            for i, element in enumerate(elements):
+                expanded.append(parts := environment.expand(element))
+                argv.append(Word("".join(p.text for p in parts), field, i, expands=not all(p.known for p in parts)))
         script_at = _script_position([w.text for w in argv])
         if script_at is None:
             return cls(tuple(command), tuple(args), tuple(argv), None)
-        script = argv[script_at]
-        words = _script_words(script, argv[script_at + 2 :])
-        return cls(tuple(command), tuple(args), tuple(words), (script.field, script.index))
+        script, parts = argv[script_at], expanded[script_at]
+        unknown = [(p.at, p.at + len(p.text)) for p in parts if not p.known]
+        words = _script_words(script, argv[script_at + 2 :], unknown)
+        return cls(tuple(command), tuple(args), tuple(words), (script.field, script.index), tuple(parts))
 
     def runs_vllm(self) -> bool:
         """True when the command invokes vLLM's server (``vllm serve`` or the api_server module)."""
@@ -340,10 +509,38 @@ class CommandLine:
             text.rsplit("/", 1)[-1] == "vllm" and i + 1 < len(self.words) and self.words[i + 1].text == "serve"
         )
 
-    def flags(self) -> list[Flag]:
-        """Every ``--flag`` (and known one-dash alias) of the vLLM command, in order."""
+    def _vllm_arguments(self) -> tuple[int, int]:
+        """[start, end) word indices of vLLM's own arguments: those after ``vllm serve`` or the api_server module
+        in the simple command that runs vLLM; all of it when neither is there (the image's entrypoint runs vLLM)."""
         start, end = self._vllm_segment()
+        for i in range(start, end):
+            if self._is_vllm_word(i):
+                return i + (1 if self.words[i].text in _VLLM_ENTRYPOINTS else 2), end
+        return start, end
+
+    def _model_index(self) -> int | None:
+        """Index of the word vLLM takes as the model: the positional argument of ``vllm serve``, or in args-only
+        form (the image's entrypoint is ``vllm serve``) a leading one; None when there is none."""
+        start, end = self._vllm_segment()
+        index = next((i + 2 for i in range(start, end - 2)
+                      if self.words[i + 1].text == "serve" and self._is_vllm_word(i)), None)
+        if index is None and self.shell_script is None and not self.command and self.args:
+            index = 0
+        if index is None or self.words[index].operator or self.words[index].text.startswith("-"):
+            return None
+        return index
+
+    def flags(self) -> list[Flag]:
+        """Every ``--flag`` (and known one-dash alias) vLLM gets, in order.
+
+        Raises CommandLineError for an abbreviation of several flags, and for
+        an expansion vLLM gets where it takes flags: anything but a flag's
+        value or the model (``vllm serve M $VLLM_ARGS``) may expand to any
+        flags, the data-parallel size and chunked prefill among them.
+        """
+        start, end = self._vllm_arguments()
         found: list[Flag] = []
+        readable = {self._model_index()}  # words whose expansion stands for the model or a flag's value
         i = start
         while i < end:
             word = self.words[i]
@@ -352,6 +549,8 @@ class CommandLine:
             if name is None:
                 i += 1
                 continue
+            if not any(c in spelling for c in _EXPANSION_CHARACTERS):
+                readable.add(i)
             if eq:
                 found.append(Flag(name, inline, word, None, spelling))
             elif i + 1 < end and self._is_value(self.words[i + 1]) and (
@@ -360,9 +559,18 @@ class CommandLine:
                 # (argparse nargs='?' with vLLM's StoreBoolean action)
                 found.append(Flag(name, self.words[i + 1].text, word, self.words[i + 1], spelling))
                 i += 1
+                readable.add(i)
             else:
                 found.append(Flag(name, None, word, None, spelling))
             i += 1
+        for i in range(start, end):
+            if self.words[i].expands and i not in readable:
+                raise CommandLineError(
+                    f"{self.words[i].text} in the vLLM command is expanded as the container starts, where vLLM takes "
+                    f"flags: it may hold flags the operator cannot read (the knobs, --data-parallel-size, "
+                    f"--no-enable-chunked-prefill, --max-model-len); write the flags literally in the command or "
+                    f"args (an expansion may stand only for a flag's value or the model)"
+                )
         return found
 
     @staticmethod
@@ -381,17 +589,24 @@ class CommandLine:
         return matches[-1] if matches else None
 
     def get_int(self, name: str) -> int | None:
-        """An integer flag's value, or None when absent. Raises CommandLineError when not an integer."""
+        """An integer flag's value, read with the type vLLM gives the flag: None when absent, ``None`` or empty
+        where vLLM reads that as absent, and for --max-model-len ``auto``. Raises CommandLineError for a value vLLM
+        refuses or one below 1."""
         flag = self.get(name)
-        if flag is None:
+        if flag is None or flag.value in ("", "None") and flag.name in _OPTIONAL_INTS:
             return None
-        value = None if flag.value is None else human_readable_int(flag.value)
-        if value is None:
-            raise CommandLineError(
-                f"{flag.spelling} has value {flag.value!r}, not an integer; write a literal number such as 8192, "
-                f"8k or 8K (environment or shell expansions cannot be tuned)"
-            )
-        return value
+        parse = _INT_TYPES.get(flag.name, int)
+        if flag.value is not None:
+            with contextlib.suppress(ValueError):
+                value = parse(flag.value)
+                if value is None or value >= 1:
+                    return value
+        example = "a plain number such as 64 (vLLM takes no k or K suffix here)" if parse is int else (
+            "a size such as 8192, 8k or 8K")
+        raise CommandLineError(
+            f"{flag.spelling} has value {flag.value!r}, not a positive integer as vLLM reads this flag; write "
+            f"{example} (environment or shell expansions cannot be tuned)"
+        )
 
     def get_bool(self, name: str) -> bool | None:
         """A ``--name`` / ``--no-name`` boolean flag: True, False, or None when absent."""
@@ -405,22 +620,10 @@ class CommandLine:
         return result
 
     def model(self) -> str | None:
-        """The model vLLM loads: the positional argument of ``vllm serve`` (which
-        vLLM prefers), else ``--model``; in args-only form (the image's
-        entrypoint is ``vllm serve``) a leading non-flag word is the positional."""
-        start, end = self._vllm_segment()
-        positional = None
-        for i in range(start, end - 2):
-            if self.words[i + 1].text == "serve" and self._is_vllm_word(i):
-                positional = i + 2
-                break
-        else:
-            if self.shell_script is None and not self.command and self.args:
-                positional = 0
-        if positional is not None:
-            word = self.words[positional]
-            if not word.operator and not word.text.startswith("-"):
-                return word.text
+        """The model vLLM loads: the positional argument of ``vllm serve`` (which vLLM prefers), else ``--model``."""
+        index = self._model_index()
+        if index is not None:
+            return self.words[index].text
         flag = self.get("model")
         return flag.value if flag is not None else None
 
@@ -430,10 +633,12 @@ class CommandLine:
         Existing occurrences (all of them) get the new value in their own
         spelling and style; absent flags are added after the vLLM command,
         ``--name value`` or ``--name=value`` like the other flags there.
+        Raises CommandLineError where that would change what kubelet puts in
+        for a ``$(VAR)``: the operator changes the command line only.
         """
         values = {normalise(name): value for name, value in values.items()}
         fields = {"command": list(self.command), "args": list(self.args)}
-        script_edits: list[tuple[tuple[int, int], str]] = []  # (span, replacement) within the shell script
+        script_edits: list[tuple[tuple[int, int], str]] = []  # (span as written, replacement) in the shell script
         flags = self.flags()
         for flag in flags:
             if flag.name in values:
@@ -442,7 +647,7 @@ class CommandLine:
                 if word.span is None:
                     fields[word.field][word.index] = text
                 else:
-                    script_edits.append((word.span, _shell_quote(text)))
+                    script_edits.append((self._as_written(word.span, flag.spelling), _shell_quote(text)))
         present = {f.name for f in flags}
         added = [w for name, v in values.items() if name not in present for w in self._new_flag_words(name, str(v))]
         if added:
@@ -453,7 +658,8 @@ class CommandLine:
             if last.span is None:  # an element: list form, or a positional parameter passed to the script
                 fields[last.field][last.index + 1 : last.index + 1] = added
             else:
-                script_edits.append(((last.span[1], last.span[1]), " " + " ".join(map(_shell_quote, added))))
+                at = self._as_written((last.span[1], last.span[1]), "the end of the vLLM command")
+                script_edits.append((at, " " + " ".join(map(_shell_quote, added))))
         if self.shell_script is not None:
             field, index = self.shell_script
             script = fields[field][index]
@@ -462,6 +668,23 @@ class CommandLine:
             fields[field][index] = script
         return fields
 
+    def _as_written(self, span: tuple[int, int], what: str) -> tuple[int, int]:
+        """Where ``span`` of the expanded shell script (an empty one: a place to insert) is in the script as
+        written. Raises CommandLineError, saying ``what`` is there, when it lies in a variable's value."""
+        lo, hi = span
+        for part in self.script_parts:
+            end = part.at + len(part.text)
+            if part.verbatim and part.at <= lo and hi <= end:
+                return part.written[0] + lo - part.at, part.written[0] + hi - part.at
+            if lo == hi == end:  # just after a variable's value
+                return part.written[1], part.written[1]
+        names = sorted({f"$({p.variable})" for p in self.script_parts
+                        if p.variable is not None and p.at <= hi and lo <= p.at + len(p.text)})
+        raise CommandLineError(
+            f"{what} comes from {' and '.join(names) or 'a $$ escape'} of the container's env, which the operator "
+            f"does not change; write it literally in the command or args"
+        )
+
     def _new_flag_words(self, name: str, value: str) -> list[str]:
         flags = self.flags()
         equals_style = bool(flags) and all(f.value_word is None and f.value is not None for f in flags if f.value)
@@ -469,14 +692,16 @@ class CommandLine:
         return [f"{spelling}={value}"] if equals_style else [spelling, value]
 
 
-def _script_words(script: Word, positional: list[Word]) -> list[Word]:
-    """The words of a ``-c`` script. A ``"$@"`` word stands for the positional parameters, the argv words after
+def _script_words(script: Word, positional: list[Word], unknown: list[tuple[int, int]]) -> list[Word]:
+    """The words of a ``-c`` script, those that overlap a span in ``unknown`` (a variable whose value the operator
+    cannot read) marked as expansions. A ``"$@"`` word stands for the positional parameters, the argv words after
     ``$0`` (``sh -c 'exec vllm serve "$@"' -- M --max-num-seqs 64``): those reach vLLM as they are, so they are
     read and rewritten as elements. Raises CommandLineError where the script uses them in another way."""
     words: list[Word] = []
-    for text, (lo, hi), operator in split_shell(script.text):
+    for text, (lo, hi), operator, expands in split_shell(script.text):
         if operator or script.text[lo:hi] not in ('"$@"', "$@"):
-            words.append(Word(text, script.field, script.index, (lo, hi), operator))
+            expands = expands or any(a < hi and lo < b for a, b in unknown)
+            words.append(Word(text, script.field, script.index, (lo, hi), operator, expands))
             continue
         if script.text[lo:hi] == "$@" and any(re.search(r"[\s*?[]", w.text) or not w.text for w in positional):
             raise CommandLineError('unquoted $@ splits and expands its arguments; write "$@"')
@@ -529,7 +754,7 @@ def _runs_vllm(container: dict[str, Any]) -> bool:
     """Whether the container's command runs vLLM; a command that cannot be read is taken not to (a sidecar's
     must not stop the search, and vLLM's own then fails to parse with its own message)."""
     try:
-        return CommandLine.parse(container).runs_vllm()
+        return CommandLine._split(container).runs_vllm()
     except CommandLineError:
         return False
 

@@ -8,7 +8,9 @@ API server; every other GPU gets 2048 / 256; the CPU backend 2048 / 128.
 ``--performance-mode throughput`` (newer releases) doubles them. Newer
 releases are also reported to add a >= 160 GiB tier whose values we have not
 verified, so for versions past the newest table the operator keeps the newest
-table and says so: the table assumed is always reported in status.
+table and says so: the table assumed is always reported in status. vLLM
+then ties an absent flag to the other knob and to ``max_model_len``
+(``engine_knobs``), which the simulator and the operator both apply.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 from vllm_autotuner.api.spec import Knobs
+from vllm_autotuner.knobs.cmdline import CommandLineError
 
 GIB = 1024**3
 
@@ -110,3 +113,37 @@ def vllm_defaults(version: str | None, hardware: Hardware, performance_mode: str
     if notes:
         description += f" ({'; '.join(notes)})"
     return AssumedDefaults(knobs=knobs, table=description)
+
+
+def engine_knobs(
+    tokens: int | None, seqs: int | None, defaults: Knobs, max_model_len: int | None, chunked_prefill: bool
+) -> tuple[int, int]:
+    """The budget and max_num_seqs vLLM runs with, given the flags (None: absent) and its defaults for them.
+
+    vLLM does not fill the absent flags independently
+    (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``): an
+    absent budget is at least ``max_model_len`` with chunked prefill off (so
+    that any prompt fits one step), and at most ``max_num_seqs *
+    max_model_len``; then an absent ``max_num_seqs`` is at most the budget.
+    ``max_model_len`` None is the model's own length, which the operator
+    cannot read: the ceiling is then left out, as it binds only for a model
+    shorter than the budget per sequence (8 to 16 tokens at vLLM's defaults;
+    more where ``--max-num-seqs`` is set low). Raises CommandLineError where
+    the budget is the unknown length itself.
+    """
+    seqs_or_default = defaults.max_num_seqs if seqs is None else seqs
+    if tokens is None:
+        tokens = defaults.max_num_batched_tokens
+        if not chunked_prefill:
+            if max_model_len is None:
+                raise CommandLineError(
+                    "with chunked prefill off and --max-num-batched-tokens absent, vLLM raises the budget to the "
+                    "model's maximum length, which the operator cannot read; put --max-model-len or "
+                    "--max-num-batched-tokens on the command line"
+                )
+            tokens = max(max_model_len, tokens)
+        if max_model_len is not None:
+            tokens = min(seqs_or_default * max_model_len, tokens)
+    if seqs is None:
+        seqs = min(defaults.max_num_seqs, tokens)
+    return tokens, seqs

@@ -6,6 +6,9 @@ call this module, so the rules exist once. Texts are those a real vLLM 0.32
 server printed (shared/vllm-startup-errors.md). Memory-dependent failures
 (activation memory, KV cache) are not decidable from the flags alone: the
 simulator models them and the operator learns them from failed rollouts.
+Where a rule needs the model's length and it is not known (the model's own,
+which only vLLM reads), the rule is not taken to pass: with chunked prefill
+off, any budget is refused, saying to set ``--max-model-len``.
 """
 
 from __future__ import annotations
@@ -14,10 +17,16 @@ from vllm_autotuner.api.spec import Knobs
 
 
 def startup_errors(knobs: Knobs, max_model_len: int | None, chunked_prefill: bool = True) -> list[str]:
-    """vLLM's validation errors for these knobs, in the order vLLM checks them (it reports the first)."""
+    """vLLM's validation errors for these knobs, in the order vLLM checks them (it reports the first);
+    ``max_model_len`` None when it is not known."""
     tokens, seqs = knobs.max_num_batched_tokens, knobs.max_num_seqs
     errors = []
-    if not chunked_prefill and max_model_len is not None and tokens < max_model_len:
+    if not chunked_prefill and max_model_len is None:
+        errors.append(
+            f"max_num_batched_tokens ({tokens}) may be smaller than max_model_len, which is not known: with chunked "
+            "prefill off vLLM refuses a budget below it; set --max-model-len on the vLLM command line"
+        )
+    elif not chunked_prefill and tokens < max_model_len:
         errors.append(
             f"Value error, max_num_batched_tokens ({tokens}) is smaller than max_model_len ({max_model_len}). "
             "This effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject "

@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_autotuner.knobs import SEQS_FLAG, TOKENS_FLAG, CommandLine, CommandLineError, vllm_defaults
+from vllm_autotuner.knobs import SEQS_FLAG, TOKENS_FLAG, CommandLine, CommandLineError
 from vllm_autotuner.sim.profiles import Profile
-from vllm_autotuner.sim.startup import SIMULATED_VLLM_VERSION, EngineConfig
+from vllm_autotuner.sim.startup import EngineConfig
 
 GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_PORT = 8000
@@ -97,11 +97,6 @@ def vllm_launch(container: dict[str, Any], profile: Profile) -> VllmLaunch:
         )
     tokens, seqs = _int(cmd, TOKENS_FLAG), _int(cmd, SEQS_FLAG)
     mode = cmd.get("performance-mode")
-    if mode is not None and mode.value == "throughput":
-        # EngineConfig.resolve knows only the plain defaults; this mode doubles them.
-        doubled = vllm_defaults(SIMULATED_VLLM_VERSION, profile.hardware, mode.value).knobs
-        tokens = tokens or doubled.max_num_batched_tokens
-        seqs = seqs or doubled.max_num_seqs
     utilization = _typed(cmd, "gpu-memory-utilization", float)
     if utilization is not None and not 0 < utilization <= 1:
         bound = "greater than 0" if utilization <= 0 else "less than or equal to 1"
@@ -119,6 +114,7 @@ def vllm_launch(container: dict[str, Any], profile: Profile) -> VllmLaunch:
         "enable_chunked_prefill": cmd.get_bool("enable-chunked-prefill"),
         "enable_prefix_caching": cmd.get_bool("enable-prefix-caching"),
         "block_size": _int(cmd, "block-size"),
+        "performance_mode": mode.value if mode is not None else None,
     }
     config = EngineConfig(**{k: v for k, v in present.items() if v is not None})  # absent: vLLM's default
     served = cmd.get("served-model-name")

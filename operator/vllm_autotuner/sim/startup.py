@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_autotuner.api.spec import Knobs
-from vllm_autotuner.knobs import AssumedDefaults, startup_errors, startup_warnings, vllm_defaults
+from vllm_autotuner.knobs import AssumedDefaults, engine_knobs, startup_errors, startup_warnings, vllm_defaults
 from vllm_autotuner.sim.profiles import GiB, Profile
 
 SIMULATED_VLLM_VERSION = "0.32.0"
@@ -47,24 +47,23 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     block_size: int = 16
+    performance_mode: str | None = None
 
     def resolve(self, profile: Profile) -> ResolvedConfig:
         """The effective values vLLM would run with on ``profile``.
 
-        Absent knobs take the GPU class defaults (:func:`default_knobs`);
-        with chunked prefill off an absent budget becomes at least
-        ``max_model_len``, so that every admissible prompt fits one step.
+        Absent knobs take the GPU class defaults (:func:`default_knobs`), tied
+        to each other and to ``max_model_len`` by the operator's own rule
+        (:func:`~vllm_autotuner.knobs.engine_knobs`), so that both read the
+        same knobs from the same flags.
         """
-        defaults = default_knobs(profile).knobs
         max_model_len = self.max_model_len or profile.model.max_position_embeddings
-        tokens = self.max_num_batched_tokens
-        if tokens is None:
-            tokens = defaults.max_num_batched_tokens
-            if not self.enable_chunked_prefill:
-                tokens = max(max_model_len, tokens)
+        tokens, seqs = engine_knobs(self.max_num_batched_tokens, self.max_num_seqs,
+                                    default_knobs(profile, self.performance_mode).knobs, max_model_len,
+                                    self.enable_chunked_prefill)
         return ResolvedConfig(
             max_num_batched_tokens=tokens,
-            max_num_seqs=self.max_num_seqs or defaults.max_num_seqs,
+            max_num_seqs=seqs,
             max_model_len=max_model_len,
             gpu_memory_utilization=self.gpu_memory_utilization,
             enable_chunked_prefill=self.enable_chunked_prefill,
@@ -139,10 +138,10 @@ def format_gib(num_bytes: float) -> str:
     return str(round(num_bytes / GiB, 2))
 
 
-def default_knobs(profile: Profile) -> AssumedDefaults:
+def default_knobs(profile: Profile, performance_mode: str | None = None) -> AssumedDefaults:
     """vLLM's knob values when the flags are absent, for this replica's GPUs
     (the operator's own table, for the vLLM version the simulator models)."""
-    return vllm_defaults(SIMULATED_VLLM_VERSION, profile.hardware)
+    return vllm_defaults(SIMULATED_VLLM_VERSION, profile.hardware, performance_mode)
 
 
 def validate_flags(profile: Profile, cfg: ResolvedConfig) -> tuple[str | None, tuple[str, ...]]:

@@ -52,12 +52,20 @@ def container(**fields):
         ({"args": ["--model", "m"]}, EngineConfig()),  # absent flags stay absent: vLLM's defaults apply
         (
             {"args": ["m", "--performance-mode", "throughput", "--max-num-seqs", "100"]},  # doubles only the defaults
-            EngineConfig(max_num_batched_tokens=16384, max_num_seqs=100),
+            EngineConfig(max_num_seqs=100, performance_mode="throughput"),
         ),
     ],
 )
 def test_engine_config_from_the_command_line(fields, expected):
     assert vllm_launch(container(**fields), H100).config == expected
+
+
+def test_throughput_mode_doubles_the_defaults_before_vllm_ties_them():
+    config = vllm_launch(container(args=["m", "--performance-mode", "throughput", "--max-num-seqs", "100"]), H100).config
+    resolved = config.resolve(H100)
+    assert (resolved.max_num_batched_tokens, resolved.max_num_seqs) == (16384, 100)
+    tied = vllm_launch(container(args=["m", "--performance-mode=throughput", "--max-num-batched-tokens", "1024"]), H100)
+    assert tied.config.resolve(H100).max_num_seqs == 1024  # min(2 * 1024, 1024)
 
 
 def test_served_model_name_and_port():

@@ -6,7 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from vllm_autotuner.knobs import EngineArgs
 from vllm_autotuner.sim.engine import Engine
 from vllm_autotuner.sim.profiles import PROFILES, get_profile
 from vllm_autotuner.sim.startup import EngineConfig, StartupError, check_startup, default_knobs, format_gib
@@ -156,6 +159,27 @@ def test_default_knobs_follow_vllms_gpu_classes(name: str, tokens: int, seqs: in
 def test_chunked_prefill_off_default_budget_covers_max_model_len() -> None:
     resolved = EngineConfig(enable_chunked_prefill=False).resolve(get_profile("llama3-8b-a100"))
     assert resolved.max_num_batched_tokens == 8192 == resolved.max_model_len
+
+
+@given(
+    profile=st.sampled_from(sorted(PROFILES)),
+    tokens=st.none() | st.integers(1, 65536),
+    seqs=st.none() | st.integers(1, 4096),
+    max_model_len=st.integers(1, 8192),
+    chunked=st.booleans(),
+    mode=st.sampled_from([None, "throughput"]),
+)
+def test_the_simulator_runs_the_knobs_the_operator_reads(profile, tokens, seqs, max_model_len, chunked, mode) -> None:
+    # one rule fills absent knobs for both (vLLM ties them to each other and to max_model_len)
+    given_flags = {"max-num-batched-tokens": tokens, "max-num-seqs": seqs, "max-model-len": max_model_len,
+                   "performance-mode": mode}
+    args = ["m", *(f"--{name}={value}" for name, value in given_flags.items() if value is not None)]
+    engine = EngineArgs.from_container({"args": args + ([] if chunked else ["--no-enable-chunked-prefill"])})
+    config = EngineConfig(max_num_batched_tokens=tokens, max_num_seqs=seqs, max_model_len=max_model_len,
+                          enable_chunked_prefill=chunked, performance_mode=mode)
+    resolved = config.resolve(get_profile(profile))
+    knobs, _ = engine.effective(default_knobs(get_profile(profile), mode))
+    assert (knobs.max_num_batched_tokens, knobs.max_num_seqs) == (resolved.max_num_batched_tokens, resolved.max_num_seqs)
 
 
 def test_start_up_takes_minutes_and_a_cached_compile_is_faster() -> None:

@@ -94,7 +94,8 @@ def test_boolean_flags_do_not_swallow_the_next_flag():
     c = {"args": ["--enable-chunked-prefill", "--max-num-seqs", "4", "--no-enable-prefix-caching"]}
     args = EngineArgs.from_container(c)
     assert args.max_num_seqs == 4 and args.chunked_prefill is True
-    assert EngineArgs.from_container({"args": ["--no-enable-chunked-prefill"]}).chunked_prefill is False
+    off = EngineArgs.from_container({"args": ["--no-enable-chunked-prefill", "--max-model-len", "4096"]})
+    assert off.chunked_prefill is False
 
 
 def test_a_boolean_flags_true_or_false_after_a_space_is_its_value():
@@ -168,11 +169,14 @@ def test_a_model_length_vllm_fits_to_memory_is_unknown(length):
 def test_knobs_left_to_a_config_file_cannot_be_known():
     with pytest.raises(CommandLineError, match="may set --max-num-batched-tokens, --max-num-seqs, .* where"):
         EngineArgs.from_container({"args": ["--config", "serve.yaml"]})
-    stated = ["--max-num-batched-tokens", "4k", "--max-num-seqs", "64", "--no-enable-chunked-prefill", "-dp", "1"]
+    stated = ["--max-num-batched-tokens", "4k", "--max-num-seqs", "64", "--enable-chunked-prefill", "-dp", "1"]
     both = EngineArgs.from_container({"args": ["--config", "serve.yaml", *stated]})
     defaults = vllm_defaults("0.11", Hardware(gpus=1, memory_gib=80))
     assert both.effective(defaults) == (Knobs(max_num_batched_tokens=4000, max_num_seqs=64), False)  # over the file
-    assert (both.chunked_prefill, both.max_model_len) == (False, None)  # a length left to the file is unknown
+    assert (both.chunked_prefill, both.max_model_len) == (True, None)  # a length left to the file is unknown
+    off = ["--config", "serve.yaml", *stated[:4], "--no-enable-chunked-prefill", "-dp", "1"]
+    with pytest.raises(CommandLineError, match="set --max-model-len on the command line"):  # then it is the floor
+        EngineArgs.from_container({"args": off})
 
 
 @pytest.mark.parametrize(
@@ -632,6 +636,9 @@ def test_absent_knobs_are_filled_as_vllm_ties_them(args, knobs):
     assert (effective.max_num_batched_tokens, effective.max_num_seqs, from_defaults) == (*knobs, True)
 
 
-def test_a_default_budget_that_is_the_unknown_model_length_is_refused():
-    with pytest.raises(CommandLineError, match="put --max-model-len or --max-num-batched-tokens on the command line"):
-        EngineArgs.from_container({"args": ["M", "--no-enable-chunked-prefill"]}).effective(H100)
+@pytest.mark.parametrize("budget", [[], ["--max-num-batched-tokens", "8192"]])
+def test_chunked_prefill_off_without_a_max_model_len_is_refused(budget):
+    # vLLM refuses a budget below the model's own length, which only vLLM reads: no change is known to be safe (a
+    # floor at the budget running now would keep every budget a preset raised)
+    with pytest.raises(CommandLineError, match="set --max-model-len on the command line"):
+        EngineArgs.from_container({"args": ["M", "--no-enable-chunked-prefill", *budget]})

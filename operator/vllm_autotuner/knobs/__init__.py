@@ -46,8 +46,8 @@ class EngineArgs:
     @classmethod
     def from_container(cls, container: dict[str, Any]) -> EngineArgs:
         """Read a container's command and args. Raises CommandLineError for unreadable values, for a
-        data-parallel engine, which the operator cannot tune, and for a ``--config`` file that may set what the
-        operator must know."""
+        data-parallel engine, which the operator cannot tune, for a ``--config`` file that may set what the
+        operator must know, and for chunked prefill off without ``--max-model-len`` (the budget's floor)."""
         cmd = CommandLine.parse(container)
         for name in DATA_PARALLEL_FLAGS:
             size = cmd.get_int(name)
@@ -70,18 +70,24 @@ class EngineArgs:
                 f"command line{also} (flags there take precedence over the file)"
             )
         mode = cmd.get("performance-mode")
+        chunked_prefill, max_model_len = cmd.get_bool("enable-chunked-prefill"), cmd.get_int("max-model-len")
+        if chunked_prefill is False and max_model_len is None:
+            raise CommandLineError(
+                "chunked prefill is off and --max-model-len is not set: vLLM then refuses any budget below the "
+                "model's maximum length, which only vLLM reads, so no budget change is known to be safe; set "
+                "--max-model-len on the command line (or leave chunked prefill on)"
+            )
         return cls(
             max_num_batched_tokens=cmd.get_int(TOKENS_FLAG),
             max_num_seqs=cmd.get_int(SEQS_FLAG),
-            max_model_len=cmd.get_int("max-model-len"),
-            chunked_prefill=cmd.get_bool("enable-chunked-prefill"),
+            max_model_len=max_model_len,
+            chunked_prefill=chunked_prefill,
             performance_mode=mode.value if mode else None,
         )
 
     def effective(self, defaults: AssumedDefaults) -> tuple[Knobs, bool]:
         """The knobs vLLM runs with, and whether any came from its defaults (``engine_knobs``: vLLM ties an absent
-        one to the other and to max_model_len). Raises CommandLineError where that depends on what the operator
-        cannot read."""
+        one to the other and to max_model_len)."""
         tokens, seqs = engine_knobs(self.max_num_batched_tokens, self.max_num_seqs, defaults.knobs, self.max_model_len,
                                     self.chunked_prefill is not False)
         from_defaults = self.max_num_batched_tokens is None or self.max_num_seqs is None

@@ -19,7 +19,6 @@ import re
 from dataclasses import dataclass
 
 from vllm_autotuner.api.spec import Knobs
-from vllm_autotuner.knobs.cmdline import CommandLineError
 
 GIB = 1024**3
 
@@ -128,19 +127,14 @@ def engine_knobs(
     ``max_model_len`` None is the model's own length, which the operator
     cannot read: the ceiling is then left out, as it binds only for a model
     shorter than the budget per sequence (8 to 16 tokens at vLLM's defaults;
-    more where ``--max-num-seqs`` is set low). Raises CommandLineError where
-    the budget is the unknown length itself.
+    more where ``--max-num-seqs`` is set low). With chunked prefill off the
+    length must be known (``EngineArgs.from_container`` refuses the rest).
     """
     seqs_or_default = defaults.max_num_seqs if seqs is None else seqs
     if tokens is None:
         tokens = defaults.max_num_batched_tokens
         if not chunked_prefill:
-            if max_model_len is None:
-                raise CommandLineError(
-                    "with chunked prefill off and --max-num-batched-tokens absent, vLLM raises the budget to the "
-                    "model's maximum length, which the operator cannot read; put --max-model-len or "
-                    "--max-num-batched-tokens on the command line"
-                )
+            assert max_model_len is not None, "chunked prefill off without a known max_model_len is refused"
             tokens = max(max_model_len, tokens)
         if max_model_len is not None:
             tokens = min(seqs_or_default * max_model_len, tokens)

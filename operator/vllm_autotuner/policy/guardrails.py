@@ -39,9 +39,8 @@ def clamp(knobs: Knobs, bounds: Bounds, current: CurrentKnobs) -> Knobs | None:
     """The nearest config inside the bounds that vLLM accepts, or None when the bounds hold none."""
     tokens_range, seqs_range = bounds.max_num_batched_tokens, bounds.max_num_seqs
     tokens = min(max(knobs.max_num_batched_tokens, tokens_range.min), tokens_range.max)
-    model_len = _max_model_len(current)
-    if not current.chunked_prefill and model_len is not None:
-        tokens = min(max(tokens, model_len), tokens_range.max)
+    if not current.chunked_prefill and current.max_model_len is not None:
+        tokens = min(max(tokens, current.max_model_len), tokens_range.max)
     seqs = min(max(knobs.max_num_seqs, seqs_range.min), seqs_range.max, tokens)
     clamped = Knobs(max_num_batched_tokens=tokens, max_num_seqs=max(seqs, seqs_range.min))
     return clamped if acceptable(clamped, bounds, current) else None
@@ -49,17 +48,7 @@ def clamp(knobs: Knobs, bounds: Bounds, current: CurrentKnobs) -> Knobs | None:
 
 def acceptable(knobs: Knobs, bounds: Bounds, current: CurrentKnobs) -> bool:
     """Inside the bounds and accepted by vLLM's start-up checks."""
-    return in_bounds(knobs, bounds) and not startup_errors(knobs, _max_model_len(current), current.chunked_prefill)
-
-
-def _max_model_len(current: CurrentKnobs) -> int | None:
-    """The max_model_len vLLM's start-up rules are checked against: --max-model-len. Where that is the model's own
-    length, which the operator cannot read, and chunked prefill is off (vLLM then refuses a budget below it), the
-    current budget stands in for it: vLLM accepted that, so the model's length is no larger, and the budget is never
-    lowered below it."""
-    if current.max_model_len is None and not current.chunked_prefill:
-        return current.max_num_batched_tokens
-    return current.max_model_len
+    return in_bounds(knobs, bounds) and not startup_errors(knobs, current.max_model_len, current.chunked_prefill)
 
 
 def changes_reverted(state: VllmTuningStatus) -> bool:

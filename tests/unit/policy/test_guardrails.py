@@ -309,18 +309,3 @@ def test_the_regime_in_force_when_the_operator_first_looked_is_not_taken_to_have
 def learned(regime: str) -> LearnedOptimum:
     return LearnedOptimum(regime=regime, max_num_batched_tokens=2048, max_num_seqs=256, goodput=1.0, measured_at="")
 
-
-def test_with_chunked_prefill_off_and_the_model_length_unknown_the_budget_is_never_lowered():
-    # vLLM refuses a budget below the model's own length, which only vLLM reads: the budget it accepted now is the
-    # lowest known to pass
-    from vllm_autotuner.policy.guardrails import acceptable, clamp
-
-    bounds = spec(bounds={"maxNumBatchedTokens": {"min": 256, "max": 16384}}).bounds
-    current = status(tokens=4096, seqs=64).current.model_copy(update={"chunked_prefill": False})
-    assert current.max_model_len is None
-    assert clamp(Knobs(max_num_batched_tokens=1024, max_num_seqs=64), bounds, current) == Knobs(
-        max_num_batched_tokens=4096, max_num_seqs=64)
-    assert not acceptable(Knobs(max_num_batched_tokens=2048, max_num_seqs=64), bounds, current)
-    assert acceptable(Knobs(max_num_batched_tokens=8192, max_num_seqs=64), bounds, current)
-    known = current.model_copy(update={"max_model_len": 1024})
-    assert clamp(Knobs(max_num_batched_tokens=512, max_num_seqs=64), bounds, known).max_num_batched_tokens == 1024

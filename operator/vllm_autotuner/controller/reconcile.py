@@ -78,6 +78,7 @@ from vllm_autotuner.policy import (
     with_timed_restart,
 )
 from vllm_autotuner.policy.decision import with_rollout
+from vllm_autotuner.policy.guardrails import failed_configs
 from vllm_autotuner.policy.observation import stale_after
 from vllm_autotuner.policy.schedule import never_opens
 from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
@@ -567,9 +568,10 @@ class Reconciler:
                 decision = rollout_failed(state, report.now, judged.message, report.generation)
                 reason, message = events.ROLLOUT_FAILED, f"{rollout.to_knobs} failed: {judged.message}"
             # judged so before, and the rollback could not be written then: said once, counted once, and the
-            # failed config's record stands as first made (when it failed, and why)
+            # failed config's record stands as first made (when it failed, and why), while the spec it was made
+            # under is in force (a spec changed since forgets it: recorded again, under the new one)
             again = _kept_verdict(rollout)[0] == reason
-            if again:
+            if again and rollout.to_knobs in failed_configs(state):
                 decision = replace(decision, state=decision.state.model_copy(
                     update={"failed_configs": state.failed_configs}))
             else:

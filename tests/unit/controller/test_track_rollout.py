@@ -32,8 +32,8 @@ from vllm_autotuner.controller.conditions import condition
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler, Report, Target
 from vllm_autotuner.knobs import EngineArgs
-from vllm_autotuner.policy import awaiting_verdict, rollout_succeeded
-from vllm_autotuner.policy.guardrails import DEFAULT_RESTART_SECONDS, restart_seconds
+from vllm_autotuner.policy import adopt_generation, awaiting_verdict, rollout_succeeded
+from vllm_autotuner.policy.guardrails import DEFAULT_RESTART_SECONDS, failed_configs, restart_seconds
 from vllm_autotuner.policy.decision import with_rollout
 from vllm_autotuner.rollout.patch import knob_patch
 
@@ -100,7 +100,7 @@ class Kube:
 
 
 def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, kube: Kube | None = None,
-          metrics: OperatorMetrics | None = None) -> Report:
+          metrics: OperatorMetrics | None = None, generation: int = 1) -> Report:
     """One evaluation's look at the target, by an operator that knows only ``state``."""
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     engine = EngineArgs.from_container(container)
@@ -109,7 +109,7 @@ def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, ku
     target = Target(deployment, container, engine, knobs(engine.max_num_batched_tokens, engine.max_num_seqs),
                     from_defaults=False, defaults_table=None, replicaset=replicaset if kube else None,
                     replicasets=[])
-    report = Report("default", TUNING, state, 1, now)
+    report = Report("default", TUNING, state, generation, now)
     reconciler = Reconciler(kube=kube, cache=None, observations=None,  # type: ignore[arg-type]
                             metrics=metrics or OperatorMetrics(), settings=OperatorSettings())
     asyncio.run(reconciler._track_rollout(SPEC, target, report))
@@ -445,6 +445,21 @@ def test_a_rollback_that_cannot_be_written_is_retried_and_the_failure_said_once(
     assert len(kube.patches) == 1
     failed = metrics.rollouts.labels("default", TUNING, "Failed")._value.get()
     assert failed == 1  # one failed rollout, judged three times
+
+
+def test_a_spec_changed_while_a_rollback_is_refused_records_the_failed_config_under_the_new_spec():
+    state, written = unverified_at_zero()
+    state = adopt_generation(state, 1)
+    up = T0 + timedelta(hours=3)
+    kube = RefusingKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], refusals=1)
+    pods = scaled(written, 1, 1, 0)
+    refused = track(state, pods, up + timedelta(minutes=2), kube)
+    edited = adopt_generation(refused.state, 2)  # a person edits the VllmTuning meanwhile: generation 1's record goes
+
+    report = track(edited, pods, up + timedelta(minutes=3), kube, generation=2)
+
+    assert len(kube.patches) == 1  # the rollback, written this time
+    assert B in failed_configs(report.state)  # still never tried again, under the spec in force
 
 
 def outcomes(metrics: OperatorMetrics) -> dict[str, float]:

@@ -69,12 +69,20 @@ CASES = [
          fires("VllmTuningRolloutFailed", "9m"),
          fires("VllmTuningRolloutFailed", "20m", {"namespace": "team-a", "tuning": "chat", "outcome": "Failed"}),
          fires("VllmTuningRolloutFailed", "80m")),
-    # ... and one counted before the series was ever scraped (born at 1) too, for the hour after it
-    case({f'vllm_autotuner_rollouts_total{{{TUNING},outcome="Blocked"}}': "_x10 1x100"},
+    # ... and one counted before the series was ever scraped (born at 1, created at 10m) too, for the hour after it
+    case({f'vllm_autotuner_rollouts_total{{{TUNING},outcome="Blocked"}}': "_x10 1x100",
+          f'vllm_autotuner_rollouts_created{{{TUNING},outcome="Blocked"}}': "_x10 600x100"},
          fires("VllmTuningRolloutFailed", "9m"),
          fires("VllmTuningRolloutFailed", "20m", {"namespace": "team-a", "tuning": "chat", "outcome": "Blocked"}),
          fires("VllmTuningRolloutFailed", "69m", {"namespace": "team-a", "tuning": "chat", "outcome": "Blocked"}),
          fires("VllmTuningRolloutFailed", "80m")),
+    # an old count is no new failure: not after a gap in the scrapes, nor in a Prometheus without its history
+    case({f'vllm_autotuner_rollouts_total{{{TUNING},outcome="Failed"}}': "1x60 _x10 1x130",
+          f'vllm_autotuner_rollouts_created{{{TUNING},outcome="Failed"}}': "0x60 _x10 0x130"},
+         fires("VllmTuningRolloutFailed", "75m"), fires("VllmTuningRolloutFailed", "128m")),
+    case({f'vllm_autotuner_rollouts_total{{{TUNING},outcome="Failed"}}': "2x60",
+          f'vllm_autotuner_rollouts_created{{{TUNING},outcome="Failed"}}': "-86400x60"},
+         fires("VllmTuningRolloutFailed", "30m")),
     case({f'vllm_autotuner_decisions_total{{{TUNING},action="Hold",reason="ChangesReverted"}}': "0x10 1x30"},
          fires("VllmTuningChangesReverted", "9m"),
          fires("VllmTuningChangesReverted", "12m", {"namespace": "team-a", "tuning": "chat"})),

@@ -120,6 +120,11 @@ def test_a_window_whose_end_fires_whenever_its_start_does_is_a_spec_problem():
     assert spec_problems(spec) == [
         f"spec.{path}[never].end: '00 22 * * 0-6' fires whenever start '0 22 * * *' does, so the window is never "
         "open: give it an end after its start" for path in ("schedules", "rollout.freezes")]
+    # open at weekends, in December, an hour a day: none of them is said never to open
+    opening = [("*/15 * * * *", "*/15 * * * 1-5"), ("0 * * * *", "0 * * 1-11 *"), ("* * * * *", "* 0-22 * * *")]
+    freezes = [{"name": f"w{i}", "start": start, "end": end} for i, (start, end) in enumerate(opening)]
+    assert spec_problems(VllmTuningSpec.model_validate({"targetRef": {"name": "llama"},
+                                                        "rollout": {"freezes": freezes}})) == []
 
 
 def test_a_schedules_bounds_that_do_not_fit_over_spec_bounds_are_a_spec_problem():

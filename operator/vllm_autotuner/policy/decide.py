@@ -394,7 +394,8 @@ def _apply(
     windows = rollback = 0
     day = SHORTEST_DAY_SECONDS if change.source == KnobSource.SCHEDULE else DAY_SECONDS
     if change.source == KnobSource.TRAFFIC:
-        windows, rollback = scheduled_rollouts(spec.schedules, state, now, DAY_SECONDS), rollback_room(spec)
+        windows = scheduled_rollouts(spec.schedules, state, now, DAY_SECONDS, spec.rollout.max_rollouts_per_day)
+        rollback = rollback_room(spec)
     if budget_left(spec, state, now, windows + rollback, day) < 1:
         kept = "".join(
             f", {n} kept for {what}" for n, what in ((windows, "schedule windows"), (rollback, "its rollback")) if n

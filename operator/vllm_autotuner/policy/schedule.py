@@ -101,26 +101,29 @@ def window_at(window: TimeWindow, now: datetime, pre_roll_seconds: float) -> tup
     return (next_start, end) if end is not None else None
 
 
-#: Where ``never_opens`` starts to look, and how many of the start's occurrences it looks at: a year of a daily
-#: window's. The answer is the spec's, whatever the day.
+#: Where ``never_opens`` looks (the answer is the spec's, whatever the day): a year of the start's occurrences (a
+#: leap one), or as many as it takes time to look at, whichever is fewer.
 _FIRST_LOOK = datetime(2024, 1, 1, tzinfo=UTC)
-_OPENINGS_LOOKED_AT = 400
+_LOOKED_AT = timedelta(days=366)
+_MOST_OCCURRENCES = 2000
 
 
 @functools.lru_cache(maxsize=256)
 def never_opens(start: str, end: str, zone: str) -> bool:
-    """Whether a window's end fires whenever its start does (``0 22 * * *`` to ``00 22 * * 0-6``): it is then never
-    in force, however its text differs. Raises ValueError for a cron expression or time zone that cannot be read."""
+    """Whether a window's end fires whenever its start does (``0 22 * * *`` to ``00 22 * * 0-6``) through a year:
+    it is then never in force, however its text differs. False where that year holds more occurrences of the
+    start than are looked at (an hourly start): it is not known. Raises ValueError for a cron expression or time
+    zone that cannot be read."""
     parse_cron(start)
     parse_cron(end)
     moment: datetime | None = _FIRST_LOOK
-    for _ in range(_OPENINGS_LOOKED_AT):
+    for _ in range(_MOST_OCCURRENCES):
         moment = _following(start, zone, moment)
-        if moment is None:
-            break
+        if moment is None or moment > _FIRST_LOOK + _LOOKED_AT:
+            return True
         if _previous(end, zone, moment) != moment:
             return False
-    return True
+    return False
 
 
 def rollout_lead_seconds(state: VllmTuningStatus) -> float:
@@ -208,9 +211,11 @@ def preset_in_force(windows: Sequence[ActiveWindow], now: datetime) -> ActiveWin
 
 
 def scheduled_rollouts(
-    schedules: Sequence[Schedule], state: VllmTuningStatus, now: datetime, horizon_seconds: float
+    schedules: Sequence[Schedule], state: VllmTuningStatus, now: datetime, horizon_seconds: float,
+    limit: int | None = None,
 ) -> int:
-    """How many times a window may force a rollout within the horizon: rollouts to keep in the budget.
+    """How many times a window may force a rollout within the horizon: rollouts to keep in the budget; at most
+    ``limit`` (counting stops there: more than the budget is all the budget).
 
     A preset window forces one when it opens and one when it closes; a window
     with bounds one when it opens (the knobs may lie outside them); a window
@@ -238,8 +243,10 @@ def scheduled_rollouts(
             except ValueError:
                 continue
             while moment is not None and moment - early <= until:
-                was, becomes = (window_at(schedule, at, 0.0) is not None for at in (moment - timedelta(seconds=1),
-                                                                                     moment))
-                count += (becomes and not was) if opening else (was and not becomes)
+                if limit is not None and count >= limit:
+                    return count
+                was = window_at(schedule, moment - timedelta(seconds=1), 0.0) is not None
+                if was != opening:  # a start when closed may open it; an end when open closes it
+                    count += (window_at(schedule, moment, 0.0) is not None) == opening
                 moment = _following(expr, schedule.time_zone, moment)
     return count

@@ -325,6 +325,10 @@ def test_only_the_boundaries_that_open_or_close_the_window_are_kept_in_the_budge
     # a start firing while the window is open opens nothing: hourly starts of a night window
     hourly = sched("0 22-23 * * *", "0 6 * * *", name="hourly")
     assert scheduled_rollouts([hourly], VllmTuningStatus(), tuesday, 24 * 3600) == 2
+    # counting stops at the limit (the budget: more is all of it)
+    every_ten_minutes = sched("*/10 * * * *", "5-59/10 * * * *", name="short")
+    assert scheduled_rollouts([every_ten_minutes], VllmTuningStatus(), tuesday, 24 * 3600) == 288
+    assert scheduled_rollouts([every_ten_minutes], VllmTuningStatus(), tuesday, 24 * 3600, limit=8) == 8
     # nor one its end fires with: a window never open keeps nothing
     never = sched("0 22 * * *", "00 22 * * 0-6", name="never")
     assert scheduled_rollouts([never], VllmTuningStatus(), tuesday, 7 * 24 * 3600) == 0

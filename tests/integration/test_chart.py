@@ -140,29 +140,82 @@ def test_cluster_scoped_names_differ_between_release_namespaces(helm: Helm, valu
     # Releases of one name in two namespaces must not claim the same cluster-scoped objects.
     names = {ns: _cluster_scoped(helm.template("vllm-autotuner", str(CHART), "-n", ns, *values))
              for ns in ("ops-a", "ops-b")}
-    for role, binding, bound in names.values():
-        assert role == binding == bound and len(role) <= 63
-    assert names["ops-a"][0] != names["ops-b"][0]
-    if not values:
-        assert names["ops-a"][0] == "vllm-autotuner-ops-a"
+    for ns, (role, binding, bound) in names.items():
+        assert role == binding == bound
+        assert role == ("a" * 63 if values and "fullnameOverride" in values[1] else "vllm-autotuner") + f":{ns}"
+
+
+def test_cluster_scoped_names_of_two_releases_never_meet(helm: Helm) -> None:
+    # Release vllm-autotuner in namespace a-b and release vllm-autotuner-a in namespace b: joined
+    # by '-', both were vllm-autotuner-a-b. A ':' is in no full name nor namespace, so it keeps them apart.
+    names = {_cluster_scoped(helm.template(release, str(CHART), "-n", ns))[0]
+             for release, ns in [("vllm-autotuner", "a-b"), ("vllm-autotuner-a", "b")]}
+    assert names == {"vllm-autotuner:a-b", "vllm-autotuner-a:b"}
+
+
+def test_the_apiserver_takes_the_longest_cluster_scoped_names(cluster: Cluster, helm: Helm) -> None:
+    # A 63-character full name and a 63-character namespace: 127 characters, uncut. RBAC names are
+    # path segments (no '/', no '%', not '.' or '..') of any length; the apiserver says so itself.
+    namespace = "n" * 63
+    rendered = helm("template", "x", str(CHART), "-n", namespace, "--set", "fullnameOverride=" + "a" * 63).stdout
+    cluster_scoped = [o for o in documents(rendered) if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    assert {o["metadata"]["name"] for o in cluster_scoped} == {"a" * 63 + ":" + namespace}
+    applied = cluster.kubectl("apply", "--dry-run=server", "-f", "-",
+                              stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": cluster_scoped})).stdout
+    assert f"clusterrole.rbac.authorization.k8s.io/{'a' * 63}:{namespace} created (server dry run)" in applied
+    assert f"clusterrolebinding.rbac.authorization.k8s.io/{'a' * 63}:{namespace} created (server dry run)" in applied
+
+
+def _dashboard(objects: list[dict]) -> tuple[str, str]:
+    """The dashboard ConfigMap's namespace and name."""
+    (dashboard,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    return dashboard["metadata"]["namespace"], dashboard["metadata"]["name"]
+
+
+def test_the_dashboard_in_a_shared_namespace_is_named_after_the_release_namespace(helm: Helm) -> None:
+    # In its own namespace the ConfigMap keeps its name (renaming it would make a Grafana sidecar
+    # drop the dashboard file on upgrade); elsewhere ".<release namespace>" follows, after the one dot.
+    assert _dashboard(helm.template("rel", str(CHART), "-n", "ops")) == ("ops", "rel-vllm-autotuner-dashboard")
+    assert _dashboard(helm.template("rel", str(CHART), "-n", "ops", "--set", "dashboard.namespace=ops")) == (
+        "ops", "rel-vllm-autotuner-dashboard")
+    shared = {_dashboard(helm.template(release, str(CHART), "-n", ns, "--set", "dashboard.namespace=grafana"))
+              for release, ns in [("rel", "ops-a"), ("rel", "ops-b"), ("rel", "a-b"), ("rel-a", "b")]}
+    assert shared == {("grafana", "rel-vllm-autotuner-dashboard.ops-a"), ("grafana", "rel-vllm-autotuner-dashboard.ops-b"),
+                      ("grafana", "rel-vllm-autotuner-dashboard.a-b"), ("grafana", "rel-a-vllm-autotuner-dashboard.b")}
+
+
+def test_a_release_name_with_a_dot_is_refused(helm: Helm) -> None:
+    # Helm takes one, but the full name names the Service, and the names above rely on its having no dot.
+    result = helm("template", "ops.rel", str(CHART), check=False)
+    assert result.returncode != 0 and "makes the full name ops.rel-vllm-autotuner, which names the Service" in result.stderr
+    assert _dashboard(helm.template("ops.rel", str(CHART), "--set", "fullnameOverride=rel"))[1] == "rel-dashboard"
 
 
 def test_releases_of_one_name_in_two_namespaces_install_side_by_side(cluster: Cluster, helm: Helm) -> None:
-    helm, rbac = helm.on(cluster), client.RbacAuthorizationV1Api(cluster.api)
+    helm, rbac, core = helm.on(cluster), client.RbacAuthorizationV1Api(cluster.api), client.CoreV1Api(cluster.api)
     with cluster.fresh_namespace() as ops_a, cluster.fresh_namespace() as ops_b, \
-            cluster.fresh_namespace() as team_a, cluster.fresh_namespace() as team_b:
+            cluster.fresh_namespace() as team_a, cluster.fresh_namespace() as team_b, \
+            cluster.fresh_namespace() as grafana:
         releases = {ops_a: team_a, ops_b: team_b}
         try:
+            # Both dashboards go to one namespace, as with a Grafana sidecar that watches only its own.
             for ops, team in releases.items():
-                helm("install", INSTALLED, str(CHART), "-n", ops, "--skip-crds", "--set", f"watchNamespaces={{{team}}}")
+                helm("install", INSTALLED, str(CHART), "-n", ops, "--skip-crds", "--set", f"watchNamespaces={{{team}}}",
+                     "--set", f"dashboard.namespace={grafana}")
             for ops in releases:
-                names = _cluster_scoped(documents(helm("get", "manifest", INSTALLED, "-n", ops).stdout))
+                objects = documents(helm("get", "manifest", INSTALLED, "-n", ops).stdout)
+                names = _cluster_scoped(objects)
                 binding = rbac.read_cluster_role_binding(names[1])
                 assert [(s.namespace, s.name) for s in binding.subjects] == [(ops, INSTALLED)]
                 assert rbac.read_cluster_role(binding.role_ref.name).rules[0].resources == ["nodes"]
+                shared, name = _dashboard(objects)
+                assert shared == grafana
+                assert core.read_namespaced_config_map(name, grafana).metadata.annotations[
+                    "meta.helm.sh/release-namespace"] == ops
         finally:
             for ops in releases:
                 helm("uninstall", INSTALLED, "-n", ops, "--wait", check=False)
+        assert core.list_namespaced_config_map(grafana, label_selector="grafana_dashboard").items == []
 
 
 def _notes(cluster: Cluster, helm: Helm, namespace: str, *values: str) -> str:
@@ -178,6 +231,12 @@ def test_the_notes_point_at_the_lease_only_when_there_is_one(cluster: Cluster, h
     single = _notes(cluster, helm, namespace, *SINGLE)
     assert "lease" not in single and "stand by" not in single
     assert f"kubectl -n {namespace} get pods -l app.kubernetes.io/instance=rel" in single
+
+
+def test_the_notes_name_the_dashboard_configmap_where_it_is(cluster: Cluster, helm: Helm, namespace: str) -> None:
+    assert f"ConfigMap {namespace}/rel-vllm-autotuner-dashboard (" in _notes(cluster, helm, namespace)
+    shared = _notes(cluster, helm, namespace, "--set", "dashboard.namespace=grafana")
+    assert f"ConfigMap grafana/rel-vllm-autotuner-dashboard.{namespace} (" in shared
 
 
 def test_the_notes_say_what_the_operator_may_read_only_when_the_chart_grants_it(
@@ -213,7 +272,8 @@ def test_metrics_service_monitor_and_dashboard(helm: Helm) -> None:
     # The operator's `namespace` label is the VllmTuning's; the scrape must not overwrite it.
     assert endpoint["honorLabels"] is True
     dashboard = objects["ConfigMap"]
-    assert dashboard["metadata"]["namespace"] == "monitoring"
+    assert (dashboard["metadata"]["namespace"], dashboard["metadata"]["name"]) == (
+        "monitoring", "rel-vllm-autotuner-dashboard.ops")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dashboard["data"]["vllm-autotuner.json"]) == json.loads((CHART / "files" / "dashboard.json").read_text())
     assert "--verbose" in objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -8,31 +8,50 @@ Name of the chart, or nameOverride.
 {{/*
 Full name of the release's resources: the release name when it already
 contains the chart name, else "<release>-<chart>"; at most 63 characters.
+It names the Service, so it may hold no dot (Helm allows one in a release
+name); the cluster-scoped and dashboard names below rely on that too.
 */}}
 {{- define "vllm-autotuner.fullname" -}}
+{{- $fullname := "" }}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- $fullname = .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- $fullname = .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- $fullname = printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
+{{- if contains "." $fullname }}
+{{- fail (printf "release %s makes the full name %s, which names the Service and may hold no dot: set fullnameOverride" .Release.Name $fullname) }}
+{{- end }}
+{{- $fullname }}
 {{- end }}
 
 {{/*
-Name of the release's cluster-scoped resources (ClusterRole, ClusterRoleBinding): the full
-name and the release namespace, so that releases of one name in two namespaces do not
-collide. Over 63 characters, cut short and ended with a hash of the whole, which stays unique.
+Name of the release's cluster-scoped resources (ClusterRole, ClusterRoleBinding):
+"<fullname>:<release namespace>", e.g. vllm-autotuner:ops. Neither part can hold a ':' (a
+DNS label each), so two releases get one name only if they have the same full name in the
+same namespace; RBAC names are path segments, with no length limit, so nothing is cut.
 */}}
 {{- define "vllm-autotuner.clusterName" -}}
-{{- $name := printf "%s-%s" (include "vllm-autotuner.fullname" .) .Release.Namespace }}
-{{- if gt (len $name) 63 }}
-{{- $name = printf "%s-%s" ($name | trunc 54 | trimSuffix "-") ($name | sha256sum | trunc 8) }}
+{{- printf "%s:%s" (include "vllm-autotuner.fullname" .) .Release.Namespace }}
 {{- end }}
+
+{{/*
+Name of the dashboard ConfigMap: "<fullname>-dashboard" in the release namespace;
+"<fullname>-dashboard.<release namespace>" in another (dashboard.namespace), which releases
+of other namespaces may share. A namespace holds no dot and a full name none either, so the
+part after the one dot names the release namespace: no two releases' names meet.
+*/}}
+{{- define "vllm-autotuner.dashboardName" -}}
+{{- $name := printf "%s-dashboard" (include "vllm-autotuner.fullname" .) }}
+{{- if eq (default .Release.Namespace .Values.dashboard.namespace) .Release.Namespace }}
 {{- $name }}
+{{- else }}
+{{- printf "%s.%s" $name .Release.Namespace }}
+{{- end }}
 {{- end }}
 
 {{/*

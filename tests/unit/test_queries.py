@@ -59,25 +59,54 @@ def test_quoting_and_label_validation():
         Selector(matchers=(("bad-label", "x"),))
 
 
-def test_server_start_is_the_newest_created_gauge_or_a_series_begun_less_than_two_windows_ago():
-    # without `_created` (prometheus-client's multiprocess mode, vLLM with --api-server-count > 1) a rollout
-    # restart must still show: the first sample of a pod whose series began after the first of 60 steps over
-    # the window and the one before it, in the same query (one query per family, whatever the tunings)
+def test_server_start_is_the_newest_created_gauge_or_counter_reset_or_a_series_begun_less_than_two_windows_ago():
+    # without `_created` (prometheus-client's multiprocess mode, vLLM with --api-server-count > 1) a restart must
+    # still show: a container restarted in place as the newest step where a counter is below its newest earlier
+    # sample, a new pod as the first sample of a series that began after the first of 60 steps over the window
+    # and the one before it, in the same query (one query per family, whatever the tunings)
     selector = Selector(matchers=(("cluster", "prod"),))
     q = family_query(FAMILY["started"], selector, 300)
+    counter = 'vllm:prompt_tokens_total{cluster="prod"}'
     assert q == (
         '(max by (namespace, pod) (vllm:prompt_tokens_created{cluster="prod"}))'
+        f" or (max by (namespace, pod) (max_over_time((timestamp({counter})"
+        f" and {counter} < last_over_time({counter}[600s] offset 10s))[600s:10s])))"
         ' or (min by (namespace, pod) (min_over_time(timestamp(vllm:num_requests_running{cluster="prod"})[600s:10s]))'
         " > time() - 590)"
     )
     extra = pod_matchers(selector, "llm", PodMatch(("llama-abc-",)))
     pods = '{cluster="prod",namespace="llm",pod=~"(llama-abc-.*)"}'
+    counter = f"vllm:prompt_tokens_total{pods}"
     assert family_query(FAMILY["started"], selector, 300, extra) == (
         f"(max by (namespace, pod) (vllm:prompt_tokens_created{pods}))"
+        f" or (max by (namespace, pod) (max_over_time((timestamp({counter})"
+        f" and {counter} < last_over_time({counter}[600s] offset 10s))[600s:10s])))"
         f" or (min by (namespace, pod) (min_over_time(timestamp(vllm:num_requests_running{pods})[600s:10s]))"
         " > time() - 590)"
     )
     assert "[2s:1s])) > time() - 1)" in family_query(FAMILY["started"], selector, 1)
+
+
+def test_newest_sample_of_a_pod_whose_scrapes_fail_is_kept_while_its_target_is_there():
+    # the instant query misses a pod at its first failed scrape (stale markers); its newest sample in the window
+    # still answers while its target reports `up == 0`, which carries the target's namespace and pod labels but
+    # not the spec's other matchers (labels of the vLLM series alone)
+    selector = Selector(matchers=(("model_name", "llama"),), namespace_label="kubernetes_namespace",
+                        pod_label="pod_name")
+    q = family_query(FAMILY["last_seen"], selector, 300)
+    gauge = 'vllm:num_requests_running{model_name="llama"}'
+    assert q == (
+        f"(max by (kubernetes_namespace, pod_name) (timestamp({gauge})))"
+        f" or (max by (kubernetes_namespace, pod_name) (max_over_time(timestamp({gauge})[300s:10s]))"
+        " and on (kubernetes_namespace, pod_name) (up == 0))"
+    )
+    extra = pod_matchers(selector, "llm", PodMatch(("llama-abc-",)))
+    assert family_query(FAMILY["last_seen"], selector, 300, extra).endswith(
+        ' and on (kubernetes_namespace, pod_name) (up{kubernetes_namespace="llm",pod_name=~"(llama-abc-.*)"} == 0))'
+    )
+    namespaced = Selector(matchers=(("model_name", "llama"), ("namespace", "llm")))
+    assert family_query(FAMILY["last_seen"], namespaced, 300).endswith(
+        ' and on (namespace, pod) (up{namespace="llm"} == 0))')
 
 
 def test_per_target_query_during_a_rollout_takes_every_replicaset():

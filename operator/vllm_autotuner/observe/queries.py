@@ -13,10 +13,20 @@ Two ways to ask, one vocabulary:
   the same query per family per tuning, filtered to that tuning's pods.
 
 Every family names its older vLLM spelling as a fallback (``or``), so a
-Prometheus scraping vLLM releases before the V1 renames still answers; the
-server start falls back the same way, per pod, to the first sample of a
-pod's series where prometheus-client exports no ``_created`` gauges, inside
-the same query, so a restart is seen without one more query per period.
+Prometheus scraping vLLM releases before the V1 renames still answers. Two
+families fall back the same way, per pod, inside their one query, so that
+neither costs one more query per period:
+
+* the server start, where prometheus-client exports no ``_created`` gauges,
+  to the newest reset of a counter (a container kubelet restarted in place:
+  same pod, same series, counting from zero) or else to the first sample of
+  a series that began late (a new pod);
+* the newest sample, where a scrape failed: Prometheus marks a target's
+  series stale at its first failed scrape, so the instant query forgets a
+  pod at once, though the staleness limit of the decision core is there to
+  judge exactly such a pod. While the pod's scrape target is still there and
+  failing (``up == 0``), its newest sample in the window answers; a pod
+  deleted in a scale-down or a rollout has no target left, so it stays out.
 """
 
 from __future__ import annotations
@@ -35,7 +45,9 @@ class Kind(StrEnum):
     AVERAGE = "average"  # gauge: mean over the window
     BUCKETS = "buckets"  # histogram: per-second rate of each bucket
     LAST_SEEN = "last_seen"  # gauge: timestamp of the newest sample (freshness)
+    FAILING = "failing"  # gauge: timestamp of the newest sample in the window, of a pod whose scrape target fails
     STARTED = "started"  # prometheus-client `_created` gauge: newest value at the window end (server start)
+    RESET = "reset"  # counter: time of its newest reset (a restart in place) under two windows ago
     FIRST_SEEN = "first_seen"  # gauge: timestamp of the first sample, if the series began under two windows ago
 
 
@@ -97,11 +109,13 @@ FAMILIES: tuple[Family, ...] = (
     Family("e2e", Kind.BUCKETS, ("vllm:e2e_request_latency_seconds_bucket",)),
     Family("queue", Kind.BUCKETS, ("vllm:request_queue_time_seconds_bucket",)),
     Family("step_tokens", Kind.BUCKETS, ("vllm:iteration_tokens_total_bucket",)),
-    Family("last_seen", Kind.LAST_SEEN, ("vllm:num_requests_running",)),
+    Family("last_seen", Kind.LAST_SEEN, ("vllm:num_requests_running",),
+           fallback=((Kind.FAILING, "vllm:num_requests_running"),)),
     # prometheus-client's multiprocess mode (vLLM's with --api-server-count > 1) and PROMETHEUS_DISABLE_CREATED_SERIES
-    # export no `_created` gauges: without them a pod's restart shows as its series beginning late
+    # export no `_created` gauges: without them a pod's restart shows as its counters resetting or, for a new pod,
+    # as its series beginning late. A reset follows the series' first sample, so the first answer is the newest.
     Family("started", Kind.STARTED, ("vllm:prompt_tokens_created",),
-           fallback=((Kind.FIRST_SEEN, "vllm:num_requests_running"),)),
+           fallback=((Kind.RESET, "vllm:prompt_tokens_total"), (Kind.FIRST_SEEN, "vllm:num_requests_running"))),
 )
 FAMILY = {f.key: f for f in FAMILIES}
 
@@ -135,9 +149,17 @@ def _window(seconds: float) -> str:
     return f"{int(round(seconds))}s"
 
 
-def _expr(kind: Kind, metric: str, labels: str, window: float, by: str) -> str:
+def _step(window: float) -> int:
+    """The step of the subqueries: a thirtieth of the window, at least a second."""
+    return max(1, round(window / 30))
+
+
+def _expr(kind: Kind, metric: str, labels: str, targets: str, window: float, by: str) -> str:
+    """One term of a family's query; ``labels`` select the metric's series, ``targets`` (the namespace and pod
+    matchers among them) the pods' scrape targets' ``up`` series."""
     sel = f"{metric}{labels}"
     w = _window(window)
+    step = _step(window)
     match kind:
         case Kind.RATE | Kind.BUCKETS:
             return f"sum by ({by}) (rate({sel}[{w}]))"
@@ -145,15 +167,31 @@ def _expr(kind: Kind, metric: str, labels: str, window: float, by: str) -> str:
             return f"sum by ({by}) (avg_over_time({sel}[{w}]))"
         case Kind.LAST_SEEN:
             return f"max by ({by}) (timestamp({sel}))"
+        case Kind.FAILING:
+            # A stale-marked series answers no instant query, but a subquery's steps before the marker still see
+            # its real samples: the newest as of the last step before the marker, at most a step older than the
+            # newest (an age a step too high errs toward holding). Only pods whose target is there and failing:
+            # one deleted has no `up` left.
+            return (f"max by ({by}) (max_over_time(timestamp({sel})[{w}:{step}s]))"
+                    f" and on ({by}) (up{targets} == 0)")
         case Kind.STARTED:
             # an instant value, not over the window: a pod restarted in the window counts from its newest start
             return f"max by ({by}) ({sel})"
+        case Kind.RESET:
+            # Over the window and a window before it, as FIRST_SEEN: the newest step whose sample is below the
+            # series' sample of a step before, with that sample's time (the first after the restart, or one a
+            # step later). The sample before is the newest real one over the reach, not `offset` alone: vLLM
+            # serves no /metrics while it starts again, and the stale markers of those failed scrapes end the
+            # series for an instant selector.
+            reach = round(2 * window)
+            return (f"max by ({by}) (max_over_time((timestamp({sel})"
+                    f" and {sel} < last_over_time({sel}[{reach}s] offset {step}s))[{reach}s:{step}s]))")
         case Kind.FIRST_SEEN:
             # Over the window and a window before it (a start less than the settle time before the window must
             # hold too), in steps of a sixtieth of that span. At the first step a series that was already there
             # answers a sample from at or before that step, so only one that began later passes the filter, with
             # its first sample's time; an older pod answers nothing (an unknown start, as without `_created`).
-            reach, step = round(2 * window), max(1, round(window / 30))
+            reach = round(2 * window)
             return (f"min by ({by}) (min_over_time(timestamp({sel})[{reach}s:{step}s]))"
                     f" > time() - {reach - step}")
     raise AssertionError(kind)
@@ -208,7 +246,11 @@ def family_query(family: Family, selector: Selector, window_seconds: float,
         by += ", le"
     if family.part is not None:
         by += f", {family.part.label}"
-    matchers = [f"{k}={quote(v)}" for k, v in selector.matchers] + [f"{k}{op}{quote(v)}" for k, op, v in extra]
-    labels = _braces(matchers)
+    every = [(k, "=", v) for k, v in selector.matchers] + list(extra)
+    labels = _braces([f"{k}{op}{quote(v)}" for k, op, v in every])
+    # namespace and pod come from the target's relabelling, so `up` has them too; other matchers may name labels
+    # of the vLLM series alone (model_name, engine) or that metric relabelling adds, and would match no `up`
+    targets = _braces([f"{k}{op}{quote(v)}" for k, op, v in every
+                       if k in (selector.namespace_label, selector.pod_label)])
     terms = [(family.kind, m) for m in family.metrics] + list(family.fallback)
-    return " or ".join(f"({_expr(kind, m, labels, window_seconds, by)})" for kind, m in terms)
+    return " or ".join(f"({_expr(kind, m, labels, targets, window_seconds, by)})" for kind, m in terms)

@@ -14,18 +14,22 @@ Missing data stays missing: a family without rows for the target's pods
 is None in the Observation, never zero, and ``observe_target`` refuses
 partial windows (fewer pods with data than Ready replicas, counting only
 pods whose newest sample is within the decision core's staleness limit)
-outright. The sample count is the completed requests (``finished_reason``
+outright. A pod whose scrapes fail is still one of the window, with its
+newest real sample, while its scrape target is there (``queries``), so the
+staleness limit, not the first failed scrape, decides when it stops
+counting. The sample count is the completed requests (``finished_reason``
 other than abort and error: ``queries.completed_requests``); the request
 rate, the load, counts every finished request.
 The newest server start among the target's pods (their ``_created`` gauges
-or, without them, the first sample of a series that began at most a window
-before the window: ``queries``) goes into the Observation as is; whether a
-restart in or just before the window makes it unfit is the decision core's
-call. A step's tokens at the ITL quantile are capped at the token budget,
-which no step computes more than (vLLM counts a chunked prompt whole in the
-step that finishes it), and are the budget where the quantile lies past the
-last bucket: vLLM's end at 16384, below budgets that go to 32768, and there
-Prometheus answers 16384, which would make full steps look half full.
+or, without them, the newest reset of their counters or the first sample of
+a series that began, either at most a window before the window: ``queries``)
+goes into the Observation as is; whether a restart in or just before the
+window makes it unfit is the decision core's call. A step's tokens at the
+ITL quantile are capped at the token budget, which no step computes more
+than (vLLM counts a chunked prompt whole in the step that finishes it), and
+are the budget where the quantile lies past the last bucket: vLLM's end at
+16384, below budgets that go to 32768, and there Prometheus answers 16384,
+which would make full steps look half full.
 """
 
 from __future__ import annotations
@@ -120,7 +124,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def _partial(fresh: int, ready_pods: int, stale: dict[PodKey, float], limit: float) -> str:
     """Why a window with fewer pods reporting than are Ready is refused, and what to look at."""
     if not stale:
-        return f"only {fresh} of {ready_pods} Ready pods have series in the window: partial data"
+        return (f"only {fresh} of {ready_pods} Ready pods are scraped by Prometheus and have series in the window: "
+                "partial data")
     last = ", ".join(f"{pod} {age:.0f}s ago" for (_, pod), age in sorted(stale.items()))
     return (f"only {fresh} of {ready_pods} Ready pods reported in the last {limit:.0f}s: partial data; last sample "
             f"from {last}: for each of those pods that still runs, check its scrape target in Prometheus (up, "
@@ -152,8 +157,9 @@ def observe_target(
     minutes ago still has series in the window, and would pass a window without its latest part for complete.
     A pod deleted in the window (a scale-down, an old revision's in a restart, whose windows pass 0 Ready pods)
     is no Ready pod any more, so it misses nothing; Prometheus marks its series stale once its target is gone,
-    so it is usually no pod of the window either (``last_seen`` is an instant query). Without a limit (the
-    default) every pod with series counts, as before the limit was passed in.
+    so it is usually no pod of the window either (``last_seen`` is an instant query, which answers a pod with
+    stale-marked series only while its scrape target is there and failing). Without a limit (the default)
+    every pod with series counts, as before the limit was passed in.
     """
     pods = target_pods(data, namespace, match)
     if not pods:

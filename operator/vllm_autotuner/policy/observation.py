@@ -51,8 +51,9 @@ class Observation:
     started_at: datetime | None = None
     """Latest start of a target pod's vLLM server (timezone-aware), from the ``_created`` gauges of its
     counters or, where those are not exported (prometheus-client's multiprocess mode, which vLLM uses with
-    ``--api-server-count`` above 1, or PROMETHEUS_DISABLE_CREATED_SERIES), the first sample of a pod whose
-    series began at most a window before the window; None when neither tells."""
+    ``--api-server-count`` above 1, or PROMETHEUS_DISABLE_CREATED_SERIES), the newest reset of its counters (a
+    container restarted in place) or the first sample of a pod whose series began, either at most a window before
+    the window; None when none tells."""
     slo: SLO | None = None
     """The quantiles and targets the latency fields were computed for."""
 
@@ -181,8 +182,9 @@ def hold_reason(
     restart that is not a knob change: ``kubectl rollout restart``, an image
     bump, a crashed container, a scale-up), or a short window, quantiles for
     another SLO, too few requests, NaN or missing numbers. An unknown start
-    (``started_at`` None: no ``_created`` series, and every pod's series
-    reaches back more than a window before the window) does not hold.
+    (``started_at`` None: no ``_created`` series, no counter reset, and
+    every pod's series reaching back more than a window before the window)
+    does not hold.
     """
     if observation is None:
         return HoldReason.NO_DATA, "no observation: Prometheus returned no series for the target's pods"

@@ -574,7 +574,7 @@ class Reconciler:
             if again and rollout.to_knobs in failed_configs(state):
                 decision = replace(decision, state=decision.state.model_copy(
                     update={"failed_configs": state.failed_configs}))
-            else:
+            if not again:
                 self._rollout_finished(report, judged.progress.value)
                 report.event(reason, message, warning=True)
             report.state = decision.state

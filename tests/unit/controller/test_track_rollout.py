@@ -460,6 +460,7 @@ def test_a_spec_changed_while_a_rollback_is_refused_records_the_failed_config_un
 
     assert len(kube.patches) == 1  # the rollback, written this time
     assert B in failed_configs(report.state)  # still never tried again, under the spec in force
+    assert [reason for reason, _, _ in report.events] == [events.ROLLED_BACK]  # the failure was said before
 
 
 def outcomes(metrics: OperatorMetrics) -> dict[str, float]:

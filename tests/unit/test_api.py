@@ -160,6 +160,16 @@ MINIMAL = {
 }
 
 
+def test_a_schedules_overlay_is_written_back_as_given():
+    night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *",
+             "bounds": {"maxNumSeqs": {"max": 64}}, "slo": {"ttft": {"seconds": 10}}}
+    obj = VllmTuning.from_object({**MINIMAL, "spec": {**MINIMAL["spec"], "schedules": [night]}})
+    (written,) = obj.to_object()["spec"]["schedules"]
+    assert (written["bounds"], written["slo"]) == (night["bounds"], night["slo"])  # no default to override the spec's
+    again = VllmTuning.from_object(obj.to_object())
+    assert again.spec.schedules[0].bounds.model_fields_set == {"max_num_seqs"}
+
+
 def test_minimal_object_gets_documented_defaults():
     obj = VllmTuning.from_object(MINIMAL)
     spec = obj.spec

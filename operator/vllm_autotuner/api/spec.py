@@ -11,7 +11,15 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    WithJsonSchema,
+    field_serializer,
+)
 from pydantic.alias_generators import to_camel
 
 from vllm_autotuner.api.types import (
@@ -369,6 +377,15 @@ class Schedule(TimeWindow):
     """SLO in force during the window, field by field over spec.slo (a field left out is spec.slo's)."""
     pre_roll: Duration | None = None
     """How long before the window start the change begins, so new pods are Ready when it opens. Default: the last rolling restart's duration (status.rolloutSeconds) plus a margin, or 5m before one was timed."""
+
+    @field_serializer("bounds", "slo")
+    def _as_given(self, value: SpecModel | None, info: SerializationInfo) -> Any:
+        """The fields of an overlay a person gave, and no default: written out, a default would take the place
+        of the spec's field beneath it."""
+        if value is None:
+            return None
+        return value.model_dump(mode=info.mode, by_alias=info.by_alias, exclude_none=info.exclude_none,
+                                exclude_unset=True)
 
 
 class RolloutSpec(SpecModel):

@@ -104,7 +104,7 @@ def human_readable_int(text: str) -> int:
     return int(number) * 1024 ** ("KMGT".index(suffix) + 1)  # int("2.5") raises: vLLM refuses 2.5K too
 
 
-def _model_len(text: str) -> int | None:
+def human_readable_int_or_auto(text: str) -> int | None:
     """vLLM's ``human_readable_int_or_auto``, the type of ``--max-model-len``; its ``auto`` or ``-1`` (vLLM fits the
     length to the memory left) as None, a length the operator cannot know."""
     return None if text.strip() == "-1" or text.strip().lower() == "auto" else human_readable_int(text)
@@ -112,7 +112,12 @@ def _model_len(text: str) -> int | None:
 
 # The type vLLM's parser gives each integer flag read here that is not a plain ``int``.
 _INT_TYPES: dict[str, Callable[[str], int | None]] = {"max-num-batched-tokens": human_readable_int,
-                                                      "max-model-len": _model_len}
+                                                      "max-model-len": human_readable_int_or_auto}
+
+
+def int_type(name: str) -> Callable[[str], int | None]:
+    """The type vLLM's argument parser reads integer flag ``name`` with (argparse names it in its errors)."""
+    return _INT_TYPES.get(normalise(name), int)
 # Those whose field in vLLM's EngineArgs is ``int | None``: vLLM reads ``None`` or an empty value as absent.
 _OPTIONAL_INTS = {"max-num-batched-tokens", "max-num-seqs", "max-model-len", "data-parallel-size-local"}
 
@@ -595,7 +600,7 @@ class CommandLine:
         flag = self.get(name)
         if flag is None or flag.value in ("", "None") and flag.name in _OPTIONAL_INTS:
             return None
-        parse = _INT_TYPES.get(flag.name, int)
+        parse = int_type(flag.name)
         if flag.value is not None:
             with contextlib.suppress(ValueError):
                 value = parse(flag.value)

@@ -17,9 +17,11 @@ faithfully, so it is refused with a message saying which node pool fits.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from vllm_autotuner.knobs import SEQS_FLAG, TOKENS_FLAG, CommandLine, CommandLineError
+from vllm_autotuner.knobs.cmdline import int_type
 from vllm_autotuner.sim.profiles import Profile
 from vllm_autotuner.sim.startup import EngineConfig
 
@@ -123,11 +125,13 @@ def vllm_launch(container: dict[str, Any], profile: Profile) -> VllmLaunch:
 
 
 def _int(cmd: CommandLine, name: str) -> int | None:
-    return _typed(cmd, name, int)
+    """An integer flag's value as vLLM's parser reads it (``--max-num-batched-tokens 8k``; ``--max-model-len
+    auto``, None: the model's own); ``None`` when absent."""
+    return _typed(cmd, name, int_type(name))
 
 
-def _typed(cmd: CommandLine, name: str, kind: type[int] | type[float]) -> Any:
-    """A flag's value as argparse's ``type=int`` or ``type=float`` reads it; ``None`` when absent."""
+def _typed(cmd: CommandLine, name: str, kind: Callable[[str], Any]) -> Any:
+    """A flag's value as argparse reads it with type ``kind``; ``None`` when absent."""
     flag = cmd.get(name)
     if flag is None:
         return None

@@ -50,6 +50,10 @@ def container(**fields):
             EngineConfig(max_num_seqs=8, enable_prefix_caching=False, enable_chunked_prefill=False),
         ),
         ({"args": ["--model", "m"]}, EngineConfig()),  # absent flags stay absent: vLLM's defaults apply
+        (  # the types vLLM reads these with: sizes, and the model's own length
+            {"args": ["m", "--max-num-batched-tokens", "8k", "--max-model-len", "auto"]},
+            EngineConfig(max_num_batched_tokens=8000),
+        ),
         (
             {"args": ["m", "--performance-mode", "throughput", "--max-num-seqs", "100"]},  # doubles only the defaults
             EngineConfig(max_num_seqs=100, performance_mode="throughput"),
@@ -88,6 +92,7 @@ def test_served_model_name_and_port():
             2,
         ),
         ({"args": ["--gpu-memory-utilization", "high"]}, H100, "invalid float value: 'high'", 2),
+        ({"args": ["--max-num-batched-tokens", "2.5K"]}, H100, "invalid human_readable_int value: '2.5K'", 2),
         ({"args": ["--max-num-seqs"]}, H100, "argument --max-num-seqs: expected one argument", 2),
         ({"args": ["--gpu-memory-utilization", "1.5"]}, H100, "Input should be less than or equal to 1", 1),
         ({"args": ["m"], "resources": {}}, H100, "RuntimeError: Failed to infer device type", 1),

@@ -138,8 +138,8 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             out[key] = True
         else:
             out[key] = value
-    if out.pop(OVERLAY, False):
-        out = _without_defaults(out)
+    if out.pop(OVERLAY, False):  # the apiserver then fills in none of its fields
+        out = _without(out, "default")
     if "default" in out:
         out["default"] = _minimal_default(out["default"], out)
     if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
@@ -147,13 +147,14 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return _ordered(out)
 
 
-def _without_defaults(node: dict[str, Any]) -> dict[str, Any]:
-    """A schema node without ``default`` at any depth: the apiserver then fills in none of its fields."""
-    out = {k: v for k, v in node.items() if k != "default"}
+def _without(node: dict[str, Any], keyword: str) -> dict[str, Any]:
+    """A schema node without the schema keyword ``keyword`` at any depth (a property of that name stays)."""
+    out = {k: v for k, v in node.items() if k != keyword}
     if "properties" in out:
-        out["properties"] = {name: _without_defaults(sub) for name, sub in out["properties"].items()}
-    if "items" in out:
-        out["items"] = _without_defaults(out["items"])
+        out["properties"] = {name: _without(sub, keyword) for name, sub in out["properties"].items()}
+    for nested in ("items", "additionalProperties"):
+        if isinstance(out.get(nested), dict):
+            out[nested] = _without(out[nested], keyword)
     return out
 
 
@@ -175,21 +176,16 @@ def _model_schema(model: type) -> dict[str, Any]:
     return structural(raw, raw.get("$defs", {}))
 
 
-def _without_rules(node: Any) -> Any:
-    """``node`` without its CEL rules: the status schema's. Status records what was observed, a config vLLM
-    refuses included (knobs assumed from the defaults, a rollout that failed), and a rule there would make the
-    apiserver refuse every status write of the operator (a 422 on each), freezing the status."""
-    if isinstance(node, dict):
-        return {k: _without_rules(v) for k, v in node.items() if k != "x-kubernetes-validations"}
-    if isinstance(node, list):
-        return [_without_rules(v) for v in node]
-    return node
-
-
 def crd() -> dict[str, Any]:
-    """The CustomResourceDefinition object."""
+    """The CustomResourceDefinition object.
+
+    The status schema has no CEL rules: status records what was observed, a
+    config vLLM refuses included (knobs assumed from the defaults, a rollout
+    that failed), and a rule there would make the apiserver refuse every
+    status write of the operator (a 422 on each), freezing the status.
+    """
     spec_schema = _model_schema(VllmTuningSpec)
-    status_schema = _without_rules(_model_schema(VllmTuningStatus))
+    status_schema = _without(_model_schema(VllmTuningStatus), "x-kubernetes-validations")
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

@@ -24,7 +24,7 @@ DATA_PARALLEL_FLAGS = ("data-parallel-size", "data-parallel-size-local")
 #: What a ``--config`` file may set that the operator must know, and the flags that say it on the command line (which
 #: take precedence over the file): the knobs, chunked prefill (off, vLLM refuses a budget below max_model_len) and the
 #: data-parallel size (a file's data-parallel-size-local cannot exceed the command line's --data-parallel-size 1).
-#: A max_model_len left to the file is unknown, as a model's own is: the start-up rules then keep the budget safe.
+#: A max_model_len left to the file is unknown, as a model's own is: with chunked prefill off that is refused.
 CONFIG_FILE_FLAGS = {
     TOKENS_FLAG: f"--{TOKENS_FLAG}",
     SEQS_FLAG: f"--{SEQS_FLAG}",

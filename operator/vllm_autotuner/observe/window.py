@@ -73,8 +73,8 @@ def fetch_window(client: PrometheusClient, selector: Selector, window_seconds: f
             # one bound spelled two ways ("1.0", and "1" since a Prometheus 3 upgrade) is one bucket of both,
             # as in Prometheus' own histogram_quantile
             for row in rows:
-                bound = float(row.labels.get("le", "nan"))
-                per_pod[pod(row.labels)][bound] = per_pod[pod(row.labels)].get(bound, 0.0) + row.value
+                bound, buckets = float(row.labels.get("le", "nan")), per_pod[pod(row.labels)]
+                buckets[bound] = buckets.get(bound, 0.0) + row.value
             data.buckets[family.key] = dict(per_pod)
         elif family.part is not None:  # grouped by the part's label too: the family is the sum over it
             by_value: dict[PodKey, dict[str, float]] = defaultdict(dict)

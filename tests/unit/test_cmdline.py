@@ -466,6 +466,12 @@ def test_an_unreadable_sidecar_does_not_hide_the_vllm_container():
     assert find_vllm_container({"containers": [init, engine]})["name"] == "engine"
 
 
+def test_a_sidecar_that_names_vllm_and_serve_in_two_commands_does_not_run_vllm():
+    watcher = {"name": "watcher", "image": "busybox", "command": ["sh", "-c", "pgrep vllm; serve --port 9000"]}
+    engine = {"name": "engine", "image": "registry/llm", "command": ["vllm", "serve", "M"]}
+    assert find_vllm_container({"containers": [watcher, engine]})["name"] == "engine"
+
+
 # --- what vLLM gets after kubelet's $(VAR) and the shell's expansions ----------------------------
 
 H100 = vllm_defaults("v0.11.0", Hardware(gpus=1, memory_gib=80, product="NVIDIA-H100-80GB-HBM3"))

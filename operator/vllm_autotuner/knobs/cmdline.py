@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -488,13 +489,7 @@ class CommandLine:
 
     def runs_vllm(self) -> bool:
         """True when the command invokes vLLM's server (``vllm serve`` or the api_server module)."""
-        texts = [w.text for w in self.words if not w.operator]
-        for i, text in enumerate(texts):
-            if text.rsplit("/", 1)[-1] == "vllm" and i + 1 < len(texts) and texts[i + 1] == "serve":
-                return True
-            if text in _VLLM_ENTRYPOINTS:
-                return True
-        return False
+        return any(self._is_vllm_word(i) for i in range(len(self.words)))
 
     def _vllm_segment(self) -> tuple[int, int]:
         """[start, end) word indices of the simple command that runs vLLM (everything in list form)."""
@@ -509,6 +504,9 @@ class CommandLine:
         return start, len(self.words)
 
     def _is_vllm_word(self, i: int) -> bool:
+        """Whether word ``i`` starts vLLM's server: the api_server module, or ``vllm`` (any path) before ``serve``."""
+        if self.words[i].operator:
+            return False
         text = self.words[i].text
         return text in _VLLM_ENTRYPOINTS or (
             text.rsplit("/", 1)[-1] == "vllm" and i + 1 < len(self.words) and self.words[i + 1].text == "serve"
@@ -543,6 +541,11 @@ class CommandLine:
         value or the model (``vllm serve M $VLLM_ARGS``) may expand to any
         flags, the data-parallel size and chunked prefill among them.
         """
+        return list(self._flags)
+
+    @functools.cached_property
+    def _flags(self) -> tuple[Flag, ...]:
+        """:meth:`flags`, read once: the command line is immutable, and each ``get`` reads from here."""
         start, end = self._vllm_arguments()
         found: list[Flag] = []
         readable = {self._model_index()}  # words whose expansion stands for the model or a flag's value
@@ -576,7 +579,7 @@ class CommandLine:
                     f"--no-enable-chunked-prefill, --max-model-len); write the flags literally in the command or "
                     f"args (an expansion may stand only for a flag's value or the model)"
                 )
-        return found
+        return tuple(found)
 
     @staticmethod
     def _takes_value(name: str) -> bool:

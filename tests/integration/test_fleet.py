@@ -245,13 +245,20 @@ def test_requests_whose_clients_give_up_are_aborted(
     assert summary["errors"].get("gave up after 4s", 0) > summary["sent"] // 2
     assert summary["ok"] + summary["errors"]["gave up after 4s"] == summary["sent"]
 
+    # A request the pod finishes in the instant its client gives up is counted by the pod and not by the client (vLLM
+    # has the same race: the step that finishes it can run before the disconnect is seen). Under load that instant
+    # is a tick or two wide, so up to ``raced`` such requests are allowed; a pod that let an abandoned request run on,
+    # or counted aborted ones, counts several more.
+    raced = 2
+
     def settled() -> dict[str, float]:
         promql = (f'sum(vllm:num_requests_running{{namespace="{namespace}"}}) + '
                   f'sum(vllm:num_requests_waiting{{namespace="{namespace}"}})')  # fmt: skip
         unserved = query(prometheus, promql)
         counted = query(prometheus, f'sum(vllm:request_success_total{{namespace="{namespace}"}})')
         values = {"unserved": float(unserved[0]["value"][1]), "counted": float(counted[0]["value"][1])}
-        return values if values == {"unserved": 0.0, "counted": summary["ok"]} else {}
+        assert values["unserved"] == 0 and summary["ok"] <= values["counted"] <= summary["ok"] + raced, values
+        return values
 
     # Without the aborts the pod would work through its queue for over a minute more.
     wait_for(settled, 20, f"the pod to be idle with the {summary['ok']} answered requests counted")

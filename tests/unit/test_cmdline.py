@@ -555,6 +555,16 @@ def test_an_expansion_where_vllm_takes_flags_is_refused_saying_to_write_them_lit
 
 
 @pytest.mark.parametrize(
+    "flag",
+    ["skip-tokenizer-init", "return-tokens-as-token-ids", "allow-credentials", "use-tqdm-on-load",
+     "multi-step-stream-outputs", "guided-decoding-disable-fallback", "data-parallel-hybrid-lb", "tokens-only"],
+)
+def test_an_expansion_after_any_of_vllms_flags_that_take_no_value_is_refused(flag):
+    with pytest.raises(CommandLineError, match="write the flags literally in the command or args"):
+        EngineArgs.from_container({"command": ["sh", "-c", f"exec vllm serve M --{flag} $EXTRA"]})
+
+
+@pytest.mark.parametrize(
     "container",
     [
         # an expansion in another command of the script is not vLLM's

@@ -60,7 +60,17 @@ _VLLM_ENTRYPOINTS = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api
 # vLLM flags that take no value. Any other flag followed by a non-flag word
 # takes that word as its value (argparse's behaviour for vLLM's options).
 _BOOLEAN_PREFIXES = ("enable-", "disable-", "no-")
-_BOOLEAN_FLAGS = {"trust-remote-code", "enforce-eager", "async-scheduling", "headless", "api-server-count-auto"}
+# The others: vllm serve's value-less options, v0.8.0-v0.11.2 (engine/arg_utils.py, openai/cli_args.py, cli/serve.py).
+_BOOLEAN_FLAGS = {
+    "aggregate-engine-logging", "allow-credentials", "async-scheduling", "calculate-kv-scales",
+    "data-parallel-external-lb", "data-parallel-hybrid-lb", "enforce-eager", "eplb-log-balancedness",
+    "exclude-tools-when-tool-choice-none", "expand-tools-even-if-tool-choice-none", "fully-sharded-loras",
+    "guided-decoding-disable-additional-properties", "guided-decoding-disable-any-whitespace",
+    "guided-decoding-disable-fallback", "headless", "interleave-mm-strings", "kv-sharing-fast-prefill",
+    "log-error-stack", "multi-step-stream-outputs", "ray-workers-use-nsight", "return-tokens-as-token-ids",
+    "skip-mm-profiling", "skip-tokenizer-init", "speculative-disable-mqa-scorer", "tokens-only", "trust-remote-code",
+    "trust-request-chat-template", "use-tqdm-on-load", "use-v2-block-manager",
+}
 
 # vLLM's one-dash aliases of flags read here (argparse takes ``-dp 2`` and ``-dp=2`` as ``--data-parallel-size 2``).
 _SHORT_ALIASES = {"-tp": "tensor-parallel-size", "-dp": "data-parallel-size", "-dpl": "data-parallel-size-local"}

@@ -110,8 +110,14 @@ def test_two_replicas_turn_ready_after_the_simulated_start_up_and_are_scraped(
 
     found = wait_for(scraped, 60, "Prometheus to have every vLLM series of both pods")
     assert set(found) == names
-    up = query(prometheus, f'up{{namespace="{namespace}"}}')
-    assert sorted((s["metric"]["pod"], s["value"][1]) for s in up) == sorted((n, "1") for n in names)
+
+    def up() -> list[tuple[str, str]]:  # one scrape of the two can time out on a loaded machine; the next succeeds
+        samples = query(prometheus, f'up{{namespace="{namespace}"}}')
+        targets = sorted((s["metric"]["pod"], s["value"][1]) for s in samples)
+        assert targets == sorted((n, "1") for n in names), targets
+        return targets
+
+    wait_for(up, 10, "both pods' scrape targets to be up")
 
 
 def test_infeasible_budget_crash_loops_with_vllms_error(cluster: Cluster, namespace: str,
@@ -184,8 +190,15 @@ def test_rolling_update_replaces_the_pods_and_the_new_ones_serve_the_new_config(
 
     new = wait_for(rolled, 120, "the rollout to replace both pods with Ready new ones")
     assert all(p.spec.containers[0].args == new_args for p in new)
-    deployment = api.apps.read_namespaced_deployment("llama", namespace).status
-    assert deployment.updated_replicas == deployment.ready_replicas == 2
+
+    def counted() -> kubernetes.client.V1DeploymentStatus:
+        # The Deployment's status follows the pods through two controllers: the old pod can be gone a moment
+        # before readyReplicas drops from 3.
+        status = api.apps.read_namespaced_deployment("llama", namespace).status
+        assert status.updated_replicas == status.ready_replicas == 2, status
+        return status
+
+    wait_for(counted, 30, "the Deployment to count the two new pods, updated and Ready")
 
     old_blocks, new_blocks = (expected_startup(H100, a).memory.num_gpu_blocks for a in (old_args, new_args))
     assert old_blocks != new_blocks  # the bigger budget reserves more activation memory

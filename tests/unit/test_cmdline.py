@@ -557,7 +557,8 @@ def test_an_expansion_where_vllm_takes_flags_is_refused_saying_to_write_them_lit
 @pytest.mark.parametrize(
     "flag",
     ["skip-tokenizer-init", "return-tokens-as-token-ids", "allow-credentials", "use-tqdm-on-load",
-     "multi-step-stream-outputs", "guided-decoding-disable-fallback", "data-parallel-hybrid-lb", "tokens-only"],
+     "multi-step-stream-outputs", "guided-decoding-disable-fallback", "data-parallel-hybrid-lb", "tokens-only",
+     "skip-tokenizer"],  # an abbreviation, as vLLM's parser takes it
 )
 def test_an_expansion_after_any_of_vllms_flags_that_take_no_value_is_refused(flag):
     with pytest.raises(CommandLineError, match="write the flags literally in the command or args"):

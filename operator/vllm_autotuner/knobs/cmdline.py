@@ -593,7 +593,10 @@ class CommandLine:
 
     @staticmethod
     def _takes_value(name: str) -> bool:
-        return name not in _BOOLEAN_FLAGS and not name.startswith(_BOOLEAN_PREFIXES)
+        """Whether flag ``name`` takes the next word as its value: not when it is, or abbreviates, a value-less one
+        (vLLM's parser takes ``--skip-tokenizer`` for ``--skip-tokenizer-init``; were it also a prefix of a flag
+        that takes a value, vLLM would refuse it as ambiguous and not start)."""
+        return not name.startswith(_BOOLEAN_PREFIXES) and not any(flag.startswith(name) for flag in _BOOLEAN_FLAGS)
 
     @staticmethod
     def _is_value(word: Word) -> bool:

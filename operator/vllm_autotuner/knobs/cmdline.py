@@ -75,16 +75,18 @@ _BOOLEAN_FLAGS = {
 # vLLM's one-dash aliases of flags read here (argparse takes ``-dp 2`` and ``-dp=2`` as ``--data-parallel-size 2``).
 _SHORT_ALIASES = {"-tp": "tensor-parallel-size", "-dp": "data-parallel-size", "-dpl": "data-parallel-size-local"}
 
-# The long options the operator and the simulator read (a boolean in both forms). vLLM's parser takes a word that is
-# a prefix of exactly one option for that option, and refuses a prefix of several ("ambiguous option"): so a prefix of
-# one of these is read as it, and a prefix of several is refused. (Were it also a prefix of an option not read here,
-# vLLM would refuse to start, and what the word is read as would not matter.)
+# The long options the operator and the simulator read (a boolean in both forms).
 _READ_FLAGS = (
     "max-num-batched-tokens", "max-num-seqs", "max-model-len", "enable-chunked-prefill", "no-enable-chunked-prefill",
     "data-parallel-size", "data-parallel-size-local", "performance-mode", "config", "model", "tensor-parallel-size",
     "gpu-memory-utilization", "enable-prefix-caching", "no-enable-prefix-caching", "block-size", "port",
     "served-model-name",
 )
+# vLLM's parser takes a word that is a prefix of exactly one option for that option, and refuses a prefix of several
+# ("ambiguous option"): so a prefix of one of these (the options read, and the value-less ones, whose abbreviation
+# takes no value either) is read as it, and a prefix of several is refused. (Were it also a prefix of an option not
+# known here, vLLM would refuse to start, and what the word is read as would not matter.)
+_KNOWN_FLAGS = (*_READ_FLAGS, *sorted(_BOOLEAN_FLAGS))
 
 # Characters a shell expands in a word: a flag name with one in it is not known until the script runs.
 _EXPANSION_CHARACTERS = ("$", "`")
@@ -166,7 +168,7 @@ def normalise(flag: str) -> str:
 
 
 def _flag_name(spelling: str) -> str | None:
-    """The normalised name of the flag spelled ``spelling`` (the part before any ``=``), a prefix of one flag read
+    """The normalised name of the flag spelled ``spelling`` (the part before any ``=``), a prefix of one flag known
     here taken for it as vLLM's parser takes it; None when no flag. Raises CommandLineError for a prefix of several,
     which vLLM refuses."""
     if not spelling.startswith("--"):
@@ -174,8 +176,8 @@ def _flag_name(spelling: str) -> str | None:
     if spelling == "--":
         return None
     name = normalise(spelling)
-    candidates = [flag for flag in _READ_FLAGS if flag.startswith(name)]
-    if name in _READ_FLAGS or not candidates:
+    candidates = [flag for flag in _KNOWN_FLAGS if flag.startswith(name)]
+    if name in _KNOWN_FLAGS or not candidates:
         return name
     if len(candidates) > 1:
         raise CommandLineError(
@@ -593,10 +595,7 @@ class CommandLine:
 
     @staticmethod
     def _takes_value(name: str) -> bool:
-        """Whether flag ``name`` takes the next word as its value: not when it is, or abbreviates, a value-less one
-        (vLLM's parser takes ``--skip-tokenizer`` for ``--skip-tokenizer-init``; were it also a prefix of a flag
-        that takes a value, vLLM would refuse it as ambiguous and not start)."""
-        return not name.startswith(_BOOLEAN_PREFIXES) and not any(flag.startswith(name) for flag in _BOOLEAN_FLAGS)
+        return name not in _BOOLEAN_FLAGS and not name.startswith(_BOOLEAN_PREFIXES)
 
     @staticmethod
     def _is_value(word: Word) -> bool:

@@ -105,6 +105,8 @@ BAD_SPECS = [
     pytest.param(target(traffic={"window": "0s"}), "spec.traffic.window", "must be at least 2s", id="zero-window"),
     pytest.param(target(prometheus={"timeout": "0ms"}), "spec.prometheus.timeout", "must be at least 100ms",
                  id="zero-query-timeout"),
+    pytest.param(target(prometheus={"queryOffset": "2m"}), "spec.prometheus.queryOffset", "must be at most 1m",
+                 id="query-offset-past-the-staleness-limit"),
     pytest.param(target(rollout={"progressDeadline": "5s"}), "spec.rollout.progressDeadline",
                  "must be at least 10s", id="progress-deadline-too-short"),
     pytest.param(target(rollout={"cooldown": "-15m"}), "spec.rollout.cooldown", "should match", id="negative-duration"),

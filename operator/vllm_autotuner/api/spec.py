@@ -8,6 +8,8 @@ both fields, so the API server rejects the object at admission.
 
 from __future__ import annotations
 
+import math
+
 from enum import StrEnum
 from typing import Annotated, Any, Self
 
@@ -55,24 +57,32 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Any
     return entry
 
 
-def duration_at_least(least: str, why: str) -> Any:
-    """A Duration of at least ``least``, refused below it (``why`` says what the floor is for) at admission, by a
-    CEL rule, and by the model, for specs built in Python (the simulator, the benchmark)."""
-    message = f"must be at least {least}: {why}"
+def bounded_duration(why: str, least: str | None = None, most: str | None = None) -> Any:
+    """A Duration of at least ``least`` and at most ``most`` (either may be absent), refused outside that (``why``
+    says what the bounds are for) at admission, by a CEL rule, and by the model, for specs built in Python (the
+    simulator, the benchmark)."""
+    bounds = [(op, words, value) for op, words, value in ((">=", "at least", least), ("<=", "at most", most))
+              if value is not None]
+    message = "must be " + " and ".join(f"{words} {value}" for _, words, value in bounds) + f": {why}"
+    low = duration_seconds(least) if least is not None else -math.inf
+    high = duration_seconds(most) if most is not None else math.inf
 
     def check(value: str) -> str:
-        if duration_seconds(value) < duration_seconds(least):
+        if not low <= duration_seconds(value) <= high:
             raise ValueError(message)
         return value
 
-    rule = cel(f"duration(self) >= duration('{least}')", message)
-    return Annotated[Duration, AfterValidator(check), Field(json_schema_extra={"x-kubernetes-validations": [rule]})]
+    rule = " && ".join(f"duration(self) {op} duration('{value}')" for op, _, value in bounds)
+    return Annotated[Duration, AfterValidator(check),
+                     Field(json_schema_extra={"x-kubernetes-validations": [cel(rule, message)]})]
 
 
-QueryTimeout = duration_at_least("100ms", "a query takes some time")
-ObservationWindow = duration_at_least("2s", "rates need two scrapes in the window")
-EvaluationInterval = duration_at_least("1s", "the operator evaluates at most once a second")
-ProgressDeadline = duration_at_least("10s", "a shorter one fails every rollout before a pod can start")
+QueryTimeout = bounded_duration("a query takes some time", "100ms")
+QueryOffset = bounded_duration("the window's newest samples must be younger than the staleness limit (90s at least)",
+                               most="1m")
+ObservationWindow = bounded_duration("rates need two scrapes in the window", "2s")
+EvaluationInterval = bounded_duration("the operator evaluates at most once a second", "1s")
+ProgressDeadline = bounded_duration("a shorter one fails every rollout before a pod can start", "10s")
 
 
 class SpecModel(BaseModel):
@@ -190,6 +200,8 @@ class PrometheusSpec(SpecModel):
     """Secret holding the PEM CA bundle that signs the Prometheus server certificate."""
     timeout: QueryTimeout = "10s"
     """Timeout of one Prometheus query."""
+    query_offset: QueryOffset = "2s"
+    """How far before each evaluation its window ends: time for the newest scrapes to be stored, so a window reads the same whenever it is queried again (a scrape in flight at the evaluation would otherwise be missing from it, and not from a later query). Raise it for a store that receives samples late (remote write: Thanos Receive, Mimir, a managed Prometheus: 30s to 1m); it counts towards the staleness limit (three evaluation intervals, at least 90s)."""
 
 
 class LatencyTarget(SpecModel):

@@ -4,7 +4,8 @@ One loop for all tunings rather than a kopf daemon per object: daemons need
 a finalizer on every VllmTuning (which would block deleting them once the
 operator is uninstalled), and tunings evaluated at the same aligned instant
 share one set of Prometheus queries. Each tuning is due on multiples of its
-evaluationInterval; its window ends at that instant.
+evaluationInterval; its window ends spec.prometheus.queryOffset before that
+instant.
 """
 
 from __future__ import annotations

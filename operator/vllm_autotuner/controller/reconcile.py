@@ -228,7 +228,8 @@ class Reconciler:
     # --- the evaluation --------------------------------------------------------------------------
 
     async def evaluate(self, key: Key, at: float, write: bool = True) -> Report | None:
-        """Evaluate the tuning ``key`` for the window ending at ``at`` (Unix seconds).
+        """Evaluate the tuning ``key`` at ``at`` (Unix seconds), for the window ending spec.prometheus.queryOffset
+        before it.
 
         ``write=False`` (the one-shot ``recommend`` command) leaves status and
         Events unwritten and returns the report; with mode Recommend nothing is
@@ -711,8 +712,9 @@ class Reconciler:
 
     async def _observe(self, namespace: str, spec: VllmTuningSpec, target: Target, report: Report, rolling: bool,
                        ours: bool) -> Observation | None:
-        """The window of the target's current pods; during our own rollout (``ours``), and until the window no
-        longer reaches back into it, of all its pods.
+        """The window of the target's current pods, ending spec.prometheus.queryOffset before the evaluation (so
+        that it holds every scrape stamped in it, and reads the same when queried again); during our own rollout
+        (``ours``), and until the window no longer reaches back into it, of all its pods.
 
         Those windows only measure what the restart costs (``decide`` holds meanwhile, and after the rollout
         they hold as taken under several configs), so they take every pod of the Deployment still reporting,
@@ -728,7 +730,8 @@ class Reconciler:
                              "the Deployment has no current ReplicaSet yet")
             return None
         window = duration_seconds(spec.traffic.window)
-        restart = ours or _reaches_into_rollout(report.state, report.now, window)
+        end = report.now - timedelta(seconds=duration_seconds(prom.query_offset))
+        restart = ours or _reaches_into_rollout(report.state, end, window)
         try:
             pods = await self._pods(target, restart)
         except ApiException as exc:
@@ -738,7 +741,7 @@ class Reconciler:
             return None
         extra = pod_matchers(selector, namespace, pods) if self.settings.naive_queries else ()
         try:
-            data = await self.observations.window(connection, selector, window, report.now.timestamp(), extra)
+            data = await self.observations.window(connection, selector, window, end.timestamp(), extra)
         except PrometheusError as exc:
             self.metrics.prometheus_errors.labels(exc.kind).inc()
             if not report.has(ConditionType.METRICS_AVAILABLE, False, exc.kind):
@@ -861,13 +864,13 @@ def _validation_problems(exc: ValidationError) -> list[str]:
     return [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
 
 
-def _reaches_into_rollout(state: VllmTuningStatus, now: datetime, window_seconds: float) -> bool:
-    """Whether the window of ``window_seconds`` ending at ``now`` reaches back into the last rollout, which
-    succeeded less than a window ago: the old revision's pods served part of it."""
+def _reaches_into_rollout(state: VllmTuningStatus, end: datetime, window_seconds: float) -> bool:
+    """Whether the window of ``window_seconds`` ending at ``end`` reaches back into the last rollout, which
+    succeeded less than a window before it: the old revision's pods served part of it."""
     last = state.last_rollout
     if last is None or last.phase != RolloutPhase.SUCCEEDED or last.finished_at is None:
         return False
-    return datetime.fromisoformat(last.finished_at) > now - timedelta(seconds=window_seconds)
+    return datetime.fromisoformat(last.finished_at) > end - timedelta(seconds=window_seconds)
 
 
 def _knobs(recommendation: Recommendation) -> Knobs:

@@ -38,14 +38,16 @@ class Kube:
 
 
 class Windows:
-    """Prometheus' answer for the window, with the matchers it was asked with."""
+    """Prometheus' answer for the window, with the matchers and the end it was asked with."""
 
     def __init__(self, data: WindowData) -> None:
         self.data = data
         self.asked: list[tuple[Any, ...]] = []
+        self.ends: list[datetime] = []
 
     async def window(self, connection, selector, window_seconds, at, extra=()):  # noqa: ANN001, ANN201
         self.asked.append(extra)
+        self.ends.append(datetime.fromtimestamp(at, UTC))
         return self.data
 
 
@@ -137,6 +139,16 @@ def test_windows_reaching_back_into_our_finished_rollout_count_both_revisions_to
     assert rollout.phase == "Succeeded" and rollout.lost_seconds == pytest.approx(0.45 * 30)
     assert windows.asked == [(("namespace", "=", "llm"), ("pod", "=~", "(llama-6c9d-.*|llama-7f8b-.*)"))]
     assert report.decision.hold == "MixedConfig"  # several configs served it: no evidence for a decision
+
+
+def test_the_window_ends_the_query_offset_before_the_evaluation_and_is_judged_by_its_own_span() -> None:
+    # queryOffset (2 s by default): the window is [NOW - 302 s, NOW - 2 s], so a rollout finished 301 s before
+    # the evaluation is inside it, and both revisions served it
+    windows = Windows(window((OLD, NEW)))
+    report = evaluate(windows, naive=True, finished=timedelta(seconds=301))
+    assert windows.ends == [NOW - timedelta(seconds=2)]
+    assert windows.asked == [(("namespace", "=", "llm"), ("pod", "=~", "(llama-6c9d-.*|llama-7f8b-.*)"))]
+    assert report.decision.hold == "MixedConfig"
 
 
 def test_windows_after_our_rollout_take_the_current_revision_only() -> None:

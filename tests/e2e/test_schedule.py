@@ -24,7 +24,8 @@ from vllm_autotuner.sim import localenv
 pytestmark = pytest.mark.e2e
 
 ZONE = "Asia/Kolkata"
-PRE_ROLL = timedelta(seconds=30)
+#: A 2-replica rolling update on the simulated H100s takes 12 to 18 s; the pre-roll leaves room for a slow one
+PRE_ROLL = timedelta(seconds=45)
 BEFORE, PRESET = (2048, 64), (8192, 128)
 
 
@@ -36,8 +37,8 @@ def test_a_schedule_preset_is_live_at_the_window_start_and_the_traffic_policy_re
         cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators) -> None:
     world = World(cluster_with_crd, namespace)
     world.create_deployment(H100, knob_args(*BEFORE), replicas=2)
-    # The first minute boundary at least 35 s away: time for the operator to start before the pre-roll.
-    opens = (datetime.now(timezone.utc) + timedelta(seconds=35 + 59)).replace(second=0, microsecond=0)
+    # The first minute boundary at least 5 s past the pre-roll: time for the operator to start before it.
+    opens = (datetime.now(timezone.utc) + PRE_ROLL + timedelta(seconds=5 + 59)).replace(second=0, microsecond=0)
     closes = opens + timedelta(minutes=1)
     world.create_tuning(tuning_spec(world.name, schedules=[{
         "name": "batch", "timeZone": ZONE, "start": daily_cron(opens, ZONE), "end": daily_cron(closes, ZONE),

@@ -265,6 +265,27 @@ def test_defaults_table():
     assert "newer than the newest table" in newer.table and "memory unknown" in newer.table
 
 
+B200 = Hardware(gpus=1, memory_gib=178.4, product="NVIDIA-B200")
+GB10 = Hardware(gpus=1, memory_gib=119.7, product="NVIDIA-GB10")
+H200 = Hardware(gpus=1, memory_gib=139.8, product="NVIDIA-H200")
+
+
+@pytest.mark.parametrize(("version", "hardware", "expected"), [
+    ("v0.27.1", B200, (8192, 1024)),  # no >= 160 GiB tier before 0.28
+    ("v0.28.0", B200, (16384, 1024)),
+    ("v0.34.0", B200, (16384, 1024)),
+    (None, B200, (16384, 1024)),  # version unknown: the newest table
+    ("v0.34.0", H200, (8192, 1024)),
+    ("v0.32.0", GB10, (8192, 1024)),  # a GB10 keeps the small tier from 0.33
+    ("v0.33.0", GB10, (2048, 256)),
+    ("v0.33.0", Hardware(gpus=1, memory_gib=173.2, product="NVIDIA-GB200"), (16384, 1024)),
+])
+def test_defaults_by_release_and_gpu(version: str | None, hardware: Hardware, expected: tuple[int, int]) -> None:
+    defaults = vllm_defaults(version, hardware)
+    assert (defaults.knobs.max_num_batched_tokens, defaults.knobs.max_num_seqs) == expected, defaults.table
+    assert f"{expected[0]} tokens / {expected[1]} seqs" in defaults.table
+
+
 def test_effective_knobs_fill_absent_flags_from_defaults():
     defaults = vllm_defaults("0.11", Hardware(gpus=1, memory_gib=80))
     knobs, from_defaults = EngineArgs.from_container({"args": ["--max-num-seqs", "64"]}).effective(defaults)
@@ -558,11 +579,31 @@ def test_an_expansion_where_vllm_takes_flags_is_refused_saying_to_write_them_lit
     "flag",
     ["skip-tokenizer-init", "return-tokens-as-token-ids", "allow-credentials", "use-tqdm-on-load",
      "multi-step-stream-outputs", "guided-decoding-disable-fallback", "data-parallel-hybrid-lb", "tokens-only",
+     "kv-cache-metrics", "numa-bind", "grpc", "language-model-only", "shuffle-safetensors-files",  # 0.12 to 0.34
      "skip-tokenizer"],  # an abbreviation, as vLLM's parser takes it
 )
 def test_an_expansion_after_any_of_vllms_flags_that_take_no_value_is_refused(flag):
     with pytest.raises(CommandLineError, match="write the flags literally in the command or args"):
         EngineArgs.from_container({"command": ["sh", "-c", f"exec vllm serve M --{flag} $EXTRA"]})
+
+
+@pytest.mark.parametrize("spelling", ["--disable-chunked-prefill", "--disable_chunked_prefill", "--disable-chunked"])
+def test_vllm_033s_disable_chunked_prefill_turns_it_off(spelling):
+    args = ["M", "--max-num-seqs", "64", spelling]
+    with pytest.raises(CommandLineError, match="chunked prefill is off and --max-model-len is not set"):
+        EngineArgs.from_container({"args": args})
+    engine = EngineArgs.from_container({"args": [*args, "--max-model-len", "16384"]})
+    assert engine.chunked_prefill is False
+    # vLLM then needs a budget of at least max_model_len: the defaults' 8192 is raised to it
+    assert engine.effective(H100)[0].max_num_batched_tokens == 16384
+    # the flag written last wins, whichever spelling
+    assert EngineArgs.from_container({"args": [*args, "--enable-chunked-prefill"]}).chunked_prefill is True
+
+
+def test_other_spellings_of_flags_read_are_read_as_them():
+    cmd = CommandLine.parse({"args": ["M", "--device-memory-utilization", "0.8", "--disable-prefix-caching"]})
+    assert cmd.get("gpu-memory-utilization").value == "0.8"
+    assert cmd.get_bool("enable-prefix-caching") is False
 
 
 @pytest.mark.parametrize(

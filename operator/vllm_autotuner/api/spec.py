@@ -434,7 +434,7 @@ class EngineSpec(SpecModel):
     vllm_version: str | None = Field(default=None, pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([-.+][0-9A-Za-z.]+)?$")
     """vLLM version, used to pick the table of default knob values when the flags are absent. Default: read from the image tag, else the newest table."""
     gpu_memory_gib: int | None = Field(default=None, ge=1, le=4096)
-    """Memory of one GPU in GiB, used to pick vLLM's default knob values when the flags are absent. Default: read from the node label nvidia.com/gpu.memory, else assumed >= 70 GiB."""
+    """Memory of one GPU in GiB, used to pick vLLM's default knob values when the flags are absent. Default: read from the node label nvidia.com/gpu.memory, else assumed >= 70 GiB (and below 160 GiB)."""
 
 
 class VllmTuningSpec(SpecModel):

@@ -60,20 +60,36 @@ _VLLM_ENTRYPOINTS = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api
 # vLLM flags that take no value. Any other flag followed by a non-flag word
 # takes that word as its value (argparse's behaviour for vLLM's options).
 _BOOLEAN_PREFIXES = ("enable-", "disable-", "no-")
-# The others: vllm serve's value-less options, v0.8.0-v0.11.2 (engine/arg_utils.py, openai/cli_args.py, cli/serve.py).
+# The others: vllm serve's value-less options, v0.8.0-v0.34.0 (engine/arg_utils.py, cli/serve.py and the server's
+# cli_args.py: entrypoints/openai/ to 0.28, launchers/ to 0.32, common/ since), each release's parser read for options
+# with nargs=0. (In 0.11.0-0.11.2 the three guided-decoding-disable-* take a value, before and after none: an expansion
+# after one is refused either way, as the safe reading.)
 _BOOLEAN_FLAGS = {
-    "aggregate-engine-logging", "allow-credentials", "async-scheduling", "calculate-kv-scales",
-    "data-parallel-external-lb", "data-parallel-hybrid-lb", "enforce-eager", "eplb-log-balancedness",
-    "exclude-tools-when-tool-choice-none", "expand-tools-even-if-tool-choice-none", "fully-sharded-loras",
+    "aggregate-engine-logging", "allow-credentials", "allow-deprecated-quantization", "async-scheduling",
+    "calculate-kv-scales", "checkpoint-prepare-on-startup", "cohere-is-reasoning-model", "cudagraph-metrics",
+    "data-parallel-external-lb", "data-parallel-hybrid-lb", "data-parallel-multi-port-external-lb", "dcp-q-replicate",
+    "enforce-eager", "eplb-log-balancedness", "exclude-tools-when-tool-choice-none",
+    "expand-tools-even-if-tool-choice-none", "fail-on-environ-validation", "fully-sharded-loras", "grpc",
     "guided-decoding-disable-additional-properties", "guided-decoding-disable-any-whitespace",
-    "guided-decoding-disable-fallback", "headless", "interleave-mm-strings", "kv-sharing-fast-prefill",
-    "log-error-stack", "multi-step-stream-outputs", "ray-workers-use-nsight", "return-tokens-as-token-ids",
-    "skip-mm-profiling", "skip-tokenizer-init", "speculative-disable-mqa-scorer", "tokens-only", "trust-remote-code",
-    "trust-request-chat-template", "use-tqdm-on-load", "use-v2-block-manager",
+    "guided-decoding-disable-fallback", "headless", "interleave-mm-strings", "jit-monitor-verbose",
+    "kv-cache-metrics", "kv-sharing-fast-prefill", "language-model-only", "log-error-stack",
+    "long-prefill-token-threshold-adaptive", "mm-device-do-normalize", "mm-encoder-only", "monokernel",
+    "multi-step-stream-outputs", "numa-bind", "ray-workers-use-nsight", "return-sampling-mask",
+    "return-tokens-as-token-ids", "scheduler-reserve-full-isl", "shuffle-safetensors-files",
+    "skip-mm-profiling", "skip-tokenizer-init", "sleep-mode-offload-cudagraph", "specialize-active-lora",
+    "speculative-disable-mqa-scorer", "swa-bounded-replay", "tokens-only", "trust-remote-code",
+    "trust-request-chat-template", "trust-request-mm-kwargs", "use-fp64-gumbel", "use-gpu-for-pooling-score",
+    "use-replayssm", "use-tqdm-on-load", "use-v2-block-manager",
 }
 
 # vLLM's one-dash aliases of flags read here (argparse takes ``-dp 2`` and ``-dp=2`` as ``--data-parallel-size 2``).
 _SHORT_ALIASES = {"-tp": "tensor-parallel-size", "-dp": "data-parallel-size", "-dpl": "data-parallel-size-local"}
+# Other long spellings of flags read here: vLLM 0.33's --disable-chunked-prefill and --disable-prefix-caching (beside
+# the --no-enable-* forms it keeps), 0.31's --device-memory-utilization. Older releases refuse them at start-up.
+_LONG_ALIASES = {
+    "disable-chunked-prefill": "no-enable-chunked-prefill", "disable-prefix-caching": "no-enable-prefix-caching",
+    "device-memory-utilization": "gpu-memory-utilization",
+}
 
 # The long options the operator and the simulator read (a boolean in both forms).
 _READ_FLAGS = (
@@ -86,7 +102,7 @@ _READ_FLAGS = (
 # ("ambiguous option"): so a prefix of one of these (the options read, and the value-less ones, whose abbreviation
 # takes no value either) is read as it, and a prefix of several is refused. (Were it also a prefix of an option not
 # known here, vLLM would refuse to start, and what the word is read as would not matter.)
-_KNOWN_FLAGS = (*_READ_FLAGS, *sorted(_BOOLEAN_FLAGS))
+_KNOWN_FLAGS = (*_READ_FLAGS, *_LONG_ALIASES, *sorted(_BOOLEAN_FLAGS))
 
 # Characters a shell expands in a word: a flag name with one in it is not known until the script runs.
 _EXPANSION_CHARACTERS = ("$", "`")
@@ -169,22 +185,23 @@ def normalise(flag: str) -> str:
 
 def _flag_name(spelling: str) -> str | None:
     """The normalised name of the flag spelled ``spelling`` (the part before any ``=``), a prefix of one flag known
-    here taken for it as vLLM's parser takes it; None when no flag. Raises CommandLineError for a prefix of several,
-    which vLLM refuses."""
+    here taken for it as vLLM's parser takes it, and another spelling of a flag read here for that flag
+    (``--disable-chunked-prefill`` is ``no-enable-chunked-prefill``); None when no flag. Raises CommandLineError for
+    a prefix of several, which vLLM refuses."""
     if not spelling.startswith("--"):
         return _SHORT_ALIASES.get(spelling)
     if spelling == "--":
         return None
     name = normalise(spelling)
     candidates = [flag for flag in _KNOWN_FLAGS if flag.startswith(name)]
-    if name in _KNOWN_FLAGS or not candidates:
-        return name
-    if len(candidates) > 1:
+    if name not in _KNOWN_FLAGS and len(candidates) > 1:
         raise CommandLineError(
             f"{spelling} abbreviates several of vLLM's flags ({', '.join('--' + c for c in candidates)}), which vLLM's "
             f"parser refuses as ambiguous; write the flag in full"
         )
-    return candidates[0]
+    if name not in _KNOWN_FLAGS and candidates:
+        name = candidates[0]
+    return _LONG_ALIASES.get(name, name)
 
 
 ShellWord = tuple[str, tuple[int, int], bool, bool]

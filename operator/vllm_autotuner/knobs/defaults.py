@@ -2,15 +2,18 @@
 
 No metric exposes the knobs, so when a flag is absent the operator must know
 what vLLM picked. vLLM chooses by hardware (``EngineArgs.get_batch_defaults``,
-formerly ``_set_default_args``): since 0.10, GPUs with at least 70 GiB that
-are not A100s (H100, H200, MI300x) get 8192 tokens / 1024 seqs in the OpenAI
-API server; every other GPU gets 2048 / 256; the CPU backend 2048 / 128.
-``--performance-mode throughput`` (newer releases) doubles them. Newer
-releases are also reported to add a >= 160 GiB tier whose values we have not
-verified, so for versions past the newest table the operator keeps the newest
-table and says so: the table assumed is always reported in status. vLLM
-then ties an absent flag to the other knob and to ``max_model_len``
-(``engine_knobs``), which the simulator and the operator both apply.
+formerly ``_set_default_args``), in the OpenAI API server: GPUs with at least
+70 GiB that are not A100s (H100, H200, MI300x) get 8192 tokens / 1024 seqs;
+every other GPU gets 2048 / 256; the CPU backend 2048 / 128. From 0.28 GPUs
+with at least 160 GiB (B200, B300) get 16384 / 1024, and from 0.33 a GB10
+(DGX Spark: the memory of a large GPU, not its compute) keeps the small
+tier. ``--performance-mode throughput`` (from 0.17) doubles what it leaves
+to the defaults. The tables were read from ``get_batch_defaults`` in the
+source of every minor release from 0.10 to 0.34 (its last patch release);
+for a newer version the operator keeps the newest table and says so: the
+table assumed is always reported in status. vLLM then ties an absent flag to
+the other knob and to ``max_model_len`` (``engine_knobs``), which the
+simulator and the operator both apply.
 """
 
 from __future__ import annotations
@@ -31,18 +34,23 @@ class DefaultsTable:
     large_gpu: Knobs  # >= 70 GiB and not an A100
     other_gpu: Knobs
     cpu: Knobs
+    huge_gpu: Knobs | None = None  # >= 160 GiB, where the table has that tier
+    gb10_small: bool = False  # a GB10 gets other_gpu whatever its memory
 
 
+_LARGE = Knobs(max_num_batched_tokens=8192, max_num_seqs=1024)
+_OTHER = Knobs(max_num_batched_tokens=2048, max_num_seqs=256)
+_CPU = Knobs(max_num_batched_tokens=2048, max_num_seqs=128)
+_HUGE = Knobs(max_num_batched_tokens=16384, max_num_seqs=1024)
 TABLES = (
-    DefaultsTable(
-        versions=((0, 10), (0, 32)),
-        large_gpu=Knobs(max_num_batched_tokens=8192, max_num_seqs=1024),
-        other_gpu=Knobs(max_num_batched_tokens=2048, max_num_seqs=256),
-        cpu=Knobs(max_num_batched_tokens=2048, max_num_seqs=128),
-    ),
+    DefaultsTable(versions=((0, 10), (0, 27)), large_gpu=_LARGE, other_gpu=_OTHER, cpu=_CPU),
+    DefaultsTable(versions=((0, 28), (0, 32)), large_gpu=_LARGE, other_gpu=_OTHER, cpu=_CPU, huge_gpu=_HUGE),
+    DefaultsTable(versions=((0, 33), (0, 34)), large_gpu=_LARGE, other_gpu=_OTHER, cpu=_CPU, huge_gpu=_HUGE,
+                  gb10_small=True),
 )
 NEWEST = TABLES[-1]
 LARGE_GPU_MIN_GIB = 70
+HUGE_GPU_MIN_GIB = 160
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,8 @@ def vllm_defaults(version: str | None, hardware: Hardware, performance_mode: str
     """vLLM's OpenAI-server defaults for this version and hardware.
 
     Unknown version: the newest table. Unknown GPU memory: assumed >= 70 GiB
-    unless the product name says A100. Both assumptions are named in ``table``.
+    (and < 160 GiB) unless the product name says A100 (or GB10). Both
+    assumptions are named in ``table``.
     """
     parsed = parse_version(version)
     notes = []
@@ -94,17 +103,23 @@ def vllm_defaults(version: str | None, hardware: Hardware, performance_mode: str
                 notes.append(f"vLLM {parsed[0]}.{parsed[1]} is newer than the newest table, newest assumed")
     lo, hi = table.versions
     name = f"vLLM {lo[0]}.{lo[1]}-{hi[0]}.{hi[1]} API server"
-    a100 = bool(hardware.product) and "a100" in hardware.product.lower()
+    product = (hardware.product or "").lower()
+    memory = hardware.memory_gib
     if hardware.gpus == 0:
         knobs, cls = table.cpu, "CPU backend"
-    elif a100:
+    elif table.huge_gpu is not None and memory is not None and memory >= HUGE_GPU_MIN_GIB:
+        knobs, cls = table.huge_gpu, f"GPU with {memory:g} GiB (>= {HUGE_GPU_MIN_GIB})"
+    elif "a100" in product:
         knobs, cls = table.other_gpu, "A100 (excluded from the large-GPU defaults)"
-    elif hardware.memory_gib is None:
-        knobs, cls = table.large_gpu, f"GPU memory unknown, >= {LARGE_GPU_MIN_GIB} GiB assumed"
-    elif hardware.memory_gib >= LARGE_GPU_MIN_GIB:
-        knobs, cls = table.large_gpu, f"GPU with {hardware.memory_gib:g} GiB (>= {LARGE_GPU_MIN_GIB})"
+    elif table.gb10_small and re.search(r"gb10(?![0-9])", product):
+        knobs, cls = table.other_gpu, "GB10 (excluded from the large-GPU defaults)"
+    elif memory is None:
+        below = f" and < {HUGE_GPU_MIN_GIB}" if table.huge_gpu is not None else ""
+        knobs, cls = table.large_gpu, f"GPU memory unknown, >= {LARGE_GPU_MIN_GIB}{below} GiB assumed"
+    elif memory >= LARGE_GPU_MIN_GIB:
+        knobs, cls = table.large_gpu, f"GPU with {memory:g} GiB (>= {LARGE_GPU_MIN_GIB})"
     else:
-        knobs, cls = table.other_gpu, f"GPU with {hardware.memory_gib:g} GiB (< {LARGE_GPU_MIN_GIB})"
+        knobs, cls = table.other_gpu, f"GPU with {memory:g} GiB (< {LARGE_GPU_MIN_GIB})"
     if performance_mode == "throughput":
         knobs = Knobs(max_num_batched_tokens=knobs.max_num_batched_tokens * 2, max_num_seqs=knobs.max_num_seqs * 2)
         cls += ", --performance-mode throughput doubles them"

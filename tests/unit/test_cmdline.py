@@ -405,6 +405,7 @@ def knob_flags(argv):
         ({"command": ["tini", "--", "/bin/sh", "-c", "vllm serve M --max-num-seqs 64"]}, 64),
         ({"command": ["dumb-init", "--single-child", "bash", "-c", "exec vllm serve M --max-num-seqs 64"]}, 64),
         ({"command": ["env", "-u", "HOME", "A=1", "/bin/sh", "-ec"], "args": ["vllm serve M --max-num-seqs 64"]}, 64),
+        ({"command": ["taskset", "-c", "0", "/bin/sh", "-c", "vllm serve M --max-num-seqs 64"]}, 64),
         ({"command": ["/bin/sh", "-c", "vllm serve M --max-model-len 8192  # serves M\n"]}, None),
         ({"command": ["/bin/sh", "-c", "vllm serve M >log 2>&1 --max-num-seqs 64"]}, 64),  # flags after a redirection
         # line continuations, between words and between a flag and its value
@@ -433,6 +434,22 @@ def test_shell_forms_vllm_gets_what_the_operator_reads_and_writes(shell_run, con
     assert received is not None and received[:2] == ["serve", "M"]
     # each knob once, with the new value: nothing written where vLLM does not get it, no old value left
     assert sorted(knob_flags(received)) == [("max-num-batched-tokens", "3072"), ("max-num-seqs", "96")]
+
+
+@pytest.mark.parametrize(
+    "wrapper",
+    [["numactl", "--cpunodebind", "0", "--membind=0"], ["numactl", "-N", "1", "-m", "1", "--"],
+     ["numactl", "-l", "-C", "0-15"], ["taskset", "-c", "0-15"], ["taskset", "ff"],
+     ["tini", "--", "numactl", "-i", "all", "taskset", "0x3"]],
+)
+def test_a_shell_under_numactl_or_taskset_is_read(wrapper):
+    container = {"command": [*wrapper, "bash", "-c", "exec vllm serve M --max-num-seqs 64 $(EXTRA_FLAG_VALUE)"]}
+    with pytest.raises(CommandLineError, match="write the flags literally"):  # the script is read: an expansion
+        EngineArgs.from_container(container)
+    container["command"][-1] = "exec vllm serve M --max-num-seqs 64 2>&1 | tee log"
+    assert EngineArgs.from_container(container).max_num_seqs == 64
+    assert set_knobs(container, NEW)["command"] == [
+        *wrapper, "bash", "-c", "exec vllm serve M --max-num-seqs 96 --max-num-batched-tokens 3072 2>&1 | tee log"]
 
 
 @pytest.mark.parametrize(
@@ -466,7 +483,7 @@ def test_arguments_passed_on_as_dollar_at_are_rewritten_where_they_are():
         (["sh", "-c", "vllm serve M -tp `nproc --max-num-seqs 64"], "unclosed `"),
         (["sh", "-c", "cat >/c <<EOF\nvllm serve X\nEOF\nvllm serve M --max-num-seqs 64"], "here-document"),
         (["bash", "-c", "vllm serve M --max-num-seqs 64 > >(tee log)"], "no file or descriptor"),
-        (["numactl", "--interleave=all", "bash", "-c", "vllm serve M --max-num-seqs 64"], "runs under numactl"),
+        (["stdbuf", "-oL", "bash", "-c", "vllm serve M --max-num-seqs 64"], "runs under stdbuf"),
         (["sh", "-o", "pipefail", "-c"], "no command string"),
         (["sh", "-c", "exec vllm serve $1 --max-num-seqs 64", "sh", "M"], "uses its arguments as \\$1"),
         (["sh", "-c", 'shift; exec vllm serve "$@"', "sh", "x", "M"], "changes its arguments \\(shift\\)"),

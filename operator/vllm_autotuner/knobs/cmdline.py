@@ -11,8 +11,8 @@ command would be an unrelated edit to their Deployment.
 
 The model: a container's ``command`` and ``args`` are a list of *words*. In
 list form each element is a word. In shell form (a shell's ``-c`` script, also
-behind ``env``, ``tini`` or ``dumb-init`` and shell options such as ``-o
-pipefail``) the script string is split into words by a small POSIX-shell
+behind ``env``, ``tini``, ``dumb-init``, ``numactl`` or ``taskset`` and shell
+options such as ``-o pipefail``) the script string is split into words by a small POSIX-shell
 tokenizer that remembers each word's character span, so a value can be
 replaced in place; the arguments a script passes on as ``"$@"`` are elements
 again. Flags are then read the way vLLM's argument parser reads them: names
@@ -114,9 +114,18 @@ _REDIRECTIONS = ("<<<", "&>>", ">>", ">|", ">&", "<&", "<>", "<<", "&>", ">", "<
 _OPERATORS = sorted(_CONTROL_OPERATORS + _REDIRECTIONS, key=len, reverse=True)
 _WORD_ENDS = " \t;&|()<>\n"
 
-# Programs that run the command in the rest of their argv (init processes, env), with their options that take a
-# value; a shell behind one of them is found and its -c script read.
-_WRAPPERS = {"env": {"-u", "--unset", "-C", "--chdir"}, "tini": {"-p", "-e"}, "dumb-init": {"-r", "--rewrite"}}
+# Programs that run the command in the rest of their argv (init processes, env, CPU and NUMA placement): their
+# options that take a value as the next word, and how many operands come before the command (taskset's CPU mask);
+# a shell behind one of them is found and its -c script read.
+_WRAPPERS: dict[str, tuple[set[str], int]] = {
+    "env": ({"-u", "--unset", "-C", "--chdir"}, 0),
+    "tini": ({"-p", "-e"}, 0),
+    "dumb-init": ({"-r", "--rewrite"}, 0),
+    "numactl": ({"-i", "--interleave", "-p", "--preferred", "-P", "--preferred-many", "-w", "--weighted-interleave",
+                 "-c", "--cpubind", "-N", "--cpunodebind", "-C", "--physcpubind", "-m", "--membind", "-S", "--shm",
+                 "-f", "--file", "-o", "--offset", "-L", "--length", "-M", "--shmmode", "-I", "--shmid"}, 0),
+    "taskset": (set(), 1),
+}
 
 
 def human_readable_int(text: str) -> int:
@@ -350,17 +359,20 @@ def _script_position(argv: list[str]) -> int | None:
 
 
 def _command_start(argv: list[str]) -> int:
-    """Index of the command that wrappers at the start of argv (``env X=1``, ``tini --``, ``dumb-init``) run."""
+    """Index of the command that wrappers at the start of argv (``env X=1``, ``tini --``, ``dumb-init``,
+    ``numactl -N 0``, ``taskset -c 0-15``) run."""
     pos = 0
     while pos < len(argv) and (name := argv[pos].rsplit("/", 1)[-1]) in _WRAPPERS:
+        valued, operands = _WRAPPERS[name]
         pos += 1
         while pos < len(argv) and argv[pos].startswith("-"):
             option = argv[pos]
-            pos += 2 if option in _WRAPPERS[name] else 1
+            pos += 2 if option in valued else 1
             if option == "--":
                 break
         while name == "env" and pos < len(argv) and "=" in argv[pos]:
             pos += 1
+        pos += operands
     return pos
 
 

@@ -594,14 +594,15 @@ def test_an_expansion_where_vllm_takes_flags_is_refused_saying_to_write_them_lit
 
 @pytest.mark.parametrize(
     "flag",
-    ["skip-tokenizer-init", "return-tokens-as-token-ids", "allow-credentials", "use-tqdm-on-load",
-     "multi-step-stream-outputs", "guided-decoding-disable-fallback", "data-parallel-hybrid-lb", "tokens-only",
-     "kv-cache-metrics", "numa-bind", "grpc", "language-model-only", "shuffle-safetensors-files",  # 0.12 to 0.34
-     "skip-tokenizer"],  # an abbreviation, as vLLM's parser takes it
+    ["--skip-tokenizer-init", "--return-tokens-as-token-ids", "--allow-credentials", "--use-tqdm-on-load",
+     "--multi-step-stream-outputs", "--guided-decoding-disable-fallback", "--data-parallel-hybrid-lb", "--tokens-only",
+     "--kv-cache-metrics", "--numa-bind", "--grpc", "--language-model-only", "--shuffle-safetensors-files",  # 0.12+
+     "--skip-tokenizer",  # an abbreviation, as vLLM's parser takes it
+     "-ep", "-dpe"],  # one-dash forms
 )
 def test_an_expansion_after_any_of_vllms_flags_that_take_no_value_is_refused(flag):
     with pytest.raises(CommandLineError, match="write the flags literally in the command or args"):
-        EngineArgs.from_container({"command": ["sh", "-c", f"exec vllm serve M --{flag} $EXTRA"]})
+        EngineArgs.from_container({"command": ["sh", "-c", f"exec vllm serve M {flag} $EXTRA"]})
 
 
 @pytest.mark.parametrize("spelling", ["--disable-chunked-prefill", "--disable_chunked_prefill", "--disable-chunked"])
@@ -633,6 +634,8 @@ def test_other_spellings_of_flags_read_are_read_as_them():
         {"args": ["$(MODEL)", "--served-model-name", "$(POD_NAME)", "--max-num-seqs", "8"],
          "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
         {"command": ["sh", "-c", 'exec vllm serve "$@"', "--"], "args": ["M", "--max-num-seqs", "8"]},
+        # vLLM's one-dash options that take a value: the expansion after one is its value
+        {"command": ["sh", "-c", "exec vllm serve M -q $QUANT -pp ${PP:-1} -asc $(nproc) --max-num-seqs 8"]},
     ],
 )
 def test_an_expansion_for_a_flags_value_or_the_model_is_read(container):

@@ -82,8 +82,19 @@ _BOOLEAN_FLAGS = {
     "use-replayssm", "use-tqdm-on-load", "use-v2-block-manager",
 }
 
-# vLLM's one-dash aliases of flags read here (argparse takes ``-dp 2`` and ``-dp=2`` as ``--data-parallel-size 2``).
-_SHORT_ALIASES = {"-tp": "tensor-parallel-size", "-dp": "data-parallel-size", "-dpl": "data-parallel-size-local"}
+# vLLM's one-dash options, v0.11.2-v0.34.0, and the long flags they stand for (argparse takes ``-dp 2`` and ``-dp=2``
+# as ``--data-parallel-size 2``): those read here, and the others, so that a word after one is known for its value
+# (``-q $QUANT``) or, after a value-less one (-dpe, -dph, -dpm, -ep), for none. (-O is 0.11's --compilation-config;
+# from 0.12 vLLM rewrites ``-O 3`` to --optimization-level, a value either way.)
+_SHORT_ALIASES = {
+    "-tp": "tensor-parallel-size", "-dp": "data-parallel-size", "-dpl": "data-parallel-size-local",
+    "-pp": "pipeline-parallel-size", "-q": "quantization", "-O": "optimization-level", "-cc": "compilation-config",
+    "-ac": "attention-config", "-sc": "speculative-config", "-dc": "diffusion-config", "-asc": "api-server-count",
+    "-dcp": "decode-context-parallel-size", "-pcp": "prefill-context-parallel-size", "-n": "nnodes", "-r": "node-rank",
+    "-dpa": "data-parallel-address", "-dpb": "data-parallel-backend", "-dpn": "data-parallel-rank",
+    "-dpp": "data-parallel-rpc-port", "-dpr": "data-parallel-start-rank", "-dpe": "data-parallel-external-lb",
+    "-dph": "data-parallel-hybrid-lb", "-dpm": "data-parallel-multi-port-external-lb", "-ep": "enable-expert-parallel",
+}
 # Other long spellings of flags read here: vLLM 0.33's --disable-chunked-prefill and --disable-prefix-caching (beside
 # the --no-enable-* forms it keeps), 0.31's --device-memory-utilization. Older releases refuse them at start-up.
 _LONG_ALIASES = {

@@ -9,7 +9,6 @@ both fields, so the API server rejects the object at admission.
 from __future__ import annotations
 
 import math
-
 from enum import StrEnum
 from typing import Annotated, Any, Self
 

@@ -12,12 +12,12 @@ command would be an unrelated edit to their Deployment.
 The model: a container's ``command`` and ``args`` are a list of *words*. In
 list form each element is a word. In shell form (a shell's ``-c`` script, also
 behind ``env``, ``tini``, ``dumb-init``, ``numactl`` or ``taskset`` and shell
-options such as ``-o pipefail``) the script string is split into words by a small POSIX-shell
-tokenizer that remembers each word's character span, so a value can be
-replaced in place; the arguments a script passes on as ``"$@"`` are elements
-again. Flags are then read the way vLLM's argument parser reads them: names
-normalised (underscores -> dashes), ``--flag=value`` or ``--flag value``, the
-one-dash aliases of the flags read here (``-dp 2``), the last occurrence wins,
+options such as ``-o pipefail``) the script string is split into words by a
+small POSIX-shell tokenizer that remembers each word's character span, so a
+value can be replaced in place; the arguments a script passes on as ``"$@"``
+are elements again. Flags are then read the way vLLM's argument parser reads
+them: names normalised (underscores -> dashes), ``--flag=value`` or ``--flag
+value``, vLLM's one-dash options (``-dp 2``), the last occurrence wins,
 a unique prefix of a long option taken for it (``--max-num-batched 2048``:
 vLLM's parser keeps argparse's abbreviations), and each integer value read
 with the type vLLM gives that flag (``8k`` is a size for
@@ -62,8 +62,8 @@ _VLLM_ENTRYPOINTS = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api
 _BOOLEAN_PREFIXES = ("enable-", "disable-", "no-")
 # The others: vllm serve's value-less options, v0.8.0-v0.34.0 (engine/arg_utils.py, cli/serve.py and the server's
 # cli_args.py: entrypoints/openai/ to 0.28, launchers/ to 0.32, common/ since), each release's parser read for options
-# with nargs=0. (In 0.11.0-0.11.2 the three guided-decoding-disable-* take a value, before and after none: an expansion
-# after one is refused either way, as the safe reading.)
+# with nargs=0. (The three guided-decoding-disable-* take a value in 0.11.0-0.11.2 only, and are gone from 0.12: an
+# expansion after one is refused, the safe reading for every release.)
 _BOOLEAN_FLAGS = {
     "aggregate-engine-logging", "allow-credentials", "allow-deprecated-quantization", "async-scheduling",
     "calculate-kv-scales", "checkpoint-prepare-on-startup", "cohere-is-reasoning-model", "cudagraph-metrics",

@@ -176,6 +176,7 @@ def test_minimal_object_gets_documented_defaults():
     assert spec.mode == "Auto" and spec.traffic.strategy == "Adaptive"
     assert (spec.bounds.max_num_batched_tokens.min, spec.bounds.max_num_batched_tokens.max) == (256, 32768)
     assert spec.slo.itl.seconds == 0.1 and spec.slo.ttft.quantile == 0.95
+    assert spec.prometheus.query_offset == "2s"
     assert obj.to_object()["spec"]["targetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama",
                                                    "ignoreController": False}
 
@@ -187,6 +188,7 @@ def test_minimal_object_gets_documented_defaults():
         {"traffic": {"window": "five minutes"}},
         {"traffic": {"window": "1s"}},
         {"traffic": {"evaluationInterval": "500ms"}},
+        {"prometheus": {"queryOffset": "2m"}},  # past what the staleness limit leaves
         {"bounds": {"maxNumSeqs": {"min": 0}}},
         {
             "schedules": [

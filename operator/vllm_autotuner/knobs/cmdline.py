@@ -213,14 +213,15 @@ def _flag_name(spelling: str) -> str | None:
     if spelling == "--":
         return None
     name = normalise(spelling)
-    candidates = [flag for flag in _KNOWN_FLAGS if flag.startswith(name)]
-    if name not in _KNOWN_FLAGS and len(candidates) > 1:
-        raise CommandLineError(
-            f"{spelling} abbreviates several of vLLM's flags ({', '.join('--' + c for c in candidates)}), which vLLM's "
-            f"parser refuses as ambiguous; write the flag in full"
-        )
-    if name not in _KNOWN_FLAGS and candidates:
-        name = candidates[0]
+    if name not in _KNOWN_FLAGS:
+        candidates = [flag for flag in _KNOWN_FLAGS if flag.startswith(name)]
+        if len(candidates) > 1:
+            raise CommandLineError(
+                f"{spelling} abbreviates several of vLLM's flags ({', '.join('--' + c for c in candidates)}), which "
+                f"vLLM's parser refuses as ambiguous; write the flag in full"
+            )
+        if candidates:
+            name = candidates[0]
     return _LONG_ALIASES.get(name, name)
 
 

@@ -406,6 +406,8 @@ def knob_flags(argv):
         ({"command": ["dumb-init", "--single-child", "bash", "-c", "exec vllm serve M --max-num-seqs 64"]}, 64),
         ({"command": ["env", "-u", "HOME", "A=1", "/bin/sh", "-ec"], "args": ["vllm serve M --max-num-seqs 64"]}, 64),
         ({"command": ["taskset", "-c", "0", "/bin/sh", "-c", "vllm serve M --max-num-seqs 64"]}, 64),
+        ({"command": ["timeout", "-k", "5", "1h", "stdbuf", "-o", "L", "nice", "-n", "5", "/bin/sh", "-c",
+                      "vllm serve M --max-num-seqs 64"]}, 64),
         ({"command": ["/bin/sh", "-c", "vllm serve M --max-model-len 8192  # serves M\n"]}, None),
         ({"command": ["/bin/sh", "-c", "vllm serve M >log 2>&1 --max-num-seqs 64"]}, 64),  # flags after a redirection
         # line continuations, between words and between a flag and its value
@@ -440,9 +442,13 @@ def test_shell_forms_vllm_gets_what_the_operator_reads_and_writes(shell_run, con
     "wrapper",
     [["numactl", "--cpunodebind", "0", "--membind=0"], ["numactl", "-N", "1", "-m", "1", "--"],
      ["numactl", "-l", "-C", "0-15"], ["taskset", "-c", "0-15"], ["taskset", "ff"],
-     ["tini", "--", "numactl", "-i", "all", "taskset", "0x3"]],
+     ["tini", "--", "numactl", "-i", "all", "taskset", "0x3"],
+     ["/usr/local/bin/gosu", "vllm:vllm"], ["su-exec", "1000"], ["catatonit", "-g", "--", "setsid", "-w"],
+     ["nohup", "nice", "-10"], ["nice", "--adjustment", "5"], ["ionice", "-c", "2", "-n", "7", "nice", "-n", "-5"],
+     ["chrt", "-f", "10"], ["chrt", "-d", "-T", "100000", "-P", "1000000", "0"], ["stdbuf", "-oL", "-e", "0"],
+     ["stdbuf", "--output", "L"], ["timeout", "--signal", "INT", "-v", "24h"]],
 )
-def test_a_shell_under_numactl_or_taskset_is_read(wrapper):
+def test_a_shell_under_a_known_wrapper_is_read(wrapper):
     container = {"command": [*wrapper, "bash", "-c", "exec vllm serve M --max-num-seqs 64 $(EXTRA_FLAG_VALUE)"]}
     with pytest.raises(CommandLineError, match="write the flags literally"):  # the script is read: an expansion
         EngineArgs.from_container(container)
@@ -483,7 +489,7 @@ def test_arguments_passed_on_as_dollar_at_are_rewritten_where_they_are():
         (["sh", "-c", "vllm serve M -tp `nproc --max-num-seqs 64"], "unclosed `"),
         (["sh", "-c", "cat >/c <<EOF\nvllm serve X\nEOF\nvllm serve M --max-num-seqs 64"], "here-document"),
         (["bash", "-c", "vllm serve M --max-num-seqs 64 > >(tee log)"], "no file or descriptor"),
-        (["stdbuf", "-oL", "bash", "-c", "vllm serve M --max-num-seqs 64"], "runs under stdbuf"),
+        (["runuser", "-u", "vllm", "--", "bash", "-c", "vllm serve M --max-num-seqs 64"], "runs under runuser"),
         (["sh", "-o", "pipefail", "-c"], "no command string"),
         (["sh", "-c", "exec vllm serve $1 --max-num-seqs 64", "sh", "M"], "uses its arguments as \\$1"),
         (["sh", "-c", 'shift; exec vllm serve "$@"', "sh", "x", "M"], "changes its arguments \\(shift\\)"),

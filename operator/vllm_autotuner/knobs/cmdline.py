@@ -11,8 +11,8 @@ command would be an unrelated edit to their Deployment.
 
 The model: a container's ``command`` and ``args`` are a list of *words*. In
 list form each element is a word. In shell form (a shell's ``-c`` script, also
-behind ``env``, ``tini``, ``dumb-init``, ``numactl`` or ``taskset`` and shell
-options such as ``-o pipefail``) the script string is split into words by a
+behind wrappers such as ``env``, ``tini``, ``gosu``, ``numactl`` or
+``stdbuf``, and shell options such as ``-o pipefail``) the script string is split into words by a
 small POSIX-shell tokenizer that remembers each word's character span, so a
 value can be replaced in place; the arguments a script passes on as ``"$@"``
 are elements again. Flags are then read the way vLLM's argument parser reads
@@ -125,13 +125,25 @@ _REDIRECTIONS = ("<<<", "&>>", ">>", ">|", ">&", "<&", "<>", "<<", "&>", ">", "<
 _OPERATORS = sorted(_CONTROL_OPERATORS + _REDIRECTIONS, key=len, reverse=True)
 _WORD_ENDS = " \t;&|()<>\n"
 
-# Programs that run the command in the rest of their argv (init processes, env, CPU and NUMA placement): their
-# options that take a value as the next word, and how many operands come before the command (taskset's CPU mask);
-# a shell behind one of them is found and its -c script read.
+# Programs that run the command in the rest of their argv (init processes, env, a user switch, CPU and NUMA
+# placement, scheduling priority, output buffering, a time limit): their options that take a value as the next word
+# (each reads its options only up to its first operand, as getopt's "+" does), and how many operands come before
+# the command (gosu's user, taskset's CPU mask, chrt's priority, timeout's duration); a shell behind one of them is
+# found and its -c script read.
 _WRAPPERS: dict[str, tuple[set[str], int]] = {
     "env": ({"-u", "--unset", "-C", "--chdir"}, 0),
     "tini": ({"-p", "-e"}, 0),
     "dumb-init": ({"-r", "--rewrite"}, 0),
+    "catatonit": (set(), 0),
+    "gosu": (set(), 1),
+    "su-exec": (set(), 1),
+    "setsid": (set(), 0),
+    "nohup": (set(), 0),
+    "nice": ({"-n", "--adjustment"}, 0),
+    "ionice": ({"-c", "--class", "-n", "--classdata"}, 0),
+    "chrt": ({"-T", "--sched-runtime", "-P", "--sched-period", "-D", "--sched-deadline"}, 1),
+    "stdbuf": ({"-i", "--input", "-o", "--output", "-e", "--error"}, 0),
+    "timeout": ({"-s", "--signal", "-k", "--kill-after"}, 1),
     "numactl": ({"-i", "--interleave", "-p", "--preferred", "-P", "--preferred-many", "-w", "--weighted-interleave",
                  "-c", "--cpubind", "-N", "--cpunodebind", "-C", "--physcpubind", "-m", "--membind", "-S", "--shm",
                  "-f", "--file", "-o", "--offset", "-L", "--length", "-M", "--shmmode", "-I", "--shmid"}, 0),
@@ -371,8 +383,8 @@ def _script_position(argv: list[str]) -> int | None:
 
 
 def _command_start(argv: list[str]) -> int:
-    """Index of the command that wrappers at the start of argv (``env X=1``, ``tini --``, ``dumb-init``,
-    ``numactl -N 0``, ``taskset -c 0-15``) run."""
+    """Index of the command that wrappers at the start of argv (``env X=1``, ``tini --``, ``gosu vllm``,
+    ``numactl -N 0``, ``taskset -c 0-15``, ``stdbuf -oL``) run."""
     pos = 0
     while pos < len(argv) and (name := argv[pos].rsplit("/", 1)[-1]) in _WRAPPERS:
         valued, operands = _WRAPPERS[name]

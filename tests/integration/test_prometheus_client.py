@@ -22,7 +22,7 @@ from tests.support import wait_for
 
 from vllm_autotuner.api import SLO
 from vllm_autotuner.observe.client import Connection, PrometheusClient
-from vllm_autotuner.observe.queries import PodMatch, Selector, pod_matchers
+from vllm_autotuner.observe.queries import PodMatch, Selector, pod_matchers, reach
 from vllm_autotuner.observe.window import fetch_window, observe_target
 from vllm_autotuner.sim import localenv
 
@@ -220,3 +220,7 @@ def test_a_container_restarted_in_place_without_created_gauges_is_a_server_start
     wait_for(lambda: _series(client, prompt_tokens) == {pod: 3.0}, 30, f"a scrape of {pod} restarted again")
     wait_for(lambda: restarted_at - 1 <= started().get((namespace, pod), 0.0) <= time.time(), 10,
              f"{pod}'s restart as its server start")
+    # out of two windows' reach, a restart is still found over a settle time of three windows before the window
+    wait_for(lambda: started() == {}, 40, f"{pod}'s restart to be more than two windows old")
+    settled = fetch_window(client, Selector(), window, time.time(), extra, reach(window, 3 * window))
+    assert restarted_at - 1 <= settled.values["started"][(namespace, pod)] < restarted_at + window

@@ -13,6 +13,7 @@ from vllm_autotuner.observe.queries import (
     family_query,
     pod_matchers,
     quote,
+    reach,
 )
 
 
@@ -85,6 +86,14 @@ def test_server_start_is_the_newest_created_gauge_or_counter_reset_or_a_series_b
         " > time() - 590)"
     )
     assert "[2s:1s])) > time() - 1)" in family_query(FAMILY["started"], selector, 1)
+
+
+def test_server_starts_are_looked_for_over_the_settle_time_before_the_window_when_longer_than_a_window():
+    # a restart less than the settle time before the window holds it, so the query must reach that far back
+    assert (reach(300, 120), reach(300, 300), reach(300, 900), reach(10)) == (600, 600, 1200, 20)
+    q = family_query(FAMILY["started"], Selector(), 300, reach_seconds=reach(300, 900))
+    assert "[1200s] offset 10s))[1200s:10s]" in q and "[1200s:10s])) > time() - 1190)" in q
+    assert "600s" not in q
 
 
 def test_newest_sample_of_a_pod_whose_scrapes_fail_is_kept_while_its_target_is_there():

@@ -51,7 +51,7 @@ from vllm_autotuner.controller.kube import Kube, api_error, label_selector
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.knobs import CommandLineError, EngineArgs, Hardware, find_vllm_container, vllm_defaults
 from vllm_autotuner.observe.client import Connection, PrometheusError
-from vllm_autotuner.observe.queries import PodMatch, Selector, pod_matchers
+from vllm_autotuner.observe.queries import PodMatch, Selector, pod_matchers, reach
 from vllm_autotuner.observe.service import ObservationService
 from vllm_autotuner.observe.window import observe_target
 from vllm_autotuner.policy import (
@@ -741,7 +741,8 @@ class Reconciler:
             return None
         extra = pod_matchers(selector, namespace, pods) if self.settings.naive_queries else ()
         try:
-            data = await self.observations.window(connection, selector, window, end.timestamp(), extra)
+            data = await self.observations.window(connection, selector, window, end.timestamp(), extra,
+                                                  reach(window, duration_seconds(spec.rollout.settle_time)))
         except PrometheusError as exc:
             self.metrics.prometheus_errors.labels(exc.kind).inc()
             if not report.has(ConditionType.METRICS_AVAILABLE, False, exc.kind):

@@ -47,8 +47,8 @@ class Kind(StrEnum):
     LAST_SEEN = "last_seen"  # gauge: timestamp of the newest sample (freshness)
     FAILING = "failing"  # gauge: timestamp of the newest sample in the window, of a pod whose scrape target fails
     STARTED = "started"  # prometheus-client `_created` gauge: newest value at the window end (server start)
-    RESET = "reset"  # counter: time of its newest reset (a restart in place) under two windows ago
-    FIRST_SEEN = "first_seen"  # gauge: timestamp of the first sample, if the series began under two windows ago
+    RESET = "reset"  # counter: time of its newest reset (a restart in place) within the reach (``reach``)
+    FIRST_SEEN = "first_seen"  # gauge: timestamp of the first sample, if the series began within the reach
 
 
 #: ``finished_reason`` values of ``vllm:request_success_total`` that are not a completed request: "abort" (one the
@@ -154,7 +154,14 @@ def _step(window: float) -> int:
     return max(1, round(window / 30))
 
 
-def _expr(kind: Kind, metric: str, labels: str, targets: str, window: float, by: str) -> str:
+def reach(window: float, settle: float = 0.0) -> int:
+    """Seconds back from a window's end over which a server start is looked for where no ``_created`` gauge says
+    it: the window and, before it, the settle time (a start less than that before the window holds the window),
+    and at least the window before it."""
+    return round(window + max(window, settle))
+
+
+def _expr(kind: Kind, metric: str, labels: str, targets: str, window: float, back: int, by: str) -> str:
     """One term of a family's query; ``labels`` select the metric's series, ``targets`` (the namespace and pod
     matchers among them) the pods' scrape targets' ``up`` series."""
     sel = f"{metric}{labels}"
@@ -178,22 +185,18 @@ def _expr(kind: Kind, metric: str, labels: str, targets: str, window: float, by:
             # an instant value, not over the window: a pod restarted in the window counts from its newest start
             return f"max by ({by}) ({sel})"
         case Kind.RESET:
-            # Over the window and a window before it, as FIRST_SEEN: the newest step whose sample is below the
-            # series' sample of a step before, with that sample's time (the first after the restart, or one a
-            # step later). The sample before is the newest real one over the reach, not `offset` alone: vLLM
-            # serves no /metrics while it starts again, and the stale markers of those failed scrapes end the
-            # series for an instant selector.
-            reach = round(2 * window)
+            # Over the reach, as FIRST_SEEN: the newest step whose sample is below the series' sample of a step
+            # before, with that sample's time (the first after the restart, or one a step later). The sample
+            # before is the newest real one over the reach, not `offset` alone: vLLM serves no /metrics while it
+            # starts again, and the stale markers of those failed scrapes end the series for an instant selector.
             return (f"max by ({by}) (max_over_time((timestamp({sel})"
-                    f" and {sel} < last_over_time({sel}[{reach}s] offset {step}s))[{reach}s:{step}s]))")
+                    f" and {sel} < last_over_time({sel}[{back}s] offset {step}s))[{back}s:{step}s]))")
         case Kind.FIRST_SEEN:
-            # Over the window and a window before it (a start less than the settle time before the window must
-            # hold too), in steps of a sixtieth of that span. At the first step a series that was already there
-            # answers a sample from at or before that step, so only one that began later passes the filter, with
-            # its first sample's time; an older pod answers nothing (an unknown start, as without `_created`).
-            reach = round(2 * window)
-            return (f"min by ({by}) (min_over_time(timestamp({sel})[{reach}s:{step}s]))"
-                    f" > time() - {reach - step}")
+            # Over the reach, in steps of a thirtieth of the window. At the first step a series that was already
+            # there answers a sample from at or before that step, so only one that began later passes the filter,
+            # with its first sample's time; an older pod answers nothing (an unknown start, as without `_created`).
+            return (f"min by ({by}) (min_over_time(timestamp({sel})[{back}s:{step}s]))"
+                    f" > time() - {back - step}")
     raise AssertionError(kind)
 
 
@@ -233,9 +236,10 @@ def pod_matchers(selector: Selector, namespace: str, pods: PodMatch) -> tuple[Ma
     return ((selector.namespace_label, "=", namespace), (selector.pod_label, "=~", pods.regex))
 
 
-def family_query(family: Family, selector: Selector, window_seconds: float,
-                 extra: tuple[Matcher, ...] = ()) -> str:
-    """One family, grouped by namespace and pod (and ``le`` for histograms, a part's label for a family with one).
+def family_query(family: Family, selector: Selector, window_seconds: float, extra: tuple[Matcher, ...] = (),
+                 reach_seconds: int | None = None) -> str:
+    """One family, grouped by namespace and pod (and ``le`` for histograms, a part's label for a family with one);
+    a server start is looked for ``reach_seconds`` back from the window's end (default: two windows, ``reach``).
 
     Without ``extra`` matchers this is the batched query that serves every
     tuning at once; with a tuning's namespace and pod matchers it is the
@@ -253,4 +257,5 @@ def family_query(family: Family, selector: Selector, window_seconds: float,
     targets = _braces([f"{k}{op}{quote(v)}" for k, op, v in every
                        if k in (selector.namespace_label, selector.pod_label)])
     terms = [(family.kind, m) for m in family.metrics] + list(family.fallback)
-    return " or ".join(f"({_expr(kind, m, labels, targets, window_seconds, by)})" for kind, m in terms)
+    back = reach(window_seconds) if reach_seconds is None else reach_seconds
+    return " or ".join(f"({_expr(kind, m, labels, targets, window_seconds, back, by)})" for kind, m in terms)

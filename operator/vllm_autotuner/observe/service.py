@@ -1,6 +1,7 @@
 """Shares observation windows between tunings: one set of queries per key and tick.
 
-Tunings that read the same Prometheus, with the same selector and window,
+Tunings that read the same Prometheus, with the same selector and window
+(and reach for server starts, ``queries.reach``),
 evaluated at the same aligned instant, get the same ``WindowData``: the
 first asks, the others await its answer. In the naive mode (the scale
 benchmark's baseline) each tuning adds its own pod matchers, so nothing is
@@ -21,7 +22,7 @@ from vllm_autotuner.observe.client import Connection, PrometheusClient
 from vllm_autotuner.observe.queries import Matcher, Selector
 from vllm_autotuner.observe.window import WindowData, fetch_window
 
-WindowKey = tuple[Connection, Selector, float, float, tuple[Matcher, ...]]
+WindowKey = tuple[Connection, Selector, float, float, tuple[Matcher, ...], int | None]
 
 
 class ObservationService:
@@ -40,14 +41,14 @@ class ObservationService:
         return self._clients[connection]
 
     async def window(self, connection: Connection, selector: Selector, window_seconds: float, at: float,
-                     extra: tuple[Matcher, ...] = ()) -> WindowData:
+                     extra: tuple[Matcher, ...] = (), reach_seconds: int | None = None) -> WindowData:
         """The window ending at ``at``; raises ``PrometheusError`` like ``fetch_window``."""
-        key = (connection, selector, window_seconds, at, extra)
+        key = (connection, selector, window_seconds, at, extra, reach_seconds)
         future = self._windows.get(key)
         if future is None:
             client = self.client(connection)
             future = asyncio.ensure_future(
-                asyncio.to_thread(fetch_window, client, selector, window_seconds, at, extra))
+                asyncio.to_thread(fetch_window, client, selector, window_seconds, at, extra, reach_seconds))
             future.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failure nobody awaits is not an error
             self._windows[key] = future
         return await asyncio.shield(future)

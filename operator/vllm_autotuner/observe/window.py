@@ -22,7 +22,8 @@ other than abort and error: ``queries.completed_requests``); the request
 rate, the load, counts every finished request.
 The newest server start among the target's pods (their ``_created`` gauges
 or, without them, the newest reset of their counters or the first sample of
-a series that began, either at most a window before the window: ``queries``)
+a series that began, either at most the settle time, and at least a window,
+before the window: ``queries.reach``)
 goes into the Observation as is; whether a restart in or just before the
 window makes it unfit is the decision core's call. A step's tokens at the
 ITL quantile are capped at the token budget, which no step computes more
@@ -59,15 +60,16 @@ class WindowData:
 
 
 def fetch_window(client: PrometheusClient, selector: Selector, window_seconds: float, at: float,
-                 extra: tuple[Matcher, ...] = ()) -> WindowData:
-    """Run one query per family. Raises ``PrometheusError`` if any query fails (no half windows)."""
+                 extra: tuple[Matcher, ...] = (), reach_seconds: int | None = None) -> WindowData:
+    """Run one query per family (``family_query``). Raises ``PrometheusError`` if any query fails (no half
+    windows)."""
     data = WindowData(at=at, window_seconds=window_seconds)
 
     def pod(labels: dict[str, str]) -> PodKey:
         return labels.get(selector.namespace_label, ""), labels.get(selector.pod_label, "")
 
     for family in FAMILIES:
-        rows = client.query(family_query(family, selector, window_seconds, extra), at)
+        rows = client.query(family_query(family, selector, window_seconds, extra, reach_seconds), at)
         if family.kind is Kind.BUCKETS:
             per_pod: dict[PodKey, dict[float, float]] = defaultdict(dict)
             # one bound spelled two ways ("1.0", and "1" since a Prometheus 3 upgrade) is one bucket of both,

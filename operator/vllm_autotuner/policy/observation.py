@@ -52,8 +52,8 @@ class Observation:
     """Latest start of a target pod's vLLM server (timezone-aware), from the ``_created`` gauges of its
     counters or, where those are not exported (prometheus-client's multiprocess mode, which vLLM uses with
     ``--api-server-count`` above 1, or PROMETHEUS_DISABLE_CREATED_SERIES), the newest reset of its counters (a
-    container restarted in place) or the first sample of a pod whose series began, either at most a window before
-    the window; None when none tells."""
+    container restarted in place) or the first sample of a pod whose series began, either at most the settle time
+    (and at least a window) before the window; None when none tells."""
     slo: SLO | None = None
     """The quantiles and targets the latency fields were computed for."""
 
@@ -183,8 +183,8 @@ def hold_reason(
     bump, a crashed container, a scale-up), or a short window, quantiles for
     another SLO, too few requests, NaN or missing numbers. An unknown start
     (``started_at`` None: no ``_created`` series, no counter reset, and
-    every pod's series reaching back more than a window before the window)
-    does not hold.
+    every pod's series reaching back further than the settle time, or a
+    window, before the window) does not hold.
     """
     if observation is None:
         return HoldReason.NO_DATA, "no observation: Prometheus returned no series for the target's pods"

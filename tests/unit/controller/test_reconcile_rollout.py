@@ -38,16 +38,19 @@ class Kube:
 
 
 class Windows:
-    """Prometheus' answer for the window, with the matchers and the end it was asked with."""
+    """Prometheus' answer for the window, with the matchers, the end and the reach it was asked with."""
 
     def __init__(self, data: WindowData) -> None:
         self.data = data
         self.asked: list[tuple[Any, ...]] = []
         self.ends: list[datetime] = []
+        self.reaches: list[int | None] = []
 
-    async def window(self, connection, selector, window_seconds, at, extra=()):  # noqa: ANN001, ANN201
+    async def window(self, connection, selector, window_seconds, at, extra=(),  # noqa: ANN001, ANN201
+                     reach_seconds=None):  # noqa: ANN001
         self.asked.append(extra)
         self.ends.append(datetime.fromtimestamp(at, UTC))
+        self.reaches.append(reach_seconds)
         return self.data
 
 
@@ -58,9 +61,9 @@ def replicaset(name: str, revision: str, ready: int) -> dict[str, Any]:
             "status": {"replicas": ready, "readyReplicas": ready, "availableReplicas": ready}}
 
 
-def cache(finished: timedelta | None = None) -> ClusterCache:
+def cache(finished: timedelta | None = None, settle: str | None = None) -> ClusterCache:
     """A 2-replica Deployment halfway through our rollout to 4096 tokens and 64 sequences, or with the rollout
-    ``finished`` that long ago."""
+    ``finished`` that long ago; ``settle``: the tuning's settle time, if not the default."""
     args = ["--model", "m", "--max-num-batched-tokens", "4096", "--max-num-seqs", "64"]
     deployment = {
         "metadata": {"name": "llama", "namespace": "llm", "uid": "d-uid", "generation": 2,
@@ -87,7 +90,8 @@ def cache(finished: timedelta | None = None) -> ClusterCache:
         rollout.update(phase="Succeeded", finishedAt=utc_timestamp(NOW - finished))
         current.update(maxNumBatchedTokens=4096, maxNumSeqs=64, since=utc_timestamp(NOW - finished), source="Traffic")
     tuning = {"metadata": {"name": "llama", "namespace": "llm", "generation": 1},
-              "spec": {"targetRef": {"name": "llama"}, "prometheus": {"url": "http://prometheus:9090"}},
+              "spec": {"targetRef": {"name": "llama"}, "prometheus": {"url": "http://prometheus:9090"},
+                       **({"rollout": {"settleTime": settle}} if settle else {})},
               "status": {"observedGeneration": 1, "lastRollout": rollout, "targetUid": "d-uid", "current": current}}
     result = ClusterCache()
     result.bind({k: [v] for k, v in deployment_index("llm", "llama", deployment).items()}, replicasets)
@@ -108,8 +112,9 @@ def window(pods: tuple[tuple[str, str], ...]) -> WindowData:
     return data
 
 
-def evaluate(windows: Windows, naive: bool = False, finished: timedelta | None = None) -> Any:
-    reconciler = Reconciler(Kube(), cache(finished), windows, OperatorMetrics(),  # type: ignore[arg-type]
+def evaluate(windows: Windows, naive: bool = False, finished: timedelta | None = None,
+             settle: str | None = None) -> Any:
+    reconciler = Reconciler(Kube(), cache(finished, settle), windows, OperatorMetrics(),  # type: ignore[arg-type]
                             OperatorSettings(naive_queries=naive))
     report = asyncio.run(reconciler.evaluate(("llm", "llama"), NOW.timestamp(), write=False))
     assert report is not None and report.decision is not None
@@ -149,6 +154,16 @@ def test_the_window_ends_the_query_offset_before_the_evaluation_and_is_judged_by
     assert windows.ends == [NOW - timedelta(seconds=2)]
     assert windows.asked == [(("namespace", "=", "llm"), ("pod", "=~", "(llama-6c9d-.*|llama-7f8b-.*)"))]
     assert report.decision.hold == "MixedConfig"
+
+
+def test_server_starts_are_looked_for_as_far_back_as_the_settle_time_before_the_window() -> None:
+    # without `_created` gauges a restart shows only over the span queried: with the 5m window, a window before it
+    # (600 s back) covers the default 2m settle time; a 10m settle time needs 900 s, or a pod restarted 12 minutes
+    # ago would count in a window that starts only 7 minutes after it
+    for settle, back in ((None, 600), ("10m", 900)):
+        windows = Windows(window((NEW,)))
+        evaluate(windows, finished=timedelta(hours=1), settle=settle)
+        assert windows.reaches == [back]
 
 
 def test_windows_after_our_rollout_take_the_current_revision_only() -> None:

@@ -76,6 +76,9 @@ def test_a_full_object_is_accepted_as_written(cluster_with_crd: Cluster, namespa
             {"name": "night", "timeZone": "Europe/Berlin", "start": "0 22 * * *", "end": "0 6 * * *",
              "knobs": {"maxNumBatchedTokens": 16384, "maxNumSeqs": 64}},
             {"name": "office", "start": "0 8 * * 1-5", "end": "0 18 * * 1-5", "slo": {"itl": {"seconds": 0.05}}}],
+        prometheus={"basicAuth": {"username": {"name": "mimir", "key": "user"},
+                                  "password": {"name": "mimir", "key": "token"}},
+                    "headers": {"X-Scope-OrgID": "team-a|team-b"}},
         rollout={"cooldown": "30m", "maxRolloutsPerDay": 4, "progressDeadline": "10m",
                  "freezes": [{"name": "black-friday", "timeZone": "America/New_York", "start": "0 0 27 11 *",
                               "end": "0 0 1 12 *"}]},
@@ -87,6 +90,8 @@ def test_a_full_object_is_accepted_as_written(cluster_with_crd: Cluster, namespa
     assert stored["schedules"][1]["slo"] == {"itl": {"seconds": 0.05}}  # as written: the rest is spec.slo's
     assert stored["rollout"]["maxRolloutsPerDay"] == 4
     assert stored["rollout"]["freezes"][0]["start"] == "0 0 27 11 *"
+    assert stored["prometheus"]["headers"] == {"X-Scope-OrgID": "team-a|team-b"}
+    assert stored["prometheus"]["basicAuth"]["password"] == {"name": "mimir", "key": "token"}
 
 
 BAD_SPECS = [
@@ -148,6 +153,19 @@ BAD_SPECS = [
     pytest.param(target(prometheus={"url": "prometheus:9090"}), "spec.prometheus.url", "should match", id="bad-url"),
     pytest.param(target(prometheus={"labelMatchers": {"app.kubernetes.io/name": "vllm"}}),
                  "spec.prometheus.labelMatchers", "keys must be Prometheus label names", id="bad-label-name"),
+    pytest.param(target(prometheus={"bearerTokenSecretRef": {"name": "p", "key": "token"},
+                                    "basicAuth": {"username": {"name": "p", "key": "user"},
+                                                  "password": {"name": "p", "key": "password"}}}),
+                 "spec.prometheus", "set bearerTokenSecretRef or basicAuth, not both", id="two-credentials"),
+    pytest.param(target(prometheus={"basicAuth": {"username": {"name": "p", "key": "user"}}}),
+                 "spec.prometheus.basicAuth.password", "Required value", id="basic-auth-without-password"),
+    pytest.param(target(prometheus={"headers": {"authorization": "Bearer x"}}),
+                 "spec.prometheus.headers", "set Authorization with bearerTokenSecretRef or basicAuth",
+                 id="authorization-header"),
+    pytest.param(target(prometheus={"headers": {"X-Scope-OrgID: a": "b"}}),
+                 "spec.prometheus.headers", "keys must be HTTP header names", id="bad-header-name"),
+    pytest.param(target(prometheus={"headers": {"X-Scope-OrgID": "a\r\nX-Admin: 1"}}),
+                 "spec.prometheus.headers.X-Scope-OrgID", "should match", id="header-value-on-two-lines"),
 ]
 
 

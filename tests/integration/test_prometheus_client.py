@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from tests.support import wait_for
 
 from vllm_autotuner.api import SLO
-from vllm_autotuner.observe.client import Connection, PrometheusClient
+from vllm_autotuner.observe.client import Connection, ErrorKind, PrometheusClient, PrometheusError
 from vllm_autotuner.observe.queries import PodMatch, Selector, pod_matchers, reach
 from vllm_autotuner.observe.window import fetch_window, observe_target
 from vllm_autotuner.sim import localenv
@@ -36,6 +36,26 @@ def test_a_range_query_is_evaluated_at_the_exact_times_asked(prometheus: localen
     expected = [start + 2.5 * k for k in range(4)]
     assert series.times == pytest.approx(expected, abs=1e-6)
     assert series.values == pytest.approx(expected, abs=1e-6)  # time() is the evaluation time itself
+
+
+#: A Prometheus web config holds a bcrypt hash of the password, not the password: this one is PASSWORD's, at cost 4
+#: (quick to check).
+USER, PASSWORD, PASSWORD_HASH = "autotuner", "tuning-pass", "$2b$04$dvrRUquhYRxa0BFKsZOqc.IfZ2rur8.ToO4vDhkTA4ZgY6MDQsovG"
+
+
+def test_a_prometheus_behind_basic_auth_answers_with_the_credentials_and_refuses_without(tmp_path) -> None:
+    server = localenv.start_prometheus(tmp_path, basic_auth=(USER, PASSWORD, PASSWORD_HASH))
+    try:
+        client = PrometheusClient(Connection(url=server.url, basic_auth=(USER, PASSWORD),
+                                             headers=(("X-Scope-OrgID", "team-a"),)))
+        assert [sample.value for sample in client.query("vector(7)", time.time())] == [7.0]
+        for refused in (Connection(url=server.url), Connection(url=server.url, basic_auth=(USER, "wrong")),
+                        Connection(url=server.url, bearer_token=PASSWORD)):
+            with pytest.raises(PrometheusError) as error:
+                PrometheusClient(refused).query("vector(7)", time.time())
+            assert error.value.kind is ErrorKind.AUTH and "basicAuth" in str(error.value), error.value
+    finally:
+        server.stop()
 
 
 class _StartedServer:

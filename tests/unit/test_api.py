@@ -189,6 +189,10 @@ def test_minimal_object_gets_documented_defaults():
         {"traffic": {"window": "1s"}},
         {"traffic": {"evaluationInterval": "500ms"}},
         {"prometheus": {"queryOffset": "2m"}},  # past what the staleness limit leaves
+        {"prometheus": {"headers": {"AUTHORIZATION": "Basic eDp5"}}},  # credentials belong in a Secret
+        {"prometheus": {"headers": {"X-Scope-OrgID": "a\nX-Admin: 1"}}},  # one header becomes two
+        {"prometheus": {"headers": {f"X-{i}": "1" for i in range(9)}}},
+        {"prometheus": {"basicAuth": {"username": {"name": "p", "key": "user"}}}},
         {"bounds": {"maxNumSeqs": {"min": 0}}},
         {
             "schedules": [

@@ -110,6 +110,23 @@ class SpecModel(BaseModel):
 
 #: Most extra label matchers on the target's series.
 MAX_LABEL_MATCHERS = 16
+#: Most extra HTTP headers on the queries to Prometheus.
+MAX_HEADERS = 8
+#: An HTTP header name: a token of RFC 9110, in the letters, digits and dashes header names use.
+HEADER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9-]*$"
+_AUTHORIZATION = "set Authorization with bearerTokenSecretRef or basicAuth, which read it from a Secret"
+
+
+def _not_authorization(name: str) -> str:
+    if name.lower() == "authorization":
+        raise ValueError(_AUTHORIZATION)
+    return name
+
+
+HeaderName = Annotated[str, Field(pattern=HEADER_NAME_PATTERN, max_length=128), AfterValidator(_not_authorization)]
+#: A header value on one line (a line break would start another header).
+HEADER_VALUE_PATTERN = r"^[^\r\n]*$"
+HeaderValue = Annotated[str, Field(pattern=HEADER_VALUE_PATTERN, max_length=1024)]
 
 BatchedTokens = Annotated[int, Field(ge=1, le=MAX_BATCHED_TOKENS)]
 NumSeqs = Annotated[int, Field(ge=1, le=MAX_SEQS)]
@@ -172,8 +189,22 @@ class SecretKeyRef(SpecModel):
     """Key within the Secret."""
 
 
+class BasicAuth(SpecModel):
+    """HTTP basic authentication, user name and password each from a key of a Secret (as the Prometheus
+    Operator's basicAuth)."""
+
+    username: SecretKeyRef
+    """Secret key holding the user name (Grafana Cloud: the instance ID)."""
+    password: SecretKeyRef
+    """Secret key holding the password (Grafana Cloud: an access token)."""
+
+
 class PrometheusSpec(SpecModel):
     """Where the vLLM metrics are, and how to select the target's series."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("!has(self.basicAuth) || !has(self.bearerTokenSecretRef)",
+            "set bearerTokenSecretRef or basicAuth, not both: each is an Authorization header")]})
 
     url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
     """Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090. Default: the operator's --prometheus-url setting."""
@@ -195,6 +226,23 @@ class PrometheusSpec(SpecModel):
     """Name of the label that carries the pod name on the vLLM series."""
     bearer_token_secret_ref: SecretKeyRef | None = None
     """Secret holding a bearer token sent as 'Authorization: Bearer ...' (e.g. for a managed Prometheus)."""
+    basic_auth: BasicAuth | None = None
+    """User name and password sent as HTTP basic authentication (a Prometheus whose web config sets basic_auth_users, Grafana Cloud, a proxy in front of Prometheus). Not with bearerTokenSecretRef."""
+    headers: Annotated[
+        dict[HeaderName, HeaderValue],
+        # Kubernetes schemas have no propertyNames: CEL rules check the keys at admission
+        WithJsonSchema({
+            "type": "object",
+            "additionalProperties": {"type": "string", "maxLength": 1024, "pattern": HEADER_VALUE_PATTERN},
+            "maxProperties": MAX_HEADERS,
+            "x-kubernetes-validations": [
+                cel(f"self.all(k, k.matches('{HEADER_NAME_PATTERN}'))",
+                    "keys must be HTTP header names (letters, digits and dashes)"),
+                cel("self.all(k, !k.matches('(?i)^authorization$'))", _AUTHORIZATION),
+            ],
+        }),
+    ] = Field(default_factory=dict, max_length=MAX_HEADERS)
+    """HTTP headers sent with every query, e.g. {X-Scope-OrgID: team-a}: the tenant of a multi-tenant Grafana Mimir, Cortex or Thanos (several tenants at once in Mimir: team-a|team-b). Their values are no secret (they show in the resource); credentials go in bearerTokenSecretRef or basicAuth."""
     ca_secret_ref: SecretKeyRef | None = None
     """Secret holding the PEM CA bundle that signs the Prometheus server certificate."""
     timeout: QueryTimeout = "10s"

@@ -691,8 +691,11 @@ class Reconciler:
         if not url:
             raise TargetProblem("NoPrometheusURL",
                                 "no Prometheus URL: set spec.prometheus.url or start the operator with --prometheus-url")
+        basic = prom.basic_auth
         secrets = {}
         for field_name, ref in (("bearerTokenSecretRef", prom.bearer_token_secret_ref),
+                                ("basicAuth.username", basic and basic.username),
+                                ("basicAuth.password", basic and basic.password),
                                 ("caSecretRef", prom.ca_secret_ref)):
             if ref is None:
                 continue
@@ -708,7 +711,9 @@ class Reconciler:
                                                       f"fix spec.prometheus.{field_name}.key")
             secrets[field_name] = value.strip()
         return Connection(url=url.rstrip("/"), bearer_token=secrets.get("bearerTokenSecretRef"),
-                          ca_pem=secrets.get("caSecretRef"), timeout_seconds=duration_seconds(prom.timeout))
+                          basic_auth=basic and (secrets["basicAuth.username"], secrets["basicAuth.password"]),
+                          headers=tuple(sorted(prom.headers.items())), ca_pem=secrets.get("caSecretRef"),
+                          timeout_seconds=duration_seconds(prom.timeout))
 
     async def _observe(self, namespace: str, spec: VllmTuningSpec, target: Target, report: Report, rolling: bool,
                        ours: bool) -> Observation | None:

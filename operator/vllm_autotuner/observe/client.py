@@ -62,6 +62,10 @@ class Connection:
 
     url: str
     bearer_token: str | None = field(default=None, repr=False)
+    basic_auth: tuple[str, str] | None = field(default=None, repr=False)
+    """User name and password."""
+    headers: tuple[tuple[str, str], ...] = ()
+    """More HTTP headers (a tenant's X-Scope-OrgID), as (name, value) pairs."""
     ca_pem: str | None = field(default=None, repr=False)
     timeout_seconds: float = 10.0
 
@@ -87,7 +91,8 @@ def _classify(exc: Exception, url: str) -> PrometheusError:
     if isinstance(exc, PrometheusApiClientException) and ("401" in text[:30] or "403" in text[:30]):
         return PrometheusError(
             ErrorKind.AUTH,
-            f"Prometheus at {url} refused the request ({text[:120]}); check spec.prometheus.bearerTokenSecretRef",
+            f"Prometheus at {url} refused the request ({text[:120]}); check spec.prometheus.bearerTokenSecretRef or "
+            "basicAuth, and headers for a tenant a multi-tenant store needs (X-Scope-OrgID)",
             transient=False,
         )
     if isinstance(exc, PrometheusApiClientException) and "HTTP Status Code 5" in text:
@@ -116,13 +121,16 @@ class PrometheusClient:
         self.connection = connection
         self.on_query: Callable[[], object] = lambda: None  # e.g. the operator's query counter
         self._session = session = requests.Session()
-        headers = {"Authorization": f"Bearer {connection.bearer_token}"} if connection.bearer_token else None
+        headers = dict(connection.headers)
+        if connection.bearer_token:
+            headers["Authorization"] = f"Bearer {connection.bearer_token}"
         if connection.ca_pem:
             session.verify = _ca_file(connection.ca_pem)
         # No retries inside: prometheus-api-client's default (3 more tries, 1 s backoff) under
         # ours made a refused connection cost 18 s per window instead of one second.
-        self._prom = PrometheusConnect(url=connection.url, headers=headers, session=session,
-                                       timeout=connection.timeout_seconds, retry=Retry(total=0, read=False))
+        self._prom = PrometheusConnect(url=connection.url, headers=headers or None, auth=connection.basic_auth,
+                                       session=session, timeout=connection.timeout_seconds,
+                                       retry=Retry(total=0, read=False))
 
     def close(self) -> None:
         """Close its connections (the service drops a client whose connection no tuning uses any more)."""

@@ -23,6 +23,7 @@ environment running in the background, with its state under ``.local/``.
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import json
 import os
@@ -282,9 +283,12 @@ def write_targets(path: Path, targets: Iterable[dict]) -> None:
 
 
 def start_prometheus(workdir: Path, *, port: int | None = None, timeout: float = 60, detach: bool = False,
-                     scrape_interval: float = 1.0, rules: Path | None = None) -> Prometheus:
+                     scrape_interval: float = 1.0, rules: Path | None = None,
+                     basic_auth: tuple[str, str, str] | None = None) -> Prometheus:
     """Run Prometheus on a loopback port (``port``, else a free one) with its data under ``workdir``,
-    scraping every ``scrape_interval`` seconds and evaluating the rule file ``rules`` (the chart's alerts).
+    scraping every ``scrape_interval`` seconds and evaluating the rule file ``rules`` (the chart's alerts);
+    with ``basic_auth`` (user name, password, the password's bcrypt hash) it answers only requests that carry
+    them (its web config's ``basic_auth_users``).
 
     It starts with three empty targets files in ``workdir/targets.d/``:
     ``targets.json`` for anyone, ``fleet.json`` for the simulated fleet and
@@ -306,14 +310,21 @@ def start_prometheus(workdir: Path, *, port: int | None = None, timeout: float =
     config = workdir / "prometheus.yml"
     config.write_text(yaml.safe_dump(prometheus_config(targets_dir, scrape_interval, rules), sort_keys=False))
     url = f"http://127.0.0.1:{port or free_port()}"
+    web: list[str] = []
+    if basic_auth:
+        user, _, hashed = basic_auth
+        (workdir / "web.yml").write_text(yaml.safe_dump({"basic_auth_users": {user: hashed}}))
+        web = [f"--web.config.file={workdir / 'web.yml'}"]
     server = _spawn("prometheus", [
         str(PROMETHEUS),
         f"--config.file={config}",
         f"--storage.tsdb.path={workdir / 'data'}",
         f"--web.listen-address={url.removeprefix('http://')}",
+        *web,
     ], workdir, log=workdir / "prometheus.log", detach=detach)
 
-    _wait_or_stop(server, lambda: _answers(server, url + "/-/ready"), timeout, f"Prometheus at {url}/-/ready")
+    login = (basic_auth[0], basic_auth[1]) if basic_auth else None
+    _wait_or_stop(server, lambda: _answers(server, url + "/-/ready", login), timeout, f"Prometheus at {url}/-/ready")
     return Prometheus(server.name, server.pid, server.log, process=server.process, url=url, targets_file=targets,
                       fleet_targets_file=fleet_targets, operator_targets_file=operator_targets)
 
@@ -337,12 +348,15 @@ def start_operator(workdir: Path, kubeconfig: Path, prometheus_url: str, namespa
     return Operator(server.name, server.pid, server.log, process=server.process, url=url)
 
 
-def _answers(server: Server, url: str) -> bool:
-    """Whether ``url`` answers 200; StartError if ``server`` died meanwhile."""
+def _answers(server: Server, url: str, login: tuple[str, str] | None = None) -> bool:
+    """Whether ``url`` answers 200 (asked with basic auth ``login``); StartError if ``server`` died meanwhile."""
     if not server.alive():
         raise StartError(f"{server.name} exited before it was ready; end of {server.log}:\n{server.log_tail()}")
+    request = urllib.request.Request(url)
+    if login:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(login).encode()).decode())
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2) as response:
             return response.status == 200
     except (OSError, urllib.error.URLError):
         return False

@@ -1,0 +1,75 @@
+"""What the operator sends to a Prometheus that asks for credentials or a tenant: spec.prometheus's basicAuth and
+bearer token read from Secrets, its headers, and the condition when a Secret key is missing.
+
+The reconciler is driven with the stand-ins of ``test_reconcile_rollout``; its Windows stand-in records the
+connection each window was asked with, and the client it would build from it is inspected as it stands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from tests.unit.controller import test_reconcile_rollout as harness
+
+from vllm_autotuner.controller.metrics import OperatorMetrics
+from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
+from vllm_autotuner.observe.client import Connection, PrometheusClient
+
+SECRETS = {("llm", "mimir", "user"): "123456\n", ("llm", "mimir", "token"): "glc_secret\n"}
+
+
+class Kube(harness.Kube):
+    def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        return SECRETS.get((namespace, name, key))
+
+
+class Windows(harness.Windows):
+    def __init__(self) -> None:
+        super().__init__(harness.window((harness.NEW,)))
+        self.connections: list[Connection] = []
+
+    async def window(self, connection, *args: Any, **kwargs: Any):  # noqa: ANN001, ANN201
+        self.connections.append(connection)
+        return await super().window(connection, *args, **kwargs)
+
+
+def evaluate(prometheus: dict[str, Any]) -> tuple[Any, Windows]:
+    cache = harness.cache(finished=timedelta(hours=1))
+    cache.tunings[("llm", "llama")]["spec"]["prometheus"].update(prometheus)
+    windows = Windows()
+    reconciler = Reconciler(Kube(), cache, windows, OperatorMetrics(),  # type: ignore[arg-type]
+                            OperatorSettings())
+    report = asyncio.run(reconciler.evaluate(("llm", "llama"), harness.NOW.timestamp(), write=False))
+    return report, windows
+
+
+def test_basic_auth_and_headers_reach_the_client_that_queries_prometheus() -> None:
+    report, windows = evaluate({"basicAuth": {"username": {"name": "mimir", "key": "user"},
+                                              "password": {"name": "mimir", "key": "token"}},
+                                "headers": {"X-Scope-OrgID": "team-a|team-b"}})
+    assert report.decision is not None
+    (connection,) = windows.connections
+    # a Secret written from a file ends in a newline, which is no part of the credential
+    assert connection.basic_auth == ("123456", "glc_secret") and connection.bearer_token is None
+    assert "glc_secret" not in repr(connection)
+    prom = PrometheusClient(connection)._prom
+    assert (prom.auth, prom.headers) == (("123456", "glc_secret"), {"X-Scope-OrgID": "team-a|team-b"})
+
+
+def test_a_bearer_token_goes_with_the_headers() -> None:
+    _, windows = evaluate({"bearerTokenSecretRef": {"name": "mimir", "key": "token"},
+                           "headers": {"X-Scope-OrgID": "team-a"}})
+    prom = PrometheusClient(windows.connections[0])._prom
+    assert prom.auth is None
+    assert prom.headers == {"X-Scope-OrgID": "team-a", "Authorization": "Bearer glc_secret"}
+
+
+def test_a_missing_password_key_says_which_field_to_fix_and_queries_nothing() -> None:
+    report, windows = evaluate({"basicAuth": {"username": {"name": "mimir", "key": "user"},
+                                              "password": {"name": "mimir", "key": "password"}}})
+    assert windows.connections == []
+    (ready,) = [c for c in report.state.conditions if c.type == "Ready"]
+    assert (ready.status, ready.reason) == ("False", "SecretNotFound")
+    assert "Secret llm/mimir has no key 'password'; fix spec.prometheus.basicAuth.password.key" in ready.message

@@ -6,16 +6,25 @@ the times they asked for, so a client that moved the range
 every value with the wrong step. The families whose answers depend on how
 Prometheus ends series (stale markers at a failed scrape, at a target gone)
 and what a restart leaves of them are checked on real scrapes: a fake
-server could not say what the real one does.
+server could not say what the real one does. Credentials and TLS are checked
+against a Prometheus whose own web config asks for basic auth or serves
+HTTPS, as one behind a platform team's login or internal CA does.
 """
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from tests.support import wait_for
@@ -54,6 +63,49 @@ def test_a_prometheus_behind_basic_auth_answers_with_the_credentials_and_refuses
             with pytest.raises(PrometheusError) as error:
                 PrometheusClient(refused).query("vector(7)", time.time())
             assert error.value.kind is ErrorKind.AUTH and "basicAuth" in str(error.value), error.value
+    finally:
+        server.stop()
+
+
+def _certificate(subject: str, key: ec.EllipticCurvePrivateKey, issuer: tuple[str, ec.EllipticCurvePrivateKey],
+                 ca: bool) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+               .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer[0])]))
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if not ca:
+        loopback = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
+        builder = builder.add_extension(x509.SubjectAlternativeName([loopback]), critical=False)
+    return builder.sign(issuer[1], hashes.SHA256())
+
+
+def _pki(directory: Path, name: str) -> tuple[Path, Path, Path]:
+    """A CA named ``name`` and a serving certificate it signed for 127.0.0.1: (CA, certificate, key) files."""
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    files = directory / f"{name}-ca.crt", directory / f"{name}.crt", directory / f"{name}.key"
+    files[0].write_bytes(_certificate(name, ca_key, (name, ca_key), ca=True).public_bytes(serialization.Encoding.PEM))
+    files[1].write_bytes(_certificate("prometheus", key, (name, ca_key), ca=False).public_bytes(
+        serialization.Encoding.PEM))
+    files[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return files
+
+
+def test_a_prometheus_serving_tls_is_trusted_with_the_ca_that_signed_it_and_refused_otherwise(tmp_path) -> None:
+    tls = _pki(tmp_path, "internal")
+    server = localenv.start_prometheus(tmp_path / "prometheus", tls=tls)
+    try:
+        assert server.url.startswith("https://")
+        client = PrometheusClient(Connection(url=server.url, ca_pem=tls[0].read_text()))
+        assert [sample.value for sample in client.query("vector(7)", time.time())] == [7.0]
+        other_ca = _pki(tmp_path, "other")[0].read_text()
+        for untrusted in (Connection(url=server.url), Connection(url=server.url, ca_pem=other_ca)):
+            with pytest.raises(PrometheusError) as error:
+                PrometheusClient(untrusted).query("vector(7)", time.time())
+            assert error.value.kind is ErrorKind.TLS and "caSecretRef" in str(error.value), error.value
     finally:
         server.stop()
 

@@ -31,6 +31,7 @@ import re
 import shlex
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -284,11 +285,15 @@ def write_targets(path: Path, targets: Iterable[dict]) -> None:
 
 def start_prometheus(workdir: Path, *, port: int | None = None, timeout: float = 60, detach: bool = False,
                      scrape_interval: float = 1.0, rules: Path | None = None,
-                     basic_auth: tuple[str, str, str] | None = None) -> Prometheus:
+                     basic_auth: tuple[str, str, str] | None = None,
+                     tls: tuple[Path, Path, Path] | None = None) -> Prometheus:
     """Run Prometheus on a loopback port (``port``, else a free one) with its data under ``workdir``,
-    scraping every ``scrape_interval`` seconds and evaluating the rule file ``rules`` (the chart's alerts);
-    with ``basic_auth`` (user name, password, the password's bcrypt hash) it answers only requests that carry
-    them (its web config's ``basic_auth_users``).
+    scraping every ``scrape_interval`` seconds and evaluating the rule file ``rules`` (the chart's alerts).
+
+    Its web config (a Prometheus in front of which a platform team puts a
+    login, or its own TLS) can ask for ``basic_auth`` (user name, password,
+    the password's bcrypt hash), and serve HTTPS with ``tls`` (a CA bundle,
+    a certificate it signed for 127.0.0.1, the certificate's key).
 
     It starts with three empty targets files in ``workdir/targets.d/``:
     ``targets.json`` for anyone, ``fleet.json`` for the simulated fleet and
@@ -309,22 +314,26 @@ def start_prometheus(workdir: Path, *, port: int | None = None, timeout: float =
         write_targets(path, [])
     config = workdir / "prometheus.yml"
     config.write_text(yaml.safe_dump(prometheus_config(targets_dir, scrape_interval, rules), sort_keys=False))
-    url = f"http://127.0.0.1:{port or free_port()}"
-    web: list[str] = []
+    address = f"127.0.0.1:{port or free_port()}"
+    url = f"{'https' if tls else 'http'}://{address}"
+    web: dict[str, object] = {}
     if basic_auth:
-        user, _, hashed = basic_auth
-        (workdir / "web.yml").write_text(yaml.safe_dump({"basic_auth_users": {user: hashed}}))
-        web = [f"--web.config.file={workdir / 'web.yml'}"]
+        web["basic_auth_users"] = {basic_auth[0]: basic_auth[2]}
+    if tls:
+        web["tls_server_config"] = {"cert_file": str(tls[1]), "key_file": str(tls[2])}
+    (workdir / "web.yml").write_text(yaml.safe_dump(web))
     server = _spawn("prometheus", [
         str(PROMETHEUS),
         f"--config.file={config}",
         f"--storage.tsdb.path={workdir / 'data'}",
-        f"--web.listen-address={url.removeprefix('http://')}",
-        *web,
+        f"--web.listen-address={address}",
+        f"--web.config.file={workdir / 'web.yml'}",
     ], workdir, log=workdir / "prometheus.log", detach=detach)
 
     login = (basic_auth[0], basic_auth[1]) if basic_auth else None
-    _wait_or_stop(server, lambda: _answers(server, url + "/-/ready", login), timeout, f"Prometheus at {url}/-/ready")
+    trusted = ssl.create_default_context(cafile=str(tls[0])) if tls else None
+    _wait_or_stop(server, lambda: _answers(server, url + "/-/ready", login, trusted), timeout,
+                  f"Prometheus at {url}/-/ready")
     return Prometheus(server.name, server.pid, server.log, process=server.process, url=url, targets_file=targets,
                       fleet_targets_file=fleet_targets, operator_targets_file=operator_targets)
 
@@ -348,15 +357,17 @@ def start_operator(workdir: Path, kubeconfig: Path, prometheus_url: str, namespa
     return Operator(server.name, server.pid, server.log, process=server.process, url=url)
 
 
-def _answers(server: Server, url: str, login: tuple[str, str] | None = None) -> bool:
-    """Whether ``url`` answers 200 (asked with basic auth ``login``); StartError if ``server`` died meanwhile."""
+def _answers(server: Server, url: str, login: tuple[str, str] | None = None,
+             trusted: ssl.SSLContext | None = None) -> bool:
+    """Whether ``url`` answers 200 (asked with basic auth ``login``, over TLS ``trusted``); StartError if
+    ``server`` died meanwhile."""
     if not server.alive():
         raise StartError(f"{server.name} exited before it was ready; end of {server.log}:\n{server.log_tail()}")
     request = urllib.request.Request(url)
     if login:
         request.add_header("Authorization", "Basic " + base64.b64encode(":".join(login).encode()).decode())
     try:
-        with urllib.request.urlopen(request, timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2, context=trusted) as response:
             return response.status == 200
     except (OSError, urllib.error.URLError):
         return False

@@ -15,6 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -49,15 +50,42 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return asyncio.run(run(options))
 
 
-def _cmd_recommend(args: argparse.Namespace) -> int:
-    from vllm_autotuner.controller.recommend import recommend, render
+#: ``recommend``'s flags that describe a tuning, and their values when no manifest (-f) does.
+_RECOMMEND_SPEC_FLAGS = {"deployment": None, "ttft": 2.0, "itl": 0.1, "quantile": 0.95, "window": "5m"}
 
-    overrides = {
-        "slo": {"ttft": {"quantile": args.quantile, "seconds": args.ttft},
-                "itl": {"quantile": args.quantile, "seconds": args.itl}},
-        "traffic": {"window": args.window},
-    }
-    report = asyncio.run(recommend(args.namespace, args.deployment, overrides, args.prometheus))
+
+def _cmd_recommend(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from vllm_autotuner.controller.recommend import read_manifest, recommend, render
+
+    given = [f"--{name}" for name in _RECOMMEND_SPEC_FLAGS if getattr(args, name) is not None]
+    if args.filename is not None:
+        if given:
+            args.parser.error(f"-f takes the target, SLO and window from the manifest: drop {', '.join(given)}")
+        try:
+            namespace, spec = read_manifest(args.filename, args.namespace)
+        except (OSError, ValueError) as exc:
+            args.parser.error(str(exc))
+        if not (args.prometheus or (spec.get("prometheus") or {}).get("url")):
+            args.parser.error(f"{args.filename} sets no spec.prometheus.url: give --prometheus")
+    else:
+        missing = [flag for flag in ("--namespace", "--deployment", "--prometheus")
+                   if getattr(args, flag[2:]) is None]
+        if missing:
+            args.parser.error(f"give -f MANIFEST, or {', '.join(missing)}")
+        value = {name: default if getattr(args, name) is None else getattr(args, name)
+                 for name, default in _RECOMMEND_SPEC_FLAGS.items()}
+        namespace, spec = args.namespace, {
+            "targetRef": {"name": value["deployment"]},
+            "slo": {"ttft": {"quantile": value["quantile"], "seconds": value["ttft"]},
+                    "itl": {"quantile": value["quantile"], "seconds": value["itl"]}},
+            "traffic": {"window": value["window"]},
+        }
+    try:
+        report = asyncio.run(recommend(namespace, spec, args.prometheus))
+    except ValidationError as exc:
+        args.parser.error(f"not a valid VllmTuning spec: {exc}")
     sys.stdout.write(render(report))
     return 0 if report.decision is not None else 1
 
@@ -121,15 +149,23 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one query per metric per tuning instead of shared ones (benchmark baseline only)")
     run.set_defaults(func=_cmd_run)
 
-    rec = sub.add_parser("recommend", help="print one recommendation from live data; changes nothing")
-    rec.add_argument("--prometheus", required=True, help="Prometheus base URL")
-    rec.add_argument("--namespace", required=True, help="namespace of the vLLM Deployment")
-    rec.add_argument("--deployment", required=True, help="name of the vLLM Deployment")
-    rec.add_argument("--ttft", type=float, default=2.0, help="TTFT target in seconds (default 2.0)")
-    rec.add_argument("--itl", type=float, default=0.1, help="inter-token latency target in seconds (default 0.1)")
-    rec.add_argument("--quantile", type=float, default=0.95, help="SLO quantile (default 0.95)")
-    rec.add_argument("--window", default="5m", help="observation window (default 5m)")
-    rec.set_defaults(func=_cmd_recommend)
+    rec = sub.add_parser("recommend", help="print one recommendation from live data; changes nothing",
+                         description="Evaluate once, as a VllmTuning in mode Recommend would, and print what it "
+                                     "would do and why: for a VllmTuning manifest before it is applied (-f), or for "
+                                     "a Deployment and SLO given as flags. Reads the Deployment with your "
+                                     "kubeconfig's credentials (and any Secret the manifest names for Prometheus); "
+                                     "writes nothing.")
+    rec.add_argument("-f", "--filename", type=Path, help="a VllmTuning manifest, evaluated as written in mode "
+                                                         "Recommend (its namespace, else --namespace)")
+    rec.add_argument("--prometheus", help="Prometheus base URL (with -f: default the manifest's "
+                                          "spec.prometheus.url)")
+    rec.add_argument("--namespace", help="namespace of the vLLM Deployment")
+    rec.add_argument("--deployment", help="name of the vLLM Deployment (without -f)")
+    rec.add_argument("--ttft", type=float, help="TTFT target in seconds (without -f; default 2.0)")
+    rec.add_argument("--itl", type=float, help="inter-token latency target in seconds (without -f; default 0.1)")
+    rec.add_argument("--quantile", type=float, help="SLO quantile (without -f; default 0.95)")
+    rec.add_argument("--window", help="observation window (without -f; default 5m)")
+    rec.set_defaults(func=_cmd_recommend, parser=rec)
 
     from vllm_autotuner.sim import cli as sim_cli
 

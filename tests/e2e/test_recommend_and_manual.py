@@ -9,25 +9,33 @@ and respect them for the cooldown, though the traffic still calls for a
 change; its hold saying "cooldown" is the proof that it wanted to and
 did not. An operator run with ``--recommend-only`` treats a tuning in
 mode Auto the same way: a schedule preset wanted now is only recommended,
-and rolls out once an operator without the flag takes over.
+and rolls out once an operator without the flag takes over. The same
+tuning's manifest, given to ``vllm-autotuner recommend -f`` before it is
+applied, wants the same more sequences and writes nothing either.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from tests.e2e.conftest import Operators
 from tests.e2e.world import Load, World, knob_args, knobs_of, open_window, parse_time, tuning_spec
 from tests.support import H100, Cluster, NotYet, wait_for
 
+from vllm_autotuner.api import API_VERSION, KIND
 from vllm_autotuner.sim import localenv
 
 pytestmark = pytest.mark.e2e
 
 START, MANUAL, PRESET = (512, 16), (1024, 16), (8192, 128)
 RECOMMENDED = re.compile(r"change to (tokens=\d+ seqs=\d+) recommended")
+PRINTED = re.compile(r"^recommended: tokens=\d+ seqs=(\d+)", re.MULTILINE)
 COOLDOWN = 120
 
 
@@ -49,6 +57,19 @@ def test_recommend_mode_only_reports_and_a_persons_edit_is_adopted_and_not_rever
         # An Event per new recommendation, not per evaluation: consecutive ones name different knobs.
         recommended = [RECOMMENDED.search(e.message).group(1) for e in world.events("Recommendation")]
         assert recommended and all(a != b for a, b in zip(recommended, recommended[1:])), recommended
+        # the tuning's manifest as a team would write it before applying it (mode Auto): the command evaluates
+        # it in mode Recommend, from the same window of the same traffic
+        manifest = tmp_path / "tuning.yaml"
+        manifest.write_text(yaml.safe_dump({"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "planned"},
+                                            "spec": tuning_spec(world.name, rollout={"cooldown": f"{COOLDOWN}s"})}))
+        printed = subprocess.run(
+            [sys.executable, "-m", "vllm_autotuner.cli", "recommend", "-f", str(manifest), "--namespace", namespace,
+             "--prometheus", operators.prometheus_url],
+            env={**os.environ, "KUBECONFIG": str(cluster_with_crd.kubeconfig)}, capture_output=True, text=True,
+            timeout=120, check=False)
+        assert printed.returncode == 0, printed.stdout + printed.stderr
+        seqs = PRINTED.search(printed.stdout)
+        assert seqs is not None and int(seqs.group(1)) > START[1], printed.stdout
         deployment = world.deployment().metadata
         assert (deployment.generation, deployment.resource_version) == (untouched.generation,
                                                                         untouched.resource_version)

@@ -1,18 +1,23 @@
 """``vllm-autotuner recommend``: one recommendation from live data, nothing changed.
 
-For teams not ready to let the operator act: it reads the Deployment and
-its current ReplicaSet once, observes one window from Prometheus, runs the
-same evaluation as the operator with a Recommend-mode VllmTuning that exists
-only in memory, and prints what it would do and why. No status, no Events,
-no patch.
+For teams not ready to let the operator act, or about to apply a VllmTuning:
+it reads the Deployment and its current ReplicaSet once, observes one window
+from Prometheus, runs the same evaluation as the operator with a
+Recommend-mode VllmTuning that exists only in memory (the manifest's spec,
+or one built from flags), and prints what it would do and why. No status,
+no Events, no patch.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from vllm_autotuner.api import API_VERSION, KIND, VllmTuningSpec
+from vllm_autotuner.api.types import duration_seconds
 from vllm_autotuner.controller.cache import ClusterCache, deployment_index, replicaset_index
 from vllm_autotuner.controller.kube import Kube
 from vllm_autotuner.controller.metrics import OperatorMetrics
@@ -21,8 +26,33 @@ from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler, Re
 from vllm_autotuner.observe.service import ObservationService
 
 
-async def recommend(namespace: str, deployment: str, spec_overrides: dict[str, Any], prometheus_url: str) -> Report:
-    """Evaluate once in Recommend mode and return the report (state and decision)."""
+def read_manifest(path: Path, namespace: str | None) -> tuple[str, dict[str, Any]]:
+    """The namespace and spec of the one VllmTuning in the YAML file at ``path`` (its metadata's namespace, else
+    ``namespace``). Raises ValueError saying what the file lacks."""
+    documents = [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+    tunings = [d for d in documents if d.get("apiVersion") == API_VERSION and d.get("kind") == KIND]
+    if len(tunings) != 1:
+        raise ValueError(f"{path} holds {len(tunings)} VllmTunings ({API_VERSION}); give a file with one")
+    metadata = tunings[0].get("metadata") or {}
+    written = metadata.get("namespace")
+    if written and namespace and written != namespace:
+        raise ValueError(f"{path}'s VllmTuning is in namespace {written}, not --namespace {namespace}")
+    if not (written or namespace):
+        raise ValueError(f"{path}'s VllmTuning names no namespace: give --namespace")
+    return written or namespace, tunings[0].get("spec") or {}
+
+
+async def recommend(namespace: str, spec: dict[str, Any], prometheus_url: str | None) -> Report:
+    """Evaluate the VllmTuning ``spec`` in Recommend mode and return the report (state and decision).
+    Raises pydantic's ValidationError for a spec the CRD would refuse.
+
+    The traffic policy acts on a regime only once it has lasted a whole window,
+    which a running operator knows from the windows before; so the window
+    before the last is evaluated first, and its state carried over to the last
+    as the operator's status would be.
+    """
+    tuning = VllmTuningSpec.model_validate({**spec, "mode": "Recommend"})
+    deployment = tuning.target_ref.name
     metrics = OperatorMetrics()
     kube = Kube(_load_kube_config(), metrics)
     found = kube.read_deployment(namespace, deployment)
@@ -36,15 +66,19 @@ async def recommend(namespace: str, deployment: str, spec_overrides: dict[str, A
             replicasets.setdefault(key, []).append(body)
     cache = ClusterCache()
     cache.bind(deployments, replicasets)
-    spec = VllmTuningSpec.model_validate({"targetRef": {"name": deployment}, "mode": "Recommend", **spec_overrides})
-    cache.on_tuning_event(None, {
+    body = {
         "apiVersion": API_VERSION, "kind": KIND,
         "metadata": {"namespace": namespace, "name": f"{deployment}-recommend", "generation": 1},
-        "spec": spec.model_dump(by_alias=True, exclude_none=True, mode="json"),
-    })
+        "spec": tuning.model_dump(by_alias=True, exclude_none=True, mode="json"),
+    }
+    cache.on_tuning_event(None, body)
     reconciler = Reconciler(kube, cache, ObservationService(), metrics,
                             OperatorSettings(prometheus_url=prometheus_url, naive_queries=True))
-    report = await reconciler.evaluate((namespace, f"{deployment}-recommend"), time.time(), write=False)
+    key, now = (namespace, f"{deployment}-recommend"), time.time()
+    before = await reconciler.evaluate(key, now - duration_seconds(tuning.traffic.window), write=False)
+    assert before is not None
+    cache.on_tuning_event(None, {**body, "status": before.state.model_dump(by_alias=True, mode="json")})
+    report = await reconciler.evaluate(key, now, write=False)
     assert report is not None
     return report
 

@@ -34,7 +34,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from vllm_autotuner.controller.reconcile import OperatorSettings
 
     options = RunOptions(
-        settings=OperatorSettings(prometheus_url=args.prometheus_url, naive_queries=args.naive_queries,
+        settings=OperatorSettings(prometheus_url=args.prometheus_url,
+                                  prometheus_headers=tuple(sorted(dict(args.prometheus_header or ()).items())),
+                                  prometheus_bearer_token_file=args.prometheus_bearer_token_file,
+                                  prometheus_ca_file=args.prometheus_ca_file, naive_queries=args.naive_queries,
                                   max_concurrent_rollouts=args.max_concurrent_rollouts,
                                   rollout_pool_label=args.rollout_pool_label,
                                   recommend_only=args.recommend_only),
@@ -102,6 +105,22 @@ _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
+def _header(text: str) -> tuple[str, str]:
+    """``NAME=VALUE``: an HTTP header as spec.prometheus.headers takes one."""
+    from pydantic import ValidationError
+
+    from vllm_autotuner.api.spec import Headers
+
+    name, sep, value = text.partition("=")
+    try:
+        Headers.validate_python({name: value} if sep else {})
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc.errors()[0]['msg']}") from None
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r} is no NAME=VALUE")
+    return name, value
+
+
 def _label_key(value: str) -> str:
     """A node label key, or "" for none."""
     if value and (not _LABEL_KEY.match(value) or len(value.partition("/")[0]) > 253):
@@ -122,6 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the operator")
     run.add_argument("--prometheus-url", default=os.environ.get("PROMETHEUS_URL"),
                      help="Prometheus for VllmTunings that set no spec.prometheus.url (env PROMETHEUS_URL)")
+    run.add_argument("--prometheus-header", type=_header, action="append", metavar="NAME=VALUE",
+                     help="HTTP header sent to --prometheus-url, e.g. X-Scope-OrgID=team-a for a Mimir or Cortex "
+                          "tenant (repeatable; a VllmTuning's spec.prometheus.headers go over them)")
+    run.add_argument("--prometheus-bearer-token-file", metavar="PATH",
+                     help="file holding a bearer token for --prometheus-url, read at each evaluation (a rotated "
+                          "token is taken up), e.g. the pod's ServiceAccount token for OpenShift's Thanos Querier; "
+                          "a VllmTuning's own credentials win")
+    run.add_argument("--prometheus-ca-file", metavar="PATH",
+                     help="file holding the PEM CA bundle of --prometheus-url's certificate; a VllmTuning's "
+                          "spec.prometheus.caSecretRef wins")
     run.add_argument("--namespace", action="append",
                      help="watch only this namespace (repeatable; env WATCH_NAMESPACES, comma-separated); default all")
     run.add_argument("--http-host", default="0.0.0.0", help="address of /metrics and /healthz")

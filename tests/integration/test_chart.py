@@ -58,11 +58,15 @@ def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> No
     (("--set", "nameOverride=1tuner"), "at '/nameOverride': '1tuner' does not match pattern"),
     (("--set", "podDisruptionBudget.maxUnavailable=0%"), "at '/podDisruptionBudget/maxUnavailable': '0%' does not"),
     (("--set", "image.digest=sha256:abc"), "at '/image/digest': 'sha256:abc' does not match pattern"),
+    (("--set-json", 'prometheus.headers={"Authorization": "Bearer x"}'), "invalid propertyName 'Authorization'"),
+    (("--set-json", 'prometheus.headers={"X-Scope-OrgID": "a\\nX-Admin: 1"}'),
+     "at '/prometheus/headers/X-Scope-OrgID'"),
     # NOTES.txt lists a grant's names with no fallback for an empty list: the schema must refuse one.
     (("--set-json", 'rbac.secrets=[{"namespace": "a", "names": []}]'), "at '/rbac/secrets/0/names': minItems"),
 ], ids=["replicas-string", "log-format", "unknown-key", "two-leaders", "url", "namespace-name", "secret-grant",
         "secret-grant-without-names", "pull-policy", "negative-rollout-limit", "pool-label", "recommend-only",
-        "fullname-with-dot", "name-with-leading-digit", "pdb-zero-percent", "digest", "secret-grant-of-no-names"])
+        "fullname-with-dot", "name-with-leading-digit", "pdb-zero-percent", "digest", "authorization-header", "header-on-two-lines",
+        "secret-grant-of-no-names"])
 def test_bad_values_are_rejected_by_the_schema(helm: Helm, values: tuple[str, ...], complaint: str) -> None:
     result = helm("template", "x", str(CHART), *values, check=False)
     assert result.returncode != 0
@@ -260,6 +264,18 @@ def test_the_change_policy_values_reach_the_operator_as_its_parser_reads_them(he
     default = _operator(helm.template("rel", str(CHART)))["spec"]["template"]["spec"]["containers"][0]["args"]
     parsed = build_parser().parse_args(["run", *default])
     assert (parsed.rollout_pool_label, parsed.recommend_only) == ("", False)  # one pool; changes made
+    assert (parsed.prometheus_header, parsed.prometheus_bearer_token_file, parsed.prometheus_ca_file) == (
+        None, None, None)
+
+
+def test_the_default_prometheus_headers_and_credential_files_reach_the_operator_as_its_parser_reads_them(
+        helm: Helm) -> None:
+    token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    objects = helm.template("rel", str(CHART), "--set-json", 'prometheus.headers={"X-Scope-OrgID": "team-a|team-b"}',
+                            "--set", f"prometheus.bearerTokenFile={token}", "--set", "prometheus.caFile=/etc/ca.pem")
+    args = build_parser().parse_args(["run", *_operator(objects)["spec"]["template"]["spec"]["containers"][0]["args"]])
+    assert args.prometheus_header == [("X-Scope-OrgID", "team-a|team-b")]
+    assert (args.prometheus_bearer_token_file, args.prometheus_ca_file) == (token, "/etc/ca.pem")
 
 
 def test_metrics_service_monitor_and_dashboard(helm: Helm) -> None:

@@ -160,7 +160,7 @@ BAD_SPECS = [
     pytest.param(target(prometheus={"basicAuth": {"username": {"name": "p", "key": "user"}}}),
                  "spec.prometheus.basicAuth.password", "Required value", id="basic-auth-without-password"),
     pytest.param(target(prometheus={"headers": {"authorization": "Bearer x"}}),
-                 "spec.prometheus.headers", "set Authorization with bearerTokenSecretRef or basicAuth",
+                 "spec.prometheus.headers", "credentials go in bearerTokenSecretRef or basicAuth",
                  id="authorization-header"),
     pytest.param(target(prometheus={"headers": {"X-Scope-OrgID: a": "b"}}),
                  "spec.prometheus.headers", "keys must be HTTP header names", id="bad-header-name"),

@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializationInfo,
+    TypeAdapter,
     WithJsonSchema,
     field_serializer,
 )
@@ -114,7 +115,8 @@ MAX_LABEL_MATCHERS = 16
 MAX_HEADERS = 8
 #: An HTTP header name: a token of RFC 9110, in the letters, digits and dashes header names use.
 HEADER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9-]*$"
-_AUTHORIZATION = "set Authorization with bearerTokenSecretRef or basicAuth, which read it from a Secret"
+_AUTHORIZATION = ("credentials go in bearerTokenSecretRef or basicAuth (the operator's own in "
+                  "--prometheus-bearer-token-file), not in an Authorization header")
 
 
 def _not_authorization(name: str) -> str:
@@ -127,6 +129,8 @@ HeaderName = Annotated[str, Field(pattern=HEADER_NAME_PATTERN, max_length=128), 
 #: A header value on one line (a line break would start another header).
 HEADER_VALUE_PATTERN = r"^[^\r\n]*$"
 HeaderValue = Annotated[str, Field(pattern=HEADER_VALUE_PATTERN, max_length=1024)]
+#: What spec.prometheus.headers takes, for the operator's own headers too (``--prometheus-header``).
+Headers = TypeAdapter(dict[HeaderName, HeaderValue])
 
 BatchedTokens = Annotated[int, Field(ge=1, le=MAX_BATCHED_TOKENS)]
 NumSeqs = Annotated[int, Field(ge=1, le=MAX_SEQS)]

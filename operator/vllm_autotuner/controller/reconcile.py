@@ -23,6 +23,7 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -111,6 +112,11 @@ class OperatorSettings:
     """Operator-wide settings from the command line."""
 
     prometheus_url: str | None = None
+    # for the Prometheus at prometheus_url only: headers (a tuning's own go over them), files of a bearer token and
+    # of a CA bundle (read at each evaluation, so a rotated token is taken up; a tuning's own credentials win)
+    prometheus_headers: tuple[tuple[str, str], ...] = ()
+    prometheus_bearer_token_file: str | None = None
+    prometheus_ca_file: str | None = None
     naive_queries: bool = False  # one query per family per tuning: the scale benchmark's baseline
     max_concurrent_rollouts: int = 0  # rollouts of tuned Deployments in progress at once, anyone's; 0: no limit
     rollout_pool_label: str = ""  # node label whose values are the pools the limit holds in; "": one pool
@@ -129,6 +135,17 @@ class TargetProblem(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+def _operator_file(path: str, flag: str, value: str) -> str:
+    """The text of a file the operator was told to read for its Prometheus (``flag``, chart value ``value``),
+    without surrounding whitespace. Raises TargetProblem when it cannot."""
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise TargetProblem("PrometheusCredentialsUnreadable",
+                            f"the operator cannot read {path} ({flag}, chart value prometheus.{value}): "
+                            f"{exc.strerror or exc}; mount it in the operator's pod, or unset it") from exc
 
 
 @dataclass
@@ -686,8 +703,10 @@ class Reconciler:
     # --- observation ----------------------------------------------------------------------------
 
     async def _connection(self, namespace: str, spec: VllmTuningSpec) -> Connection:
-        prom = spec.prometheus
-        url = prom.url or self.settings.prometheus_url
+        """How to reach the tuning's Prometheus: spec.prometheus's, else the operator's (``--prometheus-url``, with
+        the operator's headers and credential files under what the tuning sets)."""
+        prom, settings = spec.prometheus, self.settings
+        url = prom.url or settings.prometheus_url
         if not url:
             raise TargetProblem("NoPrometheusURL",
                                 "no Prometheus URL: set spec.prometheus.url or start the operator with --prometheus-url")
@@ -710,9 +729,19 @@ class Reconciler:
                 raise TargetProblem("SecretNotFound", f"Secret {namespace}/{ref.name} has no key {ref.key!r}; "
                                                       f"fix spec.prometheus.{field_name}.key")
             secrets[field_name] = value.strip()
+        headers = dict(prom.headers)
+        if prom.url is None:  # the operator's own Prometheus: its headers and credential files, under the tuning's
+            named = {name.lower() for name in headers}
+            headers.update((name, value) for name, value in settings.prometheus_headers if name.lower() not in named)
+            token_file, ca_file = settings.prometheus_bearer_token_file, settings.prometheus_ca_file
+            if token_file and basic is None and "bearerTokenSecretRef" not in secrets:
+                secrets["bearerTokenSecretRef"] = _operator_file(token_file, "--prometheus-bearer-token-file",
+                                                                 "bearerTokenFile")
+            if ca_file and "caSecretRef" not in secrets:
+                secrets["caSecretRef"] = _operator_file(ca_file, "--prometheus-ca-file", "caFile")
         return Connection(url=url.rstrip("/"), bearer_token=secrets.get("bearerTokenSecretRef"),
                           basic_auth=basic and (secrets["basicAuth.username"], secrets["basicAuth.password"]),
-                          headers=tuple(sorted(prom.headers.items())), ca_pem=secrets.get("caSecretRef"),
+                          headers=tuple(sorted(headers.items())), ca_pem=secrets.get("caSecretRef"),
                           timeout_seconds=duration_seconds(prom.timeout))
 
     async def _observe(self, namespace: str, spec: VllmTuningSpec, target: Target, report: Report, rolling: bool,

@@ -1,5 +1,6 @@
 """What the operator sends to a Prometheus that asks for credentials or a tenant: spec.prometheus's basicAuth and
-bearer token read from Secrets, its headers, and the condition when a Secret key is missing.
+bearer token read from Secrets, its headers, and the condition when a Secret key is missing; for the operator's
+own Prometheus (no spec.prometheus.url), the operator's headers and credential files under the tuning's.
 
 The reconciler is driven with the stand-ins of ``test_reconcile_rollout``; its Windows stand-in records the
 connection each window was asked with, and the client it would build from it is inspected as it stands.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from tests.unit.controller import test_reconcile_rollout as harness
@@ -35,12 +37,15 @@ class Windows(harness.Windows):
         return await super().window(connection, *args, **kwargs)
 
 
-def evaluate(prometheus: dict[str, Any]) -> tuple[Any, Windows]:
+def evaluate(prometheus: dict[str, Any], settings: OperatorSettings | None = None) -> tuple[Any, Windows]:
+    """Evaluate with ``prometheus`` as spec.prometheus (over a URL of its own unless ``settings`` are given: then
+    the operator's Prometheus)."""
     cache = harness.cache(finished=timedelta(hours=1))
-    cache.tunings[("llm", "llama")]["spec"]["prometheus"].update(prometheus)
+    cache.tunings[("llm", "llama")]["spec"]["prometheus"] = (
+        prometheus if settings else {"url": "http://prometheus:9090", **prometheus})
     windows = Windows()
     reconciler = Reconciler(Kube(), cache, windows, OperatorMetrics(),  # type: ignore[arg-type]
-                            OperatorSettings())
+                            settings or OperatorSettings())
     report = asyncio.run(reconciler.evaluate(("llm", "llama"), harness.NOW.timestamp(), write=False))
     return report, windows
 
@@ -73,3 +78,43 @@ def test_a_missing_password_key_says_which_field_to_fix_and_queries_nothing() ->
     (ready,) = [c for c in report.state.conditions if c.type == "Ready"]
     assert (ready.status, ready.reason) == ("False", "SecretNotFound")
     assert "Secret llm/mimir has no key 'password'; fix spec.prometheus.basicAuth.password.key" in ready.message
+
+
+def operator_settings(tmp_path: Path) -> OperatorSettings:
+    (tmp_path / "token").write_text("sa-token\n")
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    return OperatorSettings(prometheus_url="http://thanos-querier:9091",
+                            prometheus_headers=(("X-Scope-OrgID", "platform"), ("X-Team", "ml")),
+                            prometheus_bearer_token_file=str(tmp_path / "token"),
+                            prometheus_ca_file=str(tmp_path / "ca.pem"))
+
+
+def test_the_operators_prometheus_comes_with_its_headers_and_credential_files(tmp_path: Path) -> None:
+    _, windows = evaluate({"headers": {"x-scope-orgid": "team-a"}}, operator_settings(tmp_path))
+    (connection,) = windows.connections
+    assert connection.url == "http://thanos-querier:9091"
+    # the tuning's tenant goes over the operator's, whatever the letters' case; the operator's other header stays
+    assert connection.headers == (("X-Team", "ml"), ("x-scope-orgid", "team-a"))
+    assert (connection.bearer_token, connection.ca_pem) == ("sa-token", "-----BEGIN CERTIFICATE-----")
+
+
+def test_a_tunings_own_credentials_or_prometheus_take_none_of_the_operators(tmp_path: Path) -> None:
+    settings = operator_settings(tmp_path)
+    _, windows = evaluate({"basicAuth": {"username": {"name": "mimir", "key": "user"},
+                                         "password": {"name": "mimir", "key": "token"}}}, settings)
+    (connection,) = windows.connections
+    assert (connection.bearer_token, connection.basic_auth) == (None, ("123456", "glc_secret"))
+    _, windows = evaluate({"url": "https://other:9090"}, settings)
+    (connection,) = windows.connections
+    assert (connection.headers, connection.bearer_token, connection.ca_pem) == ((), None, None)
+
+
+def test_a_credential_file_the_operator_cannot_read_says_which_setting_names_it(tmp_path: Path) -> None:
+    settings = operator_settings(tmp_path)
+    (tmp_path / "token").unlink()
+    report, windows = evaluate({}, settings)
+    assert windows.connections == []
+    (ready,) = [c for c in report.state.conditions if c.type == "Ready"]
+    assert (ready.status, ready.reason) == ("False", "PrometheusCredentialsUnreadable")
+    setting = "(--prometheus-bearer-token-file, chart value prometheus.bearerTokenFile)"
+    assert f"cannot read {tmp_path / 'token'} {setting}" in ready.message

@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "writes nothing.")
     rec.add_argument("-f", "--filename", type=Path, help="a VllmTuning manifest, evaluated as written in mode "
                                                          "Recommend (its namespace, else --namespace)")
-    rec.add_argument("--prometheus", help="Prometheus base URL (with -f: default the manifest's "
+    rec.add_argument("--prometheus", help="Prometheus base URL (with -f: for a manifest that sets no "
                                           "spec.prometheus.url)")
     rec.add_argument("--namespace", help="namespace of the vLLM Deployment")
     rec.add_argument("--deployment", help="name of the vLLM Deployment (without -f)")

@@ -1,8 +1,8 @@
 """``vllm-autotuner recommend``: one recommendation from live data, nothing changed.
 
 For teams not ready to let the operator act, or about to apply a VllmTuning:
-it reads the Deployment and its current ReplicaSet once, observes one window
-from Prometheus, runs the same evaluation as the operator with a
+it reads the Deployment and its current ReplicaSet once, runs the same
+evaluation as the operator on the last two windows from Prometheus with a
 Recommend-mode VllmTuning that exists only in memory (the manifest's spec,
 or one built from flags), and prints what it would do and why. No status,
 no Events, no patch.

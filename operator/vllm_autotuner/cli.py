@@ -112,12 +112,12 @@ def _header(text: str) -> tuple[str, str]:
     from vllm_autotuner.api.spec import Headers
 
     name, sep, value = text.partition("=")
-    try:
-        Headers.validate_python({name: value} if sep else {})
-    except ValidationError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: {exc.errors()[0]['msg']}") from None
     if not sep:
         raise argparse.ArgumentTypeError(f"{text!r} is no NAME=VALUE")
+    try:
+        Headers.validate_python({name: value})
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc.errors()[0]['msg']}") from None
     return name, value
 
 

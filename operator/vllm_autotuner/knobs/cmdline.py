@@ -12,16 +12,16 @@ command would be an unrelated edit to their Deployment.
 The model: a container's ``command`` and ``args`` are a list of *words*. In
 list form each element is a word. In shell form (a shell's ``-c`` script, also
 behind wrappers such as ``env``, ``tini``, ``gosu``, ``numactl`` or
-``stdbuf``, and shell options such as ``-o pipefail``) the script string is split into words by a
-small POSIX-shell tokenizer that remembers each word's character span, so a
-value can be replaced in place; the arguments a script passes on as ``"$@"``
-are elements again. Flags are then read the way vLLM's argument parser reads
-them: names normalised (underscores -> dashes), ``--flag=value`` or ``--flag
-value``, vLLM's one-dash options (``-dp 2``), the last occurrence wins,
-a unique prefix of a long option taken for it (``--max-num-batched 2048``:
-vLLM's parser keeps argparse's abbreviations), and each integer value read
-with the type vLLM gives that flag (``8k`` is a size for
-``--max-num-batched-tokens`` but no number for ``--max-num-seqs``).
+``stdbuf``, and shell options such as ``-o pipefail``) the script string is
+split into words by a small POSIX-shell tokenizer that remembers each word's
+character span, so a value can be replaced in place; the arguments a script
+passes on as ``"$@"`` are elements again. Flags are then read the way vLLM's
+argument parser reads them: names normalised (underscores -> dashes),
+``--flag=value`` or ``--flag value``, vLLM's one-dash options (``-dp 2``), the
+last occurrence wins, a unique prefix of a long option taken for it
+(``--max-num-batched 2048``: vLLM's parser keeps argparse's abbreviations),
+and each integer value read with the type vLLM gives that flag (``8k`` is a
+size for ``--max-num-batched-tokens`` but no number for ``--max-num-seqs``).
 
 What vLLM gets is not always what is written. Kubelet first replaces each
 ``$(VAR)`` in command and args with the container's variable (``$$`` escapes

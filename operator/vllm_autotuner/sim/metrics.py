@@ -7,9 +7,11 @@ bounds, including the ``_created`` gauges prometheus-client adds, so the
 operator's queries and the Prometheus recording rules written against a real
 vLLM work unchanged. Families that exist in vLLM but describe features the
 simulator does not have (multi-modal cache, KV transfer between instances,
-sleep mode, queue-limit rejections, finish reasons other than ``length``)
-are served with vLLM's labels and the values an idle feature has (zero, or
-"awake"), because a real server exports them that way too.
+sleep mode, finish reasons other than ``length``) are served with vLLM's
+labels and the values an idle feature has (zero, or "awake"), because a
+real server exports them that way too. Queue-limit rejections are counted
+where the API server gives them (``rejections``: ``sim.serving``), zero
+elsewhere.
 
 ``old_names=True`` serves an older vLLM (0.8-0.9): the KV usage gauge as
 ``vllm:gpu_cache_usage_perc`` and the per-token latency histogram as
@@ -177,17 +179,25 @@ class ServerInfo:
         }
 
 
+REJECTION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+"""The ``reason`` label values of ``vllm:admission_rejections_total``: the limit that refused a request."""
+
+
 class VllmCollector(Collector):
     """Serves ``source()``'s snapshot as vLLM's ``/metrics``.
 
     ``source`` is called at every scrape; the snapshot carries counters and
-    histograms since the engine started and the gauges of now.
+    histograms since the engine started and the gauges of now. ``rejections``
+    counts the requests the API server refused at admission, by
+    ``REJECTION_REASONS`` (none counted where it is not given).
     """
 
-    def __init__(self, source: Callable[[], MetricsSnapshot], info: ServerInfo, *, old_names: bool = False) -> None:
+    def __init__(self, source: Callable[[], MetricsSnapshot], info: ServerInfo, *, old_names: bool = False,
+                 rejections: Mapping[str, int] | None = None) -> None:
         self._source = source
         self._info = info
         self._old_names = old_names
+        self._rejections = rejections
 
     def describe(self) -> list[Metric]:
         """Nothing: registering must not call ``source`` before the engine runs."""
@@ -253,8 +263,9 @@ class VllmCollector(Collector):
             "Number of admission attempts rejected by a queue limit, by reason.",
             labels=["model_name", "reason"],
         )
-        for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
-            rejections.add_metric([self._info.model_name, reason], 0.0, created=self._info.created)
+        for reason in REJECTION_REASONS:
+            refused = (self._rejections or {}).get(reason, 0)
+            rejections.add_metric([self._info.model_name, reason], float(refused), created=self._info.created)
         yield rejections
         for name, help_text in _HISTOGRAM_HELP.items():
             yield self._histogram(*self._name(name, help_text), snap.histograms[name])

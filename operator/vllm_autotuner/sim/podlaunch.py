@@ -23,6 +23,7 @@ from typing import Any
 from vllm_autotuner.knobs import SEQS_FLAG, TOKENS_FLAG, CommandLine, CommandLineError
 from vllm_autotuner.knobs.cmdline import int_type
 from vllm_autotuner.sim.profiles import Profile
+from vllm_autotuner.sim.serving import QueueLimits
 from vllm_autotuner.sim.startup import EngineConfig
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -49,6 +50,8 @@ class VllmLaunch:
     served_model_name: str
     """What ``/v1/models`` lists and the metrics' ``model_name`` label says."""
     port: int
+    limits: QueueLimits = QueueLimits()
+    """The API server's admission limits (``--max-num-queued-reqs``, ``--max-num-queued-tokens``)."""
 
 
 def serving_port(container: dict[str, Any]) -> int:
@@ -121,7 +124,8 @@ def vllm_launch(container: dict[str, Any], profile: Profile) -> VllmLaunch:
     config = EngineConfig(**{k: v for k, v in present.items() if v is not None})  # absent: vLLM's default
     served = cmd.get("served-model-name")
     name = served.value if served is not None and served.value else cmd.model() or profile.served_model_name
-    return VllmLaunch(config=config, served_model_name=name, port=_int(cmd, "port") or DEFAULT_PORT)
+    limits = QueueLimits(_int(cmd, "max-num-queued-reqs"), _int(cmd, "max-num-queued-tokens"))
+    return VllmLaunch(config=config, served_model_name=name, port=_int(cmd, "port") or DEFAULT_PORT, limits=limits)
 
 
 def _int(cmd: CommandLine, name: str) -> int | None:

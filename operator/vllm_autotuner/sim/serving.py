@@ -28,6 +28,13 @@ messages. Every request generates ``max_tokens`` tokens (no model here ever
 stops early: ``finish_reason`` is ``length``); absent, vLLM's defaults apply
 (16 for completions, the rest of the context for chat).
 
+Admission control: vLLM's API server refuses a request with 503 before it
+reaches the engine when ``--max-num-queued-reqs`` requests are in flight
+(waiting or running) or the prompts of those still in their prefill add up
+to ``--max-num-queued-tokens`` (:class:`QueueLimits`), and counts it in
+``vllm:admission_rejections_total`` by the limit that refused it. Such a
+request never shows in the request counters or latency histograms.
+
 Not modelled: prefix sharing between text prompts (no hashing: prefix-cache
 hits stay zero), several prompts or choices per request.
 """
@@ -48,7 +55,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from vllm_autotuner.sim.engine import Engine, FinishedRequest, Request
-from vllm_autotuner.sim.metrics import VllmCollector, server_info
+from vllm_autotuner.sim.metrics import REJECTION_REASONS, VllmCollector, server_info
 from vllm_autotuner.sim.startup import SIMULATED_VLLM_VERSION
 
 CHARS_PER_TOKEN = 4
@@ -72,6 +79,17 @@ class RequestError(Exception):
         return web.json_response(body, status=self.status)
 
 
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """vLLM's admission limits (``--max-num-queued-reqs``, ``--max-num-queued-tokens``; None: no limit)."""
+
+    max_num_queued_reqs: int | None = None
+    """Requests in flight at once, waiting or running: a request arriving when as many are is refused."""
+    max_num_queued_tokens: int | None = None
+    """Prompt tokens of the requests in flight that have not finished their prefill: a request arriving when they
+    reach it is refused (whatever its own prompt)."""
+
+
 @dataclass(eq=False)
 class InFlight:
     """A submitted request as its HTTP handler waits on it."""
@@ -89,9 +107,13 @@ class InFlight:
 class ServedEngine:
     """An :class:`Engine` whose clock is the wall clock since it became ready."""
 
-    def __init__(self, engine: Engine, model_name: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, engine: Engine, model_name: str, clock: Callable[[], float] = time.monotonic,
+                 limits: QueueLimits = QueueLimits()) -> None:
         self.engine = engine
         self.model_name = model_name
+        self.limits = limits
+        self.rejections = dict.fromkeys(REJECTION_REASONS, 0)
+        """Requests refused at admission, by the limit that refused them."""
         self.created = time.time()
         self._clock = clock
         self._start = clock()
@@ -99,14 +121,16 @@ class ServedEngine:
         self._streaming: dict[int, InFlight] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         info = dataclasses.replace(server_info(engine, self.created), model_name=model_name)
-        self.registry.register(VllmCollector(engine.snapshot, info))
+        self.registry.register(VllmCollector(engine.snapshot, info, rejections=self.rejections))
 
     def elapsed(self) -> float:
         return self._clock() - self._start
 
     def submit(self, prompt_tokens: int, output_tokens: int, *, stream: bool) -> InFlight:
         """Queue a request arriving now. Raises :class:`RequestError` for what
-        vLLM rejects (prompt plus output beyond ``max_model_len``)."""
+        vLLM rejects: 503 beyond a queue limit (:meth:`admit`), 400 for a
+        prompt plus output beyond ``max_model_len``."""
+        self.admit()
         try:
             rid = self.engine.submit(Request(self.elapsed(), prompt_tokens, output_tokens))
         except ValueError as exc:
@@ -116,6 +140,22 @@ class ServedEngine:
         if stream:
             self._streaming[rid] = flight
         return flight
+
+    def admit(self) -> None:
+        """Refuse a request arriving now, with 503, when the queue limits are reached; count it by the limit."""
+        limits, flights = self.limits, self._waiting.values()
+        if limits.max_num_queued_reqs is not None and len(flights) >= limits.max_num_queued_reqs:
+            reason, detail = "max_num_queued_reqs", f"{len(flights)} requests in flight"
+        elif limits.max_num_queued_tokens is not None and (prefilling := sum(
+                f.prompt_tokens for f in flights if not self.engine.tokens_generated(f.rid))) >= (
+                limits.max_num_queued_tokens):
+            reason, detail = "max_num_queued_tokens", f"{prefilling} prompt tokens waiting for their prefill"
+        else:
+            return
+        self.rejections[reason] += 1
+        limit = getattr(limits, reason)
+        raise RequestError(503, f"The server is at capacity: {detail} (--{reason.replace('_', '-')} {limit}). "
+                                "Retry later.", "ServiceUnavailableError")
 
     def forget(self, flight: InFlight) -> None:
         """The handler is done with ``flight``: stop reporting progress to it

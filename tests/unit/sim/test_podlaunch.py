@@ -6,6 +6,7 @@ import pytest
 
 from vllm_autotuner.sim.podlaunch import LaunchError, serving_port, vllm_launch
 from vllm_autotuner.sim.profiles import get_profile
+from vllm_autotuner.sim.serving import QueueLimits
 from vllm_autotuner.sim.startup import EngineConfig, check_startup
 
 H100, TP4 = get_profile("llama3-8b-h100"), get_profile("llama3-70b-h100-tp4")
@@ -80,6 +81,14 @@ def test_served_model_name_and_port():
     assert vllm_launch(container(args=["--max-num-seqs", "8"]), H100).served_model_name == H100.served_model_name
     assert serving_port(container(args=["--port=8123"])) == 8123
     assert serving_port(container(args=["--port", "x"])) == 8000
+
+
+def test_queue_limits_from_the_command_line():
+    limited = vllm_launch(container(args=["m", "--max-num-queued-reqs", "64", "--max_num_queued_tokens=20000"]), H100)
+    assert limited.limits == QueueLimits(max_num_queued_reqs=64, max_num_queued_tokens=20000)
+    assert vllm_launch(container(args=["m"]), H100).limits == QueueLimits()
+    with pytest.raises(LaunchError, match="argument --max-num-queued-reqs: invalid int value: 'many'"):
+        vllm_launch(container(args=["m", "--max-num-queued-reqs", "many"]), H100)
 
 
 @pytest.mark.parametrize(

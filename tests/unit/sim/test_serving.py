@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.unit.sim.helpers import noiseless
 from vllm_autotuner.sim.engine import Engine, EngineConfig
 from vllm_autotuner.sim.serving import (
+    QueueLimits,
     ServedEngine,
     app_runner,
     build_app,
@@ -39,10 +40,11 @@ class Clock:
 
 
 @asynccontextmanager
-async def serving(max_model_len: int | None = None) -> AsyncIterator[tuple[TestClient, ServedEngine, Clock]]:
+async def serving(max_model_len: int | None = None,
+                  limits: QueueLimits = QueueLimits()) -> AsyncIterator[tuple[TestClient, ServedEngine, Clock]]:
     clock = Clock()
     engine = Engine(noiseless("llama3-8b-h100"), EngineConfig(max_model_len=max_model_len), seed=0)
-    served = ServedEngine(engine, MODEL, clock=clock)
+    served = ServedEngine(engine, MODEL, clock=clock, limits=limits)
     async with TestClient(TestServer(build_app(served))) as client:
         yield client, served, clock
 
@@ -245,6 +247,55 @@ def test_metrics_models_health_and_shutdown() -> None:
             await asyncio.sleep(0.05)
             served.abort_all()
             assert (await pending).status == 503
+
+    run(scenario)
+
+
+def _rejections(text: str) -> dict[str, float]:
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "vllm:admission_rejections")
+    return {s.labels["reason"]: s.value for s in family.samples if s.name.endswith("_total")}
+
+
+def test_queue_limits_refuse_with_503_and_count_by_limit() -> None:
+    """--max-num-queued-reqs counts requests in flight, waiting or running; --max-num-queued-tokens the prompts of
+    those not past their prefill. A refused request never reaches the engine; the counter says which limit."""
+
+    async def scenario() -> None:
+        async with serving(limits=QueueLimits(max_num_queued_reqs=2)) as (client, served, clock):
+            posts = [asyncio.ensure_future(client.post("/v1/completions", json={"prompt": [1] * 100,
+                                                                               "max_tokens": 50}))
+                     for _ in range(2)]
+            await until(lambda: served.engine.num_waiting + served.engine.num_running == 2, "two are in flight")
+            refused = await client.post("/v1/completions", json={"prompt": [1] * 100, "max_tokens": 50})
+            assert refused.status == 503
+            error = (await refused.json())["error"]
+            assert error["type"] == "ServiceUnavailableError" and "--max-num-queued-reqs 2" in error["message"]
+            assert served.engine.num_waiting + served.engine.num_running == 2
+            for post in posts:
+                await run_until(served, clock, post)
+                assert (await post).status == 200
+            again = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": [1], "max_tokens": 5}))
+            await run_until(served, clock, again)
+            assert (await again).status == 200  # admitted once the others left
+            text = await (await client.get("/metrics")).text()
+            assert _rejections(text) == {"max_num_queued_reqs": 1, "max_num_queued_tokens": 0}
+
+        async with serving(limits=QueueLimits(max_num_queued_tokens=3000)) as (client, served, clock):
+            long = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": [1] * 3000,
+                                                                             "max_tokens": 400, "stream": True}))
+            await until(lambda: served.engine.num_waiting + served.engine.num_running == 1, "it is in flight")
+            refused = await client.post("/v1/completions", json={"prompt": [1], "max_tokens": 5})
+            assert refused.status == 503
+            assert "--max-num-queued-tokens 3000" in (await refused.json())["error"]["message"]
+            response = await long  # the stream's headers: the request is in flight
+            first = asyncio.ensure_future(response.content.readline())
+            await run_until(served, clock, first)  # its first token: its prefill is done
+            short = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": [1], "max_tokens": 5}))
+            await run_until(served, clock, short)
+            assert (await short).status == 200
+            response.close()
+            assert _rejections(await (await client.get("/metrics")).text()) == {
+                "max_num_queued_reqs": 0, "max_num_queued_tokens": 1}
 
     run(scenario)
 

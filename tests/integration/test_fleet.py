@@ -15,6 +15,7 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,10 @@ from tests.support import (
     wait_for,
 )
 
+from vllm_autotuner.api import SLO
+from vllm_autotuner.observe.client import Connection, PrometheusClient
+from vllm_autotuner.observe.queries import PodMatch, Selector
+from vllm_autotuner.observe.window import fetch_window, observe_target
 from vllm_autotuner.sim import localenv
 from vllm_autotuner.sim.fleet import FLEET_LABEL, LEASE_DURATION_S, LEASE_RENEW_S, NODE_LEASE_NAMESPACE
 
@@ -275,6 +280,44 @@ def test_requests_whose_clients_give_up_are_aborted(
 
     # Without the aborts the pod would work through its queue for over a minute more.
     wait_for(settled, 20, f"the pod to be idle with the {summary['ok']} answered requests counted")
+
+
+def test_a_queue_limit_refuses_requests_that_the_window_counts_as_load_and_ttft_misses(
+    cluster: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus
+) -> None:
+    """vLLM's ``--max-num-queued-reqs`` refuses what comes past it with 503 before the engine sees it, so no
+    latency histogram has those requests. Prometheus counts them (``vllm:admission_rejections_total``), and the
+    operator's window counts them as load and as TTFT samples beyond every target: a queue limit that keeps the
+    waiting short must not make an overload look served."""
+    api = Api(cluster, namespace)
+    api.create(vllm_deployment("limited", H100, ["--max-num-seqs", "1", "--max-num-queued-reqs", "2"], replicas=1))
+    (pod,) = wait_for(lambda: api.ready_pods("limited", 1), 90, "the pod")
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_autotuner.cli", "sim", "load", f"--kubeconfig={cluster.kubeconfig}",
+         f"--namespace={namespace}", "--deployment=limited", "--scenario=steady", "--mix=chat", "--rate=4",
+         "--duration=15", "--progress=5"],
+        capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.splitlines()[-1])
+    # one request at a time, about two seconds each, and two in flight at most: most of the 60 are refused
+    refused = summary["errors"].get("HTTP 503", 0)
+    assert refused > summary["sent"] // 2 and summary["ok"] + refused == summary["sent"], summary
+
+    client = PrometheusClient(Connection(url=prometheus.url))
+    promql = f'sum(vllm:admission_rejections_total{{namespace="{namespace}",reason="max_num_queued_reqs"}})'
+    wait_for(lambda: [r for r in client.query(promql, time.time()) if r.value == refused], 30,
+             f"Prometheus to count the {refused} refused requests")
+    name = pod.metadata.name
+    obs, why = observe_target(fetch_window(client, Selector(), 120, time.time()), namespace, PodMatch(names=(name,)),
+                              1, None, SLO(), False)
+    assert why is None and obs is not None, why
+    assert obs.refused_rate is not None and obs.request_rate is not None and obs.requests is not None
+    served = obs.requests / 120  # completed requests per second
+    assert obs.refused_rate > served > 0 and obs.request_rate == pytest.approx(obs.refused_rate + served)
+    # more than half the requests missed with no first token: the TTFT p95 lies past every bucket (vLLM's last
+    # finite bound, 2560 s, as histogram_quantile answers) and at most the served share is within the target
+    assert obs.ttft_seconds == 2560.0
+    assert obs.ttft_within_slo is not None and obs.ttft_within_slo <= served / obs.request_rate + 1e-9
 
 
 def test_a_stopped_fleet_reports_its_nodes_not_ready(cluster: Cluster, tmp_path) -> None:

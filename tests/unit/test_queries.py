@@ -7,6 +7,7 @@ import pytest
 from vllm_autotuner.observe.queries import (
     FAMILIES,
     FAMILY,
+    REFUSED,
     PodMatch,
     Selector,
     completed_requests,
@@ -14,6 +15,7 @@ from vllm_autotuner.observe.queries import (
     pod_matchers,
     quote,
     reach,
+    refused_requests,
 )
 
 
@@ -22,10 +24,13 @@ def test_batched_counter_groups_by_namespace_and_pod_with_user_matchers():
     assert q == '(sum by (namespace, pod) (rate(vllm:prompt_tokens_total{cluster="prod"}[300s])))'
 
 
-def test_requests_are_grouped_by_finished_reason_in_the_same_query():
-    # the load counts every finished request, the sample count the completed ones: one query answers both
+def test_requests_are_grouped_by_finished_reason_in_the_same_query_with_those_refused_at_admission():
+    # the load counts every finished request and every refused one, the sample count the completed ones: one query
+    # answers all three, the refusals (which have no finished_reason) labelled as such
     q = family_query(FAMILY["requests"], Selector(matchers=(("cluster", "prod"),)), 300)
-    assert q == '(sum by (namespace, pod, finished_reason) (rate(vllm:request_success_total{cluster="prod"}[300s])))'
+    assert q == ('(sum by (namespace, pod, finished_reason) (rate(vllm:request_success_total{cluster="prod"}[300s])))'
+                 ' or (label_replace(sum by (namespace, pod) (rate(vllm:admission_rejections_total{cluster="prod"}'
+                 '[300s])), "finished_reason", "refused", "", ""))')
     assert len(FAMILIES) == 22  # the query count per period the README and bench/results/scale.md state
 
 
@@ -33,6 +38,8 @@ def test_aborted_and_failed_requests_are_no_samples():
     # vLLM's finished reasons (vllm/v1/engine FINISH_REASON_STRINGS); abort and error end without a whole request
     rates = {"stop": 1.0, "length": 2.0, "abort": 4.0, "error": 8.0, "repetition": 16.0}
     assert completed_requests(rates) == 19.0
+    assert completed_requests({**rates, REFUSED: 32.0}) == 19.0 and refused_requests({**rates, REFUSED: 32.0}) == 32.0
+    assert refused_requests(rates) == 0.0  # a vLLM without queue limits has no such counter
     assert completed_requests({"": 3.0}) == 3.0  # a label relabelled away: counted, as before reasons were told apart
 
 

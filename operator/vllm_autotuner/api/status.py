@@ -125,7 +125,9 @@ class ObservedTraffic(StatusModel):
     pods: int = Field(ge=0)
     """Pods whose series were in the window."""
     request_rate: float
-    """Completed requests per second."""
+    """Requests per second that ended: finished (whatever the reason) or refused at admission."""
+    refused_requests_per_second: float | None = None
+    """Of them, refused at admission past vLLM's queue limits (--max-num-queued-reqs, -tokens): TTFT misses."""
     prompt_tokens_per_second: float
     """Prefill tokens per second."""
     generation_tokens_per_second: float

@@ -55,18 +55,28 @@ class Kind(StrEnum):
 #: engine aborted: vLLM V1 counts no request whose client went away, its output processor drops it unrecorded) and
 #: "error" (a request-level internal error, answered 500). Either may have no first token and has a cut e2e.
 UNFINISHED_REASONS = frozenset({"abort", "error"})
+#: The ``finished_reason`` the requests family gives the requests vLLM's API server refused at admission
+#: (``vllm:admission_rejections_total``, by a queue limit: ``--max-num-queued-reqs``, ``--max-num-queued-tokens``).
+#: They never reach the engine, so no latency histogram has them, but they were load, and missed every target.
+REFUSED = "refused"
 
 
 def completed_requests(by_reason: Mapping[str, float]) -> float:
     """Of requests counted by ``finished_reason``, those that completed (``stop``, ``length``, ``repetition``):
     the sample count the decision core asks a minimum of. A reason not named (a label dropped by relabelling)
     counts, as every request did before the reasons were told apart."""
-    return math.fsum(n for reason, n in by_reason.items() if reason not in UNFINISHED_REASONS)
+    return math.fsum(n for reason, n in by_reason.items() if reason not in UNFINISHED_REASONS and reason != REFUSED)
+
+
+def refused_requests(by_reason: Mapping[str, float]) -> float:
+    """Of requests counted by ``finished_reason``, those refused at admission (none from a vLLM without queue
+    limits, which has no such counter)."""
+    return by_reason.get(REFUSED, 0.0)
 
 
 @dataclass(frozen=True)
 class Part:
-    """A second answer from one RATE family's query: its rows grouped by ``label`` too, the family's key gets
+    """A further answer from one RATE family's query: its rows grouped by ``label`` too, the family's key gets
     their sum over every value of ``label`` and ``key`` what ``of`` makes of a pod's rates by value."""
 
     key: str
@@ -77,19 +87,33 @@ class Part:
 @dataclass(frozen=True)
 class Family:
     """One thing to fetch: a key the aggregation uses, how to aggregate, metric names newest first, then
-    other ways to the same answer for the pods those leave without one, and a part of it with a key of its own."""
+    other ways to the same answer for the pods those leave without one, parts of it with keys of their own (all
+    grouped by one label), and a counter of refused requests answered with them as that label's ``REFUSED``."""
 
     key: str
     kind: Kind
     metrics: tuple[str, ...]
     fallback: tuple[tuple[Kind, str], ...] = ()
-    part: Part | None = None
+    parts: tuple[Part, ...] = ()
+    refused: str | None = None
+
+    def __post_init__(self) -> None:
+        if len({part.label for part in self.parts}) > 1 or (self.refused is not None and not self.parts):
+            raise ValueError(f"family {self.key}: its parts and refused requests need one label to group by")
+
+    @property
+    def part_label(self) -> str | None:
+        """The label the family's rows are grouped by too, for its parts."""
+        return self.parts[0].label if self.parts else None
 
 
 FAMILIES: tuple[Family, ...] = (
-    # every finished request (the load) and, in the same query, the completed ones (the sample count)
+    # every request that ended (the load): finished, by finished_reason, or refused at admission; in the same query
+    # the completed ones (the sample count) and the refused ones
     Family("requests", Kind.RATE, ("vllm:request_success_total",),
-           part=Part("completed", "finished_reason", completed_requests)),
+           parts=(Part("completed", "finished_reason", completed_requests),
+                  Part("refused", "finished_reason", refused_requests)),
+           refused="vllm:admission_rejections_total"),
     Family("prompt_tokens", Kind.RATE, ("vllm:prompt_tokens_total",)),
     Family("generation_tokens", Kind.RATE, ("vllm:generation_tokens_total",)),
     Family("preemptions", Kind.RATE, ("vllm:num_preemptions_total",)),
@@ -245,11 +269,12 @@ def family_query(family: Family, selector: Selector, window_seconds: float, extr
     tuning at once; with a tuning's namespace and pod matchers it is the
     naive per-tuning query the scale benchmark compares against.
     """
-    by = f"{selector.namespace_label}, {selector.pod_label}"
+    pods = f"{selector.namespace_label}, {selector.pod_label}"
+    by = pods
     if family.kind is Kind.BUCKETS:
         by += ", le"
-    if family.part is not None:
-        by += f", {family.part.label}"
+    if family.part_label is not None:
+        by += f", {family.part_label}"
     every = [(k, "=", v) for k, v in selector.matchers] + list(extra)
     labels = _braces([f"{k}{op}{quote(v)}" for k, op, v in every])
     # namespace and pod come from the target's relabelling, so `up` has them too; other matchers may name labels
@@ -258,4 +283,9 @@ def family_query(family: Family, selector: Selector, window_seconds: float, extr
                        if k in (selector.namespace_label, selector.pod_label)])
     terms = [(family.kind, m) for m in family.metrics] + list(family.fallback)
     back = reach(window_seconds) if reach_seconds is None else reach_seconds
-    return " or ".join(f"({_expr(kind, m, labels, targets, window_seconds, back, by)})" for kind, m in terms)
+    exprs = [_expr(kind, m, labels, targets, window_seconds, back, by) for kind, m in terms]
+    if family.refused is not None and family.part_label is not None:
+        # the refusals have no such label: given one, their rows join the family's (their label sets differ)
+        exprs.append(f"label_replace(sum by ({pods}) (rate({family.refused}{labels}[{_window(window_seconds)}])), "
+                     f"{quote(family.part_label)}, {quote(REFUSED)}, \"\", \"\")")
+    return " or ".join(f"({expr})" for expr in exprs)

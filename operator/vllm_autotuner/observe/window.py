@@ -19,7 +19,10 @@ newest real sample, while its scrape target is there (``queries``), so the
 staleness limit, not the first failed scrape, decides when it stops
 counting. The sample count is the completed requests (``finished_reason``
 other than abort and error: ``queries.completed_requests``); the request
-rate, the load, counts every finished request.
+rate, the load, counts every finished request, and those vLLM's API server refused at
+admission (a queue limit), which also count in the TTFT quantile and share
+as samples beyond every target: no latency histogram has them, and a queue
+limit that keeps the waiting short would otherwise hide an overload.
 The newest server start among the target's pods (their ``_created`` gauges
 or, without them, the newest reset of their counters or the first sample of
 a series that began, either at most the settle time, and at least a window,
@@ -78,12 +81,13 @@ def fetch_window(client: PrometheusClient, selector: Selector, window_seconds: f
                 bound, buckets = float(row.labels.get("le", "nan")), per_pod[pod(row.labels)]
                 buckets[bound] = buckets.get(bound, 0.0) + row.value
             data.buckets[family.key] = dict(per_pod)
-        elif family.part is not None:  # grouped by the part's label too: the family is the sum over it
+        elif family.part_label is not None:  # grouped by the parts' label too: the family is the sum over it
             by_value: dict[PodKey, dict[str, float]] = defaultdict(dict)
             for row in rows:
-                by_value[pod(row.labels)][row.labels.get(family.part.label, "")] = row.value
+                by_value[pod(row.labels)][row.labels.get(family.part_label, "")] = row.value
             data.values[family.key] = {key: math.fsum(rates.values()) for key, rates in by_value.items()}
-            data.values[family.part.key] = {key: family.part.of(rates) for key, rates in by_value.items()}
+            for part in family.parts:
+                data.values[part.key] = {key: part.of(rates) for key, rates in by_value.items()}
         else:
             data.values[family.key] = {pod(row.labels): row.value for row in rows}
     return data
@@ -101,6 +105,10 @@ class _Histogram:
     def within(self, target: float) -> float | None:
         value = histogram_fraction_below(target, self.bounds, self.counts)
         return None if math.isnan(value) else value
+
+    def with_unanswered(self, rate: float) -> _Histogram:
+        """This histogram with ``rate`` more samples beyond its last bound: requests that never got an answer."""
+        return _Histogram(self.bounds, [*self.counts[:-1], self.counts[-1] + rate])
 
 
 def _summed_histogram(per_pod: dict[PodKey, dict[float, float]], pods: list[PodKey]) -> _Histogram | None:
@@ -173,7 +181,7 @@ def observe_target(
     n = len(pods)
     v = data.values
     rates = {key: _sum(v.get(key, {}), pods) for key in (
-        "requests", "completed", "prompt_tokens", "generation_tokens", "preemptions", "prompt_len_sum",
+        "requests", "completed", "refused", "prompt_tokens", "generation_tokens", "preemptions", "prompt_len_sum",
         "prompt_len_count", "output_len_sum", "output_len_count", "step_tokens_sum", "steps", "itl_sum", "itl_count",
         "running", "waiting", "kv_usage")}
     hist = {key: _summed_histogram(data.buckets.get(key, {}), pods)
@@ -184,6 +192,8 @@ def observe_target(
     started = v.get("started", {})
     starts = [started[p] for p in pods if p in started and math.isfinite(started[p])]
     ttft, itl, steps = hist["ttft"], hist["itl"], hist["step_tokens"]
+    if ttft is not None and rates["refused"]:  # a refused request has no first token: it missed any TTFT target
+        ttft = ttft.with_unanswered(rates["refused"])
     budget = None if config is None else float(config.max_num_batched_tokens)
     end = datetime.fromtimestamp(data.at, UTC)
     observation = Observation(
@@ -197,6 +207,7 @@ def observe_target(
         slo=slo,
         requests=None if rates["completed"] is None else rates["completed"] * data.window_seconds,
         request_rate=rates["requests"],
+        refused_rate=rates["refused"],
         prompt_tokens_rate=rates["prompt_tokens"],
         generation_tokens_rate=rates["generation_tokens"],
         ttft_seconds=ttft.quantile(slo.ttft.quantile) if ttft else None,

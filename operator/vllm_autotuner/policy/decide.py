@@ -190,6 +190,7 @@ def _observed(observation: Observation) -> ObservedTraffic:
         window_end=utc_timestamp(o.window_end),
         pods=o.pods or 0,
         request_rate=o.request_rate or 0.0,
+        refused_requests_per_second=o.refused_rate,
         prompt_tokens_per_second=o.prompt_tokens_rate or 0.0,
         generation_tokens_per_second=o.generation_tokens_rate or 0.0,
         ttft_seconds=o.ttft_seconds,

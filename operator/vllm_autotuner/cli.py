@@ -53,8 +53,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return asyncio.run(run(options))
 
 
-#: ``recommend``'s flags that describe a tuning, and their values when no manifest (-f) does.
-_RECOMMEND_SPEC_FLAGS = {"deployment": None, "ttft": 2.0, "itl": 0.1, "quantile": 0.95, "window": "5m"}
+#: ``recommend``'s flags that describe a tuning where no manifest (-f) does; one not given is the spec's default.
+_RECOMMEND_SPEC_FLAGS = ("deployment", "ttft", "itl", "quantile", "window")
 
 
 def _cmd_recommend(args: argparse.Namespace) -> int:
@@ -77,14 +77,14 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
                    if getattr(args, flag[2:]) is None]
         if missing:
             args.parser.error(f"give -f MANIFEST, or {', '.join(missing)}")
-        value = {name: default if getattr(args, name) is None else getattr(args, name)
-                 for name, default in _RECOMMEND_SPEC_FLAGS.items()}
-        namespace, spec = args.namespace, {
-            "targetRef": {"name": value["deployment"]},
-            "slo": {"ttft": {"quantile": value["quantile"], "seconds": value["ttft"]},
-                    "itl": {"quantile": value["quantile"], "seconds": value["itl"]}},
-            "traffic": {"window": value["window"]},
-        }
+        from vllm_autotuner.api import SLO
+
+        slo = SLO().model_dump()  # the targets a flag leaves alone
+        for name in ("ttft", "itl"):
+            given = {"seconds": getattr(args, name), "quantile": args.quantile}
+            slo[name].update({key: value for key, value in given.items() if value is not None})
+        window = {} if args.window is None else {"traffic": {"window": args.window}}
+        namespace, spec = args.namespace, {"targetRef": {"name": args.deployment}, "slo": slo, **window}
     try:
         report = asyncio.run(recommend(namespace, spec, args.prometheus))
     except ValidationError as exc:

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_autotuner.api import API_VERSION, KIND
+from vllm_autotuner.api import API_VERSION, KIND, SLO, LatencyTarget, TrafficSpec, VllmTuningSpec
 from vllm_autotuner.cli import main
+from vllm_autotuner.controller import recommend as recommend_module
 from vllm_autotuner.controller.recommend import read_manifest
 
 TUNING = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "chat"},
@@ -69,3 +70,46 @@ def test_without_a_manifest_the_deployment_and_prometheus_are_needed(capsys: pyt
     with pytest.raises(SystemExit):
         main(["recommend", "--namespace", "llm", "--ttft", "1"])
     assert "give -f MANIFEST, or --deployment, --prometheus" in capsys.readouterr().err
+
+
+class _Evaluated(Exception):
+    """Raised in place of the evaluation: the spec the flags made is all these tests look at."""
+
+
+@pytest.mark.parametrize(
+    ("flags", "ttft", "itl", "window"),
+    [
+        ([], SLO().ttft, SLO().itl, TrafficSpec().window),
+        (["--quantile", "0.9"], LatencyTarget(quantile=0.9, seconds=SLO().ttft.seconds),
+         LatencyTarget(quantile=0.9, seconds=SLO().itl.seconds), TrafficSpec().window),
+        (["--itl", "0.05", "--window", "10m"], SLO().ttft, LatencyTarget(quantile=SLO().itl.quantile, seconds=0.05),
+         "10m"),
+    ],
+)
+def test_the_flag_form_leaves_what_it_is_not_given_to_the_specs_defaults(
+        monkeypatch: pytest.MonkeyPatch, flags: list[str], ttft: LatencyTarget, itl: LatencyTarget,
+        window: str) -> None:
+    evaluated: list[VllmTuningSpec] = []
+
+    async def evaluate(namespace: str, spec: dict, prometheus_url: str | None) -> None:
+        evaluated.append(VllmTuningSpec.model_validate(spec))
+        raise _Evaluated
+
+    monkeypatch.setattr(recommend_module, "recommend", evaluate)
+    with pytest.raises(_Evaluated):
+        main(["recommend", "--namespace", "llm", "--deployment", "llama", "--prometheus", "http://p:9090", *flags])
+    (spec,) = evaluated
+    assert (spec.target_ref.name, spec.slo.ttft, spec.slo.itl, spec.traffic.window) == ("llama", ttft, itl, window)
+
+
+def test_the_flag_forms_help_names_the_specs_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["recommend", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    slo = SLO()
+    for default in (f"TTFT target in seconds (without -f; default {slo.ttft.seconds})",
+                    f"inter-token latency target in seconds (without -f; default {slo.itl.seconds})",
+                    f"SLO quantile (without -f; default {slo.ttft.quantile})",
+                    f"observation window (without -f; default {TrafficSpec().window})"):
+        assert default in text
+    assert slo.ttft.quantile == slo.itl.quantile  # one --quantile stands for both

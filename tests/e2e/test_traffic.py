@@ -12,6 +12,8 @@ PromQL of its own over the new pods.
 
 from __future__ import annotations
 
+import re
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from vllm_autotuner.sim import localenv
 pytestmark = pytest.mark.e2e
 
 TTFT_SLO, ITL_SLO = 1.0, 0.05
+WINDOW_DURATION = timedelta(seconds=int(WINDOW.removesuffix("s")))
 
 
 def settled_window(world: World, knobs: tuple[int, int]) -> dict[str, Any] | NotYet:
@@ -138,3 +141,45 @@ def test_long_prompts_breaching_the_itl_slo_at_a_large_budget_bring_the_budget_d
     itl = slo_quantiles(prometheus, namespace, f"{new.metadata.name}-", after["windowEnd"])["itl"]
     assert itl < breach["itlSeconds"], (itl, breach)
     assert knobs_of(world.template_args()) == (tokens, seqs)
+
+
+def test_requests_a_queue_limit_refuses_are_misses_the_operator_reports_and_does_not_chase(
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus,
+        operators: Operators, tmp_path: Path) -> None:
+    """vLLM's ``--max-num-queued-reqs`` keeps the queue short by refusing, with 503, what comes past it: the
+    requests answered wait little and meet both targets, and only the refusals show that 16 sequences a pod are too
+few for 12 requests a second.
+    The operator counts them as load and as misses (``status.observed.refusedRequestsPerSecond``, the attainment)
+    and says so, but changes nothing for them: more sequences cannot pass the limit (from 16 to 32 here, a change
+    the operator made while it took refusals for misses a lower TTFT would cure, the pods refused more, 18.6% of
+    the requests against 15.6%)."""
+    world = World(cluster_with_crd, namespace)
+    world.create_deployment(H100, [*knob_args(512, 16), "--max-num-queued-reqs", "18"], replicas=2)
+    world.create_tuning(tuning_spec(
+        world.name, slo={"ttft": {"seconds": TTFT_SLO}, "itl": {"seconds": ITL_SLO}},
+        bounds={"maxNumBatchedTokens": {"min": 512, "max": 8192}, "maxNumSeqs": {"min": 8, "max": 256}},
+        rollout={"cooldown": "10m"}))
+    operators.start()
+
+    def reported(since: datetime) -> dict[str, Any] | NotYet:
+        """The newest decision, once it holds naming the refusals at ``since`` or later (holds in a row share one
+        entry of the history, the latest)."""
+        newest = world.history()[-1]
+        if "refused at admission by vLLM's queue limits" in newest["reason"] and parse_time(newest["time"]) >= since:
+            return newest
+        return NotYet(f"newest decision: {newest}")
+
+    with Load(world, tmp_path, rate=24):
+        first = wait_for(lambda: reported(datetime.min.replace(tzinfo=timezone.utc)), 150, "a hold naming refusals")
+        # and it goes on holding for two windows more
+        held = wait_for(lambda: reported(parse_time(first["time"]) + 2 * WINDOW_DURATION), 90, "two windows more")
+        observed = world.status()["observed"]
+    now = re.search(r"now TTFT p95 ([\d.]+)s, ITL p95 (\d+)ms, attainment (\d+)% \((\d+)% of requests refused",
+                    held["reason"])
+    assert now is not None, held["reason"]
+    ttft, itl, attainment, refused = float(now[1]), float(now[2]) / 1000, int(now[3]) / 100, int(now[4]) / 100
+    # the answered requests met both targets; the refusals alone made the attainment low
+    assert ttft <= TTFT_SLO and itl <= ITL_SLO and refused > 0.1 and attainment <= 1 - refused + 0.01, held
+    assert held["action"] == "Hold" and observed["refusedRequestsPerSecond"] > 1, observed
+    assert observed["requestRate"] > 20 and observed["refusedRequestsPerSecond"] < observed["requestRate"], observed
+    assert "lastRollout" not in world.status() and world.deployment().metadata.generation == 1

@@ -274,7 +274,10 @@ class Measurement(StatusModel):
     prediction's discount, and after the second time it is not returned to: traffic that drifts while
     configs are compared must not make the policy oscillate."""
     request_rate: float = Field(ge=0)
-    """Completed requests per second per pod."""
+    """Requests per second per pod that ended: finished (whatever the reason) or refused at admission."""
+    refused_share: float | None = Field(default=None, ge=0, le=1)
+    """Share of them vLLM refused at admission, past its queue limits (--max-num-queued-reqs, -tokens): misses in
+    the attainment. A prediction for another config keeps it: nothing measured says what a change does to it."""
     generation_tokens_per_second: float = Field(ge=0)
     """Generated tokens per second per pod."""
     prompt_tokens_per_second: float = Field(ge=0)
@@ -284,7 +287,8 @@ class Measurement(StatusModel):
     mean_generation_tokens: float = Field(ge=0)
     """Mean output length."""
     attainment: float = Field(ge=0, le=1)
-    """Estimated share of requests within both latency targets (TTFT, and their own ITL at the ITL quantile)."""
+    """Estimated share of requests within both latency targets (TTFT, and their own ITL at the ITL quantile); a
+    request refused at admission is within neither."""
     ttft_within_slo: float | None = Field(default=None, ge=0, le=1)
     """Measured share of requests whose TTFT is within the target."""
     itl_within_slo: float | None = Field(default=None, ge=0, le=1)

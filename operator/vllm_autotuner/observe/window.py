@@ -20,11 +20,8 @@ staleness limit, not the first failed scrape, decides when it stops
 counting. The sample count is the completed requests (``finished_reason``
 other than abort and error: ``queries.completed_requests``); the request
 rate, the load, counts every finished request, and those vLLM's API server refused at
-admission (a queue limit), which also count in the share within the TTFT
-target, as misses: no latency histogram has them, and a queue limit that
-keeps the waiting short would otherwise hide an overload. The TTFT quantile
-stays that of the answered requests: the decision core extrapolates it from
-queueing and prefill, which a refusal's "beyond every bucket" would defeat.
+admission (a queue limit), which no latency histogram has: their rate goes
+to the decision core as such, which counts them as misses.
 The newest server start among the target's pods (their ``_created`` gauges
 or, without them, the newest reset of their counters or the first sample of
 a series that began, either at most the settle time, and at least a window,
@@ -108,9 +105,6 @@ class _Histogram:
         value = histogram_fraction_below(target, self.bounds, self.counts)
         return None if math.isnan(value) else value
 
-    def with_unanswered(self, rate: float) -> _Histogram:
-        """This histogram with ``rate`` more samples beyond its last bound: requests that never got an answer."""
-        return _Histogram(self.bounds, [*self.counts[:-1], self.counts[-1] + rate])
 
 
 def _summed_histogram(per_pod: dict[PodKey, dict[float, float]], pods: list[PodKey]) -> _Histogram | None:
@@ -194,9 +188,6 @@ def observe_target(
     started = v.get("started", {})
     starts = [started[p] for p in pods if p in started and math.isfinite(started[p])]
     ttft, itl, steps = hist["ttft"], hist["itl"], hist["step_tokens"]
-    offered = ttft  # the TTFT share of every request: a refused one has no first token, and missed any target
-    if ttft is not None and rates["refused"]:
-        offered = ttft.with_unanswered(rates["refused"])
     budget = None if config is None else float(config.max_num_batched_tokens)
     end = datetime.fromtimestamp(data.at, UTC)
     observation = Observation(
@@ -218,7 +209,7 @@ def observe_target(
         e2e_seconds=hist["e2e"].quantile(slo.ttft.quantile) if hist["e2e"] else None,
         queue_seconds=hist["queue"].quantile(slo.ttft.quantile) if hist["queue"] else None,
         itl_mean_seconds=_ratio(rates["itl_sum"], rates["itl_count"]),
-        ttft_within_slo=offered.within(slo.ttft.seconds) if offered else None,
+        ttft_within_slo=ttft.within(slo.ttft.seconds) if ttft else None,
         itl_within_slo=itl.within(slo.itl.seconds) if itl else None,
         running=_ratio(rates["running"], n),
         waiting=_ratio(rates["waiting"], n),

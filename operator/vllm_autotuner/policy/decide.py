@@ -157,12 +157,17 @@ def _measurement(observation: Observation, regime: str, slo: SLO) -> Measurement
     share = attainment(
         slo, ttft, itl, observation.ttft_within_slo, observation.itl_within_slo, observation.mean_generation_tokens or 0
     )
+    refused = None  # the latency histograms have only the answered requests: the refused ones are misses
+    if observation.refused_rate is not None and observation.request_rate:
+        refused = min(observation.refused_rate / observation.request_rate, 1.0)
+        share *= 1 - refused
     return Measurement(
         regime=regime,
         max_num_batched_tokens=observation.config.max_num_batched_tokens,
         max_num_seqs=observation.config.max_num_seqs,
         measured_at=utc_timestamp(observation.window_end),
         request_rate=per_pod(observation.request_rate),
+        refused_share=refused,
         generation_tokens_per_second=per_pod(observation.generation_tokens_rate),
         prompt_tokens_per_second=per_pod(observation.prompt_tokens_rate),
         mean_prompt_tokens=observation.mean_prompt_tokens or 0.0,
@@ -549,6 +554,9 @@ def _traffic_change(
         f"regime {base.regime}: now TTFT p{_pct(settings.slo.ttft.quantile)} {here.ttft_seconds:.2f}s, "
         f"ITL p{_pct(settings.slo.itl.quantile)} {here.itl_seconds * 1000:.0f}ms, attainment {here.attainment:.0%}"
     )
+    if base.refused_share:
+        summary += (f" ({base.refused_share:.0%} of requests refused at admission by vLLM's queue limits: these knobs "
+                    "are not expected to change that, more replicas or higher limits would)")
     if goal.knobs == current.knobs:
         return HoldReason.NO_BETTER_CONFIG, f"{summary}; no config expected to do better than {current.knobs}"
     basis = "measured" if goal.measured else f"predicted ({proposal.model.slope * 1e6:.1f}us per batched token)"

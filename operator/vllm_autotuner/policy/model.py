@@ -37,6 +37,9 @@ and numbers Prometheus gives:
   quantile and the measured share, shifted to the predicted quantile; a
   request is within the ITL target when few enough of its own gaps are
   slow, taken as binomial at the gaps' share (``request_itl_share``).
+  Requests vLLM refused at admission (a queue limit) are misses, and their
+  measured share is kept in every prediction: whether a config lets more
+  in depends on the limit, which no window measures.
 
 The model is deliberately simple: it only has to rank candidates and
 estimate the gain; every change is measured afterwards, measured configs
@@ -369,6 +372,8 @@ class Traffic:
         within += max(self.preempted_share(old) - self.preempted_share(knobs), 0.0) * (1 - within)
         if saturated:  # the queue grows without bound: over the regime's life, no request meets TTFT
             within = 0.0
+        # requests refused at admission stay refused: nothing measured says how many a change would let in
+        within *= 1 - (base.refused_share or 0.0)
         return Prediction(
             knobs=knobs,
             attainment=min(within, 1.0),

@@ -67,14 +67,14 @@ class Observation:
     refused_rate: float | None = None
     """Requests per second vLLM's API server refused at admission with 503, past a queue limit
     (``vllm:admission_rejections_total``: ``--max-num-queued-reqs``, ``--max-num-queued-tokens``); part of
-    ``request_rate``, and misses in ``ttft_within_slo`` (not in ``ttft_seconds``, the answered requests')."""
+    ``request_rate``, in no latency field. The decision core counts them as misses of both targets."""
     prompt_tokens_rate: float | None = None
     """Prefill tokens per second (vllm:prompt_tokens_total)."""
     generation_tokens_rate: float | None = None
     """Generated tokens per second (vllm:generation_tokens_total)."""
 
     ttft_seconds: float | None = None
-    """Time to first token at the SLO's TTFT quantile, of the requests answered."""
+    """Time to first token at the SLO's TTFT quantile."""
     itl_seconds: float | None = None
     """Inter-token latency at the SLO's ITL quantile."""
     e2e_seconds: float | None = None
@@ -84,8 +84,7 @@ class Observation:
     itl_mean_seconds: float | None = None
     """Mean inter-token latency (histogram sum over count): about the mean engine step time."""
     ttft_within_slo: float | None = None
-    """Share of requests whose TTFT is at or under the TTFT target, 0 to 1 (of those refused at admission too,
-    none of which is)."""
+    """Share of requests whose TTFT is at or under the TTFT target, 0 to 1."""
     itl_within_slo: float | None = None
     """Share of inter-token gaps (vllm:inter_token_latency_seconds) at or under the ITL target, 0 to 1."""
 

@@ -823,3 +823,22 @@ def test_a_window_that_only_overrides_the_slo_or_bounds_nested_in_a_preset_windo
     assert held.hold == HoldReason.SCHEDULE and held.knobs == knobs(16384, 512)
     assert held.state.active_schedule == "report-run" and held.state.resume_knobs == knobs(8192, 1024)
     assert effective_slo(the_spec, held.state, inside) == (the_spec.schedules[1].slo or the_spec.slo)
+
+
+def test_requests_refused_at_admission_are_misses_that_no_change_is_expected_to_let_in():
+    # long prompts served within both targets at 4096 tokens, a fifth of them refused by vLLM's queue limit
+    state = warmed(state=status(tokens=4096, seqs=256))
+    served = {"itl_seconds": 0.04, "itl_within_slo": 0.999, "step_tokens_quantile": 3900.0}
+    alone = decide(SPEC, state, long_prompt_window(state, SPEC, **served), T0)
+    refused = decide(SPEC, state, long_prompt_window(state, SPEC, refused_rate=0.2 * 13.0, **served), T0)
+    measured, without = refused.state.measurements[-1], alone.state.measurements[-1]
+    assert measured.refused_share == pytest.approx(0.2) and without.refused_share is None
+    assert measured.attainment == pytest.approx(0.8 * without.attainment)
+    assert refused.action == alone.action == DecisionAction.HOLD, refused.reason
+    assert "20% of requests refused at admission by vLLM's queue limits" in refused.reason
+    assert refused.state.observed.refused_requests_per_second == pytest.approx(2.6)
+
+
+def test_a_change_after_which_vllm_refuses_most_requests_is_a_regression():
+    decision = _judged_after({"refused_rate": 0.9 * 13.0}, (7, 12), 17)  # the same load, nine tenths refused
+    assert decision.action == DecisionAction.ROLLBACK and "regression" in decision.reason

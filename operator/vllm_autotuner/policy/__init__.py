@@ -46,7 +46,9 @@ Stable API
     requests is estimated from the share of all gaps within the target
     (``vllm:inter_token_latency_seconds``) and the mean output length
     (``model.request_itl_share``); the benchmark counts it request by
-    request.
+    request. A request vLLM refused at admission (``refused_rate``, part of
+    ``request_rate``, in no latency histogram) meets neither target, and no
+    change is predicted to admit it: its queue limit decides that.
 
 ``effective_slo(spec, state, now) -> SLO``
     The SLO (quantiles and targets) the observation must be computed for: a

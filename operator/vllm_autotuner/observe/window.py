@@ -19,9 +19,9 @@ newest real sample, while its scrape target is there (``queries``), so the
 staleness limit, not the first failed scrape, decides when it stops
 counting. The sample count is the completed requests (``finished_reason``
 other than abort and error: ``queries.completed_requests``); the request
-rate, the load, counts every finished request, and those vLLM's API server refused at
-admission (a queue limit), which no latency histogram has: their rate goes
-to the decision core as such, which counts them as misses.
+rate, the load, counts every finished request, and those vLLM's API server
+refused at admission (a queue limit), which no latency histogram has: their
+rate goes to the decision core as such, which counts them as misses.
 The newest server start among the target's pods (their ``_created`` gauges
 or, without them, the newest reset of their counters or the first sample of
 a series that began, either at most the settle time, and at least a window,
@@ -104,7 +104,6 @@ class _Histogram:
     def within(self, target: float) -> float | None:
         value = histogram_fraction_below(target, self.bounds, self.counts)
         return None if math.isnan(value) else value
-
 
 
 def _summed_histogram(per_pod: dict[PodKey, dict[float, float]], pods: list[PodKey]) -> _Histogram | None:

@@ -59,7 +59,8 @@ class Observation:
 
     requests: float | None = None
     """Completed requests in the window (increase of vllm:request_success_total, finished_reason stop, length or
-    repetition: not abort or error, which end without a whole request's latencies): the sample count."""
+    repetition: not abort or error, which end without a whole request's latencies, nor those refused at admission):
+    the sample count."""
     request_rate: float | None = None
     """Requests per second that ended, finished whatever their finished_reason or refused at admission: the load
     the pods were sent (aborted ones included, as in vLLM's request histograms the means of prompt and output

@@ -181,5 +181,6 @@ few for 12 requests a second.
     # the answered requests met both targets; the refusals alone made the attainment low
     assert ttft <= TTFT_SLO and itl <= ITL_SLO and refused > 0.1 and attainment <= 1 - refused + 0.01, held
     assert held["action"] == "Hold" and observed["refusedRequestsPerSecond"] > 1, observed
-    assert observed["requestRate"] > 20 and observed["refusedRequestsPerSecond"] < observed["requestRate"], observed
+    # the load offered, refused requests included: more than the 2 x 16 sequences serve (about 14 a second)
+    assert observed["requestRate"] > 16 and observed["refusedRequestsPerSecond"] < observed["requestRate"], observed
     assert "lastRollout" not in world.status() and world.deployment().metadata.generation == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from datetime import datetime, timedelta
 
 import pytest
@@ -842,3 +843,13 @@ def test_requests_refused_at_admission_are_misses_that_no_change_is_expected_to_
 def test_a_change_after_which_vllm_refuses_most_requests_is_a_regression():
     decision = _judged_after({"refused_rate": 0.9 * 13.0}, (7, 12), 17)  # the same load, nine tenths refused
     assert decision.action == DecisionAction.ROLLBACK and "regression" in decision.reason
+
+
+def test_a_window_with_refused_requests_still_gets_its_itl_fix_predicted_with_their_share_kept():
+    state = warmed()
+    alone = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
+    refused = decide(SPEC, state, long_prompt_window(state, SPEC, refused_rate=0.2 * 13.0), T0)
+    assert refused.action == alone.action == DecisionAction.CHANGE and refused.knobs == alone.knobs
+    predicted = [int(re.search(r"ITL \d+ms, attainment (\d+)%", d.reason.split("predicted")[1])[1]) / 100
+                 for d in (alone, refused)]
+    assert predicted[1] == pytest.approx(0.8 * predicted[0], abs=0.01), (alone.reason, refused.reason)

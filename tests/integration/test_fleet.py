@@ -282,13 +282,13 @@ def test_requests_whose_clients_give_up_are_aborted(
     wait_for(settled, 20, f"the pod to be idle with the {summary['ok']} answered requests counted")
 
 
-def test_a_queue_limit_refuses_requests_that_the_window_counts_as_load_and_ttft_misses(
+def test_a_queue_limit_refuses_requests_that_the_window_counts_as_load_in_no_latency_field(
     cluster: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus
 ) -> None:
     """vLLM's ``--max-num-queued-reqs`` refuses what comes past it with 503 before the engine sees it, so no
     latency histogram has those requests. Prometheus counts them (``vllm:admission_rejections_total``), and the
-    operator's window counts them as load and as TTFT misses: a queue limit that keeps the waiting short must not
-    make an overload look served."""
+    operator's window counts them as load, apart from the answered requests' latencies: the decision core counts
+    them as misses, so that a queue limit that keeps the waiting short does not make an overload look served."""
     api = Api(cluster, namespace)
     api.create(vllm_deployment("limited", H100, ["--max-num-seqs", "1", "--max-num-queued-reqs", "2"], replicas=1))
     (pod,) = wait_for(lambda: api.ready_pods("limited", 1), 90, "the pod")
@@ -314,9 +314,8 @@ def test_a_queue_limit_refuses_requests_that_the_window_counts_as_load_and_ttft_
     assert obs.refused_rate is not None and obs.request_rate is not None and obs.requests is not None
     served = obs.requests / 120  # completed requests per second
     assert obs.refused_rate > served > 0 and obs.request_rate == pytest.approx(obs.refused_rate + served)
-    # more than half the requests missed with no first token: at most the served share is within the TTFT target,
-    # whose quantile is the answered requests' (the refused ones' would lie past every bucket, at 2560 s)
-    assert obs.ttft_within_slo is not None and obs.ttft_within_slo <= served / obs.request_rate + 1e-9
+    # the latency fields are the answered requests' (a refused one has no first token: its TTFT would lie past every
+    # bucket, and the p95 of all requests at 2560 s); the decision core counts the refused ones as misses
     assert obs.ttft_seconds is not None and obs.ttft_seconds < 60
 
 

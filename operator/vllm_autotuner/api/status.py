@@ -127,7 +127,7 @@ class ObservedTraffic(StatusModel):
     request_rate: float
     """Requests per second that ended: finished (whatever the reason) or refused at admission."""
     refused_requests_per_second: float | None = None
-    """Of them, refused at admission past vLLM's queue limits (--max-num-queued-reqs, -tokens): TTFT misses."""
+    """Of them, refused at admission past vLLM's queue limits (--max-num-queued-reqs, -tokens): misses."""
     prompt_tokens_per_second: float
     """Prefill tokens per second."""
     generation_tokens_per_second: float

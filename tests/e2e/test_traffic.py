@@ -148,11 +148,11 @@ def test_requests_a_queue_limit_refuses_are_misses_the_operator_reports_and_does
         operators: Operators, tmp_path: Path) -> None:
     """vLLM's ``--max-num-queued-reqs`` keeps the queue short by refusing, with 503, what comes past it: the
     requests answered wait little and meet both targets, and only the refusals show that 16 sequences a pod are too
-few for 12 requests a second.
-    The operator counts them as load and as misses (``status.observed.refusedRequestsPerSecond``, the attainment)
-    and says so, but changes nothing for them: more sequences cannot pass the limit (from 16 to 32 here, a change
-    the operator made while it took refusals for misses a lower TTFT would cure, the pods refused more, 18.6% of
-    the requests against 15.6%)."""
+    few for 12 requests a second. The operator counts them as load and as misses
+    (``status.observed.refusedRequestsPerSecond``, the attainment) and says so, but changes nothing for them: more
+    sequences cannot pass the limit (at 9 requests a second a pod, from 16 to 32 sequences, a change the operator
+    made while it took refusals for misses a lower TTFT would cure, the pods refused more: 18.6% of the requests
+    against 15.6%)."""
     world = World(cluster_with_crd, namespace)
     world.create_deployment(H100, [*knob_args(512, 16), "--max-num-queued-reqs", "18"], replicas=2)
     world.create_tuning(tuning_spec(

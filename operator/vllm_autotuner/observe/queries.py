@@ -51,21 +51,21 @@ class Kind(StrEnum):
     FIRST_SEEN = "first_seen"  # gauge: timestamp of the first sample, if the series began within the reach
 
 
-#: ``finished_reason`` values of ``vllm:request_success_total`` that are not a completed request: "abort" (one the
-#: engine aborted: vLLM V1 counts no request whose client went away, its output processor drops it unrecorded) and
-#: "error" (a request-level internal error, answered 500). Either may have no first token and has a cut e2e.
-UNFINISHED_REASONS = frozenset({"abort", "error"})
 #: The ``finished_reason`` the requests family gives the requests vLLM's API server refused at admission
 #: (``vllm:admission_rejections_total``, by a queue limit: ``--max-num-queued-reqs``, ``--max-num-queued-tokens``).
 #: They never reach the engine, so no latency histogram has them, but they were load, and missed every target.
 REFUSED = "refused"
+#: ``finished_reason`` values that are not a completed request: "abort" (one the engine aborted: vLLM V1 counts no
+#: request whose client went away, its output processor drops it unrecorded) and "error" (a request-level internal
+#: error, answered 500), either of which may have no first token and has a cut e2e, and ``REFUSED``.
+NOT_COMPLETED = frozenset({"abort", "error", REFUSED})
 
 
 def completed_requests(by_reason: Mapping[str, float]) -> float:
     """Of requests counted by ``finished_reason``, those that completed (``stop``, ``length``, ``repetition``):
     the sample count the decision core asks a minimum of. A reason not named (a label dropped by relabelling)
     counts, as every request did before the reasons were told apart."""
-    return math.fsum(n for reason, n in by_reason.items() if reason not in UNFINISHED_REASONS and reason != REFUSED)
+    return math.fsum(n for reason, n in by_reason.items() if reason not in NOT_COMPLETED)
 
 
 def refused_requests(by_reason: Mapping[str, float]) -> float:
@@ -77,29 +77,31 @@ def refused_requests(by_reason: Mapping[str, float]) -> float:
 @dataclass(frozen=True)
 class Part:
     """A further answer from one RATE family's query: its rows grouped by ``label`` too, the family's key gets
-    their sum over every value of ``label`` and ``key`` what ``of`` makes of a pod's rates by value."""
+    their sum over every value of ``label`` and ``key`` what ``of`` makes of a pod's rates by value. A part with
+    a ``counter`` of its own (events the family's metrics do not count) has that counter's rate answered in the
+    same query, as the rows whose ``label`` is ``key``."""
 
     key: str
     label: str
     of: Callable[[Mapping[str, float]], float]
+    counter: str | None = None
 
 
 @dataclass(frozen=True)
 class Family:
-    """One thing to fetch: a key the aggregation uses, how to aggregate, metric names newest first, then
-    other ways to the same answer for the pods those leave without one, parts of it with keys of their own (all
-    grouped by one label), and a counter of refused requests answered with them as that label's ``REFUSED``."""
+    """One thing to fetch: a key the aggregation uses, how to aggregate, metric names newest first, then other ways
+    to the same answer for the pods those leave without one, and parts of it with keys of their own (all grouped by
+    one label)."""
 
     key: str
     kind: Kind
     metrics: tuple[str, ...]
     fallback: tuple[tuple[Kind, str], ...] = ()
     parts: tuple[Part, ...] = ()
-    refused: str | None = None
 
     def __post_init__(self) -> None:
-        if len({part.label for part in self.parts}) > 1 or (self.refused is not None and not self.parts):
-            raise ValueError(f"family {self.key}: its parts and refused requests need one label to group by")
+        if len({part.label for part in self.parts}) > 1:
+            raise ValueError(f"family {self.key}: its parts need one label to group by")
 
     @property
     def part_label(self) -> str | None:
@@ -112,8 +114,7 @@ FAMILIES: tuple[Family, ...] = (
     # the completed ones (the sample count) and the refused ones
     Family("requests", Kind.RATE, ("vllm:request_success_total",),
            parts=(Part("completed", "finished_reason", completed_requests),
-                  Part("refused", "finished_reason", refused_requests)),
-           refused="vllm:admission_rejections_total"),
+                  Part(REFUSED, "finished_reason", refused_requests, "vllm:admission_rejections_total"))),
     Family("prompt_tokens", Kind.RATE, ("vllm:prompt_tokens_total",)),
     Family("generation_tokens", Kind.RATE, ("vllm:generation_tokens_total",)),
     Family("preemptions", Kind.RATE, ("vllm:num_preemptions_total",)),
@@ -284,8 +285,9 @@ def family_query(family: Family, selector: Selector, window_seconds: float, extr
     terms = [(family.kind, m) for m in family.metrics] + list(family.fallback)
     back = reach(window_seconds) if reach_seconds is None else reach_seconds
     exprs = [_expr(kind, m, labels, targets, window_seconds, back, by) for kind, m in terms]
-    if family.refused is not None and family.part_label is not None:
-        # the refusals have no such label: given one, their rows join the family's (their label sets differ)
-        exprs.append(f"label_replace(sum by ({pods}) (rate({family.refused}{labels}[{_window(window_seconds)}])), "
-                     f"{quote(family.part_label)}, {quote(REFUSED)}, \"\", \"\")")
+    for part in family.parts:
+        if part.counter is not None:
+            # the counter has no such label: given one, its rows join the family's (their label sets differ)
+            exprs.append(f"label_replace(sum by ({pods}) (rate({part.counter}{labels}[{_window(window_seconds)}])), "
+                         f"{quote(part.label)}, {quote(part.key)}, \"\", \"\")")
     return " or ".join(f"({expr})" for expr in exprs)

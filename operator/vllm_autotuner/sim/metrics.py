@@ -7,10 +7,10 @@ bounds, including the ``_created`` gauges prometheus-client adds, so the
 operator's queries and the Prometheus recording rules written against a real
 vLLM work unchanged. Families that exist in vLLM but describe features the
 simulator does not have (multi-modal cache, KV transfer between instances,
-sleep mode, finish reasons other than ``length``) are served with vLLM's
-labels and the values an idle feature has (zero, or "awake"), because a
-real server exports them that way too. Queue-limit rejections are counted
-where the API server gives them (``rejections``: ``sim.serving``), zero
+finish reasons other than ``length``) are served with vLLM's labels and the
+values an idle feature has (zero), because a real server exports them that
+way too. Queue-limit rejections and the sleep level are what the API server
+gives (``rejections``, ``sleep_level``: ``sim.serving``), zero and awake
 elsewhere.
 
 ``old_names=True`` serves an older vLLM (0.8-0.9): the KV usage gauge as
@@ -189,15 +189,17 @@ class VllmCollector(Collector):
     ``source`` is called at every scrape; the snapshot carries counters and
     histograms since the engine started and the gauges of now. ``rejections``
     counts the requests the API server refused at admission, by
-    ``REJECTION_REASONS`` (none counted where it is not given).
+    ``REJECTION_REASONS`` (none counted where it is not given);
+    ``sleep_level()`` is the engine's sleep level (0 awake, where not given).
     """
 
     def __init__(self, source: Callable[[], MetricsSnapshot], info: ServerInfo, *, old_names: bool = False,
-                 rejections: Mapping[str, int] | None = None) -> None:
+                 rejections: Mapping[str, int] | None = None, sleep_level: Callable[[], int] | None = None) -> None:
         self._source = source
         self._info = info
         self._old_names = old_names
         self._rejections = rejections
+        self._sleep_level = sleep_level
 
     def describe(self) -> list[Metric]:
         """Nothing: registering must not call ``source`` before the engine runs."""
@@ -205,6 +207,7 @@ class VllmCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self._source()
+        level = self._sleep_level() if self._sleep_level else 0
         counters, gauges = snap.counters, snap.gauges
         for name, help_text, key in _COUNTERS:
             yield self._counter(name, help_text, counters[key])
@@ -225,7 +228,7 @@ class VllmCollector(Collector):
             "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
             "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
             "sleep_state",
-            {"awake": 1, "weights_offloaded": 0, "discard_all": 0},
+            dict(zip(("awake", "weights_offloaded", "discard_all"), (int(level == n) for n in range(3)))),
         )
         yield self._gauge(
             *self._name("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),

@@ -52,6 +52,9 @@ class VllmLaunch:
     port: int
     limits: QueueLimits = QueueLimits()
     """The API server's admission limits (``--max-num-queued-reqs``, ``--max-num-queued-tokens``)."""
+    sleep_mode: bool = False
+    """Whether it takes sleep and wake-up calls: ``--enable-sleep-mode``, and ``VLLM_SERVER_DEV_MODE`` a non-zero
+    integer in the container's environment (vLLM serves /sleep, /wake_up and /is_sleeping only in dev mode)."""
 
 
 def serving_port(container: dict[str, Any]) -> int:
@@ -125,7 +128,21 @@ def vllm_launch(container: dict[str, Any], profile: Profile) -> VllmLaunch:
     served = cmd.get("served-model-name")
     name = served.value if served is not None and served.value else cmd.model() or profile.served_model_name
     limits = QueueLimits(_int(cmd, "max-num-queued-reqs"), _int(cmd, "max-num-queued-tokens"))
-    return VllmLaunch(config=config, served_model_name=name, port=_int(cmd, "port") or DEFAULT_PORT, limits=limits)
+    sleep_mode = bool(cmd.get_bool("enable-sleep-mode")) and _dev_mode(container)
+    return VllmLaunch(config=config, served_model_name=name, port=_int(cmd, "port") or DEFAULT_PORT, limits=limits,
+                      sleep_mode=sleep_mode)
+
+
+def _dev_mode(container: dict[str, Any]) -> bool:
+    """``VLLM_SERVER_DEV_MODE`` as vLLM reads it (``bool(int(value))``) from a literal value of the container's
+    ``env``; one from a ConfigMap or Secret is not resolved here, and counts as unset."""
+    for var in container.get("env") or []:
+        if var.get("name") == "VLLM_SERVER_DEV_MODE":
+            try:
+                return bool(int(var.get("value") or "0"))
+            except ValueError:
+                return False
+    return False
 
 
 def _int(cmd: CommandLine, name: str) -> int | None:

@@ -292,7 +292,8 @@ class PodRunner:
     async def _serve(self, launch: VllmLaunch) -> None:
         seed = zlib.crc32(f"{self.ctx.seed}/{self.key}".encode())
         engine = Engine(self.node.profile, launch.config, seed=seed)
-        self._served = ServedEngine(engine, launch.served_model_name, limits=launch.limits)
+        self._served = ServedEngine(engine, launch.served_model_name, limits=launch.limits,
+                                    sleep_mode=launch.sleep_mode)
         self._server = app_runner(self._served, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await self._server.setup()
         assert self._sock is not None

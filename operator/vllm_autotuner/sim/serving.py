@@ -35,6 +35,15 @@ to ``--max-num-queued-tokens`` (:class:`QueueLimits`), and counts it in
 ``vllm:admission_rejections_total`` by the limit that refused it. Such a
 request never shows in the request counters or latency histograms.
 
+Sleep mode: a server started with ``--enable-sleep-mode`` and
+``VLLM_SERVER_DEV_MODE=1`` (vLLM serves these routes only in dev mode) takes
+``POST /sleep?level=1|2``, ``POST /wake_up`` and ``GET /is_sleeping``, and its
+``vllm:engine_sleep_state`` says the level. A sleeping engine processes
+nothing: here the requests in flight when it falls asleep fail (level 1 and
+2 both discard the KV cache) and those sent while it sleeps are refused with
+503, which is the simulator's choice (vLLM leaves it to the router not to
+send them).
+
 Not modelled: prefix sharing between text prompts (no hashing: prefix-cache
 hits stay zero), several prompts or choices per request.
 """
@@ -100,7 +109,8 @@ class InFlight:
     produced: int = 0
     """Output tokens the engine has produced so far."""
     finished: FinishedRequest | None = None
-    aborted: bool = False
+    aborted: str | None = None
+    """Why the server dropped it unfinished (answered 503)."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -108,12 +118,16 @@ class ServedEngine:
     """An :class:`Engine` whose clock is the wall clock since it became ready."""
 
     def __init__(self, engine: Engine, model_name: str, clock: Callable[[], float] = time.monotonic,
-                 limits: QueueLimits = QueueLimits()) -> None:
+                 limits: QueueLimits = QueueLimits(), sleep_mode: bool = False) -> None:
         self.engine = engine
         self.model_name = model_name
         self.limits = limits
         self.rejections = dict.fromkeys(REJECTION_REASONS, 0)
         """Requests refused at admission, by the limit that refused them."""
+        self.sleep_mode = sleep_mode
+        """Whether it takes sleep and wake-up calls (:func:`build_app` serves their routes)."""
+        self.sleep_level = 0
+        """0 awake; 1 asleep with the weights offloaded, 2 with them discarded."""
         self.created = time.time()
         self._clock = clock
         self._start = clock()
@@ -121,7 +135,8 @@ class ServedEngine:
         self._streaming: dict[int, InFlight] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         info = dataclasses.replace(server_info(engine, self.created), model_name=model_name)
-        self.registry.register(VllmCollector(engine.snapshot, info, rejections=self.rejections))
+        self.registry.register(VllmCollector(engine.snapshot, info, rejections=self.rejections,
+                                             sleep_level=lambda: self.sleep_level))
 
     def elapsed(self) -> float:
         return self._clock() - self._start
@@ -129,7 +144,9 @@ class ServedEngine:
     def submit(self, prompt_tokens: int, output_tokens: int, *, stream: bool) -> InFlight:
         """Queue a request arriving now. Raises :class:`RequestError` for what
         vLLM rejects: 503 beyond a queue limit (:meth:`admit`), 400 for a
-        prompt plus output beyond ``max_model_len``."""
+        prompt plus output beyond ``max_model_len``, 503 while asleep."""
+        if self.sleep_level:
+            raise RequestError(503, "The engine is sleeping: wake it with POST /wake_up.", "ServiceUnavailableError")
         self.admit()
         try:
             rid = self.engine.submit(Request(self.elapsed(), prompt_tokens, output_tokens))
@@ -163,7 +180,7 @@ class ServedEngine:
         engine."""
         self._waiting.pop(flight.rid, None)
         self._streaming.pop(flight.rid, None)
-        if flight.finished is None and not flight.aborted:
+        if flight.finished is None and flight.aborted is None:
             self.engine.abort(flight.rid)
 
     def tick(self) -> None:
@@ -180,13 +197,24 @@ class ServedEngine:
                 flight.produced = count
                 flight.changed.set()
 
-    def abort_all(self) -> None:
-        """The server shuts down: every waiting request fails."""
+    def abort_all(self, why: str = "the server is shutting down") -> None:
+        """Every waiting request fails, ``why``."""
         for flight in self._waiting.values():
-            flight.aborted = True
+            flight.aborted = why
             flight.changed.set()
         self._waiting.clear()
         self._streaming.clear()
+
+    def sleep(self, level: int) -> None:
+        """vLLM's sleep mode: the engine frees its GPU memory (the KV cache, and at level 1 offloads the weights,
+        at 2 discards them) and processes nothing until :meth:`wake_up`."""
+        for rid in self._waiting:
+            self.engine.abort(rid)
+        self.abort_all("the engine fell asleep")
+        self.sleep_level = level
+
+    def wake_up(self) -> None:
+        self.sleep_level = 0
 
     @property
     def max_model_len(self) -> int:
@@ -240,6 +268,10 @@ def build_app(served: ServedEngine) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat_completions)
+    if served.sleep_mode:
+        app.router.add_post("/sleep", _sleep)
+        app.router.add_post("/wake_up", _wake_up)
+        app.router.add_get("/is_sleeping", _is_sleeping)
     return app
 
 
@@ -272,6 +304,23 @@ async def _models(request: web.Request) -> web.Response:
     model = {"id": served.model_name, "object": "model", "created": int(served.created), "owned_by": "vllm",
              "root": served.model_name, "parent": None, "max_model_len": served.max_model_len, "permission": []}
     return web.json_response({"object": "list", "data": [model]})
+
+
+async def _sleep(request: web.Request) -> web.Response:
+    level = request.query.get("level", "1")
+    if level not in ("1", "2"):
+        return RequestError(400, f"sleep level must be 1 or 2, not {level!r}", param="level").response()
+    request.app[SERVED].sleep(int(level))
+    return web.Response(status=200)
+
+
+async def _wake_up(request: web.Request) -> web.Response:
+    request.app[SERVED].wake_up()
+    return web.Response(status=200)
+
+
+async def _is_sleeping(request: web.Request) -> web.Response:
+    return web.json_response({"is_sleeping": bool(request.app[SERVED].sleep_level)})
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
@@ -309,11 +358,11 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
         if stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return await reply.stream(request, include_usage)
-        while flight.finished is None and not flight.aborted:
+        while flight.finished is None and flight.aborted is None:
             await flight.changed.wait()
             flight.changed.clear()
-        if flight.aborted:
-            return RequestError(503, "the server is shutting down", "ServiceUnavailableError").response()
+        if flight.aborted is not None:
+            return RequestError(503, flight.aborted, "ServiceUnavailableError").response()
         return web.json_response(reply.whole())
     finally:
         served.forget(flight)
@@ -367,10 +416,10 @@ class _Reply:
         await response.prepare(request)
         flight, sent = self.flight, 0
         while sent < flight.output_tokens:
-            while flight.produced <= sent and not flight.aborted:
+            while flight.produced <= sent and flight.aborted is None:
                 await flight.changed.wait()
                 flight.changed.clear()
-            if flight.aborted:
+            if flight.aborted is not None:
                 break  # the connection closes without [DONE], as when vLLM goes away
             chunks = [self.role_chunk()] if self.chat and sent == 0 else []
             chunks += [self.chunk(i) for i in range(sent, flight.produced)]

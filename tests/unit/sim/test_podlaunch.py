@@ -134,3 +134,15 @@ def test_infeasible_budget_on_l4_is_left_to_the_start_up_check():
     launch = vllm_launch(container(args=["m", "--max-num-batched-tokens", "65536", "--max-num-seqs", "256"]), l4)
     outcome = check_startup(l4, launch.config)
     assert not outcome.ok and "No available memory for the cache blocks" in (outcome.error or "")
+
+
+@pytest.mark.parametrize(("args", "env", "sleep_mode"), [
+    (["m", "--enable-sleep-mode"], [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}], True),
+    (["m", "--enable-sleep-mode"], [], False),  # vLLM serves the sleep routes in dev mode only
+    (["m", "--enable-sleep-mode"], [{"name": "VLLM_SERVER_DEV_MODE", "value": "0"}], False),
+    (["m", "--enable-sleep-mode"], [{"name": "VLLM_SERVER_DEV_MODE", "valueFrom": {"configMapKeyRef": {}}}], False),
+    (["m", "--enable-sleep-mode", "--no-enable-sleep-mode"], [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}], False),
+    (["m"], [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}], False),  # no sleep mode to enter
+])
+def test_sleep_mode_needs_the_flag_and_the_dev_mode(args, env, sleep_mode):
+    assert vllm_launch(container(args=args, env=env), H100).sleep_mode is sleep_mode

@@ -40,11 +40,11 @@ class Clock:
 
 
 @asynccontextmanager
-async def serving(max_model_len: int | None = None,
-                  limits: QueueLimits = QueueLimits()) -> AsyncIterator[tuple[TestClient, ServedEngine, Clock]]:
+async def serving(max_model_len: int | None = None, limits: QueueLimits = QueueLimits(),
+                  sleep_mode: bool = False) -> AsyncIterator[tuple[TestClient, ServedEngine, Clock]]:
     clock = Clock()
     engine = Engine(noiseless("llama3-8b-h100"), EngineConfig(max_model_len=max_model_len), seed=0)
-    served = ServedEngine(engine, MODEL, clock=clock, limits=limits)
+    served = ServedEngine(engine, MODEL, clock=clock, limits=limits, sleep_mode=sleep_mode)
     async with TestClient(TestServer(build_app(served))) as client:
         yield client, served, clock
 
@@ -296,6 +296,42 @@ def test_queue_limits_refuse_with_503_and_count_by_limit() -> None:
             response.close()
             assert _rejections(await (await client.get("/metrics")).text()) == {
                 "max_num_queued_reqs": 0, "max_num_queued_tokens": 1}
+
+    run(scenario)
+
+
+def _sleep_state(text: str) -> dict[str, float]:
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "vllm:engine_sleep_state")
+    return {s.labels["sleep_state"]: s.value for s in family.samples}
+
+
+def test_a_sleeping_engine_says_so_fails_what_was_in_flight_and_refuses_requests_until_woken() -> None:
+    async def scenario() -> None:
+        async with serving() as (client, served, clock):
+            assert (await client.post("/sleep")).status == 404  # no sleep mode: vLLM has no such route
+            assert _sleep_state(await (await client.get("/metrics")).text()) == {
+                "awake": 1, "weights_offloaded": 0, "discard_all": 0}
+        async with serving(sleep_mode=True) as (client, served, clock):
+            pending = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": [1], "max_tokens": 500}))
+            await until(lambda: served.engine.num_waiting + served.engine.num_running == 1, "it is in flight")
+            assert (await client.post("/sleep", params={"level": "3"})).status == 400
+            assert (await client.post("/sleep", params={"level": "2"})).status == 200
+            failed = await pending
+            assert failed.status == 503 and "fell asleep" in (await failed.json())["error"]["message"]
+            assert served.engine.num_waiting + served.engine.num_running == 0
+            assert await (await client.get("/is_sleeping")).json() == {"is_sleeping": True}
+            assert _sleep_state(await (await client.get("/metrics")).text()) == {
+                "awake": 0, "weights_offloaded": 0, "discard_all": 1}
+            refused = await client.post("/v1/completions", json={"prompt": [1], "max_tokens": 5})
+            assert refused.status == 503 and "/wake_up" in (await refused.json())["error"]["message"]
+            assert (await client.post("/sleep")).status == 200  # level 1 by default
+            assert _sleep_state(await (await client.get("/metrics")).text())["weights_offloaded"] == 1
+            assert (await client.post("/wake_up")).status == 200
+            assert await (await client.get("/is_sleeping")).json() == {"is_sleeping": False}
+            served_again = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": [1], "max_tokens": 5}))
+            await run_until(served, clock, served_again)
+            assert (await served_again).status == 200
+            assert _sleep_state(await (await client.get("/metrics")).text())["awake"] == 1
 
     run(scenario)
 

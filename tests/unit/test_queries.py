@@ -31,7 +31,18 @@ def test_requests_are_grouped_by_finished_reason_in_the_same_query_with_those_re
     assert q == ('(sum by (namespace, pod, finished_reason) (rate(vllm:request_success_total{cluster="prod"}[300s])))'
                  ' or (label_replace(sum by (namespace, pod) (rate(vllm:admission_rejections_total{cluster="prod"}'
                  '[300s])), "finished_reason", "refused", "", ""))')
-    assert len(FAMILIES) == 22  # the query count per period the README and bench/results/scale.md state
+    assert len(FAMILIES) == 23  # the query count per period the README states
+
+
+def test_the_engines_sleep_state_is_the_share_of_the_window_each_pod_was_awake():
+    # vllm:engine_sleep_state has a series per state (awake, weights_offloaded, discard_all), each 0 or 1: the
+    # awake one's mean over the window is below 1 for a pod whose engine slept in it; after the user's matchers
+    selector = Selector(matchers=(("cluster", "prod"),))
+    extra = pod_matchers(selector, "llm", PodMatch(("llama-abc-",)))
+    assert family_query(FAMILY["awake"], selector, 300, extra) == (
+        '(sum by (namespace, pod) (avg_over_time(vllm:engine_sleep_state{cluster="prod",namespace="llm",'
+        'pod=~"(llama-abc-.*)",sleep_state="awake"}[300s])))'
+    )
 
 
 def test_aborted_and_failed_requests_are_no_samples():

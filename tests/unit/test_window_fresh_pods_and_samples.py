@@ -66,6 +66,18 @@ def test_the_sample_count_is_the_completed_requests_and_the_rate_every_finished_
     assert obs.requests == pytest.approx(250.0)  # 2.5 completed per second over the 100 s window
 
 
+def test_pods_whose_engine_slept_in_the_window_are_counted_and_unknown_without_the_gauge():
+    data = window()
+    obs, _ = observe_target(data, "llm", CURRENT, 2, KNOBS, SLO_, False)
+    assert obs is not None and obs.asleep_pods is None  # a vLLM without vllm:engine_sleep_state
+    data.values["awake"] = {A: 1.0, B: 0.75, OTHER: 0.0}  # B slept through a quarter of the window
+    obs, _ = observe_target(data, "llm", CURRENT, 2, KNOBS, SLO_, False)
+    assert obs is not None and obs.asleep_pods == 1
+    data.values["awake"][B] = 1.0
+    obs, _ = observe_target(data, "llm", CURRENT, 2, KNOBS, SLO_, False)
+    assert obs is not None and obs.asleep_pods == 0
+
+
 class _Prometheus:
     """Answers the requests family with one row per finished reason, as vLLM exports them; nothing else."""
 

@@ -89,15 +89,16 @@ class Part:
 
 @dataclass(frozen=True)
 class Family:
-    """One thing to fetch: a key the aggregation uses, how to aggregate, metric names newest first, then other ways
-    to the same answer for the pods those leave without one, and parts of it with keys of their own (all grouped by
-    one label)."""
+    """One thing to fetch: a key the aggregation uses, how to aggregate, metric names newest first (their series
+    those with the labels ``match``), then other ways to the same answer for the pods those leave without one,
+    and parts of it with keys of their own (all grouped by one label)."""
 
     key: str
     kind: Kind
     metrics: tuple[str, ...]
     fallback: tuple[tuple[Kind, str], ...] = ()
     parts: tuple[Part, ...] = ()
+    match: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if len({part.label for part in self.parts}) > 1:
@@ -129,6 +130,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("running", Kind.AVERAGE, ("vllm:num_requests_running",)),
     Family("waiting", Kind.AVERAGE, ("vllm:num_requests_waiting",)),
     Family("kv_usage", Kind.AVERAGE, ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
+    # the share of the window a pod's engine was awake (1 but in vLLM's sleep mode); none from a vLLM without the gauge
+    Family("awake", Kind.AVERAGE, ("vllm:engine_sleep_state",), match=(("sleep_state", "awake"),)),
     Family("ttft", Kind.BUCKETS, ("vllm:time_to_first_token_seconds_bucket",)),
     Family("itl", Kind.BUCKETS, ("vllm:inter_token_latency_seconds_bucket", "vllm:time_per_output_token_seconds_bucket")),
     Family("e2e", Kind.BUCKETS, ("vllm:e2e_request_latency_seconds_bucket",)),
@@ -277,7 +280,7 @@ def family_query(family: Family, selector: Selector, window_seconds: float, extr
     if family.part_label is not None:
         by += f", {family.part_label}"
     every = [(k, "=", v) for k, v in selector.matchers] + list(extra)
-    labels = _braces([f"{k}{op}{quote(v)}" for k, op, v in every])
+    labels = _braces([f"{k}{op}{quote(v)}" for k, op, v in every + [(k, "=", v) for k, v in family.match]])
     # namespace and pod come from the target's relabelling, so `up` has them too; other matchers may name labels
     # of the vLLM series alone (model_name, engine) or that metric relabelling adds, and would match no `up`
     targets = _braces([f"{k}{op}{quote(v)}" for k, op, v in every

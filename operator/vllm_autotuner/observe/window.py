@@ -27,7 +27,9 @@ or, without them, the newest reset of their counters or the first sample of
 a series that began, either at most the settle time, and at least a window,
 before the window: ``queries.reach``)
 goes into the Observation as is; whether a restart in or just before the
-window makes it unfit is the decision core's call. A step's tokens at the
+window makes it unfit is the decision core's call. So do the pods whose
+engine slept in some of the window (vLLM's sleep mode: the awake state of
+``vllm:engine_sleep_state`` below 1 on average), which no change may wake. A step's tokens at the
 ITL quantile are capped at the token budget, which no step computes more
 than (vLLM counts a chunked prompt whole in the step that finishes it), and
 are the budget where the quantile lies past the last bucket: vLLM's end at
@@ -186,6 +188,7 @@ def observe_target(
     age = sorted(ages.values())[max(ready_pods, 1) - 1]
     started = v.get("started", {})
     starts = [started[p] for p in pods if p in started and math.isfinite(started[p])]
+    awake = [v["awake"][p] for p in pods if p in v.get("awake", {})]
     ttft, itl, steps = hist["ttft"], hist["itl"], hist["step_tokens"]
     budget = None if config is None else float(config.max_num_batched_tokens)
     end = datetime.fromtimestamp(data.at, UTC)
@@ -197,6 +200,7 @@ def observe_target(
         rollout_in_progress=rollout_in_progress,
         data_age_seconds=age,
         started_at=datetime.fromtimestamp(max(starts), UTC) if starts else None,
+        asleep_pods=sum(share < 1.0 for share in awake) if awake else None,
         slo=slo,
         requests=None if rates["completed"] is None else rates["completed"] * data.window_seconds,
         request_rate=rates["requests"],

@@ -48,7 +48,10 @@ Stable API
     (``model.request_itl_share``); the benchmark counts it request by
     request. A request vLLM refused at admission (``refused_rate``, part of
     ``request_rate``, in no latency histogram) meets neither target, and no
-    change is predicted to admit it: its queue limit decides that.
+    change is predicted to admit it: its queue limit decides that. While
+    ``asleep_pods`` says engines slept in the window (vLLM's sleep mode),
+    no change starts, a scheduled one neither (``EngineAsleep``): a restart
+    would wake them.
 
 ``effective_slo(spec, state, now) -> SLO``
     The SLO (quantiles and targets) the observation must be computed for: a

@@ -65,7 +65,7 @@ from vllm_autotuner.policy.guardrails import (
 )
 from vllm_autotuner.policy.lifecycle import regression_measured
 from vllm_autotuner.policy.model import attainment
-from vllm_autotuner.policy.observation import HoldReason, Observation, hold_reason, rollout_active
+from vllm_autotuner.policy.observation import HoldReason, Observation, engines_asleep, hold_reason, rollout_active
 from vllm_autotuner.policy.regime import classify, matching_tier, mix_moved
 from vllm_autotuner.policy.schedule import (
     ActiveWindow,
@@ -762,6 +762,8 @@ def _decide(
         return _hold(state, now, HoldReason.UNKNOWN_CONFIG, "the target's current knobs are not known yet", settings)
     if rollout_active(state, observation):
         return _hold(state, now, HoldReason.ROLLOUT_IN_PROGRESS, "a rollout of the target is in progress", settings)
+    if (asleep := engines_asleep(observation)) is not None:
+        return _hold(state, now, HoldReason.ASLEEP, asleep, settings)
     problem = hold_reason(spec, settings.slo, state, observation, now)
     base = None
     waiting_before = state.observed.waiting if state.observed else None

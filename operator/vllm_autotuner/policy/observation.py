@@ -54,6 +54,9 @@ class Observation:
     ``--api-server-count`` above 1, or PROMETHEUS_DISABLE_CREATED_SERIES), the newest reset of its counters (a
     container restarted in place) or the first sample of a pod whose series began, either at most the settle time
     (and at least a window) before the window; None when none tells."""
+    asleep_pods: int | None = None
+    """Pods whose vLLM engine slept in some of the window (sleep mode, after a ``/sleep`` call: the awake state of
+    ``vllm:engine_sleep_state`` 0); None where no pod exports the gauge."""
     slo: SLO | None = None
     """The quantiles and targets the latency fields were computed for."""
 
@@ -158,6 +161,7 @@ class HoldReason(StrEnum):
     SCHEDULE = "SchedulePreset"
     FREEZE = "ChangeFreeze"
     NO_SLOT = "RolloutSlots"
+    ASLEEP = "EngineAsleep"
 
 
 def stale_after(spec: VllmTuningSpec) -> float:
@@ -174,6 +178,18 @@ def rolling_out(state: VllmTuningStatus) -> bool:
 def rollout_active(state: VllmTuningStatus, observation: Observation | None) -> bool:
     """Whether a rollout (ours, by the status, or anyone's, by the Deployment) is under way."""
     return rolling_out(state) or (observation is not None and observation.rollout_in_progress)
+
+
+def engines_asleep(observation: Observation | None) -> str | None:
+    """Why no change, scheduled or not, may start while target pods' engines sleep, or None when none did in the
+    window. Someone put them to sleep (vLLM's sleep mode frees their GPU memory for other work, as in RL training
+    loops and GPU sharing): a rolling restart would start new pods awake, taking that memory back, and a start-up
+    that fails for want of it would be blamed on the config. Their window is no measure of the traffic either."""
+    if observation is None or not observation.asleep_pods:
+        return None
+    return (f"{observation.asleep_pods} of {observation.pods} pods' vLLM engines slept in the window (sleep mode): "
+            "a restart would wake them, so no change starts until a whole window finds every engine awake "
+            "(POST /wake_up)")
 
 
 def hold_reason(

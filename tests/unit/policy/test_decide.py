@@ -229,6 +229,23 @@ def test_schedule_preset_is_pre_rolled_without_traffic_data_and_restored_at_the_
     assert after.state.active_schedule is None
 
 
+def test_no_change_scheduled_or_not_starts_while_engines_sleep_and_both_do_once_a_window_finds_them_awake():
+    # a traffic change the window calls for (the ITL breach above) and a preset whose window opens: while an
+    # engine slept in the window, neither starts, since new pods would start awake
+    state = warmed()
+    asleep = long_prompt_window(state, SPEC, asleep_pods=1)
+    held = decide(SPEC, state, asleep, T0)
+    assert held.hold == HoldReason.ASLEEP and not held.changes
+    assert held.reason.startswith("1 of 4 pods' vLLM engines slept in the window (sleep mode)")
+    assert decide(SPEC, state, dataclasses.replace(asleep, asleep_pods=0), T0).action == DecisionAction.CHANGE
+    the_spec = spec(schedules=[NIGHT])
+    opens = T0.replace(hour=20)  # 22:00 in Berlin (CEST)
+    window = long_prompt_window(status(), the_spec, now=opens, asleep_pods=4)
+    assert decide(the_spec, status(), window, opens).hold == HoldReason.ASLEEP
+    awake = decide(the_spec, status(), dataclasses.replace(window, asleep_pods=None), opens)
+    assert awake.action == DecisionAction.CHANGE and awake.source == KnobSource.SCHEDULE
+
+
 PEAK = {"name": "peak", "timeZone": "Europe/Berlin", "start": "0 13 * * 1-5", "end": "0 15 * * 1-5"}  # CEST: 11-13 UTC
 
 

@@ -7,18 +7,21 @@ from UTC, so a schedule read in UTC, or in a whole-hour offset, would open
 at the wrong time and the test would see it. Pre-roll means the rolling
 restart happens before the window opens: the new pods must be Ready when
 it does, not start then. A change freeze open at the same time holds the
-preset back until it is lifted.
+preset back until it is lifted, and so does an engine asleep until it wakes.
 """
 
 from __future__ import annotations
 
+import time
+import urllib.request
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from tests.e2e.conftest import Operators
 from tests.e2e.world import World, daily_cron, knob_args, knobs_of, open_window, parse_time, tuning_spec
-from tests.support import H100, Cluster, NotYet, wait_for
+from tests.support import H100, Cluster, NotYet, vllm_deployment, wait_for
 
+from vllm_autotuner.observe.client import Connection, PrometheusClient
 from vllm_autotuner.sim import localenv
 
 pytestmark = pytest.mark.e2e
@@ -100,3 +103,42 @@ def test_a_change_freeze_holds_the_windows_preset_until_it_is_lifted(
     # lifted (a merge patch replaces the list): the window's preset rolls out
     world.patch_tuning({"rollout": {"freezes": []}})
     world.wait_rolled_out(knob_args(*PRESET), 90)
+
+
+def test_a_windows_preset_waits_while_the_engine_sleeps_and_rolls_out_once_a_window_finds_it_awake(
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus,
+        operators: Operators) -> None:
+    # vLLM's sleep mode frees the GPU memory of a pod that stays Ready (for a training step, another model): a
+    # rolling restart would start new pods awake, taking it back
+    world = World(cluster_with_crd, namespace)
+    args = [*knob_args(*BEFORE), "--enable-sleep-mode"]
+    template = vllm_deployment(world.name, H100, args, replicas=1)["spec"]["template"]
+    template["spec"]["containers"][0]["env"] = [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]
+    world.create_deployment(H100, args, replicas=1, template=template)
+    (pod,) = world.pods()
+    server = f"http://{pod.status.pod_ip}:8000"
+    urllib.request.urlopen(urllib.request.Request(f"{server}/sleep?level=1", method="POST"), timeout=5).close()
+    # in Prometheus before the operator starts, and before the end of its first window (queryOffset: 2 s earlier)
+    asleep = f'vllm:engine_sleep_state{{namespace="{namespace}",sleep_state="awake"}} == 0'
+    client = PrometheusClient(Connection(url=prometheus.url))
+    wait_for(lambda: client.query(asleep, time.time() - 3), 30, "Prometheus to have scraped the engine asleep")
+    preset = {"maxNumBatchedTokens": PRESET[0], "maxNumSeqs": PRESET[1]}
+    world.create_tuning(tuning_spec(world.name, schedules=[open_window(ZONE, preset)]))
+    operator = operators.start()
+
+    def holds() -> float:
+        return operator.metric("vllm_autotuner_decisions_total", reason="EngineAsleep")
+
+    wait_for(lambda: holds() >= 3, 90, "three holds for the sleeping engine")  # the history keeps one of a kind
+    status = world.status()
+    (hold,) = status["history"]
+    assert hold["hold"] == "EngineAsleep" and hold["reason"].startswith("1 of 1 pods' vLLM engines slept"), hold
+    assert knobs_of(world.template_args()) == BEFORE and status.get("lastRollout") is None
+    assert [p.metadata.name for p in world.pods()] == [pod.metadata.name]  # still the pod that sleeps
+    header, row = cluster_with_crd.kubectl("get", "vlt", world.name, "-n", namespace).stdout.splitlines()
+    assert row.split()[header.split().index("HOLDING")] == "EngineAsleep", (header, row)
+    urllib.request.urlopen(urllib.request.Request(f"{server}/wake_up", method="POST"), timeout=5).close()
+    woke = datetime.now(timezone.utc)
+    world.wait_rolled_out([*knob_args(*PRESET), "--enable-sleep-mode"], 90)
+    rollout = world.status()["lastRollout"]
+    assert rollout["source"] == "Schedule" and parse_time(rollout["startedAt"]) > woke, (rollout, woke)

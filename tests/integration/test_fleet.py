@@ -16,6 +16,8 @@ import shlex
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -317,6 +319,46 @@ def test_a_queue_limit_refuses_requests_that_the_window_counts_as_load_in_no_lat
     # the latency fields are the answered requests' (a refused one has no first token: its TTFT would lie past every
     # bucket, and the p95 of all requests at 2560 s); the decision core counts the refused ones as misses
     assert obs.ttft_seconds is not None and obs.ttft_seconds < 60
+
+
+def test_a_pod_whose_engine_sleeps_is_counted_asleep_until_a_whole_window_finds_it_awake(
+    cluster: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus
+) -> None:
+    """vLLM's sleep mode (``--enable-sleep-mode``, with ``VLLM_SERVER_DEV_MODE=1`` for its routes) frees a pod's
+    GPU memory while the pod stays Ready. The window counts such pods from ``vllm:engine_sleep_state``, so that
+    the decision core starts no change, which would start new pods awake, until a whole window finds them awake."""
+    api = Api(cluster, namespace)
+    deployment = vllm_deployment("sleepy", H100, ["--enable-sleep-mode"], replicas=1)
+    deployment["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]
+    api.create(deployment)
+    (pod,) = wait_for(lambda: api.ready_pods("sleepy", 1), 90, "the pod")
+    server = f"http://{pod.status.pod_ip}:8000"
+    client = PrometheusClient(Connection(url=prometheus.url))
+    window = 10.0
+
+    def asleep(expected: int) -> Callable[[], bool | NotYet]:
+        def check() -> bool | NotYet:
+            obs, why = observe_target(fetch_window(client, Selector(), window, time.time()), namespace,
+                                      PodMatch(names=(pod.metadata.name,)), 1, None, SLO(), False)
+            counted = None if obs is None else obs.asleep_pods
+            return counted == expected or NotYet(f"{counted} pods asleep ({why})")
+        return check
+
+    def post(path: str) -> None:
+        request = urllib.request.Request(f"{server}{path}", method="POST")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+
+    wait_for(asleep(0), 30, "a window with the engine awake")
+    post("/sleep?level=1")
+    wait_for(asleep(1), 30, "the window to count the sleeping engine")
+    assert api.ready_pods("sleepy", 1)  # it stays Ready: nothing but its metrics says it sleeps
+    post("/wake_up")
+    with urllib.request.urlopen(f"{server}/is_sleeping", timeout=5) as response:
+        assert json.load(response) == {"is_sleeping": False}
+    woke = time.time()
+    wait_for(asleep(0), 30, "a whole window with the engine awake again")
+    assert time.time() - woke >= window - 2  # not before the window no longer reaches into the sleep (2 s: scrapes)
 
 
 def test_a_stopped_fleet_reports_its_nodes_not_ready(cluster: Cluster, tmp_path) -> None:

@@ -25,14 +25,14 @@ rate goes to the decision core as such, which counts them as misses.
 The newest server start among the target's pods (their ``_created`` gauges
 or, without them, the newest reset of their counters or the first sample of
 a series that began, either at most the settle time, and at least a window,
-before the window: ``queries.reach``)
-goes into the Observation as is; whether a restart in or just before the
-window makes it unfit is the decision core's call. So do the pods whose
-engine slept in some of the window (vLLM's sleep mode: the awake state of
-``vllm:engine_sleep_state`` below 1 on average), which no change may wake. A step's tokens at the
-ITL quantile are capped at the token budget, which no step computes more
-than (vLLM counts a chunked prompt whole in the step that finishes it), and
-are the budget where the quantile lies past the last bucket: vLLM's end at
+before the window: ``queries.reach``) goes into the Observation as is;
+whether a restart in or just before the window makes it unfit is the
+decision core's call. So does the number of pods whose engine slept in
+some of the window (vLLM's sleep mode: the awake state of
+``vllm:engine_sleep_state`` below 1 on average), which no change may wake. A step's tokens at the ITL
+quantile are capped at the token budget, which no step computes more than
+(vLLM counts a chunked prompt whole in the step that finishes it), and are
+the budget where the quantile lies past the last bucket: vLLM's end at
 16384, below budgets that go to 32768, and there Prometheus answers 16384,
 which would make full steps look half full.
 """

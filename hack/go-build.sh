@@ -24,11 +24,21 @@ export CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
 start=$SECONDS
 cd "$root/$module_dir"
 echo "==> $name: resolving packages (downloads missing modules into .cache/gomod)"
-total=$("$go" list -deps "$package" | wc -l)
+# Dependencies first, then the program itself.
+mapfile -t deps < <("$go" list -deps -f '{{if ne .Name "main"}}{{.ImportPath}}{{end}}' "$package" | grep .)
+total=$((${#deps[@]} + 1))
 echo "==> $name: compiling with $("$go" env GOVERSION) ($total packages, cached ones are skipped)"
-# `go build -v` names each package it compiles: turn that into a count, and
-# pass every other line (compiler errors) through unchanged.
-"$go" build -v -trimpath -ldflags "-s -w $ldflags" -o "$root/$output" "$package" 2>&1 |
+# One `go build` keeps a copy of every package it compiles in its work folder
+# (under /tmp) until it exits: for the control plane, 2.9 GiB beside the
+# build cache at the end. The dependencies are compiled in batches instead (a
+# batch's work folder goes when it exits; the results stay in the cache), and
+# the final build only links. `go build -v` names each package it compiles:
+# that is turned into a count, and every other line (compiler errors) passes
+# through unchanged.
+{
+    printf '%s\n' "${deps[@]}" | xargs -n 250 "$go" build -v -trimpath
+    "$go" build -v -trimpath -ldflags "-s -w $ldflags" -o "$root/$output" "$package"
+} 2>&1 |
     awk -v total="$total" -v name="$name" -v start="$(date +%s)" '
         /^[^ :#]+$/ { if (++n % 250 == 0) printf "    %s: %d/%d packages compiled (%ds)\n", name, n, total, systime() - start; fflush(); next }
         { print; fflush() }'

@@ -207,13 +207,14 @@ class NotYet(str):
         return False
 
 
-def vllm_container(args: list[str]) -> dict[str, Any]:
-    """A vLLM container as a platform team writes one: probes on /health, one GPU."""
+def vllm_container(args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """A vLLM container as a platform team writes one: probes on /health, one GPU; ``env`` for its environment."""
     return {
         "name": "vllm",
         "image": "vllm/vllm-openai:v0.11.0",
         "command": ["vllm", "serve", MODEL],
         "args": args,
+        **({"env": [{"name": k, "value": v} for k, v in env.items()]} if env else {}),
         "ports": [{"name": "http", "containerPort": 8000}],
         "resources": {"limits": {"nvidia.com/gpu": "1"}},
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -223,7 +224,8 @@ def vllm_container(args: list[str]) -> dict[str, Any]:
     }
 
 
-def vllm_deployment(name: str, profile: str, args: list[str], replicas: int = 2) -> dict[str, Any]:
+def vllm_deployment(name: str, profile: str, args: list[str], replicas: int = 2,
+                    env: dict[str, str] | None = None) -> dict[str, Any]:
     """A vLLM Deployment pinned to the fleet's nodes of ``profile``."""
     labels = {"app": name, "app.kubernetes.io/name": "vllm"}
     return {
@@ -237,7 +239,7 @@ def vllm_deployment(name: str, profile: str, args: list[str], replicas: int = 2)
                 "metadata": {"labels": labels},
                 "spec": {
                     "nodeSelector": {PROFILE_LABEL: profile, FLEET_LABEL: "sim"},
-                    "containers": [vllm_container(args)],
+                    "containers": [vllm_container(args, env)],
                 },
             },
         },
@@ -248,6 +250,14 @@ def expected_startup(profile: str, args: list[str]) -> StartupOutcome:
     """What the fleet should make of these args on this profile."""
     p = get_profile(profile)
     return check_startup(p, vllm_launch(vllm_container(args), p).config, time_scale=FLEET_TIME_SCALE)
+
+
+def call_vllm(pod: kubernetes.client.V1Pod, path: str, method: str = "POST") -> Any:
+    """Call the vLLM server of a fleet's pod (on its pod IP, port 8000), as an admin or a router does; its JSON."""
+    request = urllib.request.Request(f"http://{pod.status.pod_ip}:8000{path}", method=method)
+    with urllib.request.urlopen(request, timeout=5) as response:
+        body = response.read()
+    return json.loads(body) if body else None
 
 
 def is_ready(pod: kubernetes.client.V1Pod) -> bool:

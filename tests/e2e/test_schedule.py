@@ -13,13 +13,12 @@ preset back until it is lifted, and so does an engine asleep until it wakes.
 from __future__ import annotations
 
 import time
-import urllib.request
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from tests.e2e.conftest import Operators
 from tests.e2e.world import World, daily_cron, knob_args, knobs_of, open_window, parse_time, tuning_spec
-from tests.support import H100, Cluster, NotYet, vllm_deployment, wait_for
+from tests.support import H100, Cluster, NotYet, call_vllm, wait_for
 
 from vllm_autotuner.observe.client import Connection, PrometheusClient
 from vllm_autotuner.sim import localenv
@@ -112,12 +111,9 @@ def test_a_windows_preset_waits_while_the_engine_sleeps_and_rolls_out_once_a_win
     # rolling restart would start new pods awake, taking it back
     world = World(cluster_with_crd, namespace)
     args = [*knob_args(*BEFORE), "--enable-sleep-mode"]
-    template = vllm_deployment(world.name, H100, args, replicas=1)["spec"]["template"]
-    template["spec"]["containers"][0]["env"] = [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]
-    world.create_deployment(H100, args, replicas=1, template=template)
+    world.create_deployment(H100, args, replicas=1, env={"VLLM_SERVER_DEV_MODE": "1"})
     (pod,) = world.pods()
-    server = f"http://{pod.status.pod_ip}:8000"
-    urllib.request.urlopen(urllib.request.Request(f"{server}/sleep?level=1", method="POST"), timeout=5).close()
+    call_vllm(pod, "/sleep?level=1")
     # in Prometheus before the operator starts, and before the end of its first window (queryOffset: 2 s earlier)
     asleep = f'vllm:engine_sleep_state{{namespace="{namespace}",sleep_state="awake"}} == 0'
     client = PrometheusClient(Connection(url=prometheus.url))
@@ -137,7 +133,7 @@ def test_a_windows_preset_waits_while_the_engine_sleeps_and_rolls_out_once_a_win
     assert [p.metadata.name for p in world.pods()] == [pod.metadata.name]  # still the pod that sleeps
     header, row = cluster_with_crd.kubectl("get", "vlt", world.name, "-n", namespace).stdout.splitlines()
     assert row.split()[header.split().index("HOLDING")] == "EngineAsleep", (header, row)
-    urllib.request.urlopen(urllib.request.Request(f"{server}/wake_up", method="POST"), timeout=5).close()
+    call_vllm(pod, "/wake_up")
     woke = datetime.now(timezone.utc)
     world.wait_rolled_out([*knob_args(*PRESET), "--enable-sleep-mode"], 90)
     rollout = world.status()["lastRollout"]

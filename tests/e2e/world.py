@@ -100,10 +100,10 @@ class World:
 
     # --- the Deployment ---------------------------------------------------------------------
 
-    def create_deployment(self, profile: str, args: list[str], replicas: int = 2,
+    def create_deployment(self, profile: str, args: list[str], replicas: int = 2, env: dict[str, str] | None = None,
                           **spec: Any) -> kubernetes.client.V1Deployment:
         """Create the vLLM Deployment (``spec`` merged into its spec) and wait until all its pods are Ready."""
-        body = vllm_deployment(self.name, profile, args, replicas)
+        body = vllm_deployment(self.name, profile, args, replicas, env)
         body["spec"].update(spec)
         self.apps.create_namespaced_deployment(self.namespace, body)
         self.wait_rolled_out(args, 120)

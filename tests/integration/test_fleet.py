@@ -16,7 +16,6 @@ import shlex
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,6 +32,7 @@ from tests.support import (
     L4,
     Cluster,
     NotYet,
+    call_vllm,
     expected_startup,
     is_ready,
     vllm_deployment,
@@ -328,11 +328,8 @@ def test_a_pod_whose_engine_sleeps_is_counted_asleep_until_a_whole_window_finds_
     GPU memory while the pod stays Ready. The window counts such pods from ``vllm:engine_sleep_state``, so that
     the decision core starts no change, which would start new pods awake, until a whole window finds them awake."""
     api = Api(cluster, namespace)
-    deployment = vllm_deployment("sleepy", H100, ["--enable-sleep-mode"], replicas=1)
-    deployment["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]
-    api.create(deployment)
+    api.create(vllm_deployment("sleepy", H100, ["--enable-sleep-mode"], 1, {"VLLM_SERVER_DEV_MODE": "1"}))
     (pod,) = wait_for(lambda: api.ready_pods("sleepy", 1), 90, "the pod")
-    server = f"http://{pod.status.pod_ip}:8000"
     client = PrometheusClient(Connection(url=prometheus.url))
     window = 10.0
 
@@ -344,18 +341,12 @@ def test_a_pod_whose_engine_sleeps_is_counted_asleep_until_a_whole_window_finds_
             return counted == expected or NotYet(f"{counted} pods asleep ({why})")
         return check
 
-    def post(path: str) -> None:
-        request = urllib.request.Request(f"{server}{path}", method="POST")
-        with urllib.request.urlopen(request, timeout=5) as response:
-            assert response.status == 200
-
     wait_for(asleep(0), 30, "a window with the engine awake")
-    post("/sleep?level=1")
+    call_vllm(pod, "/sleep?level=1")
     wait_for(asleep(1), 30, "the window to count the sleeping engine")
     assert api.ready_pods("sleepy", 1)  # it stays Ready: nothing but its metrics says it sleeps
-    post("/wake_up")
-    with urllib.request.urlopen(f"{server}/is_sleeping", timeout=5) as response:
-        assert json.load(response) == {"is_sleeping": False}
+    call_vllm(pod, "/wake_up")
+    assert call_vllm(pod, "/is_sleeping", "GET") == {"is_sleeping": False}
     woke = time.time()
     wait_for(asleep(0), 30, "a whole window with the engine awake again")
     assert time.time() - woke >= window - 2  # not before the window no longer reaches into the sleep (2 s: scrapes)

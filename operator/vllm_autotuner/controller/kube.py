@@ -5,15 +5,17 @@ remains are a few direct calls: patching a Deployment, reading the
 ReplicaSet a rollback puts back, listing a rollout's pods (or those of a
 Deployment whose name is too long for its pods' names to tell its revisions
 apart), reading a Node's GPU labels or a Secret, writing status and Events.
-They go through this one class so the scale benchmark can count them and
-every call has the same timeout. Objects come back as plain dicts in the
+They go through this one class so the scale benchmark can count and time
+them and every call has the same timeout. Objects come back as plain dicts in the
 API's own camelCase shape, which is what the pure modules work on.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from kubernetes import client
@@ -63,8 +65,12 @@ class Kube:
         self.custom = client.CustomObjectsApi(api_client)
         self.metrics = metrics
 
-    def _count(self, verb: str, resource: str) -> None:
+    @contextlib.contextmanager
+    def _call(self, verb: str, resource: str) -> Iterator[None]:
+        """One API request: counted, and timed however it ends."""
         self.metrics.api_calls.labels(verb, resource).inc()
+        with self.metrics.api_call_seconds.labels(verb, resource).time():
+            yield
 
     def _dict(self, obj: Any) -> dict[str, Any]:
         return self.api_client.sanitize_for_serialization(obj)
@@ -72,9 +78,9 @@ class Kube:
     def serves_tunings(self) -> bool:
         """Whether the apiserver serves VllmTunings (API discovery, which every authenticated client may read):
         False until the CRD is installed and Established."""
-        self._count("get", "discovery")
         try:
-            found = self.custom.get_api_resources(GROUP, VERSION, _request_timeout=TIMEOUT)
+            with self._call("get", "discovery"):
+                found = self.custom.get_api_resources(GROUP, VERSION, _request_timeout=TIMEOUT)
         except ApiException as exc:
             if exc.status == 404:
                 return False
@@ -89,49 +95,53 @@ class Kube:
         return json.loads(response.data)
 
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
-        self._count("get", "deployments")
-        return self._served(self.apps.read_namespaced_deployment(name, namespace, _preload_content=False,
-                                                                 _request_timeout=TIMEOUT))
+        with self._call("get", "deployments"):
+            return self._served(self.apps.read_namespaced_deployment(name, namespace, _preload_content=False,
+                                                                     _request_timeout=TIMEOUT))
 
     def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """Strategic-merge patch; a ``metadata.resourceVersion`` in it makes the write conditional (409 on change)."""
-        self._count("patch", "deployments")
-        return self._served(self.apps.patch_namespaced_deployment(
-            name, namespace, patch, _content_type=STRATEGIC_MERGE, _preload_content=False, _request_timeout=TIMEOUT))
+        with self._call("patch", "deployments"):
+            return self._served(self.apps.patch_namespaced_deployment(
+                name, namespace, patch, _content_type=STRATEGIC_MERGE, _preload_content=False,
+                _request_timeout=TIMEOUT))
 
     def read_replicaset(self, namespace: str, name: str) -> dict[str, Any]:
         """The ReplicaSet whose pod template a rollback puts back."""
-        self._count("get", "replicasets")
-        return self._served(self.apps.read_namespaced_replica_set(name, namespace, _preload_content=False,
-                                                                  _request_timeout=TIMEOUT))
+        with self._call("get", "replicasets"):
+            return self._served(self.apps.read_namespaced_replica_set(name, namespace, _preload_content=False,
+                                                                      _request_timeout=TIMEOUT))
 
     def list_replicasets(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        self._count("list", "replicasets")
-        sets = self.apps.list_namespaced_replica_set(namespace, label_selector=label_selector, _request_timeout=TIMEOUT)
+        with self._call("list", "replicasets"):
+            sets = self.apps.list_namespaced_replica_set(namespace, label_selector=label_selector,
+                                                         _request_timeout=TIMEOUT)
         return [self._dict(rs) for rs in sets.items]
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        self._count("list", "pods")
-        pods = self.core.list_namespaced_pod(namespace, label_selector=label_selector, _request_timeout=TIMEOUT)
+        with self._call("list", "pods"):
+            pods = self.core.list_namespaced_pod(namespace, label_selector=label_selector, _request_timeout=TIMEOUT)
         return [self._dict(p) for p in pods.items]
 
     def node_labels(self, name: str) -> dict[str, str]:
-        self._count("get", "nodes")
-        return self.core.read_node(name, _request_timeout=TIMEOUT).metadata.labels or {}
+        with self._call("get", "nodes"):
+            node = self.core.read_node(name, _request_timeout=TIMEOUT)
+        return node.metadata.labels or {}
 
     def secret_value(self, namespace: str, name: str, key: str) -> str | None:
         """A Secret's value, None when the key is absent. Raises ApiException (404) when the Secret is."""
-        self._count("get", "secrets")
-        secret = self.core.read_namespaced_secret(name, namespace, _request_timeout=TIMEOUT)
+        with self._call("get", "secrets"):
+            secret = self.core.read_namespaced_secret(name, namespace, _request_timeout=TIMEOUT)
         raw = (secret.data or {}).get(key)
         return base64.b64decode(raw).decode() if raw is not None else None
 
     def patch_tuning_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge-patch the status subresource; ``None`` values remove fields."""
-        self._count("patch", "vllmtunings/status")
-        self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _content_type=MERGE, _request_timeout=TIMEOUT)
+        with self._call("patch", "vllmtunings/status"):
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _content_type=MERGE,
+                _request_timeout=TIMEOUT)
 
     def create_event(self, body: dict[str, Any]) -> None:
-        self._count("create", "events")
-        self.core.create_namespaced_event(body["metadata"]["namespace"], body, _request_timeout=TIMEOUT)
+        with self._call("create", "events"):
+            self.core.create_namespaced_event(body["metadata"]["namespace"], body, _request_timeout=TIMEOUT)

@@ -43,6 +43,10 @@ class OperatorMetrics:
         self.api_calls = Counter(
             "vllm_autotuner_kubernetes_api_calls", "Kubernetes API requests made outside the watches.",
             ["verb", "resource"], registry=r)
+        self.api_call_seconds = Histogram(
+            "vllm_autotuner_kubernetes_api_call_duration_seconds",
+            "Time the Kubernetes API took to answer those requests, refusals and timeouts included.",
+            ["verb", "resource"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15), registry=r)
         self.knobs = Gauge(
             "vllm_autotuner_knob", "Knob value the target runs with now.",
             ["namespace", "tuning", "knob"], registry=r)

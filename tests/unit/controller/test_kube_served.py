@@ -7,7 +7,8 @@ after a 409 would differ from the ReplicaSet read as served, and the rollback
 would become a new template: a restart of every pod, those still running the
 old config too. Here the real ``Kube`` calls an AppsV1Api stand-in that
 answers as the client does (the JSON served with ``_preload_content=False``,
-the models otherwise), and ``apply_knobs`` retries on a conflict.
+the models otherwise), and ``apply_knobs`` retries on a conflict. The same
+stand-in's conflict shows a refused call counted and timed like the others.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from tests.unit.policy.helpers import T0, knobs
@@ -101,3 +103,21 @@ def test_a_rollback_after_a_write_conflict_puts_back_the_old_template_and_restar
         # the old template's annotations back (it had none), ours on the Deployment: the old ReplicaSet scales up
         assert patch["spec"]["template"]["metadata"]["annotations"][WRITTEN_AT_ANNOTATION] is None
         assert patch["metadata"]["annotations"][WRITTEN_AT_ANNOTATION] == "2024-05-01T12:10:00Z"
+
+
+def test_every_call_is_counted_and_timed_a_refused_one_too():
+    metrics = OperatorMetrics()
+    kube = Kube(client.ApiClient(), metrics)
+    kube.apps = Apps(kube.api_client, {"metadata": {"name": "llama"}})  # type: ignore[assignment]
+    with pytest.raises(ApiException):  # the Apps stand-in's conflict
+        kube.patch_deployment("llm", "llama", {})
+    kube.patch_deployment("llm", "llama", {})
+    kube.read_deployment("llm", "llama")
+
+    def value(name: str, verb: str) -> float | None:
+        return metrics.registry.get_sample_value(name, {"verb": verb, "resource": "deployments"})
+
+    assert value("vllm_autotuner_kubernetes_api_calls_total", "patch") == 2
+    assert value("vllm_autotuner_kubernetes_api_call_duration_seconds_count", "patch") == 2
+    assert value("vllm_autotuner_kubernetes_api_call_duration_seconds_count", "get") == 1
+    assert value("vllm_autotuner_kubernetes_api_call_duration_seconds_sum", "get") >= 0

@@ -8,8 +8,8 @@ obvious design, every tuning asking for its own pods. Both modes run here
 as the real ``vllm-autotuner run`` process against a real API server and a
 real Prometheus holding the series of as many vLLM pods as there are
 tunings, and each evaluation period is measured from outside: its wall
-time, PromQL queries, Kubernetes API calls, the operator's CPU seconds and
-resident memory, and Prometheus's CPU seconds.
+time, PromQL queries, Kubernetes API calls and the time they took, the
+operator's CPU seconds and resident memory, and Prometheus's CPU seconds.
 
 The pods are not simulated engines (too heavy by the thousand on a small
 machine) but pods that replay a simulated engine's steady state

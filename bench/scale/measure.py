@@ -2,9 +2,9 @@
 
 Everything comes from outside the operator, as a platform team would see
 it: its own ``/metrics`` (periods and their duration, PromQL queries,
-Kubernetes API calls outside the watches, decisions) and the kernel's
-accounting in ``/proc/<pid>`` (CPU seconds, resident memory) for the
-operator and for Prometheus, which answers the queries. A period is one
+Kubernetes API calls outside the watches and the time they took, decisions)
+and the kernel's accounting in ``/proc/<pid>`` (CPU seconds, resident
+memory) for the operator and for Prometheus, which answers the queries. A period is one
 tick of the evaluator (every tuning that is due, evaluated together); the
 sampler looks when a tick should be about to end, waits for it to end and
 takes the differences, so every figure of a row belongs to one period
@@ -49,6 +49,7 @@ class Sample:
     period_seconds: float
     queries: float
     api_calls: dict[str, float]
+    api_seconds: float
     decisions: dict[str, float]
     cpu_seconds: float
     rss_bytes: int
@@ -68,6 +69,9 @@ class Period:
     wall_seconds: float
     queries: int
     api_calls: int
+    api_seconds: float
+    """The calls' durations added up (up to ``evaluator.CONCURRENCY`` run at once): time spent waiting for the
+    apiserver."""
     cpu_seconds: float
     rss_mib: float
     prometheus_cpu_seconds: float
@@ -124,6 +128,7 @@ def read_sample(metrics_url: str, pid: int, prometheus_pid: int) -> Sample:
         queries=total("vllm_autotuner_prometheus_queries_total"),
         api_calls=_labelled(samples["vllm_autotuner_kubernetes_api_calls_total"],
                             lambda labels: f"{labels['verb']} {labels['resource']}"),
+        api_seconds=total("vllm_autotuner_kubernetes_api_call_duration_seconds_sum"),
         decisions=_labelled(samples["vllm_autotuner_decisions_total"],
                             lambda labels: f"{labels['action']} {labels['reason']}".strip()),
         cpu_seconds=cpu_seconds(pid),
@@ -146,6 +151,7 @@ def period_between(before: Sample, after: Sample) -> Period:
         wall_seconds=after.period_seconds - before.period_seconds,
         queries=round(after.queries - before.queries),
         api_calls=sum(api_calls.values()),
+        api_seconds=after.api_seconds - before.api_seconds,
         cpu_seconds=after.cpu_seconds - before.cpu_seconds,
         rss_mib=after.rss_bytes / MiB,
         prometheus_cpu_seconds=after.prometheus_cpu_seconds - before.prometheus_cpu_seconds,
@@ -233,7 +239,8 @@ class OperatorRun:
                 last = row.wall_seconds / row.ticks
                 rows.append(row)
                 self.say(f"{self.mode} period {i + 1}/{periods}: {row.evaluated} evaluated, {row.changes} changes, "
-                         f"{row.wall_seconds:.2f}s, {row.queries} queries, {row.api_calls} API calls, "
+                         f"{row.wall_seconds:.2f}s, {row.queries} queries, "
+                         f"{row.api_calls} API calls ({row.api_seconds:.1f}s), "
                          f"CPU {row.cpu_seconds:.2f}s, RSS {row.rss_mib:.0f} MiB")
                 base = after
             peak = memory_bytes(self.server.pid, "VmHWM") / MiB

@@ -44,5 +44,6 @@ def test_quick_run_measures_both_modes(tmp_path: Path) -> None:
             assert period["evaluated"] == TUNINGS * period["ticks"], (mode, period)
             expected = len(FAMILIES) * (period["evaluated"] if per_tuning else period["ticks"])
             assert period["queries"] == expected, (mode, period)
-            assert period["api_calls_by_kind"].get("patch vllmtunings/status"), (mode, period)
+            assert period["api_calls_by_kind"].get("patch vllmtunings/status") and period["api_seconds"] > 0, (
+                mode, period)
             assert period["cpu_seconds"] > 0 and period["rss_mib"] > 0, (mode, period)

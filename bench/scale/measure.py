@@ -4,12 +4,12 @@ Everything comes from outside the operator, as a platform team would see
 it: its own ``/metrics`` (periods and their duration, PromQL queries,
 Kubernetes API calls outside the watches and the time they took, decisions)
 and the kernel's accounting in ``/proc/<pid>`` (CPU seconds, resident
-memory) for the operator and for Prometheus, which answers the queries. A period is one
-tick of the evaluator (every tuning that is due, evaluated together); the
-sampler looks when a tick should be about to end, waits for it to end and
-takes the differences, so every figure of a row belongs to one period
-(what the operator does between two ticks, such as handling the watch
-events of its own status writes, goes with the tick after).
+memory) for the operator and for Prometheus, which answers the queries. A
+period is one tick of the evaluator (every tuning that is due, evaluated
+together); the sampler looks when a tick should be about to end, waits for
+it to end and takes the differences, so every figure of a row belongs to
+one period (what the operator does between two ticks, such as handling the
+watch events of its own status writes, goes with the tick after).
 
 The sampler scrapes ``/metrics`` itself, a few times per period: about
 what a Prometheus scraping the operator costs it, and included in the

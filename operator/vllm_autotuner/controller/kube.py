@@ -1,13 +1,13 @@
-"""The operator's Kubernetes API calls outside the watches, counted.
+"""The operator's Kubernetes API calls outside the watches, counted and timed.
 
-Watches (kopf) keep VllmTunings, Deployments and ReplicaSets in memory; what
-remains are a few direct calls: patching a Deployment, reading the
+Watches (kopf) keep VllmTunings, Deployments and ReplicaSets in memory;
+what remains are a few direct calls: patching a Deployment, reading the
 ReplicaSet a rollback puts back, listing a rollout's pods (or those of a
 Deployment whose name is too long for its pods' names to tell its revisions
 apart), reading a Node's GPU labels or a Secret, writing status and Events.
 They go through this one class so the scale benchmark can count and time
-them and every call has the same timeout. Objects come back as plain dicts in the
-API's own camelCase shape, which is what the pure modules work on.
+them and every call has the same timeout. Objects come back as plain dicts
+in the API's own camelCase shape, which is what the pure modules work on.
 """
 
 from __future__ import annotations

@@ -256,6 +256,7 @@ def call_vllm(pod: kubernetes.client.V1Pod, path: str, method: str = "POST") -> 
     """Call the vLLM server of a fleet's pod (on its pod IP, port 8000), as an admin or a router does; its JSON."""
     request = urllib.request.Request(f"http://{pod.status.pod_ip}:8000{path}", method=method)
     with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 200, (path, response.status)
         body = response.read()
     return json.loads(body) if body else None
 

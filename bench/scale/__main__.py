@@ -31,7 +31,7 @@ import kubernetes
 from prometheus_api_client import PrometheusConnect
 
 from bench.scale.cluster import GPUS_PER_NODE, PROFILE, WORKERS, BenchCluster, Timing, nodes_for
-from bench.scale.measure import ModeRun, OperatorRun
+from bench.scale.measure import Machine, ModeRun, OperatorRun
 from bench.scale.report import MODES, SizeRun, as_json, periods_table, summary_table, targets
 from vllm_autotuner.api.resource import CRD_NAME
 from vllm_autotuner.sim import localenv
@@ -150,10 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out, as on Ctrl-C
     say = Progress()
     logs = LOGS / time.strftime("%Y%m%d-%H%M%S")
+    machine = Machine.this()
     results = [run_size(n, timing, periods, 60 * args.mode_minutes, logs / str(n), say) for n in sizes]
     report = "\n\n".join([
         f"Command: `{command}`. Evaluation interval {timing.evaluation_interval:g} s, window {timing.window:g} s, "
-        f"settle time {timing.settle:g} s, Prometheus scrape interval {timing.scrape_interval:g} s.",
+        f"settle time {timing.settle:g} s, Prometheus scrape interval {timing.scrape_interval:g} s. "
+        f"Machine: {machine}; the control plane, Prometheus, the stand-in fleet and the operator share it.",
         summary_table(results),
         "\n".join(targets(results, timing)),
         "Every measured period:",
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scale.md").write_text(f"# Operator scale benchmark\n\n{report}\n")
-    (args.out / "scale.json").write_text(json.dumps(as_json(results, timing, command), indent=1) + "\n")
+    (args.out / "scale.json").write_text(json.dumps(as_json(results, timing, command, machine), indent=1) + "\n")
     say(f"report written to {args.out / 'scale.md'} and scale.json; server logs under {logs}")
     return 0
 

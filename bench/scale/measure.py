@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -89,18 +90,49 @@ class ModeRun:
     peak_rss_mib: float
 
 
+@dataclass(frozen=True)
+class Machine:
+    """What ran the benchmark. Its figures are this machine's: the same work has taken 2.3x the CPU seconds on
+    another machine of the same kind, so a report names the CPU, the cores, the memory and the load it started
+    under."""
+
+    cores: int
+    cpu: str
+    memory_gib: float
+    kernel: str
+    python: str
+    load_average: float  # over the minute before the benchmark started
+
+    @classmethod
+    def this(cls) -> Machine:
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown")
+        memory_gib = round(_size(Path("/proc/meminfo"), "MemTotal") / 2**30, 1)
+        return cls(cores=os.cpu_count() or 1, cpu=cpu, memory_gib=memory_gib,
+                   kernel=platform.release(), python=platform.python_version(), load_average=os.getloadavg()[0])
+
+    def __str__(self) -> str:
+        return (f"{self.cores} cores ({self.cpu}), {self.memory_gib:g} GiB memory, Linux {self.kernel}, "
+                f"Python {self.python}; load average {self.load_average:.2f} at the start")
+
+
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU time of a process, all its threads."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime: fields 14 and 15 of stat
 
 
-def memory_bytes(pid: int, key: str) -> int:
-    """A size from /proc/<pid>/status (``VmRSS``: resident now, ``VmHWM``: the peak)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+def _size(path: Path, key: str) -> int:
+    """Bytes of a ``key: N kB`` line of a /proc file."""
+    for line in path.read_text().splitlines():
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
-    raise KeyError(key)
+    raise KeyError(f"{key} in {path}")
+
+
+def memory_bytes(pid: int, key: str) -> int:
+    """A size from /proc/<pid>/status (``VmRSS``: resident now, ``VmHWM``: the peak)."""
+    return _size(Path(f"/proc/{pid}/status"), key)
 
 
 def _labelled(samples: list, key: Callable[[dict[str, str]], str]) -> dict[str, float]:

@@ -14,7 +14,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from bench.scale.cluster import Timing
-from bench.scale.measure import ModeRun
+from bench.scale.measure import Machine, ModeRun
 
 MODES = ("batched", "naive")
 TARGET_TUNINGS = 1000
@@ -129,5 +129,6 @@ def targets(sizes: list[SizeRun], timing: Timing) -> list[str]:
     return out
 
 
-def as_json(sizes: list[SizeRun], timing: Timing, command: str) -> dict:
-    return {"command": command, "timing": asdict(timing), "sizes": [asdict(size) for size in sizes]}
+def as_json(sizes: list[SizeRun], timing: Timing, command: str, machine: Machine) -> dict:
+    return {"command": command, "machine": asdict(machine), "timing": asdict(timing),
+            "sizes": [asdict(size) for size in sizes]}

@@ -35,6 +35,7 @@ def test_quick_run_measures_both_modes(tmp_path: Path) -> None:
     assert (tmp_path / "scale.md").read_text().startswith("# Operator scale benchmark")
     report = json.loads((tmp_path / "scale.json").read_text())
     assert report["command"] == "make bench-scale QUICK=1"
+    assert report["machine"]["cores"] == os.cpu_count() and report["machine"]["memory_gib"] > 0, report["machine"]
     [size] = report["sizes"]
     assert size["tunings"] == TUNINGS
     for mode, per_tuning in (("batched", 0), ("naive", 1)):

@@ -45,6 +45,18 @@ def test_the_engines_sleep_state_is_the_share_of_the_window_each_pod_was_awake()
     )
 
 
+def test_waiting_is_for_room_in_the_batch_and_every_waiting_request_from_an_older_vllm():
+    # requests vLLM defers (a LoRA slot, a KV transfer) are not waiting for what the knobs give; the older gauge,
+    # without the reason label, answers for the pods the newer one leaves without an answer
+    selector = Selector(matchers=(("cluster", "prod"),))
+    extra = pod_matchers(selector, "llm", PodMatch(("llama-abc-",)))
+    assert family_query(FAMILY["waiting"], selector, 300, extra) == (
+        '(sum by (namespace, pod) (avg_over_time(vllm:num_requests_waiting_by_reason{cluster="prod",namespace="llm",'
+        'pod=~"(llama-abc-.*)",reason="capacity"}[300s]))) or (sum by (namespace, pod) (avg_over_time('
+        'vllm:num_requests_waiting{cluster="prod",namespace="llm",pod=~"(llama-abc-.*)"}[300s])))'
+    )
+
+
 def test_aborted_and_failed_requests_are_no_samples():
     # vLLM's finished reasons (vllm/v1/engine FINISH_REASON_STRINGS); abort and error end without a whole request
     rates = {"stop": 1.0, "length": 2.0, "abort": 4.0, "error": 8.0, "repetition": 16.0}

@@ -143,7 +143,7 @@ class ObservedTraffic(StatusModel):
     running: float | None = None
     """Mean running requests per pod."""
     waiting: float | None = None
-    """Mean waiting requests per pod."""
+    """Mean requests per pod waiting for room in the batch (not those deferred for a LoRA slot or a KV transfer)."""
     kv_cache_usage: float | None = None
     """Mean KV-cache usage, 0 to 1."""
     preemptions_per_second: float | None = None

@@ -89,9 +89,9 @@ class Part:
 
 @dataclass(frozen=True)
 class Family:
-    """One thing to fetch: a key the aggregation uses, how to aggregate, metric names newest first (their series
-    those with the labels ``match``), then other ways to the same answer for the pods those leave without one,
-    and parts of it with keys of their own (all grouped by one label)."""
+    """One thing to fetch: a key the aggregation uses, how to aggregate, metric names newest first (the newest's
+    series those with the labels ``match``, which the older spellings lack), then other ways to the same answer
+    for the pods those leave without one, and parts of it with keys of their own (all grouped by one label)."""
 
     key: str
     kind: Kind
@@ -128,7 +128,10 @@ FAMILIES: tuple[Family, ...] = (
     Family("itl_sum", Kind.RATE, ("vllm:inter_token_latency_seconds_sum", "vllm:time_per_output_token_seconds_sum")),
     Family("itl_count", Kind.RATE, ("vllm:inter_token_latency_seconds_count", "vllm:time_per_output_token_seconds_count")),
     Family("running", Kind.AVERAGE, ("vllm:num_requests_running",)),
-    Family("waiting", Kind.AVERAGE, ("vllm:num_requests_waiting",)),
+    # requests waiting for room in the batch, which the knobs govern; not those vLLM defers for a LoRA slot or a KV
+    # transfer, which more room would not start (told apart since vllm-project/vllm#38435; before, all waiting)
+    Family("waiting", Kind.AVERAGE, ("vllm:num_requests_waiting_by_reason", "vllm:num_requests_waiting"),
+           match=(("reason", "capacity"),)),
     Family("kv_usage", Kind.AVERAGE, ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
     # the share of the window a pod's engine was awake (1 but in vLLM's sleep mode); none from a vLLM without the gauge
     Family("awake", Kind.AVERAGE, ("vllm:engine_sleep_state",), match=(("sleep_state", "awake"),)),
@@ -280,14 +283,16 @@ def family_query(family: Family, selector: Selector, window_seconds: float, extr
     if family.part_label is not None:
         by += f", {family.part_label}"
     every = [(k, "=", v) for k, v in selector.matchers] + list(extra)
-    labels = _braces([f"{k}{op}{quote(v)}" for k, op, v in every + [(k, "=", v) for k, v in family.match]])
+    labels = _braces([f"{k}{op}{quote(v)}" for k, op, v in every])
+    newest = _braces([f"{k}{op}{quote(v)}" for k, op, v in every + [(k, "=", v) for k, v in family.match]])
     # namespace and pod come from the target's relabelling, so `up` has them too; other matchers may name labels
     # of the vLLM series alone (model_name, engine) or that metric relabelling adds, and would match no `up`
     targets = _braces([f"{k}{op}{quote(v)}" for k, op, v in every
                        if k in (selector.namespace_label, selector.pod_label)])
     terms = [(family.kind, m) for m in family.metrics] + list(family.fallback)
     back = reach(window_seconds) if reach_seconds is None else reach_seconds
-    exprs = [_expr(kind, m, labels, targets, window_seconds, back, by) for kind, m in terms]
+    exprs = [_expr(kind, m, newest if i == 0 else labels, targets, window_seconds, back, by)
+             for i, (kind, m) in enumerate(terms)]
     for part in family.parts:
         if part.counter is not None:
             # the counter has no such label: given one, its rows join the family's (their label sets differ)

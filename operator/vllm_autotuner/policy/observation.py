@@ -95,7 +95,8 @@ class Observation:
     running: float | None = None
     """Mean running requests per pod (vllm:num_requests_running)."""
     waiting: float | None = None
-    """Mean waiting requests per pod (vllm:num_requests_waiting)."""
+    """Mean requests per pod waiting for room in the batch (vllm:num_requests_waiting_by_reason{reason="capacity"};
+    from a vLLM without it, every waiting request: vllm:num_requests_waiting)."""
     kv_cache_usage: float | None = None
     """Mean KV-cache usage per pod, 0 to 1 (vllm:kv_cache_usage_perc)."""
     preemption_rate: float | None = None

@@ -15,8 +15,9 @@ elsewhere.
 
 ``old_names=True`` serves an older vLLM (0.8-0.9): the KV usage gauge as
 ``vllm:gpu_cache_usage_perc`` and the per-token latency histogram as
-``vllm:time_per_output_token_seconds``, instead of today's names, so the
-operator's fallback queries can be tested against both generations.
+``vllm:time_per_output_token_seconds``, instead of today's names, and no
+``vllm:num_requests_waiting_by_reason``, so the operator's fallback queries
+can be tested against both generations.
 """
 
 from __future__ import annotations
@@ -215,14 +216,15 @@ class VllmCollector(Collector):
                           gauges.num_requests_running)  # fmt: skip
         yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
                           gauges.num_requests_waiting)  # fmt: skip
-        yield self._labelled_gauge(
-            "vllm:num_requests_waiting_by_reason",
-            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; "
-            "'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). "
-            "Sum of all reasons equals vllm:num_requests_waiting.",
-            "reason",
-            {"capacity": gauges.num_requests_waiting, "deferred": 0},
-        )
+        if not self._old_names:  # vLLM counts waiting requests by reason since spring 2026 (vllm-project/vllm#38435)
+            yield self._labelled_gauge(
+                "vllm:num_requests_waiting_by_reason",
+                "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; "
+                "'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). "
+                "Sum of all reasons equals vllm:num_requests_waiting.",
+                "reason",
+                {"capacity": gauges.num_requests_waiting, "deferred": 0},
+            )
         yield self._labelled_gauge(
             "vllm:engine_sleep_state",
             "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "

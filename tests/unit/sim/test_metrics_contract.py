@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from tests.unit.sim.helpers import random_requests
+from vllm_autotuner.observe.queries import FAMILIES
 from vllm_autotuner.sim.engine import Engine, EngineConfig
 from vllm_autotuner.sim.metrics import OLD_NAMES, VllmCollector, server_info
 from vllm_autotuner.sim.profiles import get_profile
@@ -75,11 +76,21 @@ def test_each_field_matches(real: dict[str, dict[str, object]], field: str) -> N
 
 def test_old_names_serve_the_renamed_families(real: dict[str, dict[str, object]]) -> None:
     served = _families(_served(old_names=True))
+    assert "vllm:num_requests_waiting_by_reason" not in served  # newer than the renames
     for new, (old, help_text) in OLD_NAMES.items():
         assert new not in served
         assert served[old]["type"] == real[new]["type"]
         assert served[old]["help"] == help_text
         assert served[old]["le"] == real[new]["le"]
+
+
+def test_the_operators_label_matchers_name_values_a_real_server_exports() -> None:
+    # a family's matchers select series of its newest metric: a value vLLM does not export would leave every pod to
+    # the older spelling's fallback (all waiting requests), or to nothing
+    values = {(s.name, label, value) for family in text_string_to_metric_families(REAL_SCRAPE.read_text())
+              for s in family.samples for label, value in s.labels.items()}
+    matched = [(f.metrics[0], label, value) for f in FAMILIES for label, value in f.match]
+    assert matched and [m for m in matched if m not in values] == []
 
 
 def test_served_values_follow_the_engine() -> None:

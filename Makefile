@@ -125,5 +125,5 @@ bench-tuning: $(SETUP_STAMP) ## Tuning quality of the decision core on simulated
 bench-calibration: $(SETUP_STAMP) ## The decision core's predictions (utilisation, SLO attainment) against the simulator: bench/results/calibration.md
 	@$(PY) -m bench.tuning.calibration
 
-bench-scale: setup testenv ## Operator at 100 and 1000 VllmTunings, batched vs naive queries: bench/results/scale.md (QUICK=1: a toy run)
+bench-scale: setup testenv ## Operator at 100 and 1000 VllmTunings, batched (also with rollouts capped) vs naive queries: bench/results/scale.md (QUICK=1: a toy run)
 	@nice $(PY) -m bench.scale $(if $(QUICK),--quick --out .local/bench-scale/quick)

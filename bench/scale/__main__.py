@@ -3,13 +3,14 @@
 See the package docstring for what is measured and why. For every size a
 fresh local control plane, Prometheus and stand-in fleet are started, the
 Deployments created and rolled out, and the operator run once per mode
-(batched, then naive) against the same objects: before the second mode the
-VllmTunings are re-created and every Deployment the first mode changed is
-put back, so both modes start from the same state and have the same work.
+(batched, capped, then naive) against the same objects: before each mode
+after the first the VllmTunings are re-created and every Deployment the mode
+before changed is put back, so every mode starts from the same state and has
+the same work.
 Servers' logs stay under ``.local/bench-scale/`` (git ignores it); the
 report goes to ``--out`` as ``scale.md`` and ``scale.json``.
 
-    make bench-scale                 # 100 and 1000 tunings, 5 periods each mode (about 35 minutes)
+    make bench-scale                 # 100 and 1000 tunings, 5 periods each mode (about 45 minutes)
     make bench-scale QUICK=1         # 4 tunings, 2 short periods: proves it works, measures nothing
     python -m bench.scale --sizes 200 --periods 3
 """
@@ -31,7 +32,7 @@ import kubernetes
 from prometheus_api_client import PrometheusConnect
 
 from bench.scale.cluster import GPUS_PER_NODE, PROFILE, WORKERS, BenchCluster, Timing, nodes_for
-from bench.scale.measure import Machine, ModeRun, OperatorRun
+from bench.scale.measure import CAPPED_ROLLOUTS, Machine, ModeRun, OperatorRun
 from bench.scale.report import MODES, SizeRun, as_json, periods_table, summary_table, targets
 from vllm_autotuner.api.resource import CRD_NAME
 from vllm_autotuner.sim import localenv
@@ -155,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     report = "\n\n".join([
         f"Command: `{command}`. Evaluation interval {timing.evaluation_interval:g} s, window {timing.window:g} s, "
         f"settle time {timing.settle:g} s, Prometheus scrape interval {timing.scrape_interval:g} s. "
-        f"Machine: {machine}; the control plane, Prometheus, the stand-in fleet and the operator share it.",
+        f"Machine: {machine}; the control plane, Prometheus, the stand-in fleet and the operator share it. "
+        f"Modes: batched (the operator's default), capped (batched with --max-concurrent-rollouts={CAPPED_ROLLOUTS}), "
+        "naive (--naive-queries: one query per metric family per tuning).",
         summary_table(results),
         "\n".join(targets(results, timing)),
         "Every measured period:",

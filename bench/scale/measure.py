@@ -40,6 +40,14 @@ MiB = 1024**2
 POLL_S = 0.25
 
 
+#: The rollouts a platform team lets start at once at this size (``--max-concurrent-rollouts``): the capped mode's.
+CAPPED_ROLLOUTS = 20
+#: The operator's arguments in each mode: batched queries (its default); the same with at most CAPPED_ROLLOUTS
+#: rollouts at once, so that a hundred tunings wanting a change at once start theirs over several periods; one
+#: query per metric family per tuning.
+MODE_ARGS = {"batched": (), "capped": (f"--max-concurrent-rollouts={CAPPED_ROLLOUTS}",), "naive": ("--naive-queries",)}
+
+
 @dataclass(frozen=True)
 class Sample:
     """Counters read at one moment: the operator's /metrics, and /proc of the operator and Prometheus."""
@@ -204,9 +212,7 @@ class OperatorRun:
         port = localenv.free_port()
         self.metrics_url = f"http://127.0.0.1:{port}/metrics"
         args = [str(OPERATOR), "run", f"--prometheus-url={prometheus.url}", "--http-host=127.0.0.1",
-                f"--http-port={port}", "--no-leader-election"]
-        if mode == "naive":
-            args.append("--naive-queries")
+                f"--http-port={port}", "--no-leader-election", *MODE_ARGS[mode]]
         log = workdir / f"operator-{mode}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

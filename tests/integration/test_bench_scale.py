@@ -1,10 +1,10 @@
 """The scale benchmark runs end to end at toy size (``make bench-scale QUICK=1``).
 
 Not a timing test: it proves that the benchmark starts its servers, gets
-the operator through start-up and measured periods in both modes, and
-writes its report, and that what it counts is what the modes promise (one
-query per metric family per period batched, one per family per tuning
-naive). Its own control plane, Prometheus and stand-in fleet, so it needs
+the operator through start-up and measured periods in every mode (batched,
+capped, naive), and writes its report, and that what it counts is what the
+modes promise (one query per metric family per period batched and capped,
+one per family per tuning naive). Its own control plane, Prometheus and stand-in fleet, so it needs
 no fixture.
 """
 
@@ -38,7 +38,7 @@ def test_quick_run_measures_both_modes(tmp_path: Path) -> None:
     assert report["machine"]["cores"] == os.cpu_count() and report["machine"]["memory_gib"] > 0, report["machine"]
     [size] = report["sizes"]
     assert size["tunings"] == TUNINGS
-    for mode, per_tuning in (("batched", 0), ("naive", 1)):
+    for mode, per_tuning in (("batched", 0), ("capped", 0), ("naive", 1)):
         periods = size["runs"][mode]["periods"]
         assert len(periods) == 2, mode
         for period in periods:

@@ -16,6 +16,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -34,10 +35,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from vllm_autotuner.controller.reconcile import OperatorSettings
 
     options = RunOptions(
-        settings=OperatorSettings(prometheus_url=args.prometheus_url,
-                                  prometheus_headers=tuple(sorted(dict(args.prometheus_header or ()).items())),
-                                  prometheus_bearer_token_file=args.prometheus_bearer_token_file,
-                                  prometheus_ca_file=args.prometheus_ca_file, naive_queries=args.naive_queries,
+        settings=OperatorSettings(prometheus_url=args.prometheus_url, **_prometheus_access(args),
+                                  naive_queries=args.naive_queries,
                                   max_concurrent_rollouts=args.max_concurrent_rollouts,
                                   rollout_pool_label=args.rollout_pool_label,
                                   recommend_only=args.recommend_only),
@@ -53,6 +52,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return asyncio.run(run(options))
 
 
+#: ``recommend``'s flags for the operator's own Prometheus, which a tuning that names its own does not use.
+_OPERATOR_PROMETHEUS_FLAGS = ("prometheus", "prometheus_header", "prometheus_bearer_token_file", "prometheus_ca_file")
 #: ``recommend``'s flags that describe a tuning where no manifest (-f) does; one not given is the spec's default.
 _RECOMMEND_SPEC_FLAGS = ("deployment", "ttft", "itl", "quantile", "window")
 
@@ -61,6 +62,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from vllm_autotuner.controller.recommend import read_manifest, recommend, render
+    from vllm_autotuner.controller.reconcile import OperatorSettings
 
     given = [f"--{name}" for name in _RECOMMEND_SPEC_FLAGS if getattr(args, name) is not None]
     if args.filename is not None:
@@ -70,7 +72,12 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
             namespace, spec = read_manifest(args.filename, args.namespace)
         except (OSError, ValueError) as exc:
             args.parser.error(str(exc))
-        if not (args.prometheus or (spec.get("prometheus") or {}).get("url")):
+        own = [f"--{name.replace('_', '-')}" for name in _OPERATOR_PROMETHEUS_FLAGS if getattr(args, name)]
+        if (spec.get("prometheus") or {}).get("url"):
+            if own:
+                args.parser.error(f"{args.filename} sets spec.prometheus.url, reached with spec.prometheus's own "
+                                  f"headers and credentials as the operator would: drop {', '.join(own)}")
+        elif not args.prometheus:
             args.parser.error(f"{args.filename} sets no spec.prometheus.url: give --prometheus")
     else:
         missing = [flag for flag in ("--namespace", "--deployment", "--prometheus")
@@ -86,7 +93,8 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         window = {} if args.window is None else {"traffic": {"window": args.window}}
         namespace, spec = args.namespace, {"targetRef": {"name": args.deployment}, "slo": slo, **window}
     try:
-        report = asyncio.run(recommend(namespace, spec, args.prometheus))
+        report = asyncio.run(recommend(namespace, spec,
+                                       OperatorSettings(prometheus_url=args.prometheus, **_prometheus_access(args))))
     except ValidationError as exc:
         args.parser.error(f"not a valid VllmTuning spec: {exc}")
     sys.stdout.write(render(report))
@@ -103,6 +111,27 @@ def _non_negative(value: str) -> int:
 #: A Kubernetes label key: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters.
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def _add_prometheus_access(parser: argparse.ArgumentParser, url_flag: str) -> None:
+    """The flags that reach the Prometheus at ``url_flag`` past a login or into a tenant (``_prometheus_access``)."""
+    parser.add_argument("--prometheus-header", type=_header, action="append", metavar="NAME=VALUE",
+                        help=f"HTTP header sent to {url_flag}, e.g. X-Scope-OrgID=team-a for a Mimir or Cortex "
+                             "tenant (repeatable; a VllmTuning's spec.prometheus.headers go over them)")
+    parser.add_argument("--prometheus-bearer-token-file", metavar="PATH",
+                        help=f"file holding a bearer token for {url_flag}, read at each evaluation (a rotated "
+                             "token is taken up), e.g. the pod's ServiceAccount token for OpenShift's Thanos "
+                             "Querier; a VllmTuning's own credentials win")
+    parser.add_argument("--prometheus-ca-file", metavar="PATH",
+                        help=f"file holding the PEM CA bundle of {url_flag}'s certificate; a VllmTuning's "
+                             "spec.prometheus.caSecretRef wins")
+
+
+def _prometheus_access(args: argparse.Namespace) -> dict[str, Any]:
+    """OperatorSettings' fields from the flags of ``_add_prometheus_access``."""
+    return {"prometheus_headers": tuple(sorted(dict(args.prometheus_header or ()).items())),
+            "prometheus_bearer_token_file": args.prometheus_bearer_token_file,
+            "prometheus_ca_file": args.prometheus_ca_file}
 
 
 def _header(text: str) -> tuple[str, str]:
@@ -141,16 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the operator")
     run.add_argument("--prometheus-url", default=os.environ.get("PROMETHEUS_URL"),
                      help="Prometheus for VllmTunings that set no spec.prometheus.url (env PROMETHEUS_URL)")
-    run.add_argument("--prometheus-header", type=_header, action="append", metavar="NAME=VALUE",
-                     help="HTTP header sent to --prometheus-url, e.g. X-Scope-OrgID=team-a for a Mimir or Cortex "
-                          "tenant (repeatable; a VllmTuning's spec.prometheus.headers go over them)")
-    run.add_argument("--prometheus-bearer-token-file", metavar="PATH",
-                     help="file holding a bearer token for --prometheus-url, read at each evaluation (a rotated "
-                          "token is taken up), e.g. the pod's ServiceAccount token for OpenShift's Thanos Querier; "
-                          "a VllmTuning's own credentials win")
-    run.add_argument("--prometheus-ca-file", metavar="PATH",
-                     help="file holding the PEM CA bundle of --prometheus-url's certificate; a VllmTuning's "
-                          "spec.prometheus.caSecretRef wins")
+    _add_prometheus_access(run, "--prometheus-url")
     run.add_argument("--namespace", action="append",
                      help="watch only this namespace (repeatable; env WATCH_NAMESPACES, comma-separated); default all")
     run.add_argument("--http-host", default="0.0.0.0", help="address of /metrics and /healthz")
@@ -188,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "Recommend (its namespace, else --namespace)")
     rec.add_argument("--prometheus", help="Prometheus base URL (with -f: for a manifest that sets no "
                                           "spec.prometheus.url)")
+    _add_prometheus_access(rec, "--prometheus")
     rec.add_argument("--namespace", help="namespace of the vLLM Deployment")
     rec.add_argument("--deployment", help="name of the vLLM Deployment (without -f)")
     rec.add_argument("--ttft", type=float, help="TTFT target in seconds (without -f; default 2.0)")

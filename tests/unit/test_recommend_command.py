@@ -13,6 +13,7 @@ from vllm_autotuner.api import API_VERSION, KIND, SLO, LatencyTarget, TrafficSpe
 from vllm_autotuner.cli import main
 from vllm_autotuner.controller import recommend as recommend_module
 from vllm_autotuner.controller.recommend import read_manifest
+from vllm_autotuner.controller.reconcile import OperatorSettings
 
 TUNING = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "chat"},
           "spec": {"targetRef": {"name": "llama"}, "prometheus": {"url": "http://prometheus:9090"}}}
@@ -53,6 +54,9 @@ def test_a_manifest_without_one_placeable_tuning_is_refused(tmp_path: Path, docu
     [
         (["--ttft", "1"], TUNING, "-f takes the target, SLO and window from the manifest: drop --ttft"),
         ([], {**TUNING, "spec": {"targetRef": {"name": "llama"}}}, "sets no spec.prometheus.url: give --prometheus"),
+        (["--prometheus", "http://p:9090", "--prometheus-ca-file", "/ca.pem"], TUNING,
+         "sets spec.prometheus.url, reached with spec.prometheus's own headers and credentials as the operator "
+         "would: drop --prometheus, --prometheus-ca-file"),
         ([], {**TUNING, "spec": {**TUNING["spec"], "slo": {"itl": {"seconds": -1}}}},
          "not a valid VllmTuning spec: .*slo.itl.seconds"),
     ],
@@ -91,7 +95,7 @@ def test_the_flag_form_leaves_what_it_is_not_given_to_the_specs_defaults(
         window: str) -> None:
     evaluated: list[VllmTuningSpec] = []
 
-    async def evaluate(namespace: str, spec: dict, prometheus_url: str | None) -> None:
+    async def evaluate(namespace: str, spec: dict, settings: OperatorSettings) -> None:
         evaluated.append(VllmTuningSpec.model_validate(spec))
         raise _Evaluated
 
@@ -100,6 +104,27 @@ def test_the_flag_form_leaves_what_it_is_not_given_to_the_specs_defaults(
         main(["recommend", "--namespace", "llm", "--deployment", "llama", "--prometheus", "http://p:9090", *flags])
     (spec,) = evaluated
     assert (spec.target_ref.name, spec.slo.ttft, spec.slo.itl, spec.traffic.window) == ("llama", ttft, itl, window)
+
+
+def test_prometheus_is_reached_with_the_headers_and_credential_files_an_operator_takes(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # a Prometheus behind a login or tenants (Mimir's X-Scope-OrgID, OpenShift's Thanos Querier) for a laptop's
+    # one-shot evaluation, as `run` takes them for the operator's Prometheus
+    used: list[OperatorSettings] = []
+
+    async def evaluate(namespace: str, spec: dict, settings: OperatorSettings) -> None:
+        used.append(settings)
+        raise _Evaluated
+
+    monkeypatch.setattr(recommend_module, "recommend", evaluate)
+    with pytest.raises(_Evaluated):
+        main(["recommend", "-f", str(manifest(tmp_path, {**TUNING, "spec": {"targetRef": {"name": "llama"}}})),
+              "--namespace", "llm", "--prometheus", "https://thanos:9091", "--prometheus-header",
+              "X-Scope-OrgID=team-a", "--prometheus-header", "X-Extra=1", "--prometheus-bearer-token-file", "/t",
+              "--prometheus-ca-file", "/ca.pem"])
+    assert used == [OperatorSettings(prometheus_url="https://thanos:9091",
+                                     prometheus_headers=(("X-Extra", "1"), ("X-Scope-OrgID", "team-a")),
+                                     prometheus_bearer_token_file="/t", prometheus_ca_file="/ca.pem")]
 
 
 def test_the_flag_forms_help_names_the_specs_defaults(capsys: pytest.CaptureFixture[str]) -> None:

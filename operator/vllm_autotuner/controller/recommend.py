@@ -11,6 +11,7 @@ no Events, no patch.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,10 @@ def read_manifest(path: Path, namespace: str | None) -> tuple[str, dict[str, Any
     return written or namespace, tunings[0].get("spec") or {}
 
 
-async def recommend(namespace: str, spec: dict[str, Any], prometheus_url: str | None) -> Report:
-    """Evaluate the VllmTuning ``spec`` in Recommend mode and return the report (state and decision).
-    Raises pydantic's ValidationError for a spec the CRD would refuse.
+async def recommend(namespace: str, spec: dict[str, Any], settings: OperatorSettings) -> Report:
+    """Evaluate the VllmTuning ``spec`` in Recommend mode and return the report (state and decision), reaching
+    Prometheus as an operator run with ``settings`` would (its URL, headers and credential files, for a spec that
+    names no ``prometheus.url``). Raises pydantic's ValidationError for a spec the CRD would refuse.
 
     The traffic policy acts on a regime only once it has lasted a whole window,
     which a running operator knows from the windows before; so the window
@@ -72,8 +74,7 @@ async def recommend(namespace: str, spec: dict[str, Any], prometheus_url: str | 
         "spec": tuning.model_dump(by_alias=True, exclude_none=True, mode="json"),
     }
     cache.on_tuning_event(None, body)
-    reconciler = Reconciler(kube, cache, ObservationService(), metrics,
-                            OperatorSettings(prometheus_url=prometheus_url, naive_queries=True))
+    reconciler = Reconciler(kube, cache, ObservationService(), metrics, replace(settings, naive_queries=True))
     key, now = (namespace, f"{deployment}-recommend"), time.time()
     before = await reconciler.evaluate(key, now - duration_seconds(tuning.traffic.window), write=False)
     assert before is not None

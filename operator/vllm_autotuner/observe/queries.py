@@ -283,8 +283,9 @@ def family_query(family: Family, selector: Selector, window_seconds: float, extr
     if family.part_label is not None:
         by += f", {family.part_label}"
     every = [(k, "=", v) for k, v in selector.matchers] + list(extra)
-    labels = _braces([f"{k}{op}{quote(v)}" for k, op, v in every])
-    newest = _braces([f"{k}{op}{quote(v)}" for k, op, v in every + [(k, "=", v) for k, v in family.match]])
+    matchers = [f"{k}{op}{quote(v)}" for k, op, v in every]
+    labels = _braces(matchers)
+    newest = _braces(matchers + [f"{k}={quote(v)}" for k, v in family.match])  # the first metric's
     # namespace and pod come from the target's relabelling, so `up` has them too; other matchers may name labels
     # of the vLLM series alone (model_name, engine) or that metric relabelling adds, and would match no `up`
     targets = _braces([f"{k}{op}{quote(v)}" for k, op, v in every

@@ -755,6 +755,16 @@ class Reconciler:
         the old revision's and the new one's, as many as there are: fewer than are Ready is what a rolling
         restart looks like, not a gap, and the old revision's pods served part of the window.
         """
+        window = duration_seconds(spec.traffic.window)
+        end = report.now - timedelta(seconds=duration_seconds(spec.prometheus.query_offset))
+        if target.replicas == 0 and not target.deployment.get("status", {}).get("replicas"):
+            # scaled to zero (KEDA and the like): no pod to observe, and none a change would restart; an empty
+            # window, not a missing one, so that a schedule's preset is still written (policy.observation.blind)
+            report.condition(ConditionType.METRICS_AVAILABLE, False, HoldReason.NO_DATA,
+                             f"Deployment {namespace}/{spec.target_ref.name} is scaled to zero: no pod to observe")
+            return Observation(window_start=end - timedelta(seconds=window), window_end=end, config=target.knobs,
+                               pods=0, rollout_in_progress=rolling or ours,
+                               slo=effective_slo(spec, report.state, report.now))
         connection = await self._connection(namespace, spec)
         prom = spec.prometheus
         selector = Selector(matchers=tuple(sorted(prom.label_matchers.items())),
@@ -763,8 +773,6 @@ class Reconciler:
             report.condition(ConditionType.METRICS_AVAILABLE, False, HoldReason.NO_DATA,
                              "the Deployment has no current ReplicaSet yet")
             return None
-        window = duration_seconds(spec.traffic.window)
-        end = report.now - timedelta(seconds=duration_seconds(prom.query_offset))
         restart = ours or _reaches_into_rollout(report.state, end, window)
         try:
             pods = await self._pods(target, restart)

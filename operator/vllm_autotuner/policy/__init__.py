@@ -11,7 +11,8 @@ Stable API
     One evaluation. ``spec`` is the ``VllmTuningSpec``; ``state`` the
     ``VllmTuningStatus`` as persisted (after ``adopt_generation``);
     ``observation`` the window Prometheus gave (``None`` when it gave
-    nothing); ``now`` a timezone-aware datetime. The ``Decision`` is Hold,
+    nothing; pass an empty window, ``pods=0``, for a Deployment scaled to
+    zero, which is not blind); ``now`` a timezone-aware datetime. The ``Decision`` is Hold,
     Change or Rollback, with ``knobs``, a ``reason`` in words, the
     ``source`` (Traffic, Schedule, Rollback), the ``expected_gain_percent``,
     a ``hold`` word for holds, the ``recommendation`` and the ``state`` to
@@ -51,7 +52,10 @@ Stable API
     change is predicted to admit it: its queue limit decides that. While
     ``asleep_pods`` says engines slept in the window (vLLM's sleep mode),
     no change starts, a scheduled one neither (``EngineAsleep``): a restart
-    would wake them.
+    would wake them. Nor while the window is blind (``None``, stale, NaN:
+    ``observation.blind``): a schedule's preset waits for a fresh window,
+    held with the reason of the missing data and shown as the
+    recommendation; a quiet window does not hold it.
 
 ``effective_slo(spec, state, now) -> SLO``
     The SLO (quantiles and targets) the observation must be computed for: a

@@ -10,9 +10,11 @@ The order of the questions is the order of precedence:
 3. Has the last rollout settled? Judge it: record what it cost, and roll
    back a traffic-driven change that left things measurably worse.
 4. Does a schedule window want a preset, or did a preset window just close?
-   Clock-driven: this needs no traffic data (a nightly batch window starts
-   on time even when the night is quiet), only rollout budget, and the
-   cooldown after a person's change of the knobs.
+   Clock-driven: this needs no traffic (a nightly batch window starts on
+   time even when the night is quiet), only rollout budget, the cooldown
+   after a person's change of the knobs, and a window that shows the pods
+   as they are (``observation.blind``): with Prometheus unreachable, or its
+   data stale or NaN, it waits, as every change does.
 5. Otherwise the traffic policy (Tiers or Adaptive), which needs a usable
    window, a regime that has lasted one window, the last change judged,
    the cooldown, rollout budget beyond what the day's schedule windows
@@ -65,7 +67,14 @@ from vllm_autotuner.policy.guardrails import (
 )
 from vllm_autotuner.policy.lifecycle import regression_measured
 from vllm_autotuner.policy.model import attainment
-from vllm_autotuner.policy.observation import HoldReason, Observation, engines_asleep, hold_reason, rollout_active
+from vllm_autotuner.policy.observation import (
+    HoldReason,
+    Observation,
+    blind,
+    engines_asleep,
+    hold_reason,
+    rollout_active,
+)
 from vllm_autotuner.policy.regime import classify, matching_tier, mix_moved
 from vllm_autotuner.policy.schedule import (
     ActiveWindow,
@@ -116,6 +125,8 @@ class Settings:
     """Why no rollout may start now for reasons outside this tuning (the operator's limit of rollouts at once)."""
     controlled_by: str | None = None
     """The object that controls the target and would put its args back (see ``decide``)."""
+    blind: tuple[HoldReason, str] | None = None
+    """Why the window shows nothing of the pods now (``blind``): no change starts then, a schedule's neither."""
 
     @property
     def preset(self) -> Knobs | None:
@@ -427,6 +438,11 @@ def _apply(
                     f"{utc_timestamp(times[1])}")
         reason = f"change freeze {freeze.name} {when}: {change.knobs} waits ({change.reason})"
         return _hold(state, now, HoldReason.FREEZE, reason, settings, change.knobs, change.gain)
+    if settings.blind is not None:
+        hold, why = settings.blind
+        reason = (f"{why}: {change.knobs} waits for a fresh window, or neither a regression nor a sleeping engine "
+                  f"could be seen ({change.reason})")
+        return _hold(state, now, hold, reason, settings, change.knobs, change.gain)
     if settings.no_slot is not None:
         reason = f"waiting for a rollout slot, {settings.no_slot}: {change.knobs} waits ({change.reason})"
         return _hold(state, now, HoldReason.NO_SLOT, reason, settings, change.knobs, change.gain)
@@ -765,6 +781,7 @@ def _decide(
     if (asleep := engines_asleep(observation)) is not None:
         return _hold(state, now, HoldReason.ASLEEP, asleep, settings)
     problem = hold_reason(spec, settings.slo, state, observation, now)
+    settings = replace(settings, blind=blind(observation, problem))
     base = None
     waiting_before = state.observed.waiting if state.observed else None
     if problem is None:

@@ -210,12 +210,15 @@ def hold_reason(
     window, before the window) does not hold.
     """
     if observation is None:
-        return HoldReason.NO_DATA, "no observation: Prometheus returned no series for the target's pods"
+        return HoldReason.NO_DATA, ("no window: Prometheus did not answer, or had no fresh series of the target's "
+                                    "pods (the MetricsAvailable condition says which)")
     if rollout_active(state, observation):
         return HoldReason.ROLLOUT_IN_PROGRESS, "a rollout of the target is in progress"
     age = (now - observation.window_end).total_seconds() + (observation.data_age_seconds or 0.0)
     if math.isnan(age) or age > stale_after(spec):
         return HoldReason.STALE, f"the pods' newest samples are {age:.0f}s old (limit {stale_after(spec):.0f}s)"
+    if observation.pods == 0:
+        return HoldReason.NO_DATA, "the Deployment has no pods (scaled to zero): nothing to measure"
     current = state.current
     if current is None:
         return HoldReason.UNKNOWN_CONFIG, "the target's current knobs are not known yet"
@@ -253,6 +256,16 @@ def hold_reason(
         return HoldReason.TOO_FEW_SAMPLES, (
             f"{observation.requests:.0f} requests in the window, fewer than minRequests {spec.traffic.min_requests}"
         )
-    if observation.pods < 1:
-        return HoldReason.NO_DATA, "no pods in the window"
     return None
+
+
+def blind(observation: Observation | None, problem: tuple[HoldReason, str] | None) -> tuple[HoldReason, str] | None:
+    """``problem`` (``hold_reason``'s) when it means the window shows nothing of the pods as they are now:
+    Prometheus did not answer or had no fresh series of them (no observation), their newest samples are stale,
+    or its numbers are NaN or negative. Then no change starts, not even a schedule's, which needs no traffic
+    data: a rolling restart made blind could not be judged (no regression measured, no engine seen asleep), so
+    it waits for a fresh window. A quiet window (too few requests, none at all, a Deployment scaled to zero)
+    is not blind: a nightly batch window still opens on time."""
+    if problem is None or not (observation is None or problem[0] in (HoldReason.STALE, HoldReason.INVALID)):
+        return None
+    return problem

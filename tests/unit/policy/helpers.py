@@ -74,3 +74,10 @@ def shifted(observation: Observation, seconds: float) -> Observation:
     return dataclasses.replace(
         observation, window_start=observation.window_start + delta, window_end=observation.window_end + delta
     )
+
+
+def quiet(now: datetime) -> Observation:
+    """A fresh 5-minute window of 4 pods that served no request (a quiet night), under several configs: it shows
+    the pods as they are, but nothing for the traffic policy to go by."""
+    return Observation(window_start=now - timedelta(minutes=5), window_end=now, pods=4, data_age_seconds=10.0,
+                       requests=0.0, request_rate=0.0)

@@ -23,6 +23,7 @@ from vllm_autotuner.api.status import RolloutPhase
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.policy import (
     HoldReason,
+    Observation,
     adaptive,
     adopt_generation,
     decide,
@@ -39,7 +40,7 @@ from vllm_autotuner.policy.decision import with_rollout
 from vllm_autotuner.policy.guardrails import DAY_SECONDS, budget_left
 from vllm_autotuner.policy.schedule import scheduled_rollouts
 
-from .helpers import T0, knobs, long_prompt_window, shifted, spec, status
+from .helpers import T0, knobs, long_prompt_window, quiet, shifted, spec, status
 
 SPEC = spec()
 MINUTE = 60.0
@@ -50,6 +51,11 @@ NIGHT = {
     "end": "0 6 * * *",
     "knobs": {"maxNumBatchedTokens": 16384, "maxNumSeqs": 512},
 }
+
+
+def quietly(the_spec, state, now, **keywords):
+    """``decide`` on a fresh window in which the pods served no request: what the clock asks for, not the traffic."""
+    return decide(the_spec, state, quiet(now), now, **keywords)
 
 
 def warmed(the_spec=SPEC, state=None, minutes=10):
@@ -199,7 +205,7 @@ def test_a_schedule_that_needs_the_whole_budget_keeps_its_time_the_day_clocks_go
     state = status(rollout_times=["2026-03-08T02:55:00Z", "2026-03-08T10:00:00Z"])
     sunday = datetime.fromisoformat("2026-03-09T01:55:00+00:00")  # 21:55 EDT
 
-    decision = decide(the_spec, state, None, sunday)
+    decision = quietly(the_spec, state, sunday)
 
     assert decision.action == DecisionAction.CHANGE and decision.source == KnobSource.SCHEDULE
     assert decision.knobs == knobs(16384, 512)
@@ -211,9 +217,9 @@ def test_schedule_preset_is_pre_rolled_without_traffic_data_and_restored_at_the_
     the_spec = spec(schedules=[NIGHT])
     state = status()
     opens = T0.replace(hour=20)  # 22:00 in Berlin (CEST)
-    early = decide(the_spec, state, None, opens - timedelta(minutes=6))
-    assert not early.changes and early.hold == HoldReason.NO_DATA
-    pre = decide(the_spec, state, None, opens - timedelta(minutes=5))
+    early = quietly(the_spec, state, opens - timedelta(minutes=6))
+    assert not early.changes and early.hold == HoldReason.MIXED_CONFIG
+    pre = quietly(the_spec, state, opens - timedelta(minutes=5))
     assert pre.action == DecisionAction.CHANGE and pre.source == KnobSource.SCHEDULE
     assert pre.knobs == knobs(16384, 512) and "pre-roll" in pre.reason
     assert pre.state.resume_knobs == knobs(8192, 1024) and pre.state.active_schedule == "night"
@@ -223,10 +229,34 @@ def test_schedule_preset_is_pre_rolled_without_traffic_data_and_restored_at_the_
     )
     assert during.hold == HoldReason.SCHEDULE and during.state.observed is not None and during.state.regime
     closes = opens + timedelta(hours=8)
-    after = decide(the_spec, during.state, None, closes)
+    after = quietly(the_spec, during.state, closes)
     assert after.action == DecisionAction.CHANGE and after.knobs == knobs(8192, 1024)
     assert after.source == KnobSource.SCHEDULE and after.state.resume_knobs is None
     assert after.state.active_schedule is None
+
+
+def test_a_preset_waits_while_prometheus_is_unreachable_at_either_end_of_its_window_and_a_scale_to_zero_does_not():
+    the_spec = spec(schedules=[NIGHT])
+    state = status()
+    opens = T0.replace(hour=20)  # 22:00 in Berlin (CEST)
+    blind = decide(the_spec, state, None, opens)
+    assert blind.hold == HoldReason.NO_DATA and blind.recommendation == knobs(16384, 512)
+    assert "Prometheus did not answer" in blind.reason and "waits for a fresh window" in blind.reason
+    late = opens + timedelta(minutes=7)
+    back = quietly(the_spec, blind.state, late)  # Prometheus answers again: the preset, late
+    assert back.action == DecisionAction.CHANGE and back.knobs == knobs(16384, 512)
+    state = succeed(back, late + timedelta(minutes=2))
+    closes = opens + timedelta(hours=8)
+    stale = dataclasses.replace(quiet(closes), data_age_seconds=600.0)
+    held = decide(the_spec, state, stale, closes)
+    assert held.hold == HoldReason.STALE and held.recommendation == knobs(8192, 1024)
+    assert held.state.resume_knobs == knobs(8192, 1024)  # still known when the data comes back
+    after = quietly(the_spec, held.state, closes + timedelta(minutes=1))
+    assert after.action == DecisionAction.CHANGE and after.knobs == knobs(8192, 1024)
+    # a Deployment scaled to zero shows no pod to the window, but the window is not blind: the preset is written
+    none = Observation(window_start=opens - timedelta(minutes=5), window_end=opens, pods=0)
+    scaled = decide(the_spec, status(), none, opens)
+    assert scaled.action == DecisionAction.CHANGE and scaled.knobs == knobs(16384, 512)
 
 
 def test_no_change_scheduled_or_not_starts_while_engines_sleep_and_both_do_once_a_window_finds_them_awake():
@@ -289,7 +319,7 @@ def test_a_rollback_that_only_removed_a_stuck_pod_does_not_shorten_the_lead_befo
     blocked = rollout_blocked(written, later + timedelta(minutes=10), "0/6 nodes are available: Insufficient GPU")
     state = succeed(blocked, later + timedelta(minutes=10, seconds=30))
     # 20 minutes before the freeze: a restart started now would run in it
-    held = decide(the_spec, state, None, T0.replace(minute=40))
+    held = quietly(the_spec, state, T0.replace(minute=40))
     assert held.hold == HoldReason.FREEZE and held.recommendation == knobs(16384, 512), held.reason
     assert "before a rollout started now would finish" in held.reason
 
@@ -298,10 +328,10 @@ def test_a_preset_window_opening_in_a_freeze_waits_for_its_end():
     freeze = {"name": "launch", "timeZone": "Europe/Berlin", "start": "0 21 * * *", "end": "0 23 * * *"}
     the_spec = spec(schedules=[NIGHT], rollout={"freezes": [freeze]})
     opens = T0.replace(hour=20)  # 22:00 in Berlin
-    held = decide(the_spec, status(), None, opens)
+    held = quietly(the_spec, status(), opens)
     assert held.hold == HoldReason.FREEZE and held.recommendation == knobs(16384, 512)
     assert "until 2024-05-01T21:00:00Z" in held.reason
-    late = decide(the_spec, held.state, None, opens + timedelta(hours=1))
+    late = quietly(the_spec, held.state, opens + timedelta(hours=1))
     assert late.action == DecisionAction.CHANGE and late.source == KnobSource.SCHEDULE
     assert late.knobs == knobs(16384, 512)
 
@@ -310,7 +340,7 @@ def test_preset_window_waits_for_a_rollout_in_progress():
     the_spec = spec(schedules=[NIGHT])
     state = warmed()
     rolling = decide(SPEC, state, long_prompt_window(state, SPEC), T0).state
-    decision = decide(the_spec, rolling, None, T0.replace(hour=21))
+    decision = quietly(the_spec, rolling, T0.replace(hour=21))
     assert decision.hold == HoldReason.ROLLOUT_IN_PROGRESS
 
 
@@ -323,7 +353,7 @@ def test_override_window_runs_the_traffic_policy_inside_its_bounds():
         "bounds": {"maxNumBatchedTokens": {"min": 256, "max": 2048}},
     }
     the_spec = spec(schedules=[tight])
-    decision = decide(the_spec, status(), None, T0)
+    decision = quietly(the_spec, status(), T0)
     assert decision.action == DecisionAction.CHANGE and decision.knobs == knobs(2048, 1024)
     assert "outside its bounds" in decision.reason
 
@@ -646,7 +676,7 @@ def _evaluated(the_spec, state, start, end, step, rollout=timedelta(seconds=80))
     the changes made, and the status at the end."""
     changes, now = [], start
     while now < end:
-        decision = decide(the_spec, state, None, now)
+        decision = quietly(the_spec, state, now)
         state = decision.state
         if decision.changes:
             changes.append(decision)
@@ -681,13 +711,13 @@ def test_a_persons_change_in_a_preset_window_is_respected_for_the_cooldown():
     night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "0s", "knobs": PRESET}
     the_spec = spec(schedules=[night])
     opens = T0.replace(hour=22)
-    state = succeed(decide(the_spec, status(), None, opens), opens + timedelta(minutes=2))
+    state = succeed(quietly(the_spec, status(), opens), opens + timedelta(minutes=2))
     state = manual_change_detected(state, knobs(4096, 256), opens + timedelta(minutes=30))
-    held = decide(the_spec, state, None, opens + timedelta(minutes=31))
+    held = quietly(the_spec, state, opens + timedelta(minutes=31))
     assert held.hold == HoldReason.COOLDOWN and held.knobs == knobs(4096, 256)
     assert "person" in held.reason and "840s left" in held.reason
     # the 15m cooldown is over and the window still open: the preset again, and the person's knobs after it
-    again = decide(the_spec, held.state, None, opens + timedelta(minutes=45))
+    again = quietly(the_spec, held.state, opens + timedelta(minutes=45))
     assert again.action == DecisionAction.CHANGE and again.knobs == knobs(16384, 512)
     assert again.state.resume_knobs == knobs(4096, 256)
 
@@ -696,14 +726,14 @@ def test_a_preset_whose_pods_found_no_room_waits_the_cooldown_before_it_is_tried
     night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "0s", "knobs": PRESET}
     the_spec = spec(schedules=[night])
     opens = T0.replace(hour=22)
-    written = decide(the_spec, status(), None, opens)
+    written = quietly(the_spec, status(), opens)
     blocked = rollout_blocked(written.state, opens + timedelta(minutes=10), "pod x cannot be scheduled")
     assert blocked.action == DecisionAction.ROLLBACK and blocked.state.failed_configs == []
     rolled_back = succeed(blocked, opens + timedelta(minutes=10, seconds=5))
 
-    held = decide(the_spec, rolled_back, None, opens + timedelta(minutes=11))
+    held = quietly(the_spec, rolled_back, opens + timedelta(minutes=11))
     assert held.hold == HoldReason.COOLDOWN and "could not start its pods" in held.reason and "840s left" in held.reason
-    again = decide(the_spec, held.state, None, opens + timedelta(minutes=25))  # the window does not give up
+    again = quietly(the_spec, held.state, opens + timedelta(minutes=25))  # the window does not give up
     assert again.action == DecisionAction.CHANGE and again.knobs == knobs(16384, 512)
 
 
@@ -712,17 +742,17 @@ def test_a_strategy_that_stops_a_pod_first_ends_the_wait_after_a_blocked_rollout
     the_spec = spec(schedules=[night])
     opens = T0.replace(hour=22)
     surging = strategy_seen(status(), 0)  # one replica, Kubernetes' default strategy: it only surges
-    written = decide(the_spec, surging, None, opens)
+    written = quietly(the_spec, surging, opens)
     blocked = rollout_blocked(written.state, opens + timedelta(minutes=10), "pod x cannot be scheduled")
     rolled_back = succeed(blocked, opens + timedelta(minutes=10, seconds=5))
 
     same = strategy_seen(rolled_back, 0)  # nothing changed: the wait stands
     assert same.blocked_at == rolled_back.blocked_at is not None
-    assert decide(the_spec, same, None, opens + timedelta(minutes=11)).hold == HoldReason.COOLDOWN
+    assert quietly(the_spec, same, opens + timedelta(minutes=11)).hold == HoldReason.COOLDOWN
     # maxSurge 0, maxUnavailable 1: the old pod stops first and leaves its GPU to the new one
     fixed = strategy_seen(same, 1)
     assert fixed.blocked_at is None and fixed.rollout_unavailable == 1
-    again = decide(the_spec, fixed, None, opens + timedelta(minutes=11))
+    again = quietly(the_spec, fixed, opens + timedelta(minutes=11))
     assert again.action == DecisionAction.CHANGE and again.knobs == knobs(16384, 512), again.reason
     # fewer pods stopped at once (scaled in) does not end the wait
     wider = rolled_back.model_copy(update={"rollout_unavailable": 2})
@@ -733,13 +763,13 @@ def test_a_preset_written_while_the_deployment_is_at_zero_does_not_hold_back_the
     night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "0s", "knobs": PRESET}
     the_spec = spec(schedules=[night])
     opens = T0.replace(hour=22)
-    written = decide(the_spec, status(), None, opens)
+    written = quietly(the_spec, status(), opens)
     assert written.action == DecisionAction.CHANGE
     closes = opens + timedelta(hours=8)
     # written into a Deployment scaled to zero: no pod to wait for, the next write is not a rollout on a rollout
-    back = decide(the_spec, rollout_unverified(written.state, opens + timedelta(seconds=20)), None, closes)
+    back = quietly(the_spec, rollout_unverified(written.state, opens + timedelta(seconds=20)), closes)
     assert back.action == DecisionAction.CHANGE and back.knobs == knobs(8192, 1024), back.reason
-    assert decide(the_spec, written.state, None, closes).hold == HoldReason.ROLLOUT_IN_PROGRESS
+    assert quietly(the_spec, written.state, closes).hold == HoldReason.ROLLOUT_IN_PROGRESS
 
 
 def test_changes_put_back_twice_in_a_day_are_only_recommended_until_the_spec_changes():
@@ -747,19 +777,19 @@ def test_changes_put_back_twice_in_a_day_are_only_recommended_until_the_spec_cha
     night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "0s", "knobs": PRESET}
     the_spec = spec(schedules=[night])
     before, opens = knobs(8192, 1024), T0.replace(hour=22)
-    state = succeed(decide(the_spec, status(), None, opens), opens + timedelta(minutes=2))
+    state = succeed(quietly(the_spec, status(), opens), opens + timedelta(minutes=2))
     state = manual_change_detected(state, before, opens + timedelta(minutes=3))
     assert state.reverts == ["2024-05-01T22:03:00Z"] and "undoing the operator's change" in state.history[0].reason
-    again = decide(the_spec, state, None, opens + timedelta(minutes=20))  # one revert: a person's cooldown only
+    again = quietly(the_spec, state, opens + timedelta(minutes=20))  # one revert: a person's cooldown only
     assert again.action == DecisionAction.CHANGE and again.knobs == knobs(16384, 512)
     state = manual_change_detected(again.state, before, opens + timedelta(minutes=21))  # reverted mid-rollout
 
-    held = decide(the_spec, state, None, opens + timedelta(minutes=40))
+    held = quietly(the_spec, state, opens + timedelta(minutes=40))
     assert held.hold == HoldReason.REVERTED and held.recommendation == knobs(16384, 512)
     assert "GitOps" in held.reason and "edit this VllmTuning's spec" in held.reason
-    assert decide(the_spec, held.state, None, opens + timedelta(hours=7)).hold == HoldReason.REVERTED
+    assert quietly(the_spec, held.state, opens + timedelta(hours=7)).hold == HoldReason.REVERTED
     # a new spec generation: the user has made the tool leave the args alone
-    resumed = decide(the_spec, adopt_generation(held.state, 2), None, opens + timedelta(hours=7))
+    resumed = quietly(the_spec, adopt_generation(held.state, 2), opens + timedelta(hours=7))
     assert resumed.action == DecisionAction.CHANGE and resumed.knobs == knobs(16384, 512)
 
 
@@ -767,14 +797,14 @@ def test_a_person_changing_other_knobs_or_reverts_a_day_apart_do_not_stop_change
     night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "0s", "knobs": PRESET}
     the_spec = spec(schedules=[night])
     opens = T0.replace(hour=22)
-    state = succeed(decide(the_spec, status(), None, opens), opens + timedelta(minutes=2))
+    state = succeed(quietly(the_spec, status(), opens), opens + timedelta(minutes=2))
     assert manual_change_detected(state, knobs(4096, 256), opens + timedelta(minutes=3)).reverts == []
     reverted = manual_change_detected(state, knobs(8192, 1024), opens + timedelta(minutes=3))
     # the person's knobs put back again by a second edit are not our change being undone
     assert manual_change_detected(reverted, knobs(8192, 1024), opens + timedelta(minutes=4)).reverts == [
         "2024-05-01T22:03:00Z"]
     a_day_later = reverted.model_copy(update={"reverts": ["2024-05-02T22:04:00Z", *reverted.reverts]})
-    assert decide(the_spec, a_day_later, None, opens + timedelta(days=1, minutes=20)).action == DecisionAction.CHANGE
+    assert quietly(the_spec, a_day_later, opens + timedelta(days=1, minutes=20)).action == DecisionAction.CHANGE
 
 
 def test_windows_are_remembered_again_after_a_person_superseded_a_rollout():
@@ -812,7 +842,7 @@ def test_rollout_times_stay_within_the_status_cap_at_the_highest_limit():
     the_spec = spec(rollout={"maxRolloutsPerDay": 288}, schedules=[night])
     opens = T0.replace(hour=22)
     times = [utc_timestamp(opens - timedelta(minutes=4 * n)) for n in range(287, 0, -1)]
-    change = decide(the_spec, status(rollout_times=times), None, opens)
+    change = quietly(the_spec, status(rollout_times=times), opens)
     back = rollout_failed(change.state, opens + timedelta(minutes=3), "CUDA out of memory", generation=1)
     assert len(back.state.rollout_times) == 289
     VllmTuningStatus.model_validate(back.state.model_dump(by_alias=True))  # within the CRD's maxItems
@@ -835,9 +865,9 @@ def test_a_window_that_only_overrides_the_slo_or_bounds_nested_in_a_preset_windo
     ]
     assert scheduled_rollouts(the_spec.schedules, status(), start, DAY_SECONDS) >= len(changes)
     # inside it the override is the window in force, the preset its knobs
-    opened = succeed(decide(the_spec, status(), None, T0.replace(hour=22)), T0.replace(hour=22, minute=2))
+    opened = succeed(quietly(the_spec, status(), T0.replace(hour=22)), T0.replace(hour=22, minute=2))
     inside = T0.replace(day=2, hour=2, minute=30)
-    held = decide(the_spec, opened, None, inside)
+    held = quietly(the_spec, opened, inside)
     assert held.hold == HoldReason.SCHEDULE and held.knobs == knobs(16384, 512)
     assert held.state.active_schedule == "report-run" and held.state.resume_knobs == knobs(8192, 1024)
     assert effective_slo(the_spec, held.state, inside) == (the_spec.schedules[1].slo or the_spec.slo)

@@ -9,13 +9,22 @@ from datetime import datetime, timedelta
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vllm_autotuner.api import DecisionAction, FailedConfig, KnobSource, Knobs, LearnedOptimum, TimeWindow
+from vllm_autotuner.api import (
+    DecisionAction,
+    FailedConfig,
+    KnobSource,
+    Knobs,
+    LearnedOptimum,
+    TimeWindow,
+    VllmTuningSpec,
+)
 from vllm_autotuner.api.types import duration_seconds, utc_timestamp
 from vllm_autotuner.knobs import startup_errors
 from vllm_autotuner.policy import HoldReason, Observation, decide, rollout_failed, rollout_succeeded
 from vllm_autotuner.policy.guardrails import in_bounds, step_range, within_step
+from vllm_autotuner.policy.observation import stale_after
 
-from .helpers import T0, long_prompt_window, spec, status
+from .helpers import T0, long_prompt_window, quiet, spec, status
 
 POSITIVE = st.floats(0.0, 1e5, allow_nan=False)
 LATENCY = st.floats(0.001, 120.0)
@@ -162,6 +171,41 @@ def test_what_holds_from_outside_the_tuning_turns_a_change_into_a_hold_and_chang
         assert held.state.slot_wait_since == waits and held.state.last_rollout == state.last_rollout
     else:
         assert held == free
+
+
+#: Numbers of a window that Prometheus may answer NaN for.
+MEASURED = ("request_rate", "ttft_seconds", "itl_seconds", "kv_cache_usage", "running", "step_tokens_mean")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(setup=setups(), data=st.data(), blindness=st.sampled_from(["unreachable", "stale", "nan"]),
+       preset=st.tuples(st.sampled_from([512, 4096, 16384]), st.sampled_from([64, 256, 512])))
+def test_no_change_starts_blind_not_even_a_schedule_preset_which_waits_for_a_fresh_window(
+        setup, data, blindness, preset):
+    """Prometheus unreachable (no window), stale samples or NaN: whatever the traffic policy and a preset window
+    open now would do, nothing changes; the preset a fresh but quiet window would roll out is the recommendation,
+    and the hold says why."""
+    the_spec, state = setup
+    window = {"name": "w", "timeZone": "UTC", "start": "0 12 * * *", "end": "0 13 * * *",
+              "knobs": {"maxNumBatchedTokens": preset[0], "maxNumSeqs": min(preset)}}
+    the_spec = VllmTuningSpec.model_validate({**the_spec.model_dump(by_alias=True, exclude_none=True),
+                                              "schedules": [window]})
+    seen = data.draw(windows(state, the_spec, T0, nan=False))
+    if blindness == "unreachable":
+        blind, hold = None, HoldReason.NO_DATA
+    elif blindness == "stale":
+        old = stale_after(the_spec) + data.draw(st.floats(1.0, 1e5))
+        blind, hold = dataclasses.replace(seen, data_age_seconds=old), HoldReason.STALE
+    else:
+        blind, hold = dataclasses.replace(seen, **{data.draw(st.sampled_from(MEASURED)): math.nan}), HoldReason.INVALID
+    held = decide(the_spec, state, blind, T0)
+    assert not held.changes
+    sighted = decide(the_spec, state, quiet(T0), T0)
+    if sighted.changes:
+        assert sighted.source == KnobSource.SCHEDULE and held.hold == hold and held.recommendation == sighted.knobs
+        assert "waits for a fresh window" in held.reason and sighted.reason in held.reason
+    else:  # nothing to change seen either (the preset in force, the cooldown, ...): the same hold, or the blind one
+        assert held.hold in (hold, sighted.hold)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -15,7 +15,9 @@ breached, so an outage timed "before it acts" would be a race.)
 A second test points the operator at a Prometheus that never answers, and
 has another Prometheus scrape the operator as the chart's ServiceMonitor
 does and evaluate the chart's alerts: the two alerts for it go pending,
-named and described from the operator's own series, and no other.
+named and described from the operator's own series, and no other. Its
+tuning has a schedule window open, whose preset needs no traffic: blind,
+it is not written either, only recommended.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import pytest
 from tests.e2e.conftest import Operators
 from tests.e2e.test_traffic import settled_window
-from tests.e2e.world import Load, World, fleet_targets_of, knob_args, parse_time, tuning_spec
+from tests.e2e.world import Load, World, fleet_targets_of, knob_args, knobs_of, open_window, parse_time, tuning_spec
 from tests.support import H100, Cluster, NotYet, alert_rules, alert_watcher, wait_for
 
 from vllm_autotuner.sim import localenv
@@ -76,13 +78,14 @@ def test_prometheus_stopped_mid_run_means_metrics_unavailable_and_no_patch_until
     assert rollout["to"]["maxNumSeqs"] > 16
 
 
-def test_an_operator_that_cannot_reach_prometheus_raises_its_alerts_and_no_other(
+def test_an_operator_that_cannot_reach_prometheus_raises_its_alerts_and_no_other_and_writes_no_preset(
         cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators,
         tmp_path: Path) -> None:
     world = World(cluster_with_crd, namespace)
     world.create_deployment(H100, knob_args(512, 16), replicas=1)
     world.wait_rolled_out(knob_args(512, 16), 60)  # no rollout in progress: its decisions hold for want of data
-    world.create_tuning(tuning_spec(world.name))
+    preset = {"maxNumBatchedTokens": 2048, "maxNumSeqs": 64}
+    world.create_tuning(tuning_spec(world.name, schedules=[open_window("UTC", preset)]))
     operator = operators.start(prometheus_url=f"http://127.0.0.1:{localenv.free_port()}")  # nothing listens
     expected = {"VllmAutotunerPrometheusErrors", "VllmTuningBlind"}
     with alert_watcher(tmp_path / "watcher", operator.url) as watcher:
@@ -103,3 +106,10 @@ def test_an_operator_that_cannot_reach_prometheus_raises_its_alerts_and_no_other
     assert blind["state"] == "pending", blind
     assert (blind["labels"]["namespace"], blind["labels"]["tuning"]) == (namespace, world.name), blind
     assert f"kubectl describe vlt {world.name} -n {namespace}" in blind["annotations"]["description"], blind
+    # evaluations held until the alerts went pending, the preset's window open all along: never written
+    status = world.status()
+    assert "lastRollout" not in status and world.deployment().metadata.generation == 1, status.get("lastRollout")
+    assert knobs_of(world.template_args()) == (512, 16)
+    held = status["history"][0]
+    assert held["hold"] == "NoData" and "waits for a fresh window" in held["reason"], held
+    assert {k: status["recommendation"][k] for k in preset} == preset, status["recommendation"]

@@ -321,6 +321,42 @@ def test_a_queue_limit_refuses_requests_that_the_window_counts_as_load_in_no_lat
     assert obs.ttft_seconds is not None and obs.ttft_seconds < 60
 
 
+def test_requests_deferred_for_a_lora_adapter_are_not_the_waiting_the_window_counts(
+    cluster: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus
+) -> None:
+    """With ``--max-loras 1``, requests for a second adapter wait while the first adapter's run: vLLM counts them
+    waiting, but deferred, not waiting for room in the batch (vllm:num_requests_waiting_by_reason). Other knobs
+    would not start them sooner, so the operator's window leaves them out of its waiting requests."""
+    api = Api(cluster, namespace)
+    args = ["--enable-lora", "--max-loras", "1", "--lora-modules", "sql=/adapters/sql", "chat=/adapters/chat",
+            "--max-num-seqs", "8"]
+    api.create(vllm_deployment("adapters", H100, args, replicas=1))
+    (pod,) = wait_for(lambda: api.ready_pods("adapters", 1), 90, "the pod")
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_autotuner.cli", "sim", "load", f"--kubeconfig={cluster.kubeconfig}",
+         f"--namespace={namespace}", "--deployment=adapters", "--scenario=steady", "--mix=chat", "--rate=2",
+         "--duration=15", "--progress=5", "--model=sql", "--model=chat"],
+        capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.splitlines()[-1])
+    assert summary["ok"] == summary["sent"], summary
+
+    client = PrometheusClient(Connection(url=prometheus.url))
+    name = pod.metadata.name
+    pod_labels = f'namespace="{namespace}",pod="{name}"'
+    deferred = f'max_over_time(vllm:num_requests_waiting_by_reason{{{pod_labels},reason="deferred"}}[120s])'
+    wait_for(lambda: [r for r in client.query(deferred, time.time()) if r.value > 0], 30,
+             "Prometheus to see requests deferred for their adapter")
+    at = time.time()
+    obs, why = observe_target(fetch_window(client, Selector(), 120, at), namespace, PodMatch(names=(name,)),
+                              1, None, SLO(), False)
+    assert why is None and obs is not None and obs.waiting is not None, why
+    (total,) = client.query(f"avg_over_time(vllm:num_requests_waiting{{{pod_labels}}}[120s])", at)
+    (capacity,) = client.query(
+        f'avg_over_time(vllm:num_requests_waiting_by_reason{{{pod_labels},reason="capacity"}}[120s])', at)
+    assert obs.waiting == pytest.approx(capacity.value) and total.value > obs.waiting, (total, capacity, obs.waiting)
+
+
 def test_a_pod_whose_engine_sleeps_is_counted_asleep_until_a_whole_window_finds_it_awake(
     cluster: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus
 ) -> None:

@@ -107,7 +107,8 @@ _READ_FLAGS = (
     "max-num-batched-tokens", "max-num-seqs", "max-model-len", "enable-chunked-prefill", "no-enable-chunked-prefill",
     "data-parallel-size", "data-parallel-size-local", "performance-mode", "config", "model", "tensor-parallel-size",
     "gpu-memory-utilization", "enable-prefix-caching", "no-enable-prefix-caching", "block-size", "port",
-    "served-model-name", "max-num-queued-reqs", "max-num-queued-tokens", "enable-sleep-mode",
+    "served-model-name", "max-num-queued-reqs", "max-num-queued-tokens", "enable-sleep-mode", "enable-lora",
+    "max-loras", "lora-modules",
 )
 # vLLM's parser takes a word that is a prefix of exactly one option for that option, and refuses a prefix of several
 # ("ambiguous option"): so a prefix of one of these (the options read, and the value-less ones, whose abbreviation
@@ -660,6 +661,22 @@ class CommandLine:
         name = normalise(name)
         matches = [f for f in self.flags() if f.name == name]
         return matches[-1] if matches else None
+
+    def values(self, name: str) -> list[str]:
+        """The values of the effective occurrence of a flag that takes several (argparse's ``nargs='+'``:
+        ``--lora-modules a=/p b=/q``): its value and the words after it up to the next flag (``--name=value`` takes
+        that one only, as argparse does); empty when absent."""
+        flag = self.get(name)
+        if flag is None or flag.value is None:
+            return []
+        found = [flag.value]
+        if flag.value_word is not None:
+            _, end = self._vllm_arguments()
+            i = next(i for i, word in enumerate(self.words) if word is flag.value_word) + 1
+            while i < end and self._is_value(self.words[i]):
+                found.append(self.words[i].text)
+                i += 1
+        return found
 
     def get_int(self, name: str) -> int | None:
         """An integer flag's value, read with the type vLLM gives the flag: None when absent, ``None`` or empty

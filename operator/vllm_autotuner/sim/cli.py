@@ -103,6 +103,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines")
     load.add_argument("--wait", type=float, default=60.0, help="seconds to wait for a Ready pod")
     load.add_argument("--seed", type=int, default=0, help="seeds the scenario")
+    load.add_argument("--model", dest="models", action="append", metavar="NAME",
+                      help="the requests' model, in turn when repeated: LoRA adapters' names (--lora-modules) or the "
+                           "served model's (default: none named, the served model)")
     load.set_defaults(func=_cmd_load)
 
     demo = simsub.add_parser("demo", help="one compressed day on the local cluster: two identical vLLM Deployments, "

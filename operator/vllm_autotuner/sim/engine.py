@@ -15,6 +15,11 @@ What it reproduces (vLLM V1 ``Scheduler.schedule``):
   preempted: its blocks are freed, it goes back to the front of the waiting
   queue and is recomputed (prompt plus what it had generated) when
   readmitted. A step that preempted admits nothing new.
+* LoRA (``max_loras``): requests that name an adapter run in a batch of at
+  most ``max_loras`` adapters. A waiting request whose adapter would be one
+  too many is skipped, and those behind it are considered (V1 defers it:
+  ``vllm:num_requests_waiting_by_reason{reason="deferred"}``), so while
+  one adapter's requests keep coming another's may wait for ever, as in vLLM.
 * Prefix caching (optional): requests that name a ``prefix_id`` share the full
   blocks of that prefix once one request has computed it; unreferenced
   prefixes stay cached until their blocks are needed (LRU eviction).
@@ -103,6 +108,8 @@ class Request:
     prefix_id: int | None = None
     prefix_tokens: int = 0
     first_token_timeout: float = math.inf
+    lora: str | None = None
+    """The LoRA adapter it names (its ``model``); None: the base model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +313,8 @@ class Engine:
         self._max_seqs = self.config.max_num_seqs
         self._chunked = self.config.enable_chunked_prefill
         self._prefix_caching = self.config.enable_prefix_caching
+        self._max_loras = self.config.max_loras
+        self._adapters: dict[str, int] = {}  # running requests by LoRA adapter
 
         self._now = 0.0
         self._g = 0  # global step counter
@@ -429,7 +438,8 @@ class Engine:
         """All metrics now; cheap enough to take at every scrape."""
         while self._pending and self._pending[0].arrival <= self._now:
             self._waiting.append(self._pending.popleft())
-        gauges = Gauges(len(self._running), len(self._waiting), self._used / self.num_gpu_blocks)
+        deferred = sum(1 for s in self._waiting if self._lora_deferred(s)) if self._max_loras else 0
+        gauges = Gauges(len(self._running), len(self._waiting), self._used / self.num_gpu_blocks, deferred)
         snap = snapshot(self.metrics, self._now, gauges)
         # vLLM's MFU counters, from the work done (kept as totals, not per step)
         cost, counters = self.cost, snap.counters
@@ -507,16 +517,28 @@ class Engine:
         blocks = -(-(cached + chunk) // bs)
         return cached, chunk, blocks, blocks - shared + revive
 
+    def _lora_deferred(self, seq: _Seq) -> bool:
+        """Whether admitting ``seq`` would put one LoRA adapter too many in the batch."""
+        lora = seq.req.lora
+        adapters = self._adapters
+        return lora is not None and lora not in adapters and len(adapters) >= self._max_loras  # type: ignore[operator]
+
+    def _candidate(self) -> _Seq | None:
+        """The waiting request the next step tries to admit first: the head of the queue, past those LoRA defers."""
+        if not self._max_loras:
+            return self._waiting[0] if self._waiting else None
+        return next((s for s in self._waiting if not self._lora_deferred(s)), None)
+
     def _head_admissible(self) -> bool:
-        """Would the next step admit the head of the waiting queue? (Decides
+        """Would the next step admit the first waiting request it tries? (Decides
         whether a decode-only span may be fast-forwarded.)"""
-        waiting = self._waiting
-        if not waiting or len(self._running) >= self._max_seqs:
+        seq = self._candidate()
+        if seq is None or len(self._running) >= self._max_seqs:
             return False
         budget = self._budget - self._n_dec
         if budget <= 0:
             return False
-        cost = self._admission(waiting[0], budget)
+        cost = self._admission(seq, budget)
         return cost is not None and cost[3] <= self.num_gpu_blocks - self._used
 
     def _span_length(self, until: float, jitter: float) -> int:
@@ -539,7 +561,7 @@ class Engine:
             bound = deadlines[0][0]  # a waiting request is aborted, and the next in line may be admissible
         if (
             self._pending
-            and not self._waiting
+            and self._candidate() is None
             and len(running) < self._max_seqs
             and self._budget > n
             and self._pending[0].arrival < bound
@@ -625,8 +647,12 @@ class Engine:
             budget -= part_chunk
         if not preempted:
             waiting = self._waiting
+            deferred: list[_Seq] = []  # skipped for their LoRA adapter, back at the head afterwards
             while waiting and budget > 0 and len(running) < self._max_seqs:
                 seq = waiting[0]
+                if self._max_loras and self._lora_deferred(seq):
+                    deferred.append(waiting.popleft())
+                    continue
                 cost = self._admission(seq, budget)
                 if cost is None or cost[3] > self.num_gpu_blocks - self._used:
                     break
@@ -635,6 +661,7 @@ class Engine:
                 self._admit(seq, cached, blocks, growth, now)
                 items.append((seq, chunk, cached))
                 budget -= chunk
+            waiting.extendleft(reversed(deferred))
         self._evict_if_needed()
 
         n = self._n_dec
@@ -713,6 +740,8 @@ class Engine:
         self._used += growth
         seq.blocks = blocks
         seq.computed = cached
+        if seq.req.lora is not None:
+            self._adapters[seq.req.lora] = self._adapters.get(seq.req.lora, 0) + 1
         if seq.scheduled_at < 0:
             seq.scheduled_at = now
             seq.cached = cached
@@ -807,8 +836,13 @@ class Engine:
         return seq
 
     def _release(self, seq: _Seq, blocks: int) -> None:
-        """Free the KV blocks ``seq`` holds; a prefix nobody references any
-        more stays cached but becomes evictable."""
+        """Free the KV blocks ``seq`` holds as it leaves the batch, and its LoRA adapter's place when it was the
+        adapter's last request there; a prefix nobody references any more stays cached but becomes evictable."""
+        lora = seq.req.lora
+        if lora is not None:
+            left = self._adapters.pop(lora) - 1
+            if left:
+                self._adapters[lora] = left
         self._used -= blocks - seq.shared
         if seq.shared:
             entry = self._prefixes[seq.prefix]  # type: ignore[index]

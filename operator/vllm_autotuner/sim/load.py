@@ -127,10 +127,13 @@ class Load:
     """One run of ``sim load``."""
 
     def __init__(self, api: kubernetes.client.ApiClient, namespace: str, deployment: str,
-                 timeout: float = CLIENT_TIMEOUT_S) -> None:
+                 timeout: float = CLIENT_TIMEOUT_S, models: tuple[str, ...] = ()) -> None:
         self.core = kubernetes.client.CoreV1Api(api)
         self.apps = kubernetes.client.AppsV1Api(api)
         self.namespace, self.deployment, self.timeout = namespace, deployment, timeout
+        self.models = models
+        """The ``model`` of the requests in turn (LoRA adapters' names, the served model's); none: unnamed."""
+        self._sent = 0
         self.urls: list[str] = []
         self.stats = Stats()
         self._next = 0
@@ -168,7 +171,11 @@ class Load:
         if url is None:
             self.stats.errors["no Ready pod"] += 1
             return
-        body = {"prompt": [1 + i % 30000 for i in range(prompt)], "max_tokens": output, "ignore_eos": True}
+        body: dict[str, Any] = {"prompt": [1 + i % 30000 for i in range(prompt)], "max_tokens": output,
+                                "ignore_eos": True}
+        if self.models:
+            body["model"] = self.models[self._sent % len(self.models)]
+            self._sent += 1
         started = time.monotonic()
         try:
             async with session.post(url + "/v1/completions", json=body) as response:
@@ -252,7 +259,7 @@ def main(args: argparse.Namespace) -> int:
     hours = math.ceil((args.start_hour * HOUR + args.duration) / HOUR)
     scenario = build_scenario(args.scenario, args.rate, args.mix, hours)
     load = Load(kubernetes.config.new_client_from_config(config_file=args.kubeconfig), args.namespace,
-                args.deployment, timeout)
+                args.deployment, timeout, tuple(args.models or ()))
     try:
         stats = asyncio.run(load.run(scenario, start_s=args.start_hour * HOUR, duration=args.duration,
                                      max_requests=args.max_requests, max_in_flight=args.max_in_flight,

@@ -223,7 +223,8 @@ class VllmCollector(Collector):
                 "'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). "
                 "Sum of all reasons equals vllm:num_requests_waiting.",
                 "reason",
-                {"capacity": gauges.num_requests_waiting, "deferred": 0},
+                {"capacity": gauges.num_requests_waiting - gauges.num_requests_deferred,
+                 "deferred": gauges.num_requests_deferred},
             )
         yield self._labelled_gauge(
             "vllm:engine_sleep_state",

@@ -270,6 +270,8 @@ class Gauges:
     num_requests_running: int
     num_requests_waiting: int
     kv_cache_usage_perc: float
+    num_requests_deferred: int = 0
+    """Of the waiting, those deferred for a LoRA adapter's place in the batch."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,8 @@ faithfully, so it is refused with a message saying which node pool fits.
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +54,9 @@ class VllmLaunch:
     port: int
     limits: QueueLimits = QueueLimits()
     """The API server's admission limits (``--max-num-queued-reqs``, ``--max-num-queued-tokens``)."""
+    lora_modules: tuple[str, ...] = ()
+    """The LoRA adapters it serves by name (``--lora-modules name=path`` or JSON ``{"name": ..., "path": ...}``, with
+    ``--enable-lora``): a request whose ``model`` is one runs with that adapter."""
     sleep_mode: bool = False
     """Whether it takes sleep and wake-up calls: ``--enable-sleep-mode``, and ``VLLM_SERVER_DEV_MODE`` a non-zero
     integer in the container's environment (vLLM serves /sleep, /wake_up and /is_sleeping only in dev mode)."""
@@ -123,14 +128,33 @@ def vllm_launch(container: dict[str, Any], profile: Profile) -> VllmLaunch:
         "enable_prefix_caching": cmd.get_bool("enable-prefix-caching"),
         "block_size": _int(cmd, "block-size"),
         "performance_mode": mode.value if mode is not None else None,
+        "max_loras": (_int(cmd, "max-loras") or 1) if cmd.get_bool("enable-lora") else None,
     }
     config = EngineConfig(**{k: v for k, v in present.items() if v is not None})  # absent: vLLM's default
     served = cmd.get("served-model-name")
     name = served.value if served is not None and served.value else cmd.model() or profile.served_model_name
     limits = QueueLimits(_int(cmd, "max-num-queued-reqs"), _int(cmd, "max-num-queued-tokens"))
     sleep_mode = bool(cmd.get_bool("enable-sleep-mode")) and _dev_mode(container)
+    adapters = tuple(_lora_name(module) for module in cmd.values("lora-modules"))
+    if adapters and config.max_loras is None:
+        raise LaunchError("simulator: --lora-modules needs --enable-lora (vLLM fails to load the adapters: LoRA is "
+                          "not enabled)")
     return VllmLaunch(config=config, served_model_name=name, port=_int(cmd, "port") or DEFAULT_PORT, limits=limits,
-                      sleep_mode=sleep_mode)
+                      lora_modules=adapters, sleep_mode=sleep_mode)
+
+
+def _lora_name(module: str) -> str:
+    """The name a ``--lora-modules`` value serves its adapter as: ``name=path``, or JSON with ``name`` and ``path``
+    (and optionally ``base_model_name``)."""
+    if module.lstrip().startswith("{"):
+        try:
+            return str(json.loads(module)["name"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    elif "=" in module:
+        return module.partition("=")[0]
+    raise LaunchError(f"{USAGE}\nvllm serve: error: argument --lora-modules: invalid value {module!r}: give name=path "
+                      f"or JSON with name and path", ARGPARSE_EXIT)
 
 
 def _dev_mode(container: dict[str, Any]) -> bool:

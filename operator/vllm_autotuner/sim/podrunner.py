@@ -293,7 +293,7 @@ class PodRunner:
         seed = zlib.crc32(f"{self.ctx.seed}/{self.key}".encode())
         engine = Engine(self.node.profile, launch.config, seed=seed)
         self._served = ServedEngine(engine, launch.served_model_name, limits=launch.limits,
-                                    sleep_mode=launch.sleep_mode)
+                                    sleep_mode=launch.sleep_mode, adapters=launch.lora_modules)
         self._server = app_runner(self._served, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await self._server.setup()
         assert self._sock is not None

@@ -118,9 +118,11 @@ class ServedEngine:
     """An :class:`Engine` whose clock is the wall clock since it became ready."""
 
     def __init__(self, engine: Engine, model_name: str, clock: Callable[[], float] = time.monotonic,
-                 limits: QueueLimits = QueueLimits(), sleep_mode: bool = False) -> None:
+                 limits: QueueLimits = QueueLimits(), sleep_mode: bool = False, adapters: tuple[str, ...] = ()) -> None:
         self.engine = engine
         self.model_name = model_name
+        self.adapters = adapters
+        """The LoRA adapters served by name (``--lora-modules``)."""
         self.limits = limits
         self.rejections = dict.fromkeys(REJECTION_REASONS, 0)
         """Requests refused at admission, by the limit that refused them."""
@@ -141,15 +143,15 @@ class ServedEngine:
     def elapsed(self) -> float:
         return self._clock() - self._start
 
-    def submit(self, prompt_tokens: int, output_tokens: int, *, stream: bool) -> InFlight:
-        """Queue a request arriving now. Raises :class:`RequestError` for what
-        vLLM rejects: 503 beyond a queue limit (:meth:`admit`), 400 for a
+    def submit(self, prompt_tokens: int, output_tokens: int, *, stream: bool, lora: str | None = None) -> InFlight:
+        """Queue a request arriving now, for the LoRA adapter ``lora`` (None: the base model). Raises
+        :class:`RequestError` for what vLLM rejects: 503 beyond a queue limit (:meth:`admit`), 400 for a
         prompt plus output beyond ``max_model_len``, 503 while asleep."""
         if self.sleep_level:
             raise RequestError(503, "The engine is sleeping: wake it with POST /wake_up.", "ServiceUnavailableError")
         self.admit()
         try:
-            rid = self.engine.submit(Request(self.elapsed(), prompt_tokens, output_tokens))
+            rid = self.engine.submit(Request(self.elapsed(), prompt_tokens, output_tokens, lora=lora))
         except ValueError as exc:
             raise RequestError(400, f"{exc} Please reduce the length of the messages or completion.") from None
         flight = InFlight(rid, prompt_tokens, output_tokens)
@@ -301,9 +303,12 @@ async def _metrics(request: web.Request) -> web.Response:
 
 async def _models(request: web.Request) -> web.Response:
     served: ServedEngine = request.app[SERVED]
-    model = {"id": served.model_name, "object": "model", "created": int(served.created), "owned_by": "vllm",
-             "root": served.model_name, "parent": None, "max_model_len": served.max_model_len, "permission": []}
-    return web.json_response({"object": "list", "data": [model]})
+    def model(name: str, parent: str | None) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": int(served.created), "owned_by": "vllm", "root": name,
+                "parent": parent, "max_model_len": served.max_model_len, "permission": []}
+
+    data = [model(served.model_name, None), *(model(name, served.model_name) for name in served.adapters)]
+    return web.json_response({"object": "list", "data": data})
 
 
 async def _sleep(request: web.Request) -> web.Response:
@@ -337,7 +342,8 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
         body = await request.json()
         if not isinstance(body, dict):
             raise RequestError(400, "the request body must be a JSON object")
-        if body.get("model", served.model_name) != served.model_name:
+        name = body.get("model", served.model_name)
+        if name != served.model_name and name not in served.adapters:
             raise RequestError(404, f"The model `{body['model']}` does not exist.", "NotFoundError", "model")
         if chat:
             prompt = chat_prompt_tokens(body.get("messages"))
@@ -348,12 +354,12 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise RequestError(400, "max_tokens must be a positive integer", param="max_tokens")
         stream = bool(body.get("stream"))
-        flight = served.submit(prompt, max_tokens, stream=stream)
+        flight = served.submit(prompt, max_tokens, stream=stream, lora=None if name == served.model_name else name)
     except json.JSONDecodeError:
         return RequestError(400, "the request body is not valid JSON").response()
     except RequestError as exc:
         return exc.response()
-    reply = _Reply(chat, served.model_name, flight)
+    reply = _Reply(chat, name, flight)
     try:
         if stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -48,6 +48,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     block_size: int = 16
     performance_mode: str | None = None
+    max_loras: int | None = None
+    """LoRA adapters in a batch at once (``--max-loras``, 1 by default with ``--enable-lora``); None: LoRA off.
+    The adapters' weights are not in the memory model or the step time: only the scheduling rule is."""
 
     def resolve(self, profile: Profile) -> ResolvedConfig:
         """The effective values vLLM would run with on ``profile``.
@@ -69,6 +72,7 @@ class EngineConfig:
             enable_chunked_prefill=self.enable_chunked_prefill,
             enable_prefix_caching=self.enable_prefix_caching,
             block_size=self.block_size,
+            max_loras=self.max_loras,
         )
 
 
@@ -83,6 +87,7 @@ class ResolvedConfig:
     enable_chunked_prefill: bool
     enable_prefix_caching: bool
     block_size: int
+    max_loras: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,9 @@ fast engine is checked against.
 Every step walks the running list in order (decodes take one token, a
 partial prefill a chunk of the budget left), allocates KV blocks one request
 at a time and preempts the newest running request when a block is missing,
-then admits waiting requests FCFS unless the step preempted. Before each
+then admits waiting requests FCFS unless the step preempted, skipping those
+whose LoRA adapter would be one more than ``max_loras`` among the requests
+the step runs (put back at the head, in order, after it). Before each
 step, a request still without a first token whose client's timeout has
 passed is aborted (out of the waiting queue, or out of the running list with
 its blocks freed), and so is any request whose client went away (``aborts``:
@@ -55,6 +57,8 @@ class ReferenceResult:
     aborted: dict[str, list[int]] = field(default_factory=dict)
     """Requests aborted by their clients going away, by where they were: waiting, preempted (waiting after a
     preemption), prefilling, decoding."""
+    deferred: int = 0
+    """Times a waiting request was skipped for its LoRA adapter."""
 
 
 def run_reference(
@@ -67,6 +71,7 @@ def run_reference(
     chunked: bool,
     block_size: int = 16,
     aborts: dict[int, float] | None = None,
+    max_loras: int | None = None,
 ) -> ReferenceResult:
     pending = deque(_Req(i, r, r.prompt_tokens) for i, r in enumerate(requests))
     waiting: deque[_Req] = deque()
@@ -135,8 +140,14 @@ def run_reference(
             left -= new
             i += 1
         if not preempted:
+            loras = {r.req.lora for r, _ in scheduled if r.req.lora is not None}  # of the running it scheduled
+            skipped: list[_Req] = []
             while waiting and left > 0 and len(running) < max_seqs:
                 r = waiting[0]
+                if max_loras and r.req.lora is not None and r.req.lora not in loras and len(loras) == max_loras:
+                    skipped.append(waiting.popleft())
+                    out.deferred += 1
+                    continue
                 new = r.num_tokens - r.computed
                 if not chunked and new > left:
                     break
@@ -150,6 +161,9 @@ def run_reference(
                 running.append(r)
                 scheduled.append((r, new))
                 left -= new
+                if r.req.lora is not None:
+                    loras.add(r.req.lora)
+            waiting.extendleft(reversed(skipped))
         tokens = units = kv_read = sampled = 0
         for r, new in scheduled:
             tokens += new

@@ -1,7 +1,9 @@
 """The engine's API and the behaviours the reference scheduler does not cover
-(prefix caching, the clock, validation of submitted requests)."""
+(prefix caching, the clock, validation of submitted requests, the deferred gauge)."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
@@ -205,3 +207,19 @@ def test_abort_of_a_finished_request_finds_nothing() -> None:
     (done,) = engine.advance(float("inf"))
     assert done.rid == rid and not engine.abort(rid)
     assert engine.snapshot().counters["request_success"] == 1
+
+
+def test_requests_for_one_lora_adapter_too_many_wait_deferred_while_later_ones_pass_them() -> None:
+    config = EngineConfig(max_num_batched_tokens=2048, max_num_seqs=64, max_loras=1)
+    engine = Engine(noiseless("llama3-8b-h100"), config)
+    long_a = engine.submit(Request(0.0, 100, 400, lora="a"))
+    bs = [engine.submit(Request(0.001, 100, 10, lora="b")) for _ in range(3)]
+    short_a = engine.submit(Request(0.002, 100, 10, lora="a"))
+    base = engine.submit(Request(0.003, 100, 10))  # the base model takes no adapter's place
+    done = {f.rid: f for f in engine.advance(0.5)}
+    assert set(done) == {short_a, base}  # past the three for b, which wait behind the first request's adapter
+    gauges = engine.snapshot().gauges
+    assert (gauges.num_requests_running, gauges.num_requests_waiting, gauges.num_requests_deferred) == (1, 3, 3)
+    done |= {f.rid: f for f in engine.advance(math.inf)}
+    assert min(done[b].first_token_time for b in bs) > done[long_a].finish_time
+    assert engine.snapshot().gauges.num_requests_deferred == 0

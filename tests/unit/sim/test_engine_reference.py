@@ -12,6 +12,7 @@ waiting, preempted, or part way through a chunked prefill).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -67,15 +68,26 @@ TIMEOUT_CASES = [
                                     enable_chunked_prefill=False), 30, 9, 1.0),
     (CASES[5][0], CASES[5][1], 2, 10, 6.0),  # preempts: requests that have their first token wait on
 ]
+#: Requests for LoRA adapters (and the base model), more adapters than a batch takes:
+#: (profile, config, rate, seed, timeout, adapters).
+LORA_CASES = [
+    ("llama3-8b-h100", EngineConfig(max_num_batched_tokens=512, max_num_seqs=64, max_loras=1), 40, 11, math.inf, 3),
+    ("llama3-8b-h100", EngineConfig(max_num_batched_tokens=2048, max_num_seqs=32, max_loras=2), 60, 12, math.inf, 4),
+    ("llama3-8b-h100", EngineConfig(max_num_batched_tokens=8192, max_num_seqs=256, enable_chunked_prefill=False,
+                                    max_loras=2), 50, 13, math.inf, 5),
+    (CASES[5][0], dataclasses.replace(CASES[5][1], max_loras=1), 50, 14, math.inf, 2),  # preempts
+    ("llama3-8b-h100", EngineConfig(max_num_batched_tokens=512, max_num_seqs=64, max_loras=1), 50, 15, 1.5, 3),
+]
 
 
-@pytest.mark.parametrize(("profile", "config", "rate", "seed", "timeout"),
-                         [(*case, math.inf) for case in CASES] + TIMEOUT_CASES)  # fmt: skip
+@pytest.mark.parametrize(("profile", "config", "rate", "seed", "timeout", "adapters"),
+                         [(*case, math.inf, 0) for case in CASES] + [(*case, 0) for case in TIMEOUT_CASES]
+                         + LORA_CASES)  # fmt: skip
 def test_engine_matches_literal_scheduler(
-    profile: str, config: EngineConfig, rate: float, seed: int, timeout: float
+    profile: str, config: EngineConfig, rate: float, seed: int, timeout: float, adapters: int
 ) -> None:
     engine = Engine(noiseless(profile), config, seed=0, slow_gap_seconds=SLOW)
-    requests = random_requests(500, rate, seed, timeout=timeout)
+    requests = random_requests(500, rate, seed, timeout=timeout, adapters=adapters)
     for request in requests:
         engine.submit(request)
     # Advance in uneven windows: window edges must not change the outcome.
@@ -93,12 +105,15 @@ def test_engine_matches_literal_scheduler(
         max_seqs=cfg.max_num_seqs,
         num_blocks=engine.num_gpu_blocks,
         chunked=cfg.enable_chunked_prefill,
+        max_loras=cfg.max_loras,
     )
     assert sorted(timed_out) == sorted(ref.timed_out)
+    if adapters:
+        assert ref.deferred > 20, "no request waited for its adapter: the LoRA rule was not exercised"
     assert sorted([f.rid for f in finished] + timed_out) == list(range(len(requests)))
     if timeout < math.inf:
         assert len(timed_out) > 20, "no client gave up: the aborts were not exercised"
-        if config.enable_chunked_prefill:
+        if config.enable_chunked_prefill and not adapters:  # with adapters, the deferred give up first
             assert ref.timed_out_prefilling > 0, "no client gave up on a chunked prefill"
     slow_seen = 0
     for f in finished:

@@ -91,6 +91,20 @@ def test_queue_limits_from_the_command_line():
         vllm_launch(container(args=["m", "--max-num-queued-reqs", "many"]), H100)
 
 
+def test_lora_adapters_and_their_batch_limit_from_the_command_line():
+    served = vllm_launch(container(args=["m", "--enable-lora", "--max-loras", "2", "--lora-modules", "sql=/a/sql",
+                                         '{"name": "chat", "path": "/a/chat"}', "--max-num-seqs", "8"]), H100)
+    assert served.lora_modules == ("sql", "chat") and served.config.max_loras == 2
+    assert served.config.max_num_seqs == 8  # the word after the adapters is a flag again
+    one = vllm_launch(container(args=["m", "--enable-lora", "--lora-modules=sql=/a/sql", "other=/b"]), H100)
+    assert one.lora_modules == ("sql",) and one.config.max_loras == 1  # "=" takes one value, as argparse does
+    assert vllm_launch(container(args=["m"]), H100).config.max_loras is None
+    with pytest.raises(LaunchError, match="--lora-modules needs --enable-lora"):
+        vllm_launch(container(args=["m", "--lora-modules", "sql=/a/sql"]), H100)
+    with pytest.raises(LaunchError, match="argument --lora-modules: invalid value 'sql'"):
+        vllm_launch(container(args=["m", "--enable-lora", "--lora-modules", "sql"]), H100)
+
+
 @pytest.mark.parametrize(
     ("fields", "profile", "message", "exit_code"),
     [

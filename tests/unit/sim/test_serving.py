@@ -40,11 +40,12 @@ class Clock:
 
 
 @asynccontextmanager
-async def serving(max_model_len: int | None = None, limits: QueueLimits = QueueLimits(),
-                  sleep_mode: bool = False) -> AsyncIterator[tuple[TestClient, ServedEngine, Clock]]:
+async def serving(max_model_len: int | None = None, limits: QueueLimits = QueueLimits(), sleep_mode: bool = False,
+                  adapters: tuple[str, ...] = ()) -> AsyncIterator[tuple[TestClient, ServedEngine, Clock]]:
     clock = Clock()
-    engine = Engine(noiseless("llama3-8b-h100"), EngineConfig(max_model_len=max_model_len), seed=0)
-    served = ServedEngine(engine, MODEL, clock=clock, limits=limits, sleep_mode=sleep_mode)
+    config = EngineConfig(max_model_len=max_model_len, max_loras=1 if adapters else None)
+    engine = Engine(noiseless("llama3-8b-h100"), config, seed=0)
+    served = ServedEngine(engine, MODEL, clock=clock, limits=limits, sleep_mode=sleep_mode, adapters=adapters)
     async with TestClient(TestServer(build_app(served))) as client:
         yield client, served, clock
 
@@ -247,6 +248,40 @@ def test_metrics_models_health_and_shutdown() -> None:
             await asyncio.sleep(0.05)
             served.abort_all()
             assert (await pending).status == 503
+
+    run(scenario)
+
+
+def _waiting_by_reason(text: str) -> dict[str, float]:
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "vllm:num_requests_waiting_by_reason")
+    return {s.labels["reason"]: s.value for s in family.samples}
+
+
+def test_lora_adapters_are_models_and_a_request_for_one_too_many_waits_deferred() -> None:
+    """With --max-loras 1, a request for a second adapter waits until the first adapter's requests have left the
+    batch: vLLM counts it waiting for a reason other than the batch's capacity (deferred)."""
+
+    async def scenario() -> None:
+        async with serving(adapters=("sql", "chat")) as (client, served, clock):
+            models = await (await client.get("/v1/models")).json()
+            assert [(m["id"], m["parent"]) for m in models["data"]] == [(MODEL, None), ("sql", MODEL), ("chat", MODEL)]
+            unknown = await client.post("/v1/completions", json={"model": "code", "prompt": [1], "max_tokens": 5})
+            assert unknown.status == 404
+            sql = asyncio.ensure_future(client.post("/v1/completions", json={"model": "sql", "prompt": [1] * 100,
+                                                                             "max_tokens": 200}))
+            await until(lambda: served.engine.num_waiting + served.engine.num_running == 1, "sql's is in flight")
+            clock.now += 0.05
+            served.tick()  # admitted: sql holds the batch's one adapter place
+            chat = asyncio.ensure_future(client.post("/v1/completions", json={"model": "chat", "prompt": [1] * 100,
+                                                                              "max_tokens": 5}))
+            await until(lambda: served.engine.num_waiting == 1, "chat's waits")
+            clock.now += 0.05
+            served.tick()
+            assert _waiting_by_reason(await (await client.get("/metrics")).text()) == {"capacity": 0, "deferred": 1}
+            await run_until(served, clock, chat)
+            answers = await (await sql).json(), await (await chat).json()
+            assert [a["model"] for a in answers] == ["sql", "chat"]
+            assert _waiting_by_reason(await (await client.get("/metrics")).text()) == {"capacity": 0, "deferred": 0}
 
     run(scenario)
 

@@ -760,7 +760,7 @@ class Reconciler:
         if target.replicas == 0 and not target.deployment.get("status", {}).get("replicas"):
             # scaled to zero (KEDA and the like): no pod to observe, and none a change would restart; an empty
             # window, not a missing one, so that a schedule's preset is still written (policy.observation.blind)
-            report.condition(ConditionType.METRICS_AVAILABLE, False, HoldReason.NO_DATA,
+            report.condition(ConditionType.METRICS_AVAILABLE, False, HoldReason.NO_PODS,
                              f"Deployment {namespace}/{spec.target_ref.name} is scaled to zero: no pod to observe")
             return Observation(window_start=end - timedelta(seconds=window), window_end=end, config=target.knobs,
                                pods=0, rollout_in_progress=rolling or ours,

@@ -107,6 +107,7 @@ SLOT_WAIT_KEPT_BY = frozenset({
     HoldReason.OTHER_SLO,
     HoldReason.ROLLOUT_IN_PROGRESS,
     HoldReason.UNKNOWN_CONFIG,
+    HoldReason.NO_PODS,
 })
 
 

@@ -163,6 +163,7 @@ class HoldReason(StrEnum):
     FREEZE = "ChangeFreeze"
     NO_SLOT = "RolloutSlots"
     ASLEEP = "EngineAsleep"
+    NO_PODS = "NoPods"
 
 
 def stale_after(spec: VllmTuningSpec) -> float:
@@ -218,7 +219,7 @@ def hold_reason(
     if math.isnan(age) or age > stale_after(spec):
         return HoldReason.STALE, f"the pods' newest samples are {age:.0f}s old (limit {stale_after(spec):.0f}s)"
     if observation.pods == 0:
-        return HoldReason.NO_DATA, "the Deployment has no pods (scaled to zero): nothing to measure"
+        return HoldReason.NO_PODS, "the Deployment has no pods (scaled to zero): nothing to measure"
     current = state.current
     if current is None:
         return HoldReason.UNKNOWN_CONFIG, "the target's current knobs are not known yet"

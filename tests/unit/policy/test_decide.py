@@ -257,6 +257,9 @@ def test_a_preset_waits_while_prometheus_is_unreachable_at_either_end_of_its_win
     none = Observation(window_start=opens - timedelta(minutes=5), window_end=opens, pods=0)
     scaled = decide(the_spec, status(), none, opens)
     assert scaled.action == DecisionAction.CHANGE and scaled.knobs == knobs(16384, 512)
+    # nor is it missing data, which an alert is raised for after an hour: the hold says there are no pods
+    idle = decide(spec(), status(), none, opens)
+    assert idle.hold == HoldReason.NO_PODS and "scaled to zero" in idle.reason
 
 
 def test_no_change_scheduled_or_not_starts_while_engines_sleep_and_both_do_once_a_window_finds_them_awake():

@@ -757,7 +757,7 @@ class Reconciler:
         """
         window = duration_seconds(spec.traffic.window)
         end = report.now - timedelta(seconds=duration_seconds(spec.prometheus.query_offset))
-        if target.replicas == 0 and not target.deployment.get("status", {}).get("replicas"):
+        if target.replicas == 0 and not (target.deployment.get("status") or {}).get("replicas"):
             # scaled to zero (KEDA and the like): no pod to observe, and none a change would restart; an empty
             # window, not a missing one, so that a schedule's preset is still written (policy.observation.blind)
             report.condition(ConditionType.METRICS_AVAILABLE, False, HoldReason.NO_PODS,

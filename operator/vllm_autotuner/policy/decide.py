@@ -441,8 +441,8 @@ def _apply(
         return _hold(state, now, HoldReason.FREEZE, reason, settings, change.knobs, change.gain)
     if settings.blind is not None:
         hold, why = settings.blind
-        reason = (f"{why}: {change.knobs} waits for a fresh window, or neither a regression nor a sleeping engine "
-                  f"could be seen ({change.reason})")
+        reason = (f"{why}: {change.knobs} waits for a fresh window, since blind neither a regression nor a sleeping "
+                  f"engine could be seen ({change.reason})")
         return _hold(state, now, hold, reason, settings, change.knobs, change.gain)
     if settings.no_slot is not None:
         reason = f"waiting for a rollout slot, {settings.no_slot}: {change.knobs} waits ({change.reason})"

@@ -200,8 +200,8 @@ def hold_reason(
     """Why this window must not drive a traffic decision, or None when it may.
 
     ``slo`` is the SLO in force (a schedule window may override the spec's).
-    Checked in order: no data, a rollout, staleness, samples under another
-    config, samples from before the config settled, from pods whose vLLM
+    Checked in order: no data, a rollout, staleness, no pods (a Deployment
+    scaled to zero: ``NoPods``), samples under another config, samples from before the config settled, from pods whose vLLM
     server (re)started less than the settle time before the window (a
     restart that is not a knob change: ``kubectl rollout restart``, an image
     bump, a crashed container, a scale-up), or a short window, quantiles for

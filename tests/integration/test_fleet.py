@@ -220,19 +220,25 @@ def test_rolling_update_replaces_the_pods_and_the_new_ones_serve_the_new_config(
     assert {by_pod[name] for name in old if name in by_pod} <= {str(old_blocks)}
 
 
+def sim_load(cluster: Cluster, namespace: str, deployment: str, *flags: str,
+             timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """``vllm-autotuner sim load`` of steady chat against ``deployment`` with ``flags``: the finished process and
+    its JSON summary (its last line)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_autotuner.cli", "sim", "load", f"--kubeconfig={cluster.kubeconfig}",
+         f"--namespace={namespace}", f"--deployment={deployment}", "--scenario=steady", "--mix=chat", *flags],
+        capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result, json.loads(result.stdout.splitlines()[-1])
+
+
 def test_load_sends_requests_that_both_pods_serve_and_prometheus_counts(
     cluster: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus
 ) -> None:
     api = Api(cluster, namespace)
     api.create(vllm_deployment("llama", H100, ["--max-num-batched-tokens", "4096"]))
     pods = {p.metadata.name for p in wait_for(lambda: api.ready_pods("llama", 2), 90, "both pods")}
-    result = subprocess.run(
-        [sys.executable, "-m", "vllm_autotuner.cli", "sim", "load", f"--kubeconfig={cluster.kubeconfig}",
-         f"--namespace={namespace}", "--deployment=llama", "--scenario=steady", "--mix=chat", "--rate=4",
-         "--duration=10", "--progress=2"],
-        capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout.splitlines()[-1])
+    result, summary = sim_load(cluster, namespace, "llama", "--rate=4", "--duration=10", "--progress=2")
     assert summary["ok"] == summary["sent"] > 10 and summary["errors"] == {}
     assert len(summary["per_pod"]) == 2 and min(summary["per_pod"].values()) >= summary["ok"] // 2
     assert "sent" in result.stdout.splitlines()[1]  # progress lines while it runs
@@ -246,6 +252,37 @@ def test_load_sends_requests_that_both_pods_serve_and_prometheus_counts(
     assert min(by_pod.values()) > 0
 
 
+def test_streamed_load_times_the_first_token_as_the_pod_made_it(
+    cluster: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus
+) -> None:
+    """``sim load --stream`` times what a chat client sees. Its mean time to the first token is the pod's own (the
+    sum over the count of ``vllm:time_to_first_token_seconds``, exact) plus the HTTP round trip and at most a
+    serving tick, and its time per output token is about the pod's mean inter-token latency; a client that took
+    the first token's time at the end of the answer, or counted whole answers, would be seconds off."""
+    api = Api(cluster, namespace)
+    api.create(vllm_deployment("streamed", H100, [], replicas=1))
+    wait_for(lambda: api.ready_pods("streamed", 1), 90, "the pod")
+    _, summary = sim_load(cluster, namespace, "streamed", "--rate=4", "--duration=10", "--progress=5", "--stream")
+    assert summary["ok"] == summary["sent"] > 10 and summary["errors"] == {}
+    assert 0 < summary["ttft_p50_s"] <= summary["ttft_p95_s"] < summary["e2e_p50_s"]
+
+    def pod_means() -> dict[str, float]:
+        figures = {}
+        for family in ("time_to_first_token_seconds", "inter_token_latency_seconds"):
+            sums = query(prometheus, f'sum(vllm:{family}_sum{{namespace="{namespace}"}})')
+            counts = query(prometheus, f'sum(vllm:{family}_count{{namespace="{namespace}"}})')
+            if not sums or not counts:
+                return {}
+            figures[family] = float(sums[0]["value"][1]) / float(counts[0]["value"][1])
+            figures[f"{family} count"] = float(counts[0]["value"][1])
+        return figures if figures["time_to_first_token_seconds count"] == summary["ok"] else {}
+
+    pod = wait_for(pod_means, 60, f"Prometheus to count the first tokens of the {summary['ok']} requests")
+    assert pod["time_to_first_token_seconds"] - 0.01 <= summary["ttft_mean_s"]
+    assert summary["ttft_mean_s"] <= pod["time_to_first_token_seconds"] + 0.15, (summary, pod)
+    assert abs(summary["tpot_mean_s"] / pod["inter_token_latency_seconds"] - 1) < 0.25, (summary, pod)
+
+
 def test_requests_whose_clients_give_up_are_aborted(
     cluster: Cluster, namespace: str, fleet: localenv.Fleet, prometheus: localenv.Prometheus
 ) -> None:
@@ -254,13 +291,7 @@ def test_requests_whose_clients_give_up_are_aborted(
     api = Api(cluster, namespace)
     api.create(vllm_deployment("one-seq", H100, ["--max-num-seqs", "1"], replicas=1))
     wait_for(lambda: api.ready_pods("one-seq", 1), 90, "the pod")
-    result = subprocess.run(
-        [sys.executable, "-m", "vllm_autotuner.cli", "sim", "load", f"--kubeconfig={cluster.kubeconfig}",
-         f"--namespace={namespace}", "--deployment=one-seq", "--scenario=steady", "--mix=chat", "--rate=4",
-         "--duration=15", "--timeout=4", "--progress=5"],
-        capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout.splitlines()[-1])
+    _, summary = sim_load(cluster, namespace, "one-seq", "--rate=4", "--duration=15", "--timeout=4", "--progress=5")
     # One request at a time, about two seconds each: most of the 60 wait longer than their clients do.
     assert summary["errors"].get("gave up after 4s", 0) > summary["sent"] // 2
     assert summary["ok"] + summary["errors"]["gave up after 4s"] == summary["sent"]
@@ -294,13 +325,7 @@ def test_a_queue_limit_refuses_requests_that_the_window_counts_as_load_in_no_lat
     api = Api(cluster, namespace)
     api.create(vllm_deployment("limited", H100, ["--max-num-seqs", "1", "--max-num-queued-reqs", "2"], replicas=1))
     (pod,) = wait_for(lambda: api.ready_pods("limited", 1), 90, "the pod")
-    result = subprocess.run(
-        [sys.executable, "-m", "vllm_autotuner.cli", "sim", "load", f"--kubeconfig={cluster.kubeconfig}",
-         f"--namespace={namespace}", "--deployment=limited", "--scenario=steady", "--mix=chat", "--rate=4",
-         "--duration=15", "--progress=5"],
-        capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout.splitlines()[-1])
+    _, summary = sim_load(cluster, namespace, "limited", "--rate=4", "--duration=15", "--progress=5")
     # one request at a time, about two seconds each, and two in flight at most: most of the 60 are refused
     refused = summary["errors"].get("HTTP 503", 0)
     assert refused > summary["sent"] // 2 and summary["ok"] + refused == summary["sent"], summary
@@ -332,13 +357,8 @@ def test_requests_deferred_for_a_lora_adapter_are_not_the_waiting_the_window_cou
             "--max-num-seqs", "8"]
     api.create(vllm_deployment("adapters", H100, args, replicas=1))
     (pod,) = wait_for(lambda: api.ready_pods("adapters", 1), 90, "the pod")
-    result = subprocess.run(
-        [sys.executable, "-m", "vllm_autotuner.cli", "sim", "load", f"--kubeconfig={cluster.kubeconfig}",
-         f"--namespace={namespace}", "--deployment=adapters", "--scenario=steady", "--mix=chat", "--rate=2",
-         "--duration=15", "--progress=5", "--model=sql", "--model=chat"],
-        capture_output=True, text=True, timeout=180)  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout.splitlines()[-1])
+    _, summary = sim_load(cluster, namespace, "adapters", "--rate=2", "--duration=15", "--progress=5", "--model=sql",
+                          "--model=chat", timeout=180)
     assert summary["ok"] == summary["sent"], summary
 
     client = PrometheusClient(Connection(url=prometheus.url))

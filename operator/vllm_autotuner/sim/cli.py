@@ -97,8 +97,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--max-requests", type=int, default=100_000, help="send at most this many")
     load.add_argument("--max-in-flight", type=int, default=2_000,
                       help="arrivals beyond this many open requests are dropped (and counted)")
-    load.add_argument("--timeout", type=float, help="seconds without an answer before a client gives up (default: "
-                      "the OpenAI Python client's, sim.workload.CLIENT_TIMEOUT_S)")
+    load.add_argument("--stream", action="store_true", help="ask for streamed answers (server-sent events), and "
+                      "report the time to the first token and per output token as the clients see them")
+    load.add_argument("--timeout", type=float, help="seconds without a byte of the answer before a client gives up "
+                      "(default: the OpenAI Python client's, sim.workload.CLIENT_TIMEOUT_S)")
     load.add_argument("--drain", type=float, default=60.0, help="seconds open requests get at the end")
     load.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines")
     load.add_argument("--wait", type=float, default=60.0, help="seconds to wait for a Ready pod")

@@ -13,11 +13,18 @@ rolling update moves the traffic to the new pods as it would move a
 Service's. Only loopback pod addresses are used: this drives the simulated
 fleet, never a real cluster's pods.
 
-Its clients give up after ``--timeout`` seconds without a byte of the answer
-(by default 600, the OpenAI Python client's timeout), which, for the whole
-(not streamed) answers it asks for, bounds the whole request: the connection
-closes, the simulated vLLM aborts the request, and the summary counts it.
-They do not send it again (that client would, twice, for a whole answer).
+Answers come whole, or, with ``--stream``, as server-sent events, as a chat
+front end asks for them; then the summary gives what such a client sees
+(what vLLM's ``benchmark_serving`` reports): time to the first token, and
+time per output token after it (``(e2e - TTFT) / (tokens - 1)``, a mean per
+request, since the simulated server hands out tokens per tick of tens of
+milliseconds, so single gaps are quantised). Its clients give up after
+``--timeout`` seconds without a byte of the answer (by default 600, the
+OpenAI Python client's timeout): for a whole answer that bounds the whole
+request, for a stream the wait for each next event. The connection closes,
+the simulated vLLM aborts the request, and the summary counts it. They do
+not send it again (that client would, twice, for a whole answer). A stream
+that ends without its ``[DONE]`` event is an error.
 
 Bounded: it stops sending after ``--duration`` seconds or
 ``--max-requests`` requests, never has more than ``--max-in-flight``
@@ -112,27 +119,60 @@ class Stats:
     errors: Counter[str] = field(default_factory=Counter)
     per_pod: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    """Streamed answers only: seconds from sending to the first token's event."""
+    tpots: list[float] = field(default_factory=list)
+    """Streamed answers of two tokens or more: seconds per output token after the first."""
     output_tokens: int = 0
 
     def summary(self, elapsed: float) -> dict[str, Any]:
-        lat = np.array(self.latencies) if self.latencies else np.array([math.nan])
-        return {"elapsed_s": round(elapsed, 1), "sent": self.sent, "ok": self.ok, "errors": dict(self.errors),
-                "dropped": self.dropped, "cut_off": self.cut_off, "per_pod": dict(self.per_pod),
-                "e2e_p50_s": round(float(np.nanpercentile(lat, 50)), 3),
-                "e2e_p95_s": round(float(np.nanpercentile(lat, 95)), 3),
-                "output_tokens_per_s": round(self.output_tokens / elapsed, 1) if elapsed > 0 else 0.0}
+        figures = {"elapsed_s": round(elapsed, 1), "sent": self.sent, "ok": self.ok, "errors": dict(self.errors),
+                   "dropped": self.dropped, "cut_off": self.cut_off, "per_pod": dict(self.per_pod),
+                   **_quantiles("e2e", self.latencies, (50, 95)),
+                   "output_tokens_per_s": round(self.output_tokens / elapsed, 1) if elapsed > 0 else 0.0}
+        if self.ttfts:
+            figures |= _quantiles("ttft", self.ttfts, (50, 95), mean=True)
+            figures |= _quantiles("tpot", self.tpots, (50, 95), mean=True)
+        return figures
+
+
+def _quantiles(name: str, values: list[float], percents: tuple[int, ...], mean: bool = False) -> dict[str, float]:
+    """``{name}_p{percent}_s`` (and ``{name}_mean_s``) of ``values``, in seconds to a tenth of a millisecond (a
+    time per output token is a few); NaN without any."""
+    array = np.array(values) if values else np.array([math.nan])
+    figures = {f"{name}_mean_s": round(float(np.mean(array)), 4)} if mean else {}
+    return figures | {f"{name}_p{p}_s": round(float(np.nanpercentile(array, p)), 4) for p in percents}
+
+
+async def _streamed(response: aiohttp.ClientResponse) -> tuple[int | None, float | None]:
+    """Reads a streamed answer's server-sent events: the output tokens its usage event counts (None when the stream
+    ended without ``[DONE]``), and when the first event carrying a token arrived (None if none did)."""
+    tokens, first = None, None
+    async for line in response.content:
+        if not line.startswith(b"data: "):
+            continue
+        data = line.removeprefix(b"data: ").strip()
+        if data == b"[DONE]":
+            return tokens, first
+        event = json.loads(data)
+        if event["choices"] and first is None:
+            first = time.monotonic()
+        if event.get("usage"):
+            tokens = event["usage"]["completion_tokens"]
+    return None, first
 
 
 class Load:
     """One run of ``sim load``."""
 
     def __init__(self, api: kubernetes.client.ApiClient, namespace: str, deployment: str,
-                 timeout: float = CLIENT_TIMEOUT_S, models: tuple[str, ...] = ()) -> None:
+                 timeout: float = CLIENT_TIMEOUT_S, models: tuple[str, ...] = (), stream: bool = False) -> None:
         self.core = kubernetes.client.CoreV1Api(api)
         self.apps = kubernetes.client.AppsV1Api(api)
         self.namespace, self.deployment, self.timeout = namespace, deployment, timeout
         self.models = models
         """The ``model`` of the requests in turn (LoRA adapters' names, the served model's); none: unnamed."""
+        self.stream = stream
         self._sent = 0
         self.urls: list[str] = []
         self.stats = Stats()
@@ -176,23 +216,37 @@ class Load:
         if self.models:
             body["model"] = self.models[self._sent % len(self.models)]
             self._sent += 1
+        if self.stream:
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
         started = time.monotonic()
         try:
             async with session.post(url + "/v1/completions", json=body) as response:
-                reply = await response.json(content_type=None)
                 if response.status != 200:
+                    await response.read()
                     self.stats.errors[f"HTTP {response.status}"] += 1
                     return
+                if self.stream:
+                    tokens, first = await _streamed(response)
+                else:
+                    tokens, first = (await response.json(content_type=None))["usage"]["completion_tokens"], None
         except TimeoutError:
             self.stats.errors[f"gave up after {self.timeout:g}s"] += 1
             return
         except (aiohttp.ClientError, json.JSONDecodeError) as exc:
             self.stats.errors[type(exc).__name__] += 1
             return
+        finished = time.monotonic()
+        if tokens is None:
+            self.stats.errors["stream ended without [DONE]"] += 1
+            return
         self.stats.ok += 1
         self.stats.per_pod[url] += 1
-        self.stats.latencies.append(time.monotonic() - started)
-        self.stats.output_tokens += reply["usage"]["completion_tokens"]
+        self.stats.latencies.append(finished - started)
+        self.stats.output_tokens += tokens
+        if first is not None:
+            self.stats.ttfts.append(first - started)
+            if tokens > 1:
+                self.stats.tpots.append((finished - first) / (tokens - 1))
 
     async def run(self, scenario: Scenario, *, start_s: float, duration: float, max_requests: int,
                   max_in_flight: int, drain: float, progress: float, seed: int, wait: float) -> Stats:
@@ -259,7 +313,7 @@ def main(args: argparse.Namespace) -> int:
     hours = math.ceil((args.start_hour * HOUR + args.duration) / HOUR)
     scenario = build_scenario(args.scenario, args.rate, args.mix, hours)
     load = Load(kubernetes.config.new_client_from_config(config_file=args.kubeconfig), args.namespace,
-                args.deployment, timeout, tuple(args.models or ()))
+                args.deployment, timeout, tuple(args.models or ()), args.stream)
     try:
         stats = asyncio.run(load.run(scenario, start_s=args.start_hour * HOUR, duration=args.duration,
                                      max_requests=args.max_requests, max_in_flight=args.max_in_flight,

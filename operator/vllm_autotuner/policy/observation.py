@@ -17,7 +17,7 @@ from enum import StrEnum
 
 from vllm_autotuner.api import SLO, Knobs, VllmTuningSpec, VllmTuningStatus
 from vllm_autotuner.api.status import RolloutPhase
-from vllm_autotuner.api.types import duration_seconds
+from vllm_autotuner.api.types import duration_seconds, utc_timestamp
 
 
 @dataclass(frozen=True)
@@ -228,13 +228,13 @@ def hold_reason(
         return HoldReason.MIXED_CONFIG, f"samples were taken under {taken}, not the current {current.knobs}"
     settled = datetime.fromisoformat(current.since) + timedelta(seconds=duration_seconds(spec.rollout.settle_time))
     if observation.window_start < settled:
-        return HoldReason.NOT_SETTLED, f"the window starts before the current config settled ({settled.isoformat()})"
+        return HoldReason.NOT_SETTLED, f"the window starts before the current config settled ({utc_timestamp(settled)})"
     if observation.started_at is not None:
         pod_settled = observation.started_at + timedelta(seconds=duration_seconds(spec.rollout.settle_time))
         if observation.window_start < pod_settled:
             return HoldReason.NOT_SETTLED, (
-                f"a target pod's vLLM server started at {observation.started_at.isoformat()}: the window starts"
-                f" before it settled ({pod_settled.isoformat()})"
+                f"a target pod's vLLM server started at {utc_timestamp(observation.started_at)}: the window starts"
+                f" before it settled ({utc_timestamp(pod_settled)})"
             )
     window = duration_seconds(spec.traffic.window)
     if observation.duration_seconds < 0.9 * window:

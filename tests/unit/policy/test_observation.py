@@ -78,7 +78,7 @@ def test_a_pod_started_in_or_within_the_settle_time_before_the_window_holds(befo
     restarted = dataclasses.replace(window, started_at=window.window_start - before_window)
     found = hold_reason(SPEC, SPEC.slo, STATE, restarted, T0)
     assert found is not None and found[0] == HoldReason.NOT_SETTLED
-    assert restarted.started_at.isoformat() in found[1]
+    assert utc_timestamp(restarted.started_at) in found[1]
 
 
 @pytest.mark.parametrize("started_at", [None, T0 - timedelta(minutes=7), T0 - timedelta(hours=1)])

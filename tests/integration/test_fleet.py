@@ -401,7 +401,18 @@ def test_a_pod_whose_engine_sleeps_is_counted_asleep_until_a_whole_window_finds_
     call_vllm(pod, "/sleep?level=1")
     wait_for(asleep(1), 30, "the window to count the sleeping engine")
     assert api.ready_pods("sleepy", 1)  # it stays Ready: nothing but its metrics says it sleeps
-    call_vllm(pod, "/wake_up")
+    # woken in two parts, as an RL trainer loads new weights: with the weights back, it still sleeps
+    call_vllm(pod, "/wake_up?tags=weights")
+
+    def sleep_state() -> dict[str, float]:
+        samples = query(prometheus, f'vllm:engine_sleep_state{{namespace="{namespace}"}}')
+        state = {s["metric"]["sleep_state"]: float(s["value"][1]) for s in samples}
+        return state if state.get("weights_offloaded") == 0 else {}
+
+    assert wait_for(sleep_state, 30, "Prometheus to scrape the weights back") == {
+        "awake": 0, "weights_offloaded": 0, "discard_all": 0}
+    assert asleep(1)() is True
+    call_vllm(pod, "/wake_up?tags=kv_cache")
     assert call_vllm(pod, "/is_sleeping", "GET") == {"is_sleeping": False}
     woke = time.time()
     wait_for(asleep(0), 30, "a whole window with the engine awake again")

@@ -9,8 +9,8 @@ vLLM work unchanged. Families that exist in vLLM but describe features the
 simulator does not have (multi-modal cache, KV transfer between instances,
 finish reasons other than ``length``) are served with vLLM's labels and the
 values an idle feature has (zero), because a real server exports them that
-way too. Queue-limit rejections and the sleep level are what the API server
-gives (``rejections``, ``sleep_level``: ``sim.serving``), zero and awake
+way too. Queue-limit rejections and the sleep state are what the API server
+gives (``rejections``, ``sleep_state``: ``sim.serving``), zero and awake
 elsewhere.
 
 ``old_names=True`` serves an older vLLM (0.8-0.9): the KV usage gauge as
@@ -191,16 +191,17 @@ class VllmCollector(Collector):
     histograms since the engine started and the gauges of now. ``rejections``
     counts the requests the API server refused at admission, by
     ``REJECTION_REASONS`` (none counted where it is not given);
-    ``sleep_level()`` is the engine's sleep level (0 awake, where not given).
+    ``sleep_state()`` gives ``vllm:engine_sleep_state`` by its ``sleep_state`` label (awake where not given).
     """
 
     def __init__(self, source: Callable[[], MetricsSnapshot], info: ServerInfo, *, old_names: bool = False,
-                 rejections: Mapping[str, int] | None = None, sleep_level: Callable[[], int] | None = None) -> None:
+                 rejections: Mapping[str, int] | None = None,
+                 sleep_state: Callable[[], Mapping[str, int]] | None = None) -> None:
         self._source = source
         self._info = info
         self._old_names = old_names
         self._rejections = rejections
-        self._sleep_level = sleep_level
+        self._sleep_state = sleep_state
 
     def describe(self) -> list[Metric]:
         """Nothing: registering must not call ``source`` before the engine runs."""
@@ -208,7 +209,7 @@ class VllmCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self._source()
-        level = self._sleep_level() if self._sleep_level else 0
+        sleep = self._sleep_state() if self._sleep_state else {"awake": 1, "weights_offloaded": 0, "discard_all": 0}
         counters, gauges = snap.counters, snap.gauges
         for name, help_text, key in _COUNTERS:
             yield self._counter(name, help_text, counters[key])
@@ -231,7 +232,7 @@ class VllmCollector(Collector):
             "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
             "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
             "sleep_state",
-            dict(zip(("awake", "weights_offloaded", "discard_all"), (int(level == n) for n in range(3)))),
+            sleep,
         )
         yield self._gauge(
             *self._name("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),

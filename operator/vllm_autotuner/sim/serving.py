@@ -38,11 +38,15 @@ request never shows in the request counters or latency histograms.
 Sleep mode: a server started with ``--enable-sleep-mode`` and
 ``VLLM_SERVER_DEV_MODE=1`` (vLLM serves these routes only in dev mode) takes
 ``POST /sleep?level=1|2``, ``POST /wake_up`` and ``GET /is_sleeping``, and its
-``vllm:engine_sleep_state`` says the level. A sleeping engine processes
-nothing: here the requests in flight when it falls asleep fail (level 1 and
-2 both discard the KV cache) and those sent while it sleeps are refused with
-503, which is the simulator's choice (vLLM leaves it to the router not to
-send them).
+``vllm:engine_sleep_state`` says the level. ``POST /wake_up?tags=weights``
+then ``?tags=kv_cache`` wakes it in two parts, as an RL trainer that loads
+new weights first does: as in vLLM's executor, the engine sleeps until both
+are back (``awake`` 0 meanwhile; the level's flag only while the weights are
+out), and a tag that is not asleep makes the call do nothing. A sleeping
+engine processes nothing: here the requests in flight when it falls asleep
+fail (level 1 and 2 both discard the KV cache) and those sent while it
+sleeps are refused with 503, which is the simulator's choice (vLLM leaves it
+to the router not to send them).
 
 Not modelled: prefix sharing between text prompts (no hashing: prefix-cache
 hits stay zero), several prompts or choices per request.
@@ -56,7 +60,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +77,8 @@ CHAT_TOKENS_PER_MESSAGE = 5
 CHAT_TOKENS_PER_PROMPT = 5
 """Begin-of-text and the assistant header that asks for the reply."""
 COMPLETION_DEFAULT_MAX_TOKENS = 16
+#: What vLLM's sleep mode frees, each taken back by ``POST /wake_up?tags=``.
+SLEEP_TAGS = frozenset({"weights", "kv_cache"})
 _WORDS = ("the", " model", " answers", " with", " simulated", " tokens", ",", " one", " at", " a", " time", ".")
 
 
@@ -130,6 +136,8 @@ class ServedEngine:
         """Whether it takes sleep and wake-up calls (:func:`build_app` serves their routes)."""
         self.sleep_level = 0
         """0 awake; 1 asleep with the weights offloaded, 2 with them discarded."""
+        self.sleeping: set[str] = set()
+        """What sleep mode freed and no wake-up has taken back yet (all of ``SLEEP_TAGS`` after a sleep)."""
         self.created = time.time()
         self._clock = clock
         self._start = clock()
@@ -138,7 +146,7 @@ class ServedEngine:
         self.registry = CollectorRegistry(auto_describe=False)
         info = dataclasses.replace(server_info(engine, self.created), model_name=model_name)
         self.registry.register(VllmCollector(engine.snapshot, info, rejections=self.rejections,
-                                             sleep_level=lambda: self.sleep_level))
+                                             sleep_state=self.sleep_state))
 
     def elapsed(self) -> float:
         return self._clock() - self._start
@@ -147,7 +155,7 @@ class ServedEngine:
         """Queue a request arriving now, for the LoRA adapter ``lora`` (None: the base model). Raises
         :class:`RequestError` for what vLLM rejects: 503 beyond a queue limit (:meth:`admit`), 400 for a
         prompt plus output beyond ``max_model_len``, 503 while asleep."""
-        if self.sleep_level:
+        if self.sleeping:
             raise RequestError(503, "The engine is sleeping: wake it with POST /wake_up.", "ServiceUnavailableError")
         self.admit()
         try:
@@ -214,9 +222,24 @@ class ServedEngine:
             self.engine.abort(rid)
         self.abort_all("the engine fell asleep")
         self.sleep_level = level
+        self.sleeping = set(SLEEP_TAGS)
 
-    def wake_up(self) -> None:
-        self.sleep_level = 0
+    def wake_up(self, tags: Iterable[str] = ()) -> None:
+        """vLLM's wake-up: takes back what ``tags`` name (none: everything); the engine runs again once nothing
+        sleeps. A tag that is not asleep (unknown, already back, or an engine awake) makes it do nothing, as vLLM's
+        executor does."""
+        wanted = set(tags) or set(self.sleeping)
+        if not wanted <= self.sleeping:
+            return
+        self.sleeping -= wanted
+        if not self.sleeping:
+            self.sleep_level = 0
+
+    def sleep_state(self) -> dict[str, int]:
+        """``vllm:engine_sleep_state``: awake only once nothing sleeps; the level's flag while the weights do."""
+        weights = "weights" in self.sleeping
+        return {"awake": int(not self.sleeping), "weights_offloaded": int(weights and self.sleep_level == 1),
+                "discard_all": int(weights and self.sleep_level == 2)}
 
     @property
     def max_model_len(self) -> int:
@@ -320,12 +343,12 @@ async def _sleep(request: web.Request) -> web.Response:
 
 
 async def _wake_up(request: web.Request) -> web.Response:
-    request.app[SERVED].wake_up()
+    request.app[SERVED].wake_up(request.query.getall("tags", []))
     return web.Response(status=200)
 
 
 async def _is_sleeping(request: web.Request) -> web.Response:
-    return web.json_response({"is_sleeping": bool(request.app[SERVED].sleep_level)})
+    return web.json_response({"is_sleeping": bool(request.app[SERVED].sleeping)})
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:

@@ -371,6 +371,32 @@ def test_a_sleeping_engine_says_so_fails_what_was_in_flight_and_refuses_requests
     run(scenario)
 
 
+def test_an_engine_woken_in_parts_sleeps_until_the_kv_cache_is_back_too() -> None:
+    """``/wake_up?tags=weights`` then ``?tags=kv_cache``, as an RL trainer wakes vLLM to load new weights: the
+    engine runs again only once both are back, and a tag that is not asleep changes nothing, as in vLLM's
+    executor."""
+    async def scenario() -> None:
+        async with serving(sleep_mode=True) as (client, served, clock):
+            assert (await client.post("/sleep", params={"level": "1"})).status == 200
+            assert (await client.post("/wake_up", params={"tags": "weights"})).status == 200
+            assert await (await client.get("/is_sleeping")).json() == {"is_sleeping": True}
+            assert _sleep_state(await (await client.get("/metrics")).text()) == {
+                "awake": 0, "weights_offloaded": 0, "discard_all": 0}
+            refused = await client.post("/v1/completions", json={"prompt": [1], "max_tokens": 5})
+            assert refused.status == 503
+            for nothing in ({"tags": "weights"}, {"tags": "activations"}, [("tags", "kv_cache"), ("tags", "x")]):
+                assert (await client.post("/wake_up", params=nothing)).status == 200
+                assert await (await client.get("/is_sleeping")).json() == {"is_sleeping": True}, nothing
+            assert (await client.post("/wake_up", params={"tags": "kv_cache"})).status == 200
+            assert await (await client.get("/is_sleeping")).json() == {"is_sleeping": False}
+            assert _sleep_state(await (await client.get("/metrics")).text())["awake"] == 1
+            served_again = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": [1], "max_tokens": 5}))
+            await run_until(served, clock, served_again)
+            assert (await served_again).status == 200
+
+    run(scenario)
+
+
 @pytest.mark.parametrize(("prompt", "tokens"), [("abcd" * 10, 11), ([5, 6, 7], 3), (["abcd"], 2), ([[1, 2]], 2)])
 def test_prompt_token_counts(prompt, tokens) -> None:
     assert completion_prompt_tokens(prompt) == tokens

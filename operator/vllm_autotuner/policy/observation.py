@@ -201,11 +201,12 @@ def hold_reason(
 
     ``slo`` is the SLO in force (a schedule window may override the spec's).
     Checked in order: no data, a rollout, staleness, no pods (a Deployment
-    scaled to zero: ``NoPods``), samples under another config, samples from before the config settled, from pods whose vLLM
-    server (re)started less than the settle time before the window (a
-    restart that is not a knob change: ``kubectl rollout restart``, an image
-    bump, a crashed container, a scale-up), or a short window, quantiles for
-    another SLO, too few requests, NaN or missing numbers. An unknown start
+    scaled to zero: ``NoPods``), samples under another config, samples from
+    before the config settled, from pods whose vLLM server (re)started less
+    than the settle time before the window (a restart that is not a knob
+    change: ``kubectl rollout restart``, an image bump, a crashed container,
+    a scale-up), or a short window, quantiles for another SLO, too few
+    requests, NaN or missing numbers. An unknown start
     (``started_at`` None: no ``_created`` series, no counter reset, and
     every pod's series reaching back further than the settle time, or a
     window, before the window) does not hold.

@@ -92,6 +92,8 @@ def test_rising_chat_load_raises_the_knobs_through_a_rolling_update_and_the_slos
     assert not {p.metadata.name for p in pods} & old_pods
     assert all(p.metadata.name.startswith(new.metadata.name) for p in pods)
     assert knobs_of(world.template_args()) == (tokens, seqs)
+    # The apiserver records the args as the operator's, under the name a GitOps tool is told to trust.
+    assert world.args_owners() == [("vllm-autotuner", "Update")]
     assert [e.type for e in world.events("RolloutStarted")] == ["Normal"]
     assert [e.type for e in world.events("RolloutSucceeded")] == ["Normal"]
     assert len(world.events("VllmKnobsChanged", kind="Deployment")) == 1

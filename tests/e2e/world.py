@@ -115,6 +115,15 @@ class World:
     def template_args(self) -> list[str]:
         return self.deployment().spec.template.spec.containers[0].args
 
+    def args_owners(self) -> list[tuple[str, str]]:
+        """The field managers that own the vLLM container's args, with their operation, as the apiserver records
+        them in the Deployment's managedFields."""
+        deployment = self.deployment()
+        container = f'k:{{"name":"{deployment.spec.template.spec.containers[0].name}"}}'
+        return [(entry.manager, entry.operation) for entry in deployment.metadata.managed_fields or []
+                if "f:args" in (entry.fields_v1 or {}).get("f:spec", {}).get("f:template", {}).get("f:spec", {})
+                .get("f:containers", {}).get(container, {})]
+
     def replicasets(self) -> list[kubernetes.client.V1ReplicaSet]:
         """The Deployment's ReplicaSets, oldest revision first."""
         uid = self.deployment().metadata.uid

@@ -4,8 +4,9 @@ A GitOps tool with self-heal (Argo CD, Flux) syncs the Deployment back to
 its manifest soon after every change the operator makes. Each change then
 costs two rolling restarts, the operator's and the sync's. Here the test
 plays that tool: it puts the manifest's args back whenever they differ.
-The operator adopts the first revert as a person's change (a cooldown), and
-stops at the second: Degraded=True ChangesReverted with what to do, one
+The operator adopts the first revert as a person's change (a cooldown),
+naming the writer the apiserver recorded (its field manager), and stops at
+the second: Degraded=True ChangesReverted with what to do, one
 Warning Event, and no further patch while it only recommends. Once the spec
 changes (the team has made the tool ignore the args) it tunes again.
 """
@@ -41,7 +42,8 @@ class SelfHeal:
             try:
                 if knobs_of(self.world.template_args()) != MANIFEST:
                     self.world.apps.patch_namespaced_deployment(self.world.name, self.world.namespace, {"spec": {
-                        "template": {"spec": {"containers": [{"name": "vllm", "args": knob_args(*MANIFEST)}]}}}})
+                        "template": {"spec": {"containers": [{"name": "vllm", "args": knob_args(*MANIFEST)}]}}}},
+                        field_manager="argocd-controller")  # Argo CD's name in the write history
                     self.reverts += 1
             except ApiException:  # a conflict with the operator's write: synced again next period
                 continue
@@ -70,6 +72,9 @@ def test_changes_put_back_twice_stop_the_operator_until_the_spec_changes(
         assert operator.metric("vllm_autotuner_kubernetes_api_calls_total", **PATCHES) == 2 and sync.reverts == 2
         assert world.status()["recommendation"]["maxNumBatchedTokens"] == PRESET[0]
         assert [e.type for e in world.events("ChangesReverted")] == ["Warning"]
+        # each revert is adopted naming who made it, as the apiserver recorded the write
+        adopted = [e.message for e in world.events("ManualChangeAdopted")]
+        assert len(adopted) == 2 and all(" by argocd-controller;" in m for m in adopted), adopted
     finally:
         sync.stop()
 

@@ -6,11 +6,13 @@ import copy
 from datetime import UTC, datetime, timedelta
 
 from vllm_autotuner.api import Knobs
+from vllm_autotuner.controller.cache import deployment_index
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.rollout.patch import (
     KNOBS_ANNOTATION,
     TUNING_ANNOTATION,
     WRITTEN_AT_ANNOTATION,
+    command_line_writer,
     knob_patch,
     template_engine_args,
     undo_patch,
@@ -93,6 +95,51 @@ def test_our_annotations_put_back_from_an_older_revision_are_not_a_write_of_ours
         stamp = {} if written_at is None else {WRITTEN_AT_ANNOTATION: written_at}
         old = deployment(["--max-num-seqs", "128"], annotations={**annotations, **stamp})
         assert not unrecorded_write(old, knobs, "chat", WRITTEN - timedelta(hours=1)), written_at
+
+
+def wrote(manager, operation, time, **containers):
+    """A ``metadata.managedFields`` entry as the apiserver keeps it: ``manager``'s ``operation`` at ``time``, owning
+    the replica count, and of each container named in ``containers`` the fields listed (``f:args``...)."""
+    return {"manager": manager, "operation": operation, "apiVersion": "apps/v1", "time": time,
+            "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:replicas": {}, "f:template": {"f:spec": {
+                "f:containers": {f'k:{{"name":"{name}"}}': {".": {}, "f:image": {}, "f:name": {}, **{f: {} for f in owned}}
+                                 for name, owned in containers.items()}}}}}}
+
+
+def test_who_last_wrote_the_vllm_command_line_is_read_from_the_write_history():
+    created = wrote("OpenAPI-Generator", "Update", "2024-05-01T10:00:00Z", sidecar=["f:args"], vllm=["f:command"])
+    ours = wrote("vllm-autotuner", "Update", "2024-05-01T12:00:30Z", vllm=["f:args"])
+    edit = wrote("kubectl-edit", "Update", "2024-05-01T13:00:00Z", vllm=["f:args"])
+    sidecar = wrote("kubectl-patch", "Update", "2024-05-01T14:00:00Z", sidecar=["f:args"])
+    flux = wrote("kustomize-controller", "Apply", "2024-05-01T15:00:00Z", vllm=["f:args", "f:command"])
+
+    def writer(*history):
+        dep = deployment(["--max-num-seqs", "64"])
+        dep["metadata"]["managedFields"] = list(history)
+        return command_line_writer(dep, "vllm")
+
+    assert writer(created, edit, sidecar) == "kubectl-edit"  # the newest owner of its args or command
+    assert writer(flux, created, edit) == "kustomize-controller (server-side apply)"  # next apply puts it back
+    assert writer(created, ours) is None  # the operator's own write
+    assert writer(created) == "OpenAPI-Generator"  # its command, as created
+    assert writer(sidecar) is None and writer() is None  # another container's args; no history kept
+
+
+def test_the_cache_keeps_of_the_write_history_only_who_wrote_the_command_lines():
+    dep = deployment(["--max-num-seqs", "64"])
+    dep["metadata"]["managedFields"] = [
+        wrote("kube-controller-manager", "Update", "2024-05-01T10:00:01Z"),
+        wrote("kubectl-edit", "Update", "2024-05-01T13:00:00Z", vllm=["f:args"])]
+
+    (cached,) = deployment_index("default", "llama", dep).values()
+
+    (kept,) = cached["metadata"]["managedFields"]
+    assert kept["manager"] == "kubectl-edit" and kept["fieldsV1"] == {"f:spec": {"f:template": {"f:spec": {
+        "f:containers": {'k:{"name":"vllm"}': {"f:args": {}}}}}}}
+    assert command_line_writer(cached, "vllm") == command_line_writer(dep, "vllm") == "kubectl-edit"
+    del dep["metadata"]["managedFields"][1]
+    (cached,) = deployment_index("default", "llama", dep).values()
+    assert "managedFields" not in cached["metadata"]
 
 
 def merge(dep, patch):

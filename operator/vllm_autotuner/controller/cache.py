@@ -13,13 +13,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from vllm_autotuner.rollout.patch import command_line_owners
+
 Key = tuple[str, str]  # (namespace, name)
 REVISION = "deployment.kubernetes.io/revision"
 
 
 def deployment_index(namespace: str, name: str, body: Mapping[str, Any]) -> dict[Key, dict[str, Any]]:
-    """Index entry of a Deployment: by (namespace, name)."""
-    return {(namespace, name): _plain(body)}
+    """Index entry of a Deployment: by (namespace, name). Of its write history (``managedFields``), only who wrote
+    its containers' command lines (``patch.command_line_owners``): who changed the knobs, if not the operator."""
+    plain = _plain(body)
+    if owners := command_line_owners(body.get("metadata", {}).get("managedFields")):
+        plain["metadata"]["managedFields"] = owners
+    return {(namespace, name): plain}
 
 
 def replicaset_index(namespace: str, body: Mapping[str, Any]) -> dict[Key, dict[str, Any]]:
@@ -39,7 +45,8 @@ def _target_key(body: Mapping[str, Any]) -> Key:
     return body["metadata"]["namespace"], ((body.get("spec") or {}).get("targetRef") or {}).get("name", "")
 
 
-#: Metadata the operator never reads, and the largest: the write history and kubectl's copy of the whole object.
+#: Metadata the operator never reads, and the largest: the write history (but for a Deployment's command lines)
+#: and kubectl's copy of the whole object.
 _UNREAD_METADATA = {"managedFields"}
 _UNREAD_ANNOTATIONS = {"kubectl.kubernetes.io/last-applied-configuration"}
 

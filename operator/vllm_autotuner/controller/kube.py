@@ -21,17 +21,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from vllm_autotuner import __version__
 from vllm_autotuner.api import GROUP, PLURAL, VERSION
 from vllm_autotuner.controller.metrics import OperatorMetrics
 
-#: The field manager the operator writes as. The apiserver records a write's manager as its User-Agent's product
-#: (the part before the first ``/``), so ``kubectl get deployment --show-managed-fields`` names the operator as the
-#: owner of the vLLM container's args it set, and a GitOps tool can be told to trust what it sets (Argo CD:
-#: ``ignoreDifferences[].managedFieldsManagers``). The Python client's own User-Agent would record every Python
-#: client alike, as ``OpenAPI-Generator``.
-FIELD_MANAGER = "vllm-autotuner"
-USER_AGENT = f"{FIELD_MANAGER}/{__version__}"
 TIMEOUT = 15.0
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"

@@ -22,10 +22,11 @@ from aiohttp import web
 from kubernetes import client, config
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from vllm_autotuner import USER_AGENT
 from vllm_autotuner.api import GROUP, PLURAL, VERSION
 from vllm_autotuner.controller.cache import ClusterCache, deployment_index, replicaset_index
 from vllm_autotuner.controller.evaluator import Evaluator
-from vllm_autotuner.controller.kube import USER_AGENT, Kube
+from vllm_autotuner.controller.kube import Kube
 from vllm_autotuner.controller.leader import LeaderElector, LeaseConfig
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
@@ -135,7 +136,7 @@ class HttpEndpoints:
 
 def _load_kube_config() -> client.ApiClient:
     """The API client of the operator's own calls: in the cluster, its service account; else the kubeconfig. It
-    writes as the field manager ``kube.FIELD_MANAGER``."""
+    writes as the field manager ``FIELD_MANAGER``."""
     try:
         config.load_incluster_config()
     except config.ConfigException:

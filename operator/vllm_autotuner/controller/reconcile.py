@@ -83,7 +83,7 @@ from vllm_autotuner.policy.guardrails import failed_configs
 from vllm_autotuner.policy.observation import stale_after
 from vllm_autotuner.policy.schedule import never_opens
 from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
-from vllm_autotuner.rollout.patch import unrecorded_write, written_reason
+from vllm_autotuner.rollout.patch import command_line_writer, unrecorded_write, written_reason
 from vllm_autotuner.rollout.progress import (
     Progress,
     progress_mark,
@@ -535,10 +535,11 @@ class Reconciler:
                                             reason or "resumed after an operator restart")
                 report.state = self._with_generation(report.state, target.deployment)
                 return
-            report.state = manual_change_detected(state, template, report.now)
+            writer = command_line_writer(target.deployment, target.container.get("name", ""))
+            report.state = manual_change_detected(state, template, report.now, writer)
             report.event(events.MANUAL_CHANGE,
-                         f"knobs changed outside the operator to {template}; adopted as Manual and respected for "
-                         f"the cooldown ({spec.rollout.cooldown})")
+                         f"knobs changed outside the operator to {template}{f' by {writer}' if writer else ''}; "
+                         f"adopted as Manual and respected for the cooldown ({spec.rollout.cooldown})")
             return
         if not pending or rollout is None:
             return

@@ -82,7 +82,8 @@ Rollout lifecycle (the operator calls these when the Deployment tells it):
     once, recorded before each decision: more than before, after a blocked
     rollout, ends the cooldown the block began (a strategy that no longer
     needs a spare GPU);
-    ``manual_change_detected(state, knobs, now)`` a person changed the args;
+    ``manual_change_detected(state, knobs, now, writer=None)`` a person (or
+    ``writer``, a field manager) changed the args;
     ``last_known_change(state)`` the latest change of the knobs the status
     knows of (a write of ours after it had its status write lost);
     ``defaults_resolved(state, knobs, table)`` the args still leave a knob to

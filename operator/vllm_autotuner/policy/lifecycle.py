@@ -295,8 +295,10 @@ def _puts_back_ours(state: VllmTuningStatus, knobs: Knobs) -> bool:
     return last.phase == RolloutPhase.SUCCEEDED and state.current.source != KnobSource.MANUAL
 
 
-def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime) -> VllmTuningStatus:
-    """A person changed the knobs in the Deployment: adopt them, and respect them for a cooldown.
+def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime,
+                           writer: str | None = None) -> VllmTuningStatus:
+    """A person changed the knobs in the Deployment: adopt them, and respect them for a cooldown. ``writer``, when
+    known, is who (the field manager of the write, ``rollout.patch.command_line_writer``); the history names it.
 
     A rollout of ours still in progress or unverified is closed as
     superseded (its config did not fail, so it is not remembered as failed).
@@ -331,4 +333,5 @@ def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime)
     updates["resume_knobs"] = None
     state = state.model_copy(update=updates)
     what = "put back, undoing the operator's change," if reverted else "changed by a person"
-    return with_history(state, now, DecisionAction.HOLD, knobs, f"knobs {what} to {knobs}: adopted as Manual")
+    by = f" (by {writer})" if writer else ""
+    return with_history(state, now, DecisionAction.HOLD, knobs, f"knobs {what} to {knobs}{by}: adopted as Manual")

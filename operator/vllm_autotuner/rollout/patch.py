@@ -17,11 +17,14 @@ in between, and the caller re-reads and rebuilds instead of overwriting.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import copy
+import json
 
+from vllm_autotuner import FIELD_MANAGER
 from vllm_autotuner.api import GROUP, Knobs, KnobSource
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.knobs import CommandLineError, EngineArgs, find_vllm_container, set_knobs
@@ -178,3 +181,43 @@ def written_reason(deployment: dict[str, Any]) -> tuple[str, str, str]:
     annotations = _last_stamp(deployment)
     return (annotations.get(SOURCE_ANNOTATION, ""), annotations.get(REASON_ANNOTATION, ""),
             annotations.get(VERDICT_ANNOTATION) or "")
+
+
+#: A container's fields that hold vLLM's command line, as ``metadata.managedFields`` names them.
+_COMMAND_LINE = ("f:args", "f:command")
+
+
+def _command_lines(entry: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Of a managedFields entry, the pod template's containers whose args or command it owns, cut to those."""
+    fields: Any = entry.get("fieldsV1") or {}
+    for step in ("f:spec", "f:template", "f:spec", "f:containers"):
+        fields = (fields.get(step) or {}) if isinstance(fields, Mapping) else {}
+    owned = {key: {name: {} for name in _COMMAND_LINE if name in held} for key, held in fields.items()
+             if isinstance(held, Mapping)}
+    return {key: names for key, names in owned.items() if names}
+
+
+def command_line_owners(managed_fields: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    """The ``metadata.managedFields`` entries that own a pod-template container's args or command, each cut to
+    that, its manager, operation and time: all of a Deployment's write history the operator reads
+    (``command_line_writer``), and what the cache keeps of it."""
+    return [{**{k: entry[k] for k in ("manager", "operation", "time") if k in entry},
+             "fieldsV1": {"f:spec": {"f:template": {"f:spec": {"f:containers": containers}}}}}
+            for entry in managed_fields or [] if (containers := _command_lines(entry))]
+
+
+def command_line_writer(deployment: Mapping[str, Any], container: str) -> str | None:
+    """Who last wrote the vLLM container's command line, as the apiserver records it in ``metadata.managedFields``:
+    the field manager that owns its args or command, the newest if several (``kubectl-edit``, ``kubectl``
+    for an undo, ``argocd-controller``), with "(server-side apply)" for an Apply, whose next apply puts back what
+    it applied (Flux's ``kustomize-controller``, ``kubectl apply --server-side``). None when that is the operator
+    itself or no entry says (a write history that was dropped)."""
+    key = f"k:{json.dumps({'name': container}, separators=(',', ':'))}"
+    owners = [entry for entry in command_line_owners((deployment.get("metadata") or {}).get("managedFields"))
+              if key in entry["fieldsV1"]["f:spec"]["f:template"]["f:spec"]["f:containers"]]
+    if not owners:
+        return None
+    newest = max(owners, key=lambda entry: entry.get("time") or "")
+    if newest.get("manager") in (None, "", FIELD_MANAGER):
+        return None
+    return newest["manager"] + (" (server-side apply)" if newest.get("operation") == "Apply" else "")

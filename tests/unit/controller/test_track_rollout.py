@@ -23,11 +23,12 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from tests.unit.policy.helpers import T0, knobs, spec, status
-from tests.unit.test_rollout_pure import merge
+from tests.unit.test_rollout_pure import merge, wrote
 
 from vllm_autotuner.api import ConditionType, Knobs, KnobSource, RolloutPhase, VllmTuningStatus
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.controller import events
+from vllm_autotuner.controller.cache import deployment_index
 from vllm_autotuner.controller.conditions import condition
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler, Report, Target
@@ -138,6 +139,24 @@ def test_undo_to_the_previous_revision_is_adopted_as_a_persons_change():
     assert (report.state.current.knobs, report.state.current.source) == (B, KnobSource.MANUAL)
     assert [reason for reason, _, _ in report.events] == [events.MANUAL_CHANGE]
     assert report.state.last_rollout == state.last_rollout  # no rollout of ours resumed
+
+
+def test_an_edit_is_adopted_naming_its_writer_as_the_apiserver_recorded_it():
+    state, _, live = two_rollouts()
+    at = T0 + timedelta(hours=2)
+    edit = edited(live, E)
+    edit["metadata"]["managedFields"] = [
+        wrote("OpenAPI-Generator", "Update", utc_timestamp(T0 - timedelta(hours=3)), vllm=["f:image"]),
+        wrote("vllm-autotuner", "Update", utc_timestamp(T0 + timedelta(hours=1)), vllm=[]),
+        wrote("kubectl-edit", "Update", utc_timestamp(at), vllm=["f:args"])]
+    (seen,) = deployment_index("default", "llama", edit).values()  # as the watch's cache keeps it
+
+    report = track(state, seen, at + timedelta(seconds=20))
+
+    assert report.state.current is not None and report.state.current.source == KnobSource.MANUAL
+    ((reason, message, _),) = report.events
+    assert reason == events.MANUAL_CHANGE and f"to {E} by kubectl-edit;" in message, message
+    assert "(by kubectl-edit): adopted as Manual" in report.state.history[-1].reason
 
 
 def test_a_patch_whose_status_write_was_lost_is_resumed_as_ours():

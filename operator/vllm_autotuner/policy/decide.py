@@ -356,8 +356,8 @@ class _Change:
 REVERTED_ADVICE = (
     "another writer of the Deployment (a GitOps sync? a person?) put back what the operator changed twice within a "
     "day, so it changes nothing more: have that tool leave the vLLM container's args alone (Argo CD "
-    "ignoreDifferences with RespectIgnoreDifferences=true, a Flux drift ignore rule) or set the knobs there, then "
-    "edit this VllmTuning's spec to let it tune again"
+    "ignoreDifferences with managedFieldsManagers: [vllm-autotuner] and RespectIgnoreDifferences=true, a Flux drift "
+    "ignore rule) or set the knobs there, then edit this VllmTuning's spec to let it tune again"
 )
 
 

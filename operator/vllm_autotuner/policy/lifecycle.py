@@ -332,6 +332,6 @@ def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime,
     )
     updates["resume_knobs"] = None
     state = state.model_copy(update=updates)
-    what = "put back, undoing the operator's change," if reverted else "changed by a person"
-    by = f" (by {writer})" if writer else ""
-    return with_history(state, now, DecisionAction.HOLD, knobs, f"knobs {what} to {knobs}{by}: adopted as Manual")
+    by = f" by {writer}" if writer else ""
+    what = f"put back{by}, undoing the operator's change," if reverted else f"changed{by or ' by a person'}"
+    return with_history(state, now, DecisionAction.HOLD, knobs, f"knobs {what} to {knobs}: adopted as Manual")

@@ -156,7 +156,7 @@ def test_an_edit_is_adopted_naming_its_writer_as_the_apiserver_recorded_it():
     assert report.state.current is not None and report.state.current.source == KnobSource.MANUAL
     ((reason, message, _),) = report.events
     assert reason == events.MANUAL_CHANGE and f"to {E} by kubectl-edit;" in message, message
-    assert "(by kubectl-edit): adopted as Manual" in report.state.history[-1].reason
+    assert report.state.history[-1].reason == f"knobs changed by kubectl-edit to {E}: adopted as Manual"
 
 
 def test_a_patch_whose_status_write_was_lost_is_resumed_as_ours():

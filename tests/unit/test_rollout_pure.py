@@ -100,10 +100,11 @@ def test_our_annotations_put_back_from_an_older_revision_are_not_a_write_of_ours
 def wrote(manager, operation, time, **containers):
     """A ``metadata.managedFields`` entry as the apiserver keeps it: ``manager``'s ``operation`` at ``time``, owning
     the replica count, and of each container named in ``containers`` the fields listed (``f:args``...)."""
+    fields = {f'k:{{"name":"{name}"}}': {".": {}, "f:image": {}, "f:name": {}, **{f: {} for f in owned}}
+              for name, owned in containers.items()}
     return {"manager": manager, "operation": operation, "apiVersion": "apps/v1", "time": time,
             "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:replicas": {}, "f:template": {"f:spec": {
-                "f:containers": {f'k:{{"name":"{name}"}}': {".": {}, "f:image": {}, "f:name": {}, **{f: {} for f in owned}}
-                                 for name, owned in containers.items()}}}}}}
+                "f:containers": fields}}}}}
 
 
 def test_who_last_wrote_the_vllm_command_line_is_read_from_the_write_history():

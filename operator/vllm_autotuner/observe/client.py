@@ -24,6 +24,8 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 from urllib3.util.retry import Retry
 
+from vllm_autotuner import USER_AGENT
+
 
 class ErrorKind(StrEnum):
     UNREACHABLE = "PrometheusUnreachable"
@@ -121,14 +123,16 @@ class PrometheusClient:
         self.connection = connection
         self.on_query: Callable[[], object] = lambda: None  # e.g. the operator's query counter
         self._session = session = requests.Session()
-        headers = dict(connection.headers)
+        # Named as the operator (a header of the tuning's own may rename it), not as python-requests: the query logs
+        # of what sits in front of a Prometheus (Mimir, Thanos, an auth proxy) then say whose load it is.
+        headers = {"User-Agent": USER_AGENT, **dict(connection.headers)}
         if connection.bearer_token:
             headers["Authorization"] = f"Bearer {connection.bearer_token}"
         if connection.ca_pem:
             session.verify = _ca_file(connection.ca_pem)
         # No retries inside: prometheus-api-client's default (3 more tries, 1 s backoff) under
         # ours made a refused connection cost 18 s per window instead of one second.
-        self._prom = PrometheusConnect(url=connection.url, headers=headers or None, auth=connection.basic_auth,
+        self._prom = PrometheusConnect(url=connection.url, headers=headers, auth=connection.basic_auth,
                                        session=session, timeout=connection.timeout_seconds,
                                        retry=Retry(total=0, read=False))
 

@@ -1,6 +1,8 @@
 """What the operator sends to a Prometheus that asks for credentials or a tenant: spec.prometheus's basicAuth and
 bearer token read from Secrets, its headers, and the condition when a Secret key is missing; for the operator's
-own Prometheus (no spec.prometheus.url), the operator's headers and credential files under the tuning's.
+own Prometheus (no spec.prometheus.url), the operator's headers and credential files under the tuning's. Every
+query names the operator as its User-Agent, so the query logs of a Mimir or an auth proxy in front of Prometheus
+say whose load it is.
 
 The reconciler is driven with the stand-ins of ``test_reconcile_rollout``; its Windows stand-in records the
 connection each window was asked with, and the client it would build from it is inspected as it stands.
@@ -60,7 +62,8 @@ def test_basic_auth_and_headers_reach_the_client_that_queries_prometheus() -> No
     assert connection.basic_auth == ("123456", "glc_secret") and connection.bearer_token is None
     assert "glc_secret" not in repr(connection)
     prom = PrometheusClient(connection)._prom
-    assert (prom.auth, prom.headers) == (("123456", "glc_secret"), {"X-Scope-OrgID": "team-a|team-b"})
+    assert (prom.auth, prom.headers) == (("123456", "glc_secret"),
+                                         {"User-Agent": "vllm-autotuner/0.1.0", "X-Scope-OrgID": "team-a|team-b"})
 
 
 def test_a_bearer_token_goes_with_the_headers() -> None:
@@ -68,7 +71,13 @@ def test_a_bearer_token_goes_with_the_headers() -> None:
                            "headers": {"X-Scope-OrgID": "team-a"}})
     prom = PrometheusClient(windows.connections[0])._prom
     assert prom.auth is None
-    assert prom.headers == {"X-Scope-OrgID": "team-a", "Authorization": "Bearer glc_secret"}
+    assert prom.headers == {"User-Agent": "vllm-autotuner/0.1.0", "X-Scope-OrgID": "team-a",
+                            "Authorization": "Bearer glc_secret"}
+
+
+def test_a_user_agent_in_the_tunings_headers_replaces_the_operators() -> None:
+    _, windows = evaluate({"headers": {"User-Agent": "team-a-tuner/2"}})
+    assert PrometheusClient(windows.connections[0])._prom.headers == {"User-Agent": "team-a-tuner/2"}
 
 
 def test_a_missing_password_key_says_which_field_to_fix_and_queries_nothing() -> None:

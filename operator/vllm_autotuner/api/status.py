@@ -386,3 +386,5 @@ class VllmTuningStatus(StatusModel):
     """Since when a change of this tuning has waited for one of the operator's rollout slots (--max-concurrent-rollouts), RFC 3339: the earliest waiting change gets the next free slot. Kept through holds that say nothing of the change (missing or stale data, a rollout in progress), so a short data gap does not cost the place; cleared by any other decision."""
     reverts: list[str] = Field(default_factory=list, max_length=REVERT_LIMIT)
     """When another writer of the Deployment (a GitOps sync, a person's undo) put back the knobs a change of ours had replaced, newest first (RFC 3339). Two within 24 hours stop the operator's changes (it only recommends) until the spec changes."""
+    reverted_by: str | None = None
+    """Who wrote the newest of the reverts: the field manager the Kubernetes API recorded for the write (argocd-controller for an Argo CD sync, kubectl for a rollout undo), with "(server-side apply)" for an applier such as Flux. Absent when the Deployment's managedFields did not say."""

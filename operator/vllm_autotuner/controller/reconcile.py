@@ -57,7 +57,6 @@ from vllm_autotuner.observe.service import ObservationService
 from vllm_autotuner.observe.window import observe_target
 from vllm_autotuner.policy import (
     Decision,
-    REVERTED_ADVICE,
     HoldReason,
     Observation,
     adopt_generation,
@@ -69,6 +68,7 @@ from vllm_autotuner.policy import (
     effective_slo,
     last_known_change,
     manual_change_detected,
+    reverted_advice,
     rollout_blocked,
     rollout_failed,
     rollout_progressed,
@@ -371,10 +371,10 @@ class Reconciler:
             report.decision = decision
             self._count(report, decision)
             report.state = decision.state
-            reverts = report.state.reverts
+            reverts, reverted_by = report.state.reverts, report.state.reverted_by
             self._withheld_condition(  # another writer keeps putting our changes back
                 report, events.CHANGES_REVERTED,
-                f"{len(reverts)} changes put back, the last at {reverts[0]}: {REVERTED_ADVICE}"
+                f"{len(reverts)} changes put back, the last at {reverts[0]}: {reverted_advice(reverted_by)}"
                 if changes_reverted(report.state) else None,
                 "the spec changed: tuning again")
             self._withheld_condition(  # another object controls the target

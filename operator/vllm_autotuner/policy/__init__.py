@@ -117,8 +117,9 @@ What it does
 3. **Guardrails** (``guardrails``): bounds and vLLM's start-up rules; never a
    config that failed to start under this spec; no change at all, only
    recommendations, once another writer (a GitOps sync) has put back what
-   the operator changed twice in a day (``changes_reverted(state)``,
-   ``REVERTED_ADVICE`` says what to do); at most ``maxStepFactor`` per
+   the operator changed twice in a day (``changes_reverted(state)``;
+   ``reverted_advice(state.reverted_by)`` says who, as the Kubernetes API
+   recorded the write, and what to do); at most ``maxStepFactor`` per
    Adaptive step into unmeasured territory; cooldown; a daily rollout budget that keeps
    room for the day's schedule windows; no change in a change freeze, nor
    in the rollout lead before one (``schedule.freeze_in_force``); a regime,
@@ -134,7 +135,7 @@ What it does
    ``minImprovementPercent``; every hold with a reason.
 """
 
-from vllm_autotuner.policy.decide import REVERTED_ADVICE, controlled_advice, decide, effective_slo
+from vllm_autotuner.policy.decide import controlled_advice, decide, effective_slo, reverted_advice
 from vllm_autotuner.policy.decision import Decision
 from vllm_autotuner.policy.lifecycle import (
     adopt_generation,
@@ -162,7 +163,7 @@ __all__ = [
     "HoldReason",
     "hold_reason",
     "changes_reverted",
-    "REVERTED_ADVICE",
+    "reverted_advice",
     "controlled_advice",
     "rollout_progressed",
     "rollout_unverified",

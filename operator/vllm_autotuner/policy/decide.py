@@ -352,13 +352,16 @@ class _Change:
     """resume_knobs to persist with the change (schedule presets remember what to go back to)."""
 
 
-#: What to do when our changes keep being put back: said in the hold and in the Degraded condition.
-REVERTED_ADVICE = (
-    "another writer of the Deployment (a GitOps sync? a person?) put back what the operator changed twice within a "
-    "day, so it changes nothing more: have that tool leave the vLLM container's args alone (Argo CD "
-    "ignoreDifferences with managedFieldsManagers: [vllm-autotuner] and RespectIgnoreDifferences=true, a Flux drift "
-    "ignore rule) or set the knobs there, then edit this VllmTuning's spec to let it tune again"
-)
+def reverted_advice(reverted_by: str | None) -> str:
+    """What to do when our changes keep being put back (``changes_reverted``), naming who put them back last
+    (``status.reverted_by``) where the Kubernetes API recorded it: said in the hold and in the Degraded condition."""
+    who = reverted_by or "another writer of the Deployment (a GitOps sync? a person?)"
+    return (
+        f"{who} put back what the operator changed twice within a day, so it changes nothing more: have that tool "
+        "leave the vLLM container's args alone (Argo CD ignoreDifferences with managedFieldsManagers: "
+        "[vllm-autotuner] and RespectIgnoreDifferences=true, a Flux drift ignore rule) or set the knobs there, then "
+        "edit this VllmTuning's spec to let it tune again"
+    )
 
 
 def controlled_advice(controlled_by: str) -> str:
@@ -398,7 +401,7 @@ def _apply(
             state, now, HoldReason.NO_BETTER_CONFIG, f"{change.knobs} failed to start before: not retried", settings
         )
     if changes_reverted(state):
-        reason = f"{change.knobs} only recommended ({change.reason}): {REVERTED_ADVICE}"
+        reason = f"{change.knobs} only recommended ({change.reason}): {reverted_advice(state.reverted_by)}"
         return _hold(state, now, HoldReason.REVERTED, reason, settings, change.knobs, change.gain)
     manual = state.current.source == KnobSource.MANUAL
     wait = cooldown_left(spec, state, now) if change.source == KnobSource.TRAFFIC or manual else 0.0

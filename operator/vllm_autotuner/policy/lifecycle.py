@@ -31,7 +31,8 @@ def adopt_generation(state: VllmTuningStatus, generation: int) -> VllmTuningStat
     if state.observed_generation == generation:
         return state
     failed = [f for f in state.failed_configs if f.generation == generation]
-    return state.model_copy(update={"observed_generation": generation, "failed_configs": failed, "reverts": []})
+    return state.model_copy(update={"observed_generation": generation, "failed_configs": failed, "reverts": [],
+                                   "reverted_by": None})
 
 
 def rollout_progressed(state: VllmTuningStatus, now: datetime, mark: int, halted: bool = False) -> VllmTuningStatus:
@@ -303,7 +304,7 @@ def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime,
     A rollout of ours still in progress or unverified is closed as
     superseded (its config did not fail, so it is not remembered as failed).
     A change that puts back what our last change replaced is a revert, and
-    is remembered in ``status.reverts``: two in a day stop our changes
+    is remembered in ``status.reverts``, its writer in ``status.reverted_by``: two in a day stop our changes
     (``guardrails.changes_reverted``), or a GitOps tool that owns the args
     and the operator would take turns restarting the pods.
     """
@@ -313,6 +314,7 @@ def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime,
     reverted = _puts_back_ours(state, knobs)
     if reverted:
         updates["reverts"] = [utc_timestamp(now), *state.reverts][:REVERT_LIMIT]
+        updates["reverted_by"] = writer
     if awaiting_verdict(state):
         assert state.last_rollout is not None
         updates["last_rollout"] = state.last_rollout.model_copy(

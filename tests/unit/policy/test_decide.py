@@ -790,10 +790,17 @@ def test_changes_put_back_twice_in_a_day_are_only_recommended_until_the_spec_cha
     held = quietly(the_spec, state, opens + timedelta(minutes=40))
     assert held.hold == HoldReason.REVERTED and held.recommendation == knobs(16384, 512)
     assert "GitOps" in held.reason and "edit this VllmTuning's spec" in held.reason
+    # where the API recorded who put them back, the hold names it rather than guess
+    named = manual_change_detected(again.state, before, opens + timedelta(minutes=21), "argocd-controller")
+    assert named.reverted_by == "argocd-controller"
+    named_hold = quietly(the_spec, named, opens + timedelta(minutes=40))
+    assert "argocd-controller put back what the operator changed" in named_hold.reason, named_hold.reason
+    assert "GitOps?" not in named_hold.reason
     assert quietly(the_spec, held.state, opens + timedelta(hours=7)).hold == HoldReason.REVERTED
     # a new spec generation: the user has made the tool leave the args alone
-    resumed = quietly(the_spec, adopt_generation(held.state, 2), opens + timedelta(hours=7))
+    resumed = quietly(the_spec, adopt_generation(named_hold.state, 2), opens + timedelta(hours=7))
     assert resumed.action == DecisionAction.CHANGE and resumed.knobs == knobs(16384, 512)
+    assert resumed.state.reverts == [] and resumed.state.reverted_by is None
 
 
 def test_a_person_changing_other_knobs_or_reverts_a_day_apart_do_not_stop_changes():

@@ -6,8 +6,8 @@ import copy
 from datetime import UTC, datetime, timedelta
 
 from vllm_autotuner.api import Knobs
-from vllm_autotuner.controller.cache import deployment_index
 from vllm_autotuner.api.types import utc_timestamp
+from vllm_autotuner.controller.cache import deployment_index
 from vllm_autotuner.rollout.patch import (
     KNOBS_ANNOTATION,
     TUNING_ANNOTATION,

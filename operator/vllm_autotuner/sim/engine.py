@@ -438,8 +438,15 @@ class Engine:
         """All metrics now; cheap enough to take at every scrape."""
         while self._pending and self._pending[0].arrival <= self._now:
             self._waiting.append(self._pending.popleft())
-        deferred = sum(1 for s in self._waiting if self._lora_deferred(s)) if self._max_loras else 0
-        gauges = Gauges(len(self._running), len(self._waiting), self._used / self.num_gpu_blocks, deferred)
+        waiting, loras = self._waiting, bool(self._max_loras)
+        gauges = Gauges(
+            len(self._running),
+            len(waiting),
+            self._used / self.num_gpu_blocks,
+            num_requests_deferred=sum(1 for s in waiting if self._lora_deferred(s)) if loras else 0,
+            running_lora_adapters=tuple(self._adapters),
+            waiting_lora_adapters=tuple(dict.fromkeys(s.req.lora for s in waiting if s.req.lora)) if loras else (),
+        )
         snap = snapshot(self.metrics, self._now, gauges)
         # vLLM's MFU counters, from the work done (kept as totals, not per step)
         cost, counters = self.cost, snap.counters

@@ -11,7 +11,9 @@ finish reasons other than ``length``) are served with vLLM's labels and the
 values an idle feature has (zero), because a real server exports them that
 way too. Queue-limit rejections and the sleep state are what the API server
 gives (``rejections``, ``sleep_state``: ``sim.serving``), zero and awake
-elsewhere.
+elsewhere. With ``--enable-lora`` (an engine with ``max_loras``), vLLM's
+``vllm:lora_requests_info`` too, which the real scrape (no LoRA) lacks: its
+name, HELP and labels are those of vLLM's logger.
 
 ``old_names=True`` serves an older vLLM (0.8-0.9): the KV usage gauge as
 ``vllm:gpu_cache_usage_perc`` and the per-token latency histogram as
@@ -162,6 +164,8 @@ class ServerInfo:
     num_gpu_blocks: int
     kv_cache_bytes: int
     max_model_len: int
+    max_loras: int | None = None
+    """``--max-loras`` with ``--enable-lora`` (``vllm:lora_requests_info``'s ``max_lora``); None without LoRA."""
 
     def cache_config_labels(self) -> dict[str, str]:
         """``vllm:cache_config_info``'s labels, with this engine's values."""
@@ -202,6 +206,8 @@ class VllmCollector(Collector):
         self._old_names = old_names
         self._rejections = rejections
         self._sleep_state = sleep_state
+        self._lora_series: dict[tuple[str, str], float] = {}
+        """Unix time each (running, waiting) adapter combination was last seen, for ``vllm:lora_requests_info``."""
 
     def describe(self) -> list[Metric]:
         """Nothing: registering must not call ``source`` before the engine runs."""
@@ -283,6 +289,26 @@ class VllmCollector(Collector):
         )
         info.add_metric(list(self._info.cache_config_labels().values()), 1.0)
         yield info
+        if self._info.max_loras is not None:
+            yield self._lora_info(snap)
+
+    def _lora_info(self, snap: MetricsSnapshot) -> GaugeMetricFamily:
+        """``vllm:lora_requests_info``, served with ``--enable-lora``: the adapters running and waiting, each list
+        joined by commas, in labels, and the time it was set as the value. vLLM sets the series of the labels of
+        each moment to the time and never removes one, so a scrape carries every combination seen since start,
+        and a reader (the Gateway API inference extension's endpoint picker, for LoRA affinity) takes the one of
+        the latest time. Here a combination is seen when a scrape finds it, not at every step."""
+        gauges = snap.gauges
+        now = (",".join(gauges.running_lora_adapters), ",".join(gauges.waiting_lora_adapters))
+        self._lora_series[now] = self._info.created + snap.time
+        family = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
+            labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+        )
+        for (running, waiting), at in self._lora_series.items():
+            family.add_metric([str(self._info.max_loras), running, waiting], at)
+        return family
 
     # ---------------------------------------------------------------- helpers
 
@@ -343,4 +369,5 @@ def server_info(engine: Engine, created: float, engine_index: str = "0") -> Serv
         num_gpu_blocks=engine.num_gpu_blocks,
         kv_cache_bytes=int(engine.num_gpu_blocks * engine.memory.page_bytes),
         max_model_len=cfg.max_model_len,
+        max_loras=cfg.max_loras,
     )

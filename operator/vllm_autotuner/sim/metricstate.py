@@ -272,6 +272,10 @@ class Gauges:
     kv_cache_usage_perc: float
     num_requests_deferred: int = 0
     """Of the waiting, those deferred for a LoRA adapter's place in the batch."""
+    running_lora_adapters: tuple[str, ...] = ()
+    """The LoRA adapters of the requests in the batch, in the order they came into it (with ``--enable-lora``)."""
+    waiting_lora_adapters: tuple[str, ...] = ()
+    """The LoRA adapters the waiting requests name, in queue order, each once."""
 
 
 @dataclass(frozen=True, slots=True)

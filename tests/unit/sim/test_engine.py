@@ -220,6 +220,8 @@ def test_requests_for_one_lora_adapter_too_many_wait_deferred_while_later_ones_p
     assert set(done) == {short_a, base}  # past the three for b, which wait behind the first request's adapter
     gauges = engine.snapshot().gauges
     assert (gauges.num_requests_running, gauges.num_requests_waiting, gauges.num_requests_deferred) == (1, 3, 3)
+    assert (gauges.running_lora_adapters, gauges.waiting_lora_adapters) == (("a",), ("b",))
     done |= {f.rid: f for f in engine.advance(math.inf)}
     assert min(done[b].first_token_time for b in bs) > done[long_a].finish_time
-    assert engine.snapshot().gauges.num_requests_deferred == 0
+    gauges = engine.snapshot().gauges
+    assert (gauges.num_requests_deferred, gauges.running_lora_adapters, gauges.waiting_lora_adapters) == (0, (), ())

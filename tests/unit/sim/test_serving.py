@@ -257,9 +257,18 @@ def _waiting_by_reason(text: str) -> dict[str, float]:
     return {s.labels["reason"]: s.value for s in family.samples}
 
 
+def _lora_info(text: str) -> dict[tuple[str, str], tuple[str, float]]:
+    """(running adapters, waiting adapters) -> (max_lora, time set) of each ``vllm:lora_requests_info`` series."""
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "vllm:lora_requests_info")
+    assert family.type == "gauge" and family.documentation == "Running stats on lora requests."
+    return {(s.labels["running_lora_adapters"], s.labels["waiting_lora_adapters"]): (s.labels["max_lora"], s.value)
+            for s in family.samples}
+
+
 def test_lora_adapters_are_models_and_a_request_for_one_too_many_waits_deferred() -> None:
     """With --max-loras 1, a request for a second adapter waits until the first adapter's requests have left the
-    batch: vLLM counts it waiting for a reason other than the batch's capacity (deferred)."""
+    batch: vLLM counts it waiting for a reason other than the batch's capacity (deferred), and names both adapters
+    in vllm:lora_requests_info, whose series of each moment keeps the time it was last seen."""
 
     async def scenario() -> None:
         async with serving(adapters=("sql", "chat")) as (client, served, clock):
@@ -277,11 +286,17 @@ def test_lora_adapters_are_models_and_a_request_for_one_too_many_waits_deferred(
             await until(lambda: served.engine.num_waiting == 1, "chat's waits")
             clock.now += 0.05
             served.tick()
-            assert _waiting_by_reason(await (await client.get("/metrics")).text()) == {"capacity": 0, "deferred": 1}
+            metrics = await (await client.get("/metrics")).text()
+            assert _waiting_by_reason(metrics) == {"capacity": 0, "deferred": 1}
+            deferred_at = served.created + clock.now
+            assert _lora_info(metrics) == {("sql", "chat"): ("1", pytest.approx(deferred_at))}
             await run_until(served, clock, chat)
             answers = await (await sql).json(), await (await chat).json()
             assert [a["model"] for a in answers] == ["sql", "chat"]
-            assert _waiting_by_reason(await (await client.get("/metrics")).text()) == {"capacity": 0, "deferred": 0}
+            metrics = await (await client.get("/metrics")).text()
+            assert _waiting_by_reason(metrics) == {"capacity": 0, "deferred": 0}
+            assert _lora_info(metrics) == {("sql", "chat"): ("1", pytest.approx(deferred_at)),
+                                           ("", ""): ("1", pytest.approx(served.created + clock.now))}
 
     run(scenario)
 

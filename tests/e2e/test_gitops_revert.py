@@ -6,9 +6,9 @@ costs two rolling restarts, the operator's and the sync's. Here the test
 plays that tool: it puts the manifest's args back whenever they differ.
 The operator adopts the first revert as a person's change (a cooldown),
 naming the writer the apiserver recorded (its field manager), and stops at
-the second: Degraded=True ChangesReverted naming that writer, with what to do, one
-Warning Event, and no further patch while it only recommends. Once the spec
-changes (the team has made the tool ignore the args) it tunes again.
+the second: Degraded=True ChangesReverted naming that writer, with what to
+do, one Warning Event, and no further patch while it only recommends. Once
+the spec changes (the team has made the tool ignore the args) it tunes again.
 """
 
 from __future__ import annotations

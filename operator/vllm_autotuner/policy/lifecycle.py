@@ -298,15 +298,16 @@ def _puts_back_ours(state: VllmTuningStatus, knobs: Knobs) -> bool:
 
 def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime,
                            writer: str | None = None) -> VllmTuningStatus:
-    """A person changed the knobs in the Deployment: adopt them, and respect them for a cooldown. ``writer``, when
-    known, is who (the field manager of the write, ``rollout.patch.command_line_writer``); the history names it.
+    """A person changed the knobs in the Deployment: adopt them, and respect them for a cooldown.
 
-    A rollout of ours still in progress or unverified is closed as
-    superseded (its config did not fail, so it is not remembered as failed).
-    A change that puts back what our last change replaced is a revert, and
-    is remembered in ``status.reverts``, its writer in ``status.reverted_by``: two in a day stop our changes
-    (``guardrails.changes_reverted``), or a GitOps tool that owns the args
-    and the operator would take turns restarting the pods.
+    ``writer``, when known, is who (the field manager of the write,
+    ``rollout.patch.command_line_writer``); the history names it. A rollout
+    of ours still in progress or unverified is closed as superseded (its
+    config did not fail, so it is not remembered as failed). A change that
+    puts back what our last change replaced is a revert, and is remembered
+    in ``status.reverts``, its writer in ``status.reverted_by``: two in a
+    day stop our changes (``guardrails.changes_reverted``), or a GitOps tool
+    that owns the args and the operator would take turns restarting the pods.
     """
     if state.current is None:
         raise ValueError("no current knobs to replace")

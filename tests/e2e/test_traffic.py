@@ -95,6 +95,9 @@ def test_rising_chat_load_raises_the_knobs_through_a_rolling_update_and_the_slos
     # The apiserver records the args as the operator's, under the name a GitOps tool is told to trust.
     assert world.args_owners() == [("vllm-autotuner", "Update")]
     assert [e.type for e in world.events("RolloutStarted")] == ["Normal"]
+    # these pods abort what is in flight when they stop: the rollout says so, and what to set
+    (lost,) = world.events("RestartLosesRequests")
+    assert lost.type == "Warning" and "--shutdown-timeout=N" in lost.message and "preStop" in lost.message
     assert [e.type for e in world.events("RolloutSucceeded")] == ["Normal"]
     assert len(world.events("VllmKnobsChanged", kind="Deployment")) == 1
 

@@ -25,6 +25,7 @@ BLOCK_LIFTED = "RolloutUnblocked"  # the strategy now stops a pod first: changes
 ROLLED_BACK = "RolledBack"
 REGRESSION = "RegressionDetected"
 MANUAL_CHANGE = "ManualChangeAdopted"
+RESTART_LOSES_REQUESTS = "RestartLosesRequests"  # a rollout's pods abort (or refuse) requests as they stop
 CHANGES_REVERTED = "ChangesReverted"  # our changes put back twice in a day: the operator only recommends
 TARGET_CONTROLLED = "TargetControlled"  # another object controls the Deployment: the operator only recommends
 TARGET_NOT_FOUND = "TargetNotFound"

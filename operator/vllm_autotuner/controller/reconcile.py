@@ -83,6 +83,7 @@ from vllm_autotuner.policy.guardrails import failed_configs
 from vllm_autotuner.policy.observation import stale_after
 from vllm_autotuner.policy.schedule import never_opens
 from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
+from vllm_autotuner.rollout.drain import drain_advice
 from vllm_autotuner.rollout.patch import command_line_writer, unrecorded_write, written_reason
 from vllm_autotuner.rollout.progress import (
     Progress,
@@ -682,6 +683,9 @@ class Reconciler:
         report.event(events.ROLLED_BACK if rollback else events.ROLLOUT_STARTED, f"{decision.knobs}: {decision.reason}")
         report.target_event(events.KNOBS_ROLLED_BACK if rollback else events.KNOBS_CHANGED,
                             f"{decision.knobs} by VllmTuning {report.name}: {decision.reason}")
+        advice = None if rollback else drain_advice(target.deployment["spec"]["template"]["spec"], target.container)
+        if advice is not None:
+            report.event(events.RESTART_LOSES_REQUESTS, f"rolling the pods to {decision.knobs}: {advice}", warning=True)
 
     async def _replaced_template(self, target: Target) -> dict[str, Any] | None:
         """The pod template of the revision before the current one, which a rollback of our change puts back

@@ -1,0 +1,77 @@
+"""Whether a rolling restart of the target loses the requests in flight on the pods it stops (pure).
+
+Every change the operator makes is a rolling restart, and each old pod stops
+as the kubelet stops it: the container's preStop hook runs, vLLM gets
+SIGTERM, and whatever still runs at the end of the grace period is killed.
+On SIGTERM vLLM aborts the requests in flight unless it was started with
+``--shutdown-timeout`` (since spring 2026, vllm-project/vllm#36666): then
+it refuses new requests and serves those in flight for up to that long. A
+preStop sleep gives the endpoints time to stop sending the pod requests
+before that; the grace period must cover the sleep and the drain, or the
+kubelet cuts the drain short. The operator reads the pod template to say,
+with each change it makes, whether its restarts cost requests and what to
+set so that they do not; the simulated kubelet reads the hooks the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_autotuner.knobs import CommandLine, CommandLineError
+
+DEFAULT_GRACE_S = 30
+"""``terminationGracePeriodSeconds`` when the pod spec leaves it out."""
+SHELLS = ("sh", "bash", "ash", "dash")
+"""Shells whose ``-c`` script a preStop exec may be."""
+
+
+def termination_grace(pod_spec: dict[str, Any]) -> float:
+    """Seconds from a pod's deletion to SIGKILL, as its spec sets them (``terminationGracePeriodSeconds``)."""
+    return float(pod_spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S))
+
+
+def pre_stop_sleep(container: dict[str, Any]) -> float:
+    """Seconds the container's preStop hook sleeps before the kubelet sends SIGTERM: the ``sleep`` action
+    (``seconds``), or an ``exec`` of ``sleep N``, alone or as a shell's ``-c`` script. 0 for no hook, and for any
+    other one, whose length is not known."""
+    hook = (container.get("lifecycle") or {}).get("preStop") or {}
+    if "sleep" in hook:
+        return float((hook["sleep"] or {}).get("seconds", 0))
+    command = list((hook.get("exec") or {}).get("command") or [])
+    if len(command) == 3 and command[0].rsplit("/", 1)[-1] in SHELLS and command[1] == "-c":
+        command = command[2].split()
+    if len(command) == 2 and command[0].rsplit("/", 1)[-1] == "sleep":
+        try:
+            return max(float(command[1]), 0.0)
+        except ValueError:
+            return 0.0
+    return 0.0
+
+
+def shutdown_timeout(container: dict[str, Any]) -> int:
+    """vLLM's ``--shutdown-timeout`` on the container's command line: 0 (its default: abort on SIGTERM) when it is
+    absent or cannot be read."""
+    try:
+        return max(CommandLine.parse(container).get_int("shutdown-timeout") or 0, 0)
+    except CommandLineError:
+        return 0
+
+
+def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any]) -> str | None:
+    """What a restart of pods of this template does to the requests in flight, with what to change, when it loses
+    or refuses some; None when the pods drain: a preStop sleep, ``--shutdown-timeout``, and a grace period that
+    covers both."""
+    timeout, pause, grace = shutdown_timeout(container), pre_stop_sleep(container), termination_grace(pod_spec)
+    if timeout == 0:
+        return ("each restarted pod's vLLM aborts the requests in flight on SIGTERM (no --shutdown-timeout): start "
+                "it with --shutdown-timeout=N (vLLM 0.32 has it) to let them finish, give the container a preStop "
+                "sleep of a few seconds, and terminationGracePeriodSeconds of at least the sleep plus N")
+    if grace < pause + timeout:
+        return (f"terminationGracePeriodSeconds ({grace:g}) is less than the preStop sleep ({pause:g} s) plus "
+                f"--shutdown-timeout ({timeout} s): the kubelet kills vLLM before the requests in flight finish; "
+                f"raise it to at least {pause + timeout:g}")
+    if pause == 0:
+        return ("vLLM gets SIGTERM as soon as a pod is deleted, while the endpoints may still send it requests, "
+                "which it then refuses with 503: give the container a preStop sleep of a few seconds "
+                "(lifecycle.preStop.sleep.seconds, or an exec of sleep)")
+    return None

@@ -1,0 +1,56 @@
+"""What a rolling restart of the target does to the requests in flight, read from its pod template."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from vllm_autotuner.rollout.drain import drain_advice, pre_stop_sleep, termination_grace
+
+
+def vllm(*args: str, pre_stop: dict[str, Any] | None = None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "vllm", "command": ["vllm", "serve"], "args": ["m", *args]}
+    if pre_stop is not None:
+        container["lifecycle"] = {"preStop": pre_stop}
+    return container
+
+
+SLEEP_5 = {"sleep": {"seconds": 5}}
+
+
+@pytest.mark.parametrize(("hook", "seconds"), [
+    (None, 0.0),
+    ({"sleep": {"seconds": 15}}, 15.0),  # the sleep action (Kubernetes 1.30 on)
+    ({"exec": {"command": ["sleep", "5"]}}, 5.0),
+    ({"exec": {"command": ["/bin/sleep", "2.5"]}}, 2.5),
+    ({"exec": {"command": ["/bin/sh", "-c", "sleep 10"]}}, 10.0),
+    ({"exec": {"command": ["sh", "-c", "sleep 10 && curl -X POST localhost:8000/pause"]}}, 0.0),  # not known
+    ({"exec": {"command": ["sleep", "forever"]}}, 0.0),
+    ({"httpGet": {"path": "/drain", "port": 8000}}, 0.0),
+])
+def test_a_pre_stop_sleep_is_read_from_the_sleep_action_or_an_exec_of_sleep(hook, seconds):
+    assert pre_stop_sleep(vllm(pre_stop=hook)) == seconds
+
+
+def test_the_grace_period_is_thirty_seconds_unless_the_spec_says():
+    assert termination_grace({}) == 30 and termination_grace({"terminationGracePeriodSeconds": 90}) == 90
+
+
+def test_a_template_whose_vllm_drains_within_the_grace_period_gets_no_advice():
+    assert drain_advice({"terminationGracePeriodSeconds": 60}, vllm("--shutdown-timeout", "45", pre_stop=SLEEP_5)) \
+        is None
+    assert drain_advice({"terminationGracePeriodSeconds": 50}, vllm("--shutdown-timeout=45", pre_stop=SLEEP_5)) is None
+
+
+@pytest.mark.parametrize(("spec", "container", "says"), [
+    ({}, vllm(), "aborts the requests in flight on SIGTERM (no --shutdown-timeout)"),
+    ({"terminationGracePeriodSeconds": 300}, vllm("--shutdown-timeout", "0", pre_stop=SLEEP_5), "--shutdown-timeout=N"),
+    ({}, vllm("--shutdown-timeout", "45", pre_stop=SLEEP_5),
+     "terminationGracePeriodSeconds (30) is less than the preStop sleep (5 s) plus --shutdown-timeout (45 s): the "
+     "kubelet kills vLLM before the requests in flight finish; raise it to at least 50"),
+    ({"terminationGracePeriodSeconds": 60}, vllm("--shutdown-timeout", "45"), "refuses with 503: give the container "
+                                                                               "a preStop sleep"),
+])
+def test_a_template_that_loses_or_refuses_requests_is_told_what_to_set(spec, container, says):
+    advice = drain_advice(spec, container)
+    assert advice is not None and says in advice

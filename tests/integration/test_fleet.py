@@ -15,7 +15,10 @@ import json
 import shlex
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -383,6 +386,65 @@ def test_requests_deferred_for_a_lora_adapter_are_not_the_waiting_the_window_cou
     assert all(running in {"", "sql", "chat"} and waiting <= {"sql", "chat"} for running, waiting in seen), seen
     assert any(running and waiting - {running} for running, waiting in seen), f"no adapter deferred for another: {seen}"
     assert all(s.labels["max_lora"] == "1" and at - 180 < s.value <= at for s in lora), lora
+
+
+def _complete(pod: kubernetes.client.V1Pod, max_tokens: int) -> tuple[int, int] | str:
+    """POST a completion of ``max_tokens`` tokens to the pod's vLLM: its HTTP status and the tokens it answered, or
+    why no answer came (the connection closed)."""
+    body = json.dumps({"prompt": [1] * 100, "max_tokens": max_tokens}).encode()
+    request = urllib.request.Request(f"http://{pod.status.pod_ip}:8000/v1/completions", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())["usage"]["completion_tokens"]
+    except urllib.error.HTTPError as exc:
+        return exc.code, 0
+    except OSError as exc:
+        return str(exc)
+
+
+def _running(pod: kubernetes.client.V1Pod) -> float:
+    """The pod's ``vllm:num_requests_running``, from its /metrics."""
+    with urllib.request.urlopen(f"http://{pod.status.pod_ip}:8000/metrics", timeout=5) as response:
+        text = response.read().decode()
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "vllm:num_requests_running")
+    return family.samples[0].value
+
+
+def test_a_deleted_pod_finishes_its_requests_with_a_shutdown_timeout_and_aborts_them_without(
+    cluster: Cluster, namespace: str, fleet: localenv.Fleet
+) -> None:
+    """Every rolling restart deletes pods with requests in flight. On SIGTERM vLLM aborts them, unless it was
+    started with --shutdown-timeout: then it refuses new requests and serves those in flight to the end, after the
+    preStop sleep that gives endpoints the time to stop sending it requests, within the pod's grace period."""
+    api = Api(cluster, namespace)
+    drains = vllm_deployment("drains", H100, ["--shutdown-timeout", "60"], replicas=1)
+    pod_spec = drains["spec"]["template"]["spec"]
+    pod_spec["terminationGracePeriodSeconds"] = 90
+    pod_spec["containers"][0]["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", "1"]}}}
+    api.create(drains)
+    api.create(vllm_deployment("aborts", H100, [], replicas=1))
+    (draining,) = wait_for(lambda: api.ready_pods("drains", 1), 90, "the draining pod")
+    (aborting,) = wait_for(lambda: api.ready_pods("aborts", 1), 90, "the aborting pod")
+    outcomes: dict[str, tuple[int, int] | str] = {}
+
+    def send(pod: kubernetes.client.V1Pod) -> threading.Thread:
+        thread = threading.Thread(target=lambda: outcomes.__setitem__(pod.metadata.name, _complete(pod, 1000)))
+        thread.start()
+        return thread
+
+    threads = [send(draining), send(aborting)]  # about 7 s each, one at a time on a simulated H100
+    wait_for(lambda: _running(draining) == _running(aborting) == 1, 10, "both requests running")
+    for pod in (draining, aborting):
+        api.core.delete_namespaced_pod(pod.metadata.name, namespace)
+    # past the preStop sleep the draining vLLM refuses what comes, while its first request runs on
+    wait_for(lambda: _complete(draining, 1) == (503, 0), 5, "the draining pod to refuse a new request")
+    for thread in threads:
+        thread.join(60)
+    assert outcomes[draining.metadata.name] == (200, 1000), outcomes
+    assert outcomes[aborting.metadata.name] != (200, 1000), outcomes
+    wait_for(lambda: not [p for p in api.pods("drains") if p.metadata.name == draining.metadata.name], 30,
+             "the drained pod to go")
 
 
 def test_a_pod_whose_engine_sleeps_is_counted_asleep_until_a_whole_window_finds_it_awake(

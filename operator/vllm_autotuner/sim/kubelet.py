@@ -15,6 +15,9 @@ part of it, kept apart from the I/O as in the Kubernetes sample-controller:
   five minutes.
 * :class:`PodStatus`: the ``status`` the kubelet writes: phase, the four
   conditions it owns with their transition times, and container statuses.
+* :func:`grace_period`: how long a deleted pod's containers get before
+  SIGKILL (a preStop sleep, read by ``rollout.drain`` as the operator reads
+  it, comes out of it before SIGTERM).
 
 Probe schedules and back-off are multiplied by the fleet's ``time_scale``,
 like the start-up durations, so a scaled-down pod keeps the real ratios
@@ -35,6 +38,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from vllm_autotuner.rollout.drain import termination_grace
+
 BACKOFF_INITIAL_S = 10.0
 BACKOFF_MAX_S = 300.0
 BACKOFF_RESET_S = 600.0
@@ -45,6 +50,13 @@ MESSAGE_MAX_BYTES = 2048
 """The kubelet keeps at most this much of a log tail as the message (and 80 lines)."""
 MESSAGE_MAX_LINES = 80
 OWN_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+
+
+def grace_period(pod: dict[str, Any]) -> float:
+    """Seconds from a pod's deletion to SIGKILL: what the deletion asked for (``deletionGracePeriodSeconds``, which
+    the apiserver sets from the delete call or the spec), else the spec's ``terminationGracePeriodSeconds``."""
+    grace = pod["metadata"].get("deletionGracePeriodSeconds")
+    return float(grace) if grace is not None else termination_grace(pod["spec"])
 
 
 def rfc3339(when: datetime) -> str:

@@ -60,6 +60,9 @@ class VllmLaunch:
     sleep_mode: bool = False
     """Whether it takes sleep and wake-up calls: ``--enable-sleep-mode``, and ``VLLM_SERVER_DEV_MODE`` a non-zero
     integer in the container's environment (vLLM serves /sleep, /wake_up and /is_sleeping only in dev mode)."""
+    shutdown_timeout: int = 0
+    """Seconds it waits on SIGTERM for the requests in flight to finish, refusing new ones (``--shutdown-timeout``,
+    vllm-project/vllm#36666); 0, vLLM's default: it aborts them at once."""
 
 
 def serving_port(container: dict[str, Any]) -> int:
@@ -140,7 +143,8 @@ def vllm_launch(container: dict[str, Any], profile: Profile) -> VllmLaunch:
         raise LaunchError("simulator: --lora-modules needs --enable-lora (vLLM fails to load the adapters: LoRA is "
                           "not enabled)")
     return VllmLaunch(config=config, served_model_name=name, port=_int(cmd, "port") or DEFAULT_PORT, limits=limits,
-                      lora_modules=adapters, sleep_mode=sleep_mode)
+                      lora_modules=adapters, sleep_mode=sleep_mode,
+                      shutdown_timeout=max(_int(cmd, "shutdown-timeout") or 0, 0))
 
 
 def _lora_name(module: str) -> str:

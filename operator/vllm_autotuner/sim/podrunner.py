@@ -18,6 +18,15 @@ a starting vLLM's; Prometheus lists the target from the start and sees it
 down meanwhile, as it would with Kubernetes service discovery. (A Service
 cannot select such pods: EndpointSlices refuse loopback addresses.)
 
+A deleted pod stops as a kubelet stops it: the vLLM container's preStop
+hook sleeps first (a sleep is the hook people give vLLM: the time endpoints
+take to stop sending it requests), then SIGTERM; a vLLM started with
+``--shutdown-timeout`` refuses new requests and lets those in flight finish
+for up to that long, one without aborts them; whatever is left at the end of
+the grace period is killed. The sleep is scaled like the probes (a fixed
+wait); the drain and the grace period are not: they wait for requests, which
+run in wall-clock time.
+
 ``torch.compile`` caches are per node: an attempt that got past compiling a
 token budget makes the next start of that budget on that node warm (a cache
 on a host path, as production deployments mount one).
@@ -39,11 +48,13 @@ from aiohttp import web
 from kubernetes.client.exceptions import ApiException
 
 from vllm_autotuner.knobs import CommandLineError, find_vllm_container
+from vllm_autotuner.rollout.drain import pre_stop_sleep
 from vllm_autotuner.sim.engine import Engine
 from vllm_autotuner.sim.kubelet import (
     ContainerStatus,
     PodStatus,
     crash_backoff,
+    grace_period,
     plan_attempt,
     rfc3339,
     termination_message,
@@ -57,6 +68,8 @@ log = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 0.5
 """How long the HTTP server waits for open responses when its pod goes."""
+DRAIN_POLL_S = 0.05
+"""How often a draining vLLM is looked at for requests still in flight (the serving tick)."""
 
 
 @dataclass
@@ -293,7 +306,8 @@ class PodRunner:
         seed = zlib.crc32(f"{self.ctx.seed}/{self.key}".encode())
         engine = Engine(self.node.profile, launch.config, seed=seed)
         self._served = ServedEngine(engine, launch.served_model_name, limits=launch.limits,
-                                    sleep_mode=launch.sleep_mode, adapters=launch.lora_modules)
+                                    sleep_mode=launch.sleep_mode, adapters=launch.lora_modules,
+                                    shutdown_timeout=launch.shutdown_timeout)
         self._server = app_runner(self._served, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await self._server.setup()
         assert self._sock is not None
@@ -317,10 +331,10 @@ class PodRunner:
             sock.close()
 
     async def terminate(self) -> None:
-        """The pod was deleted: stop its containers as vLLM does on SIGTERM
-        (at once, aborting what is in flight), report them terminated, and
-        remove the pod object as the kubelet does once they have exited."""
+        """The pod was deleted: stop its containers as the kubelet and vLLM do (:meth:`_drain`), report them
+        terminated, and remove the pod object as the kubelet does once they have exited."""
         self.terminating = True
+        await self._drain()
         await self.stop()
         self.ctx.drop_target(self.uid)
         if self.status is not None:
@@ -337,6 +351,28 @@ class PodRunner:
         except Exception as exc:  # noqa: BLE001 - gone already, or another uid: nothing left to do
             log.warning("%s: final delete: %s", self.key, exc)
         log.info("%s: terminated", self.key)
+
+    async def _drain(self) -> None:
+        """From the deletion to SIGKILL: the vLLM container's preStop sleep (scaled), then SIGTERM, after which a
+        vLLM with ``--shutdown-timeout`` serves what is in flight until it is done or the timeout passes (one
+        without stops at once); all within the pod's grace period."""
+        loop = asyncio.get_running_loop()
+        kill_at = loop.time() + grace_period(self.pod)
+        try:
+            pause = pre_stop_sleep(find_vllm_container(self.pod["spec"])) * self.ctx.time_scale
+        except CommandLineError:
+            pause = 0.0
+        if pause > 0:
+            await asyncio.sleep(min(pause, kill_at - loop.time()))
+        served = self._served
+        if served is None or served.shutdown_timeout <= 0:
+            return
+        served.shutting_down = True
+        end = min(kill_at, loop.time() + served.shutdown_timeout)
+        log.info("%s: draining %d requests in flight (--shutdown-timeout %g)", self.key, served.in_flight,
+                 served.shutdown_timeout)
+        while served.in_flight and loop.time() < end:
+            await asyncio.sleep(DRAIN_POLL_S)
 
     # ------------------------------------------------------------ API writes
 

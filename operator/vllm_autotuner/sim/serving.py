@@ -35,6 +35,11 @@ to ``--max-num-queued-tokens`` (:class:`QueueLimits`), and counts it in
 ``vllm:admission_rejections_total`` by the limit that refused it. Such a
 request never shows in the request counters or latency histograms.
 
+Shutdown: with ``--shutdown-timeout`` (vllm-project/vllm#36666), the pod's SIGTERM
+(``shutting_down``) makes the server refuse new requests with 503 while
+those in flight finish; without it, they are aborted at once (``sim.podrunner``
+does either).
+
 Sleep mode: a server started with ``--enable-sleep-mode`` and
 ``VLLM_SERVER_DEV_MODE=1`` (vLLM serves these routes only in dev mode) takes
 ``POST /sleep?level=1|2``, ``POST /wake_up`` and ``GET /is_sleeping``, and its
@@ -124,7 +129,8 @@ class ServedEngine:
     """An :class:`Engine` whose clock is the wall clock since it became ready."""
 
     def __init__(self, engine: Engine, model_name: str, clock: Callable[[], float] = time.monotonic,
-                 limits: QueueLimits = QueueLimits(), sleep_mode: bool = False, adapters: tuple[str, ...] = ()) -> None:
+                 limits: QueueLimits = QueueLimits(), sleep_mode: bool = False, adapters: tuple[str, ...] = (),
+                 shutdown_timeout: float = 0.0) -> None:
         self.engine = engine
         self.model_name = model_name
         self.adapters = adapters
@@ -138,6 +144,10 @@ class ServedEngine:
         """0 awake; 1 asleep with the weights offloaded, 2 with them discarded."""
         self.sleeping: set[str] = set()
         """What sleep mode freed and no wake-up has taken back yet (all of ``SLEEP_TAGS`` after a sleep)."""
+        self.shutdown_timeout = shutdown_timeout
+        """Seconds it lets the requests in flight finish after SIGTERM (``--shutdown-timeout``); 0: none."""
+        self.shutting_down = False
+        """SIGTERM came with a shutdown timeout: new requests are refused with 503 while those in flight finish."""
         self.created = time.time()
         self._clock = clock
         self._start = clock()
@@ -154,7 +164,9 @@ class ServedEngine:
     def submit(self, prompt_tokens: int, output_tokens: int, *, stream: bool, lora: str | None = None) -> InFlight:
         """Queue a request arriving now, for the LoRA adapter ``lora`` (None: the base model). Raises
         :class:`RequestError` for what vLLM rejects: 503 beyond a queue limit (:meth:`admit`), 400 for a
-        prompt plus output beyond ``max_model_len``, 503 while asleep."""
+        prompt plus output beyond ``max_model_len``, 503 while asleep or shutting down."""
+        if self.shutting_down:
+            raise RequestError(503, "The server is shutting down.", "ServiceUnavailableError")
         if self.sleeping:
             raise RequestError(503, "The engine is sleeping: wake it with POST /wake_up.", "ServiceUnavailableError")
         self.admit()
@@ -183,6 +195,11 @@ class ServedEngine:
         limit = getattr(limits, reason)
         raise RequestError(503, f"The server is at capacity: {detail} (--{reason.replace('_', '-')} {limit}). "
                                 "Retry later.", "ServiceUnavailableError")
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not finished yet."""
+        return len(self._waiting)
 
     def forget(self, flight: InFlight) -> None:
         """The handler is done with ``flight``: stop reporting progress to it

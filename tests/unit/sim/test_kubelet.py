@@ -11,6 +11,7 @@ from vllm_autotuner.sim.kubelet import (
     ContainerStatus,
     PodStatus,
     crash_backoff,
+    grace_period,
     image_id,
     plan_attempt,
     termination_message,
@@ -138,3 +139,10 @@ def test_backoff_message_durations_read_like_go(seconds, text):
     container = ContainerStatus("vllm", "img")
     container.back_off({}, seconds, "p")
     assert container.state["waiting"]["message"].startswith(f"back-off {text} ")
+
+
+def test_the_grace_period_is_the_deletions_else_the_specs_else_thirty_seconds():
+    spec = {"terminationGracePeriodSeconds": 90}
+    assert grace_period({"metadata": {}, "spec": {}}) == 30
+    assert grace_period({"metadata": {}, "spec": spec}) == 90
+    assert grace_period({"metadata": {"deletionGracePeriodSeconds": 0}, "spec": spec}) == 0  # a forced delete

@@ -160,3 +160,9 @@ def test_infeasible_budget_on_l4_is_left_to_the_start_up_check():
 ])
 def test_sleep_mode_needs_the_flag_and_the_dev_mode(args, env, sleep_mode):
     assert vllm_launch(container(args=args, env=env), H100).sleep_mode is sleep_mode
+
+
+@pytest.mark.parametrize(("args", "timeout"), [(["m"], 0), (["m", "--shutdown-timeout", "45"], 45),
+                                               (["m", "--shutdown-timeout=0"], 0)])
+def test_the_shutdown_timeout_is_read_and_zero_by_default(args, timeout):
+    assert vllm_launch(container(args=args), H100).shutdown_timeout == timeout

@@ -386,6 +386,26 @@ def test_a_sleeping_engine_says_so_fails_what_was_in_flight_and_refuses_requests
     run(scenario)
 
 
+def test_a_server_shutting_down_refuses_new_requests_and_finishes_those_in_flight() -> None:
+    """SIGTERM to a vLLM started with --shutdown-timeout: what is in flight goes on to its last token, what comes
+    after is refused with 503 (the pod runner decides when that starts, and when what is left is aborted)."""
+
+    async def scenario() -> None:
+        async with serving() as (client, served, clock):
+            pending = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": [1] * 100,
+                                                                                 "max_tokens": 50}))
+            await until(lambda: served.in_flight == 1, "it is in flight")
+            served.shutting_down = True
+            refused = await client.post("/v1/completions", json={"prompt": [1], "max_tokens": 5})
+            assert refused.status == 503 and "shutting down" in (await refused.json())["error"]["message"]
+            await run_until(served, clock, pending)
+            answer = await pending
+            assert answer.status == 200 and (await answer.json())["usage"]["completion_tokens"] == 50
+            assert served.in_flight == 0
+
+    run(scenario)
+
+
 def test_an_engine_woken_in_parts_sleeps_until_the_kv_cache_is_back_too() -> None:
     """``/wake_up?tags=weights`` then ``?tags=kv_cache``, as an RL trainer wakes vLLM to load new weights: the
     engine runs again only once both are back, and a tag that is not asleep changes nothing, as in vLLM's

@@ -374,9 +374,11 @@ def markdown(report: Report, command: str) -> str:
         f"0 ({facts.revisions.get(STATIC, '?')}) | |",
         f"| requests sent / failed | {_requests(facts.load.get(TUNED))} | {_requests(facts.load.get(STATIC))} | |",
         "",
-        "Failed requests are those a rolling restart cut off (vLLM aborts what is in flight when its pod stops) "
-        "or that were sent to a pod that had just gone; their tokens before the cut count in the metrics, so "
-        "the goodput above flatters the tuned Deployment by at most that share.",
+        "Failed requests are those a pod refused or cut off as a rolling restart stopped it, or that were sent to "
+        "a pod that had just gone. The demo's vLLM drains as deploy/examples' does (a preStop sleep, then "
+        "--shutdown-timeout lets what is in flight finish); without that, vLLM aborts what is in flight when its "
+        "pod stops. Tokens a cut request produced count in the metrics, so the goodput above flatters the tuned "
+        "Deployment by at most the failed share.",
         "",
         "## By part of the day",
         "",

@@ -279,6 +279,8 @@ def test_the_operator_retunes_a_vllm_deployment_with_the_service_account_token(
     reasons = {(e.involved_object.kind, e.reason) for e in events}
     assert {("VllmTuning", "RolloutStarted"), ("VllmTuning", "RolloutSucceeded"),
             ("Deployment", "VllmKnobsChanged")} <= reasons
+    # the example's pods drain (a preStop sleep, --shutdown-timeout, a grace period for both): nothing to warn of
+    assert ("VllmTuning", "RestartLosesRequests") not in reasons
 
     lease = client.CoordinationV1Api(cluster_with_crd.api).read_namespaced_lease(ACCOUNT, install.ops)
     assert lease.spec.holder_identity.endswith(f"-{operator.process.pid}")

@@ -57,6 +57,10 @@ def test_recommend_mode_only_reports_and_a_persons_edit_is_adopted_and_not_rever
         # An Event per new recommendation, not per evaluation: consecutive ones name different knobs.
         recommended = [RECOMMENDED.search(e.message).group(1) for e in world.events("Recommendation")]
         assert recommended and all(a != b for a, b in zip(recommended, recommended[1:])), recommended
+        # these pods abort what is in flight as they stop: a recommendation says what applying it would cost them
+        lost = wait_for(lambda: world.events("RestartLosesRequests"), 30, "a RestartLosesRequests Event")
+        assert all(e.type == "Warning" and "applying tokens=" in e.message and "--shutdown-timeout" in e.message
+                   for e in lost), [e.message for e in lost]
         # the tuning's manifest as a team would write it before applying it (mode Auto): the command evaluates
         # it in mode Recommend, from the same window of the same traffic
         manifest = tmp_path / "tuning.yaml"
@@ -70,6 +74,7 @@ def test_recommend_mode_only_reports_and_a_persons_edit_is_adopted_and_not_rever
         assert printed.returncode == 0, printed.stdout + printed.stderr
         seqs = PRINTED.search(printed.stdout)
         assert seqs is not None and int(seqs.group(1)) > START[1], printed.stdout
+        assert "restarts:    applying tokens=" in printed.stdout, printed.stdout
         deployment = world.deployment().metadata
         assert (deployment.generation, deployment.resource_version) == (untouched.generation,
                                                                         untouched.resource_version)

@@ -20,6 +20,7 @@ import yaml
 from vllm_autotuner.api import API_VERSION, KIND, VllmTuningSpec
 from vllm_autotuner.api.types import duration_seconds
 from vllm_autotuner.controller.cache import ClusterCache, deployment_index, replicaset_index
+from vllm_autotuner.controller.events import RESTART_LOSES_REQUESTS
 from vllm_autotuner.controller.kube import Kube
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.operator import _load_kube_config
@@ -107,4 +108,5 @@ def render(report: Report) -> str:
             gain = f" (expected gain {decision.expected_gain_percent:.1f}%)" if decision.expected_gain_percent else ""
             lines.append(f"recommended: {decision.recommendation}{gain}")
         lines.append(f"why:         {decision.reason}")
+    lines += [f"restarts:    {message}" for reason, message, _ in report.events if reason == RESTART_LOSES_REQUESTS]
     return "\n".join(lines) + "\n"

@@ -387,6 +387,7 @@ class Reconciler:
             if decision.hold in _RECOMMENDING and decision.recommendation is not None and (
                     before.recommendation is None or _knobs(before.recommendation) != decision.recommendation):
                 report.event(events.RECOMMENDATION, decision.reason)  # once per new recommendation, not per evaluation
+                self._warn_if_restarts_lose_requests(target, report, f"applying {decision.recommendation}")
             if decision.changes and (spec.mode == Mode.AUTO or decision.action == DecisionAction.ROLLBACK):
                 # the policy never changes outside Auto; the mode check is a second lock on the door
                 await self._patch(target, decision, report, before, during_rollout=False)
@@ -683,9 +684,16 @@ class Reconciler:
         report.event(events.ROLLED_BACK if rollback else events.ROLLOUT_STARTED, f"{decision.knobs}: {decision.reason}")
         report.target_event(events.KNOBS_ROLLED_BACK if rollback else events.KNOBS_CHANGED,
                             f"{decision.knobs} by VllmTuning {report.name}: {decision.reason}")
-        advice = None if rollback else drain_advice(target.deployment["spec"]["template"]["spec"], target.container)
+        if not rollback:
+            self._warn_if_restarts_lose_requests(target, report, f"rolling the pods to {decision.knobs}")
+
+    @staticmethod
+    def _warn_if_restarts_lose_requests(target: Target, report: Report, change: str) -> None:
+        """A RestartLosesRequests Warning Event with ``change`` (a rollout, or a recommendation that would be one)
+        when the target's pods abort or refuse requests as they stop (``rollout.drain``), saying what to set."""
+        advice = drain_advice(target.deployment["spec"]["template"]["spec"], target.container)
         if advice is not None:
-            report.event(events.RESTART_LOSES_REQUESTS, f"rolling the pods to {decision.knobs}: {advice}", warning=True)
+            report.event(events.RESTART_LOSES_REQUESTS, f"{change}: {advice}", warning=True)
 
     async def _replaced_template(self, target: Target) -> dict[str, Any] | None:
         """The pod template of the revision before the current one, which a rollback of our change puts back

@@ -35,10 +35,10 @@ to ``--max-num-queued-tokens`` (:class:`QueueLimits`), and counts it in
 ``vllm:admission_rejections_total`` by the limit that refused it. Such a
 request never shows in the request counters or latency histograms.
 
-Shutdown: with ``--shutdown-timeout`` (vllm-project/vllm#36666), the pod's SIGTERM
-(``shutting_down``) makes the server refuse new requests with 503 while
-those in flight finish; without it, they are aborted at once (``sim.podrunner``
-does either).
+Shutdown: with ``--shutdown-timeout`` (vllm-project/vllm#36666), the pod's
+SIGTERM (``shutting_down``) makes the server refuse new requests with 503
+while those in flight finish; without it, they are aborted at once
+(``sim.podrunner`` does either).
 
 Sleep mode: a server started with ``--enable-sleep-mode`` and
 ``VLLM_SERVER_DEV_MODE=1`` (vLLM serves these routes only in dev mode) takes

@@ -27,12 +27,13 @@ from vllm_autotuner.policy import (
     hold_reason,
     rollout_failed,
     rollout_succeeded,
+    strategy_seen,
 )
 from vllm_autotuner.policy.model import slow_gaps_allowed
 from vllm_autotuner.sim.profiles import get_profile
 from vllm_autotuner.sim.startup import check_startup, default_knobs
 
-from bench.tuning.fleet import Fleet, Outcomes, engine_config
+from bench.tuning.fleet import GRACE_SECONDS, Fleet, Outcomes, engine_config
 from bench.tuning.observe import observe
 from bench.tuning.scenarios import START, BenchScenario
 
@@ -188,7 +189,8 @@ def _initial_state(knobs: Knobs) -> VllmTuningStatus:
         max_num_batched_tokens=knobs.max_num_batched_tokens, max_num_seqs=knobs.max_num_seqs,
         since=utc_timestamp(START), source=KnobSource.INITIAL, from_defaults=True,
     )  # fmt: skip
-    return adopt_generation(VllmTuningStatus(current=current), GENERATION)
+    # the fleet's strategy stops one pod at a time and kills it GRACE_SECONDS after, as the operator reads a template
+    return strategy_seen(adopt_generation(VllmTuningStatus(current=current), GENERATION), 1, GRACE_SECONDS)
 
 
 def run_adaptive(scenario: BenchScenario) -> RunResult:

@@ -98,6 +98,8 @@ def test_rising_chat_load_raises_the_knobs_through_a_rolling_update_and_the_slos
     # these pods abort what is in flight when they stop: the rollout says so, and what to set
     (lost,) = world.events("RestartLosesRequests")
     assert lost.type == "Warning" and "--shutdown-timeout=N" in lost.message and "preStop" in lost.message
+    assert world.status()["drainSeconds"] == 0  # and the change's price counted the requests they cut
+    assert "of it the requests in flight that stopping pods cut: drainSeconds 0" in change["reason"]
     assert [e.type for e in world.events("RolloutSucceeded")] == ["Normal"]
     assert len(world.events("VllmKnobsChanged", kind="Deployment")) == 1
 

@@ -268,6 +268,7 @@ def test_the_operator_retunes_a_vllm_deployment_with_the_service_account_token(
     assert status["lastRollout"]["from"] == {"maxNumBatchedTokens": 8192, "maxNumSeqs": 1024}  # H100 default
     assert status["current"]["maxNumBatchedTokens"] == 4096 and status["current"]["maxNumSeqs"] == 256
     assert status["current"]["source"] == "Schedule" and status["activeSchedule"] == "now"
+    assert status["drainSeconds"] == 45  # --shutdown-timeout=45, after a 10 s preStop sleep, within 60 s of grace
     # The new pod runs the new flags and is Ready: a real rolling update on the simulated fleet.
     (pod,) = [p for p in core.list_namespaced_pod(ns, label_selector="app.kubernetes.io/name=llama-3-8b").items
               if not p.metadata.deletion_timestamp]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from vllm_autotuner.rollout.drain import drain_advice, pre_stop_sleep, termination_grace
+from vllm_autotuner.rollout.drain import drain_advice, drain_seconds, pre_stop_sleep, termination_grace
 
 
 def vllm(*args: str, pre_stop: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -54,3 +54,13 @@ def test_a_template_whose_vllm_drains_within_the_grace_period_gets_no_advice():
 def test_a_template_that_loses_or_refuses_requests_is_told_what_to_set(spec, container, says):
     advice = drain_advice(spec, container)
     assert advice is not None and says in advice
+
+
+@pytest.mark.parametrize(("spec", "container", "seconds"), [
+    ({"terminationGracePeriodSeconds": 60}, vllm("--shutdown-timeout=45", pre_stop=SLEEP_5), 45.0),  # all of it
+    ({}, vllm("--shutdown-timeout", "45", pre_stop=SLEEP_5), 25.0),  # the kubelet kills at 30 s, 5 s slept first
+    ({"terminationGracePeriodSeconds": 60}, vllm(pre_stop=SLEEP_5), 0.0),  # vLLM aborts on SIGTERM
+    ({"terminationGracePeriodSeconds": 3}, vllm("--shutdown-timeout", "45", pre_stop=SLEEP_5), 0.0),  # slept out
+])
+def test_the_drain_is_the_shutdown_timeout_as_far_as_the_grace_period_leaves_it(spec, container, seconds):
+    assert drain_seconds(spec, container) == seconds

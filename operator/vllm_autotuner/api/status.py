@@ -380,6 +380,8 @@ class VllmTuningStatus(StatusModel):
     """Configs that failed to start; never tried again until the spec changes."""
     rollout_unavailable: int | None = Field(default=None, ge=0)
     """Pods a rollout of the target takes out of service at once, as its Deployment's strategy resolves against spec.replicas: all of them under Recreate, maxUnavailable under RollingUpdate (none when it only surges). Restart costs are estimated with it; absent, one at a time."""
+    drain_seconds: float | None = Field(default=None, ge=0)
+    """How long a stopping pod of the target lets its requests in flight run before they are cut, as its pod template sets it: vLLM's --shutdown-timeout, as far as terminationGracePeriodSeconds leaves it after the preStop sleep; 0 when vLLM aborts them on SIGTERM (no --shutdown-timeout). A restart's price counts the requests in flight that would run longer, which no metric shows (they die with the process); absent, all are taken to finish."""
     blocked_at: str | None = None
     """When a rollout last could not start its new pods (no free GPU for a surge pod, an image not pulled, a quota) and was rolled back (RFC 3339): every change, a schedule window's too, waits spec.rollout.cooldown after it rather than stall again at once. Cleared sooner when the Deployment's strategy comes to stop more pods at once (rolloutUnavailable rises: maxSurge 0 and maxUnavailable 1, more replicas): a new pod then needs no spare GPU."""
     slot_wait_since: str | None = None

@@ -83,7 +83,7 @@ from vllm_autotuner.policy.guardrails import failed_configs
 from vllm_autotuner.policy.observation import stale_after
 from vllm_autotuner.policy.schedule import never_opens
 from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
-from vllm_autotuner.rollout.drain import drain_advice
+from vllm_autotuner.rollout.drain import drain_advice, drain_seconds
 from vllm_autotuner.rollout.patch import command_line_writer, unrecorded_write, written_reason
 from vllm_autotuner.rollout.progress import (
     Progress,
@@ -352,7 +352,9 @@ class Reconciler:
             # no window (a rollout leaves partial series; Prometheus may be down), but the Deployment says
             # someone else's rollout runs: the policy must know, or a schedule would patch into it
             observation = Observation(window_start=report.now, window_end=report.now, rollout_in_progress=True)
-        seen = strategy_seen(report.state, unavailable_at_once(target.deployment))
+        template = target.deployment["spec"]["template"]["spec"]
+        seen = strategy_seen(report.state, unavailable_at_once(target.deployment),
+                             drain_seconds(template, target.container))
         if report.state.blocked_at is not None and seen.blocked_at is None:
             report.event(events.BLOCK_LIFTED,
                          f"the Deployment's strategy now stops {seen.rollout_unavailable} pod(s) before it starts new "

@@ -78,10 +78,11 @@ Rollout lifecycle (the operator calls these when the Deployment tells it):
     vLLM by the deadline (no free GPU, an image not pulled, a quota):
     nothing is blamed, and the Decision rolls back;
     ``rolling_out(state)`` our last rollout is in progress by the status;
-    ``strategy_seen(state, unavailable)`` the pods a rollout now stops at
-    once, recorded before each decision: more than before, after a blocked
-    rollout, ends the cooldown the block began (a strategy that no longer
-    needs a spare GPU);
+    ``strategy_seen(state, unavailable, drain=None)`` the pods a rollout now
+    stops at once, and how long each lets its requests in flight run as it
+    stops, recorded before each decision: more pods than before, after a
+    blocked rollout, ends the cooldown the block began (a strategy that no
+    longer needs a spare GPU);
     ``manual_change_detected(state, knobs, now, writer=None)`` a person (or
     ``writer``, a field manager) changed the args;
     ``last_known_change(state)`` the latest change of the knobs the status
@@ -128,7 +129,8 @@ What it does
    once the restart's queue drained,
    under no more traffic than before it); an expected
    gain, net of the restarts' cost (measured, but never below the estimate
-   from the load the other pods must carry now) over the regime's expected
+   from the load the other pods must carry now, plus the requests in flight
+   that stopping pods cut, which no metric shows) over the regime's expected
    life (its mean remaining life within six hours, given how long it has
    lasted, and for the regime in force when the operator first looked, that
    it began at an unknown time before), of at least

@@ -61,7 +61,9 @@ from vllm_autotuner.policy.guardrails import (
     clamp,
     blocked_left,
     cooldown_left,
+    cut_seconds,
     failed_configs,
+    regime_life_seconds,
     restart_cost_percent,
     rollback_room,
 )
@@ -580,15 +582,20 @@ def _traffic_change(
     if goal.knobs == current.knobs:
         return HoldReason.NO_BETTER_CONFIG, f"{summary}; no config expected to do better than {current.knobs}"
     basis = "measured" if goal.measured else f"predicted ({proposal.model.slope * 1e6:.1f}us per batched token)"
+    in_flight = _in_flight_seconds(base)
     cost = proposal.rollouts * restart_cost_percent(
-        state, _pods(state), here.utilisation, settings.slo.ttft.seconds, now
+        state, _pods(state), here.utilisation, settings.slo.ttft.seconds, now, in_flight
     )
+    cut = 100.0 * proposal.rollouts * cut_seconds(state, in_flight) / regime_life_seconds(state, now)
     net = proposal.gain_percent - cost
     way = "" if step is goal else f", {proposal.rollouts} rollouts away: first {step.knobs if step else 'nothing'}"
     reason = (
         f"{summary}; {goal.knobs} {basis}: TTFT {goal.ttft_seconds:.2f}s, ITL {goal.itl_seconds * 1000:.0f}ms, "
         f"attainment {goal.attainment:.0%}{way}; gain {proposal.gain_percent:+.1f}% minus restarts {cost:.1f}%"
     )
+    if cut >= 0.005:
+        reason += (f" ({cut:.2f}% of it the requests in flight that stopping pods cut: "
+                   f"drainSeconds {state.drain_seconds:g})")
     if net < spec.rollout.min_improvement_percent:
         return (
             HoldReason.SMALL_GAIN,
@@ -612,6 +619,14 @@ def _pct(quantile: float) -> str:
 
 def _pods(state: VllmTuningStatus) -> int:
     return state.observed.pods if state.observed else 1
+
+
+def _in_flight_seconds(base: Measurement) -> float:
+    """Mean seconds a request runs in a pod (Little's law); 0 when not measured. Its time queued is left out: a
+    request queued long enough to matter has missed its TTFT target already, so cutting it costs no goodput."""
+    if base.running is None or base.request_rate <= 0:
+        return 0.0
+    return base.running / base.request_rate
 
 
 def _restart_loss(

@@ -218,7 +218,9 @@ def _life_integral(age: float) -> float:
     return (age * age - h * h) / 2 * math.log(age + h) + h * age / 2 - tail
 
 
-def restart_cost_seconds(state: VllmTuningStatus, pods: int, utilisation: float, ttft_target: float) -> float:
+def restart_cost_seconds(
+    state: VllmTuningStatus, pods: int, utilisation: float, ttft_target: float, in_flight: float = 0.0
+) -> float:
     """What one rolling restart costs, in seconds of the target's whole SLO goodput.
 
     Measured on the rollouts so far (``status.restartCostSeconds``) once there
@@ -234,12 +236,15 @@ def restart_cost_seconds(state: VllmTuningStatus, pods: int, utilisation: float,
     ``(pods - k) / pods`` left carry what they can and the rest queues, to
     drain with the spare capacity once the wave is back. Requests that
     arrive while the queue holds more than the TTFT target's worth of work
-    miss it. A fleet that absorbs the missing pods still loses what each
-    stopped pod had in flight and answers slower: a tenth of the pod's share
-    of ``d``. The model's utilisation misses attention and half-full steps,
+    miss it. A fleet that absorbs the missing pods still answers slower
+    while each carries a stopped pod's share: a tenth of that share of
+    ``d``. The model's utilisation misses attention and half-full steps,
     so until a rollout was measured the fleet is taken to be at least
     ASSUMED_UTILISATION busy: guessing high costs a change not made,
     guessing low a fleet that queues for half an hour.
+
+    On top of that come the requests each stopped pod cuts (``cut_seconds``),
+    which no measurement holds: they die with the process, in no histogram.
     """
     measured = state.restart_cost_seconds
     if measured is None:
@@ -254,11 +259,33 @@ def restart_cost_seconds(state: VllmTuningStatus, pods: int, utilisation: float,
     elif out > 0 and excess > 0:
         peak = excess * d
         estimate += waves * (max(0.0, d - ttft_target / excess) + max(0.0, peak - ttft_target) / (1 - utilisation))
-    return estimate if measured is None else max(measured, estimate)
+    return (estimate if measured is None else max(measured, estimate)) + cut_seconds(state, in_flight)
+
+
+def cut_seconds(state: VllmTuningStatus, in_flight: float) -> float:
+    """The requests a rolling restart cuts, in seconds of the target's whole SLO goodput.
+
+    Each pod is stopped once. Its running requests hold, by Little's law,
+    ``in_flight`` seconds of its goodput, where ``in_flight`` is the mean
+    time a request runs in it; so the pods together hold ``in_flight``
+    seconds of the whole. A request still
+    running when the pod's drain (``status.drainSeconds``, ``T``) ends is
+    cut, and all of its output is lost, the part sent too. Taking the time
+    a request has left as exponential with mean ``in_flight`` (a guess on
+    the safe side for long drains, which real request lengths end sooner),
+    the cut share is ``exp(-T / in_flight)``: all of it for a vLLM that
+    aborts on SIGTERM, almost none for a drain several times the mean
+    request. 0 when the drain is not known (``drainSeconds`` absent).
+    """
+    drain = state.drain_seconds
+    if drain is None or in_flight <= 0:
+        return 0.0
+    return in_flight * math.exp(-drain / in_flight)
 
 
 def restart_cost_percent(
-    state: VllmTuningStatus, pods: int, utilisation: float, ttft_target: float, now: datetime
+    state: VllmTuningStatus, pods: int, utilisation: float, ttft_target: float, now: datetime, in_flight: float = 0.0
 ) -> float:
     """One rolling restart's cost in percent of the SLO goodput the regime is expected to bring."""
-    return 100.0 * restart_cost_seconds(state, pods, utilisation, ttft_target) / regime_life_seconds(state, now)
+    cost = restart_cost_seconds(state, pods, utilisation, ttft_target, in_flight)
+    return 100.0 * cost / regime_life_seconds(state, now)

@@ -57,6 +57,14 @@ def shutdown_timeout(container: dict[str, Any]) -> int:
         return 0
 
 
+def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any]) -> float:
+    """How long a stopping pod of this template lets the requests in flight run before they are cut: vLLM's
+    ``--shutdown-timeout``, as far as the grace period leaves it after the preStop sleep; 0 when vLLM aborts them
+    on SIGTERM (no ``--shutdown-timeout``). The policy prices restarts with it (``status.drainSeconds``)."""
+    grace_left = max(termination_grace(pod_spec) - pre_stop_sleep(container), 0.0)
+    return min(float(shutdown_timeout(container)), grace_left)
+
+
 def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any]) -> str | None:
     """What a restart of pods of this template does to the requests in flight, with what to change, when it loses
     or refuses some; None when the pods drain: a preStop sleep, ``--shutdown-timeout``, and a grace period that

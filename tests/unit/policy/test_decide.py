@@ -740,6 +740,21 @@ def test_a_preset_whose_pods_found_no_room_waits_the_cooldown_before_it_is_tried
     assert again.action == DecisionAction.CHANGE and again.knobs == knobs(16384, 512)
 
 
+def test_a_change_is_priced_with_the_requests_in_flight_that_pods_stopping_without_a_drain_cut():
+    def priced(drain):
+        state = warmed(state=strategy_seen(status(), 1, drain))
+        assert state.drain_seconds == drain
+        decision = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
+        assert decision.action == DecisionAction.CHANGE, decision.reason
+        return decision.reason, float(decision.reason.split("minus restarts ")[1].split("%")[0])
+
+    drained, drained_cost = priced(45.0)  # requests run 20 / (13 / 4) = 6.2 s in a pod: all finish in 45 s
+    assert "cut" not in drained and drained_cost == priced(None)[1]
+    aborted, aborted_cost = priced(0.0)
+    assert aborted_cost > drained_cost and "of it the requests in flight that stopping pods cut: drainSeconds 0" in (
+        aborted)
+
+
 def test_a_strategy_that_stops_a_pod_first_ends_the_wait_after_a_blocked_rollout():
     night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "0s", "knobs": PRESET}
     the_spec = spec(schedules=[night])

@@ -294,6 +294,22 @@ def test_restart_cost_grows_with_the_load_the_other_pods_must_carry():
     assert restart_cost_seconds(measured, 4, 0.95, 2.0) == restart_cost_seconds(state, 4, 0.95, 2.0) > 123.0
 
 
+def test_restart_cost_adds_the_requests_in_flight_that_pods_stopping_without_a_drain_cut():
+    from vllm_autotuner.policy.guardrails import cut_seconds, restart_cost_seconds
+
+    def cost(drain, in_flight, measured=123.0):
+        return restart_cost_seconds(status(restart_cost_seconds=measured, drain_seconds=drain), 4, 0.5, 2.0, in_flight)
+
+    # requests run 20 s in a pod on average: together the pods hold 20 s of the whole goodput in flight
+    assert cost(None, 20.0) == cost(45.0, 0.0) == 123.0  # drain not known, or nothing in flight: nothing cut
+    # vLLM aborting on SIGTERM loses all of it, on top of the measured cost, which never saw those requests
+    assert cost(0.0, 20.0) == pytest.approx(123.0 + 20.0)
+    assert cost(20.0, 20.0) == pytest.approx(123.0 + 20.0 / math.e)  # a drain as long as the mean request
+    assert cost(45.0, 20.0) == pytest.approx(123.0 + 20.0 * math.exp(-45 / 20))
+    drains = [cut_seconds(status(drain_seconds=d), 20.0) for d in (0.0, 5.0, 20.0, 45.0, 300.0)]
+    assert drains == sorted(drains, reverse=True) and drains[-1] < 0.01
+
+
 def test_restart_cost_follows_the_pods_the_strategy_stops_at_once():
     from vllm_autotuner.policy.guardrails import DEFAULT_RESTART_SECONDS, restart_cost_seconds, restart_waves
 
@@ -301,12 +317,12 @@ def test_restart_cost_follows_the_pods_the_strategy_stops_at_once():
         state = status(restart_cost_seconds=measured, rollout_unavailable=out)
         return restart_cost_seconds(state, 4, utilisation, 2.0)
 
-    in_flight = 0.1 * DEFAULT_RESTART_SECONDS  # what the stopped pods had in flight, each stopped once
+    slower = 0.1 * DEFAULT_RESTART_SECONDS  # the others answer slower while they carry a stopped pod's share
     assert cost(None, 0.9) == cost(1, 0.9)  # not known: one at a time, as before the strategy was read
-    assert cost(0, 0.9) == pytest.approx(in_flight) and in_flight < cost(1, 0.9)  # a surge keeps the capacity
+    assert cost(0, 0.9) == pytest.approx(slower) and slower < cost(1, 0.9)  # a surge keeps the capacity
     # at half load three pods of four carry the fourth's share, but nothing carries a Recreate's outage
-    assert cost(1, 0.5, measured=1.0) == pytest.approx(in_flight)
-    assert cost(2, 0.5, measured=1.0) == pytest.approx(in_flight)
+    assert cost(1, 0.5, measured=1.0) == pytest.approx(slower)
+    assert cost(2, 0.5, measured=1.0) == pytest.approx(slower)
     assert cost(4, 0.5, measured=1.0) > DEFAULT_RESTART_SECONDS
     assert restart_waves(status(rollout_unavailable=2), 4) == 2 and restart_waves(status(rollout_unavailable=2), 5) == 3
     assert restart_waves(status(rollout_unavailable=0), 4) == 4  # a surge-only update replaces one at a time

@@ -101,6 +101,12 @@ CASES = [
               "0x30 0+2x90"},
          fires("VllmTuningBlind", "20m"),
          fires("VllmTuningBlind", "100m", {"namespace": "team-a", "tuning": "chat"})),
+    # pods that abort what they run as they stop, for 15 minutes; another tuning's drain 45 s; a third's fixed at 10m
+    case({f"vllm_autotuner_drain_seconds{{{TUNING}}}": "0x30",
+          'vllm_autotuner_drain_seconds{namespace="team-a",tuning="rag"}': "45x30",
+          'vllm_autotuner_drain_seconds{namespace="team-b",tuning="chat"}': "0x10 30x20"},
+         fires("VllmTuningRestartsCutRequests", "14m"),
+         fires("VllmTuningRestartsCutRequests", "16m", {"namespace": "team-a", "tuning": "chat"})),
     # a change has waited for a slot since 10m (600 s); another's wait ended at 30m (its series dropped)
     case({f"vllm_autotuner_rollout_slot_wait_since_seconds{{{TUNING}}}": "_x10 600x110",
           f'vllm_autotuner_decisions_total{{{TUNING},action="Hold",reason="RolloutSlots"}}': "_x10 0+2x110",

@@ -287,6 +287,7 @@ def test_the_operator_retunes_a_vllm_deployment_with_the_service_account_token(
     assert lease.spec.holder_identity.endswith(f"-{operator.process.pid}")
     samples = [sample for family in text_string_to_metric_families(operator.metrics()) for sample in family.samples]
     assert [s.value for s in samples if s.name == "vllm_autotuner_leader"] == [1]
+    assert [s.value for s in samples if s.name == "vllm_autotuner_drain_seconds"] == [45]
     calls = {(s.labels["resource"], s.labels["verb"]): s.value
              for s in samples if s.name == "vllm_autotuner_kubernetes_api_calls_total"}
     # With this token it read the Node's GPU labels and the granted Secret (to query Prometheus), and

@@ -58,6 +58,11 @@ class OperatorMetrics:
             "Unix time since when a change of the tuning has waited for a rollout slot (--max-concurrent-rollouts); "
             "absent while none waits.",
             ["namespace", "tuning"], registry=r)
+        self.drain_seconds = Gauge(
+            "vllm_autotuner_drain_seconds",
+            "How long the target's pods let the requests they run finish as they stop (status.drainSeconds: "
+            "vLLM's --shutdown-timeout within the grace period); 0: vLLM aborts them on SIGTERM.",
+            ["namespace", "tuning"], registry=r)
         self.tunings = Gauge("vllm_autotuner_tunings", "VllmTunings watched.", registry=r)
         self.leader = Gauge("vllm_autotuner_leader", "1 while this replica is the leader.", registry=r)
 
@@ -77,13 +82,24 @@ class OperatorMetrics:
                 except KeyError:
                     pass
         self.slot_wait(namespace, tuning, None)
+        self.drain(namespace, tuning, None)
 
     def slot_wait(self, namespace: str, tuning: str, since: str | None) -> None:
         """Export since when the tuning's change waits for a rollout slot (RFC 3339), or drop the series (None)."""
-        if since is not None:
-            self.slot_wait_since.labels(namespace, tuning).set(datetime.fromisoformat(since).timestamp())
-            return
-        try:
-            self.slot_wait_since.remove(namespace, tuning)
-        except KeyError:
-            pass
+        _set_or_drop(self.slot_wait_since, namespace, tuning,
+                     None if since is None else datetime.fromisoformat(since).timestamp())
+
+    def drain(self, namespace: str, tuning: str, seconds: float | None) -> None:
+        """Export how long the target's pods drain as they stop, or drop the series (None: not read yet)."""
+        _set_or_drop(self.drain_seconds, namespace, tuning, seconds)
+
+
+def _set_or_drop(gauge: Gauge, namespace: str, tuning: str, value: float | None) -> None:
+    """Set a tuning's series of ``gauge``, or drop it when there is no value (rather than export a stale one)."""
+    if value is not None:
+        gauge.labels(namespace, tuning).set(value)
+        return
+    try:
+        gauge.remove(namespace, tuning)
+    except KeyError:
+        pass

@@ -1,0 +1,35 @@
+"""The operator's per-tuning series: set from a tuning's status, and gone with the tuning."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from vllm_autotuner.controller.metrics import OperatorMetrics
+
+
+def series_of(metrics: OperatorMetrics, tuning: str) -> list[str]:
+    text = generate_latest(metrics.registry).decode()
+    return [line.split("{")[0] for line in text.splitlines() if f'tuning="{tuning}"' in line]
+
+
+def test_a_deleted_tunings_series_go_and_another_tunings_stay() -> None:
+    metrics = OperatorMetrics()
+    for tuning in ("chat", "rag"):
+        metrics.watch("llm", tuning)
+        metrics.knobs.labels("llm", tuning, "max_num_seqs").set(256)
+        metrics.slot_wait("llm", tuning, "2024-05-01T12:00:00Z")
+        metrics.drain("llm", tuning, 0)
+    assert {"vllm_autotuner_drain_seconds", "vllm_autotuner_rollout_slot_wait_since_seconds",
+            "vllm_autotuner_knob", "vllm_autotuner_rollouts_total"} <= set(series_of(metrics, "chat"))
+    metrics.forget("llm", "chat")
+    assert series_of(metrics, "chat") == []
+    assert "vllm_autotuner_drain_seconds" in series_of(metrics, "rag")
+
+
+def test_a_drain_not_read_yet_exports_no_series_rather_than_a_stale_one() -> None:
+    metrics = OperatorMetrics()
+    metrics.drain("llm", "chat", 45)
+    assert 'vllm_autotuner_drain_seconds{namespace="llm",tuning="chat"} 45.0' in (
+        generate_latest(metrics.registry).decode())
+    metrics.drain("llm", "chat", None)
+    assert series_of(metrics, "chat") == []

@@ -310,6 +310,20 @@ def test_restart_cost_adds_the_requests_in_flight_that_pods_stopping_without_a_d
     assert drains == sorted(drains, reverse=True) and drains[-1] < 0.01
 
 
+@given(drains=st.lists(st.floats(0, 600), min_size=2, max_size=2), in_flight=st.floats(0, 3600),
+       measured=st.one_of(st.none(), st.floats(0, 3600)), utilisation=st.floats(0, 1.5), pods=st.integers(1, 64))
+def test_a_longer_drain_never_makes_a_restart_dearer_nor_one_it_knows_cheaper_than_one_it_does_not(
+        drains, in_flight, measured, utilisation, pods):
+    from vllm_autotuner.policy.guardrails import restart_cost_seconds
+
+    def cost(drain):
+        state = status(restart_cost_seconds=measured, drain_seconds=drain)
+        return restart_cost_seconds(state, pods, utilisation, 2.0, in_flight)
+
+    short, long = sorted(drains)
+    assert cost(None) <= cost(long) <= cost(short) <= cost(0.0) <= cost(None) + in_flight
+
+
 def test_restart_cost_follows_the_pods_the_strategy_stops_at_once():
     from vllm_autotuner.policy.guardrails import DEFAULT_RESTART_SECONDS, restart_cost_seconds, restart_waves
 

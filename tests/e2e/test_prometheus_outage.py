@@ -15,7 +15,8 @@ breached, so an outage timed "before it acts" would be a race.)
 A second test points the operator at a Prometheus that never answers, and
 has another Prometheus scrape the operator as the chart's ServiceMonitor
 does and evaluate the chart's alerts: the two alerts for it go pending,
-named and described from the operator's own series, and no other. Its
+named and described from the operator's own series, and, since the test's
+pods abort what they run as they stop, the one for that; no other. Its
 tuning has a schedule window open, whose preset needs no traffic: blind,
 it is not written either, only recommended.
 """
@@ -87,7 +88,7 @@ def test_an_operator_that_cannot_reach_prometheus_raises_its_alerts_and_no_other
     preset = {"maxNumBatchedTokens": 2048, "maxNumSeqs": 64}
     world.create_tuning(tuning_spec(world.name, schedules=[open_window("UTC", preset)]))
     operator = operators.start(prometheus_url=f"http://127.0.0.1:{localenv.free_port()}")  # nothing listens
-    expected = {"VllmAutotunerPrometheusErrors", "VllmTuningBlind"}
+    expected = {"VllmAutotunerPrometheusErrors", "VllmTuningBlind", "VllmTuningRestartsCutRequests"}
     with alert_watcher(tmp_path / "watcher", operator.url) as watcher:
 
         def active() -> dict[str, list[dict[str, Any]]] | NotYet:
@@ -106,6 +107,11 @@ def test_an_operator_that_cannot_reach_prometheus_raises_its_alerts_and_no_other
     assert blind["state"] == "pending", blind
     assert (blind["labels"]["namespace"], blind["labels"]["tuning"]) == (namespace, world.name), blind
     assert f"kubectl describe vlt {world.name} -n {namespace}" in blind["annotations"]["description"], blind
+    # the pods have no --shutdown-timeout: read from the template, whatever Prometheus does
+    (cut,) = found["VllmTuningRestartsCutRequests"]
+    assert cut["state"] == "pending" and (cut["labels"]["namespace"], cut["labels"]["tuning"]) == (
+        namespace, world.name), cut
+    assert "--shutdown-timeout=N" in cut["annotations"]["description"], cut
     # evaluations held until the alerts went pending, the preset's window open all along: never written
     status = world.status()
     assert "lastRollout" not in status and world.deployment().metadata.generation == 1, status.get("lastRollout")

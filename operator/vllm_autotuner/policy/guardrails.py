@@ -268,14 +268,14 @@ def cut_seconds(state: VllmTuningStatus, in_flight: float) -> float:
     Each pod is stopped once. Its running requests hold, by Little's law,
     ``in_flight`` seconds of its goodput, where ``in_flight`` is the mean
     time a request runs in it; so the pods together hold ``in_flight``
-    seconds of the whole. A request still
-    running when the pod's drain (``status.drainSeconds``, ``T``) ends is
-    cut, and all of its output is lost, the part sent too. Taking the time
-    a request has left as exponential with mean ``in_flight`` (a guess on
-    the safe side for long drains, which real request lengths end sooner),
-    the cut share is ``exp(-T / in_flight)``: all of it for a vLLM that
-    aborts on SIGTERM, almost none for a drain several times the mean
-    request. 0 when the drain is not known (``drainSeconds`` absent).
+    seconds of the whole. A request still running when the pod's drain
+    (``status.drainSeconds``, ``T``) ends is cut, and all of its output is
+    lost, the part sent too. Taking the time a request has left as
+    exponential with mean ``in_flight`` (a guess on the safe side for long
+    drains, which real request lengths end sooner), the cut share is
+    ``exp(-T / in_flight)``: all of it for a vLLM that aborts on SIGTERM,
+    almost none for a drain several times the mean request. 0 when the
+    drain is not known (``drainSeconds`` absent).
     """
     drain = state.drain_seconds
     if drain is None or in_flight <= 0:

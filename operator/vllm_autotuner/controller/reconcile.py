@@ -167,6 +167,11 @@ class Target:
         return bool(self.deployment["spec"].get("paused"))
 
     @property
+    def pod_spec(self) -> dict[str, Any]:
+        """The Deployment's pod template's spec: what every pod a rollout starts, or stops, runs with."""
+        return self.deployment["spec"]["template"]["spec"]
+
+    @property
     def replicas(self) -> int:
         return int(self.deployment["spec"].get("replicas", 1))
 
@@ -352,9 +357,8 @@ class Reconciler:
             # no window (a rollout leaves partial series; Prometheus may be down), but the Deployment says
             # someone else's rollout runs: the policy must know, or a schedule would patch into it
             observation = Observation(window_start=report.now, window_end=report.now, rollout_in_progress=True)
-        template = target.deployment["spec"]["template"]["spec"]
         seen = strategy_seen(report.state, unavailable_at_once(target.deployment),
-                             drain_seconds(template, target.container))
+                             drain_seconds(target.pod_spec, target.container))
         if report.state.blocked_at is not None and seen.blocked_at is None:
             report.event(events.BLOCK_LIFTED,
                          f"the Deployment's strategy now stops {seen.rollout_unavailable} pod(s) before it starts new "
@@ -693,7 +697,7 @@ class Reconciler:
     def _warn_if_restarts_lose_requests(target: Target, report: Report, change: str) -> None:
         """A RestartLosesRequests Warning Event with ``change`` (a rollout, or a recommendation that would be one)
         when the target's pods abort or refuse requests as they stop (``rollout.drain``), saying what to set."""
-        advice = drain_advice(target.deployment["spec"]["template"]["spec"], target.container)
+        advice = drain_advice(target.pod_spec, target.container)
         if advice is not None:
             report.event(events.RESTART_LOSES_REQUESTS, f"{change}: {advice}", warning=True)
 

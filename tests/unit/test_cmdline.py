@@ -161,6 +161,13 @@ def test_sizes_are_read_as_vllm_reads_them(text, value):
         assert (engine.max_num_batched_tokens, engine.max_model_len) == (value, value)
 
 
+@pytest.mark.parametrize(("args", "timeout"), [([], 0), (["--shutdown-timeout", "45"], 45), (["--shutdown-timeout=0"], 0),
+                                              (["--shutdown-timeout", "soon"], 0), (["--shutdown-timeout=-5"], 0)])
+def test_the_shutdown_timeout_is_read_with_the_knobs_and_an_unreadable_one_refuses_nothing(args, timeout):
+    engine = EngineArgs.from_container({"args": ["--model", "M", *args, "--max-num-seqs", "64"]})
+    assert (engine.shutdown_timeout, engine.max_num_seqs) == (timeout, 64)
+
+
 @pytest.mark.parametrize("length", ["auto", "-1"])
 def test_a_model_length_vllm_fits_to_memory_is_unknown(length):
     assert EngineArgs.from_container({"args": ["--max-model-len", length, "--max-num-seqs", "8"]}).max_model_len is None

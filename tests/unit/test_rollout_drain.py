@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from vllm_autotuner.knobs import EngineArgs
 from vllm_autotuner.rollout.drain import drain_advice, drain_seconds, pre_stop_sleep, termination_grace
 
 
@@ -16,6 +17,11 @@ def vllm(*args: str, pre_stop: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 SLEEP_5 = {"sleep": {"seconds": 5}}
+
+
+def advice(spec: dict[str, Any], container: dict[str, Any]) -> str | None:
+    """The advice for a template, its --shutdown-timeout read as the operator reads it, with the knobs."""
+    return drain_advice(spec, container, EngineArgs.from_container(container).shutdown_timeout)
 
 
 @pytest.mark.parametrize(("hook", "seconds"), [
@@ -37,9 +43,8 @@ def test_the_grace_period_is_thirty_seconds_unless_the_spec_says():
 
 
 def test_a_template_whose_vllm_drains_within_the_grace_period_gets_no_advice():
-    assert drain_advice({"terminationGracePeriodSeconds": 60}, vllm("--shutdown-timeout", "45", pre_stop=SLEEP_5)) \
-        is None
-    assert drain_advice({"terminationGracePeriodSeconds": 50}, vllm("--shutdown-timeout=45", pre_stop=SLEEP_5)) is None
+    assert advice({"terminationGracePeriodSeconds": 60}, vllm("--shutdown-timeout", "45", pre_stop=SLEEP_5)) is None
+    assert advice({"terminationGracePeriodSeconds": 50}, vllm("--shutdown-timeout=45", pre_stop=SLEEP_5)) is None
 
 
 @pytest.mark.parametrize(("spec", "container", "says"), [
@@ -52,8 +57,8 @@ def test_a_template_whose_vllm_drains_within_the_grace_period_gets_no_advice():
                                                                                "a preStop sleep"),
 ])
 def test_a_template_that_loses_or_refuses_requests_is_told_what_to_set(spec, container, says):
-    advice = drain_advice(spec, container)
-    assert advice is not None and says in advice
+    told = advice(spec, container)
+    assert told is not None and says in told
 
 
 @pytest.mark.parametrize(("spec", "container", "seconds"), [
@@ -61,6 +66,7 @@ def test_a_template_that_loses_or_refuses_requests_is_told_what_to_set(spec, con
     ({}, vllm("--shutdown-timeout", "45", pre_stop=SLEEP_5), 25.0),  # the kubelet kills at 30 s, 5 s slept first
     ({"terminationGracePeriodSeconds": 60}, vllm(pre_stop=SLEEP_5), 0.0),  # vLLM aborts on SIGTERM
     ({"terminationGracePeriodSeconds": 3}, vllm("--shutdown-timeout", "45", pre_stop=SLEEP_5), 0.0),  # slept out
+    ({"terminationGracePeriodSeconds": 60}, vllm("--shutdown-timeout=soon", pre_stop=SLEEP_5), 0.0),  # unreadable
 ])
 def test_the_drain_is_the_shutdown_timeout_as_far_as_the_grace_period_leaves_it(spec, container, seconds):
-    assert drain_seconds(spec, container) == seconds
+    assert drain_seconds(spec, container, EngineArgs.from_container(container).shutdown_timeout) == seconds

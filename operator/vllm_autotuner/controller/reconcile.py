@@ -358,7 +358,7 @@ class Reconciler:
             # someone else's rollout runs: the policy must know, or a schedule would patch into it
             observation = Observation(window_start=report.now, window_end=report.now, rollout_in_progress=True)
         seen = strategy_seen(report.state, unavailable_at_once(target.deployment),
-                             drain_seconds(target.pod_spec, target.container))
+                             drain_seconds(target.pod_spec, target.container, target.args.shutdown_timeout))
         if report.state.blocked_at is not None and seen.blocked_at is None:
             report.event(events.BLOCK_LIFTED,
                          f"the Deployment's strategy now stops {seen.rollout_unavailable} pod(s) before it starts new "
@@ -697,7 +697,7 @@ class Reconciler:
     def _warn_if_restarts_lose_requests(target: Target, report: Report, change: str) -> None:
         """A RestartLosesRequests Warning Event with ``change`` (a rollout, or a recommendation that would be one)
         when the target's pods abort or refuse requests as they stop (``rollout.drain``), saying what to set."""
-        advice = drain_advice(target.pod_spec, target.container)
+        advice = drain_advice(target.pod_spec, target.container, target.args.shutdown_timeout)
         if advice is not None:
             report.event(events.RESTART_LOSES_REQUESTS, f"{change}: {advice}", warning=True)
 

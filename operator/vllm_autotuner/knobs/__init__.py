@@ -42,6 +42,9 @@ class EngineArgs:
     max_model_len: int | None  # None also for ``auto``/``-1``: vLLM fits it to the memory left
     chunked_prefill: bool | None  # None: vLLM's default (always on in the V1 engine)
     performance_mode: str | None
+    #: ``--shutdown-timeout``: how long vLLM serves its requests in flight after SIGTERM (``rollout.drain``); 0, its
+    #: default (abort them), also for a value it would refuse, which is no reason to refuse tuning the knobs.
+    shutdown_timeout: int = 0
 
     @classmethod
     def from_container(cls, container: dict[str, Any]) -> EngineArgs:
@@ -83,6 +86,7 @@ class EngineArgs:
             max_model_len=max_model_len,
             chunked_prefill=chunked_prefill,
             performance_mode=mode.value if mode else None,
+            shutdown_timeout=_lenient_int(cmd, "shutdown-timeout"),
         )
 
     def effective(self, defaults: AssumedDefaults) -> tuple[Knobs, bool]:
@@ -92,6 +96,14 @@ class EngineArgs:
                                     self.chunked_prefill is not False)
         from_defaults = self.max_num_batched_tokens is None or self.max_num_seqs is None
         return Knobs(max_num_batched_tokens=tokens, max_num_seqs=seqs), from_defaults
+
+
+def _lenient_int(cmd: CommandLine, name: str) -> int:
+    """An integer flag's value, 0 when it is absent or vLLM would refuse it."""
+    try:
+        return cmd.get_int(name) or 0
+    except CommandLineError:
+        return 0
 
 
 def _listed(items: list[str]) -> str:

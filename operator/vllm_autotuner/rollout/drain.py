@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_autotuner.knobs import CommandLine, CommandLineError
-
 DEFAULT_GRACE_S = 30
 """``terminationGracePeriodSeconds`` when the pod spec leaves it out."""
 SHELLS = ("sh", "bash", "ash", "dash")
@@ -48,36 +46,28 @@ def pre_stop_sleep(container: dict[str, Any]) -> float:
     return 0.0
 
 
-def shutdown_timeout(container: dict[str, Any]) -> int:
-    """vLLM's ``--shutdown-timeout`` on the container's command line: 0 (its default: abort on SIGTERM) when it is
-    absent or cannot be read."""
-    try:
-        return max(CommandLine.parse(container).get_int("shutdown-timeout") or 0, 0)
-    except CommandLineError:
-        return 0
-
-
-def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any]) -> float:
+def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int) -> float:
     """How long a stopping pod of this template lets the requests in flight run before they are cut: vLLM's
-    ``--shutdown-timeout``, as far as the grace period leaves it after the preStop sleep; 0 when vLLM aborts them
-    on SIGTERM (no ``--shutdown-timeout``). The policy prices restarts with it (``status.drainSeconds``)."""
+    ``--shutdown-timeout`` (``EngineArgs.shutdown_timeout``, read with the knobs), as far as the grace period leaves
+    it after the preStop sleep; 0 when vLLM aborts them on SIGTERM (no ``--shutdown-timeout``). The policy prices
+    restarts with it (``status.drainSeconds``)."""
     grace_left = max(termination_grace(pod_spec) - pre_stop_sleep(container), 0.0)
-    return min(float(shutdown_timeout(container)), grace_left)
+    return min(float(shutdown_timeout), grace_left)
 
 
-def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any]) -> str | None:
+def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int) -> str | None:
     """What a restart of pods of this template does to the requests in flight, with what to change, when it loses
-    or refuses some; None when the pods drain: a preStop sleep, ``--shutdown-timeout``, and a grace period that
-    covers both."""
-    timeout, pause, grace = shutdown_timeout(container), pre_stop_sleep(container), termination_grace(pod_spec)
-    if timeout == 0:
+    or refuses some; None when the pods drain: a preStop sleep, ``--shutdown-timeout`` (as ``drain_seconds``), and
+    a grace period that covers both."""
+    pause, grace = pre_stop_sleep(container), termination_grace(pod_spec)
+    if shutdown_timeout == 0:
         return ("each restarted pod's vLLM aborts the requests in flight on SIGTERM (no --shutdown-timeout): start "
                 "it with --shutdown-timeout=N (vLLM 0.32 has it) to let them finish, give the container a preStop "
                 "sleep of a few seconds, and terminationGracePeriodSeconds of at least the sleep plus N")
-    if grace < pause + timeout:
+    if grace < pause + shutdown_timeout:
         return (f"terminationGracePeriodSeconds ({grace:g}) is less than the preStop sleep ({pause:g} s) plus "
-                f"--shutdown-timeout ({timeout} s): the kubelet kills vLLM before the requests in flight finish; "
-                f"raise it to at least {pause + timeout:g}")
+                f"--shutdown-timeout ({shutdown_timeout} s): the kubelet kills vLLM before the requests in flight "
+                f"finish; raise it to at least {pause + shutdown_timeout:g}")
     if pause == 0:
         return ("vLLM gets SIGTERM as soon as a pod is deleted, while the endpoints may still send it requests, "
                 "which it then refuses with 503: give the container a preStop sleep of a few seconds "

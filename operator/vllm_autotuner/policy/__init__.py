@@ -78,9 +78,10 @@ Rollout lifecycle (the operator calls these when the Deployment tells it):
     vLLM by the deadline (no free GPU, an image not pulled, a quota):
     nothing is blamed, and the Decision rolls back;
     ``rolling_out(state)`` our last rollout is in progress by the status;
-    ``strategy_seen(state, unavailable, drain=None)`` the pods a rollout now
+    ``strategy_seen(state, unavailable, drain=...)`` the pods a rollout now
     stops at once, and how long each lets its requests in flight run as it
-    stops, recorded before each decision: more pods than before, after a
+    stops (None: not known; left out: as recorded), recorded before each
+    decision: more pods than before, after a
     blocked rollout, ends the cooldown the block began (a strategy that no
     longer needs a spare GPU);
     ``manual_change_detected(state, knobs, now, writer=None)`` a person (or

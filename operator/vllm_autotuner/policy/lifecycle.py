@@ -10,6 +10,7 @@ failed, the rollback, the cooldown a person's change earns) is decided once.
 from __future__ import annotations
 
 from datetime import datetime
+from types import EllipsisType
 
 from vllm_autotuner.api import CurrentKnobs, DecisionAction, FailedConfig, Knobs, KnobSource, VllmTuningStatus
 from vllm_autotuner.api.status import FAILED_LIMIT, REVERT_LIMIT, Rollout, RolloutPhase
@@ -233,10 +234,12 @@ def rollout_blocked(state: VllmTuningStatus, now: datetime, message: str) -> Dec
                       f"{to} could not start its pods; rolling back, the config is not blamed: {message}")
 
 
-def strategy_seen(state: VllmTuningStatus, unavailable: int, drain: float | None = None) -> VllmTuningStatus:
+def strategy_seen(state: VllmTuningStatus, unavailable: int,
+                  drain: float | None | EllipsisType = ...) -> VllmTuningStatus:
     """The pods a rollout of the target now stops at once (``rollout.progress.unavailable_at_once``), and how long
     each lets its requests in flight run as it stops (``rollout.drain.drain_seconds``; None: not known, all taken
-    to finish), recorded before each decision as ``rollout_unavailable`` and ``drain_seconds``.
+    to finish; left out: the one recorded stands), recorded before each decision as ``rollout_unavailable`` and
+    ``drain_seconds``.
 
     More of them than at the last evaluation, after a rollout that could not
     start its pods, ends the wait ``blocked_at`` imposes: the Deployment now
@@ -244,7 +247,9 @@ def strategy_seen(state: VllmTuningStatus, unavailable: int, drain: float | None
     maxSurge 0 and maxUnavailable 1, or more replicas), so the change that
     stalled may run at once rather than after the cooldown.
     """
-    update: dict[str, object] = {"rollout_unavailable": unavailable, "drain_seconds": drain}
+    update: dict[str, object] = {"rollout_unavailable": unavailable}
+    if drain is not ...:
+        update["drain_seconds"] = drain
     if state.blocked_at is not None and state.rollout_unavailable is not None and (
             unavailable > state.rollout_unavailable):
         update["blocked_at"] = None

@@ -755,6 +755,12 @@ def test_a_change_is_priced_with_the_requests_in_flight_that_pods_stopping_witho
         aborted)
 
 
+def test_a_strategy_seen_without_a_drain_keeps_the_drain_recorded_and_none_forgets_it():
+    read = strategy_seen(status(), 1, 0.0)
+    assert strategy_seen(read, 2).drain_seconds == 0.0 and strategy_seen(read, 2).rollout_unavailable == 2
+    assert strategy_seen(read, 1, None).drain_seconds is None and strategy_seen(read, 1, 45.0).drain_seconds == 45.0
+
+
 def test_a_strategy_that_stops_a_pod_first_ends_the_wait_after_a_blocked_rollout():
     night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "0s", "knobs": PRESET}
     the_spec = spec(schedules=[night])

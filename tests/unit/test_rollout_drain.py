@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from vllm_autotuner.knobs import EngineArgs
+from vllm_autotuner.knobs import EngineArgs, parse_version
 from vllm_autotuner.rollout.drain import drain_advice, drain_seconds, pre_stop_sleep, termination_grace
 
 
@@ -59,6 +59,17 @@ def test_a_template_whose_vllm_drains_within_the_grace_period_gets_no_advice():
 def test_a_template_that_loses_or_refuses_requests_is_told_what_to_set(spec, container, says):
     told = advice(spec, container)
     assert told is not None and says in told
+
+
+@pytest.mark.parametrize(("image", "says"), [
+    ("vllm/vllm-openai:v0.17.1", "vLLM 0.17 has no --shutdown-timeout to let them finish (it refuses to start with the "
+                                 "flag): upgrade to vLLM 0.18.0 or later, then start it with --shutdown-timeout=N"),
+    ("vllm/vllm-openai:v0.18.0", "(no --shutdown-timeout): start it with --shutdown-timeout=N (vLLM 0.18.0 and later)"),
+    ("vllm/vllm-openai:latest", "(no --shutdown-timeout): start it with --shutdown-timeout=N (vLLM 0.18.0 and later)"),
+])
+def test_a_vllm_too_old_for_a_shutdown_timeout_is_told_to_upgrade_first(image, says):
+    told = drain_advice({}, vllm(), 0, parse_version(image))
+    assert told is not None and says in told and "preStop sleep" in told
 
 
 @pytest.mark.parametrize(("spec", "container", "seconds"), [

@@ -50,7 +50,14 @@ from vllm_autotuner.controller.cache import ClusterCache, Key, revision
 from vllm_autotuner.controller.conditions import condition, set_condition
 from vllm_autotuner.controller.kube import Kube, api_error, label_selector
 from vllm_autotuner.controller.metrics import OperatorMetrics
-from vllm_autotuner.knobs import CommandLineError, EngineArgs, Hardware, find_vllm_container, vllm_defaults
+from vllm_autotuner.knobs import (
+    CommandLineError,
+    EngineArgs,
+    Hardware,
+    find_vllm_container,
+    parse_version,
+    vllm_defaults,
+)
 from vllm_autotuner.observe.client import Connection, PrometheusError
 from vllm_autotuner.observe.queries import PodMatch, Selector, pod_matchers, reach
 from vllm_autotuner.observe.service import ObservationService
@@ -156,6 +163,7 @@ class Target:
     deployment: dict[str, Any]
     container: dict[str, Any]
     args: EngineArgs
+    vllm_version: str | None  # spec.engine.vllmVersion, else the container's image (its tag may say the release)
     knobs: Knobs
     from_defaults: bool
     defaults_table: str | None
@@ -430,17 +438,18 @@ class Reconciler:
         try:
             container = find_vllm_container(deployment["spec"]["template"]["spec"], ref.container)
             args = EngineArgs.from_container(container)
+            version = spec.engine.vllm_version or container.get("image")
             if args.max_num_batched_tokens is not None and args.max_num_seqs is not None:
                 knobs, from_defaults, table = Knobs(max_num_batched_tokens=args.max_num_batched_tokens,
                                                     max_num_seqs=args.max_num_seqs), False, None
             else:  # a flag is absent: vLLM picked a default (or read a --config file), and no metric says which
-                defaults = vllm_defaults(spec.engine.vllm_version or container.get("image"),
-                                         await self._hardware(deployment, container, spec), args.performance_mode)
+                defaults = vllm_defaults(version, await self._hardware(deployment, container, spec),
+                                         args.performance_mode)
                 knobs, from_defaults = args.effective(defaults)
                 table = defaults.table
         except CommandLineError as exc:
             raise TargetProblem(events.INVALID_TARGET, f"Deployment {namespace}/{ref.name}: {exc}") from exc
-        return Target(deployment, container, args, knobs, from_defaults, table,
+        return Target(deployment, container, args, version, knobs, from_defaults, table,
                       self.cache.current_replicaset(deployment), self.cache.replicasets(deployment))
 
     async def _hardware(self, deployment: dict[str, Any], container: dict[str, Any], spec: VllmTuningSpec) -> Hardware:
@@ -697,7 +706,8 @@ class Reconciler:
     def _warn_if_restarts_lose_requests(target: Target, report: Report, change: str) -> None:
         """A RestartLosesRequests Warning Event with ``change`` (a rollout, or a recommendation that would be one)
         when the target's pods abort or refuse requests as they stop (``rollout.drain``), saying what to set."""
-        advice = drain_advice(target.pod_spec, target.container, target.args.shutdown_timeout)
+        advice = drain_advice(target.pod_spec, target.container, target.args.shutdown_timeout,
+                              parse_version(target.vllm_version))
         if advice is not None:
             report.event(events.RESTART_LOSES_REQUESTS, f"{change}: {advice}", warning=True)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from vllm_autotuner.api.spec import Knobs
 from vllm_autotuner.knobs.cmdline import CommandLine, CommandLineError, find_vllm_container, with_container_command
-from vllm_autotuner.knobs.defaults import AssumedDefaults, Hardware, engine_knobs, vllm_defaults
+from vllm_autotuner.knobs.defaults import AssumedDefaults, Hardware, engine_knobs, parse_version, vllm_defaults
 from vllm_autotuner.knobs.feasibility import startup_errors, startup_warnings
 
 TOKENS_FLAG = "max-num-batched-tokens"
@@ -121,6 +121,7 @@ def set_knobs(container: dict[str, Any], knobs: Knobs) -> dict[str, Any]:
 
 __all__ = [
     "TOKENS_FLAG", "SEQS_FLAG", "EngineArgs", "set_knobs", "CommandLine", "CommandLineError",
-    "find_vllm_container", "AssumedDefaults", "Hardware", "engine_knobs", "vllm_defaults", "startup_errors",
+    "find_vllm_container", "AssumedDefaults", "Hardware", "engine_knobs", "parse_version", "vllm_defaults",
+    "startup_errors",
     "startup_warnings",
 ]

@@ -4,7 +4,8 @@ Every change the operator makes is a rolling restart, and each old pod stops
 as the kubelet stops it: the container's preStop hook runs, vLLM gets
 SIGTERM, and whatever still runs at the end of the grace period is killed.
 On SIGTERM vLLM aborts the requests in flight unless it was started with
-``--shutdown-timeout`` (since spring 2026, vllm-project/vllm#36666): then
+``--shutdown-timeout`` (vllm-project/vllm#36666, first released in vLLM
+0.18.0, March 2026; 0.17.1 does not know the flag and refuses it): then
 it refuses new requests and serves those in flight for up to that long. A
 preStop sleep gives the endpoints time to stop sending the pod requests
 before that; the grace period must cover the sleep and the drain, or the
@@ -19,6 +20,9 @@ from typing import Any
 
 DEFAULT_GRACE_S = 30
 """``terminationGracePeriodSeconds`` when the pod spec leaves it out."""
+SHUTDOWN_TIMEOUT_SINCE = (0, 18)
+"""The first vLLM release (major, minor) with ``--shutdown-timeout``: 0.18.0's wheel has it in
+``vllm/engine/arg_utils.py``, 0.17.1's does not."""
 SHELLS = ("sh", "bash", "ash", "dash")
 """Shells whose ``-c`` script a preStop exec may be."""
 
@@ -55,15 +59,24 @@ def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_
     return min(float(shutdown_timeout), grace_left)
 
 
-def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int) -> str | None:
+def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int,
+                 version: tuple[int, int] | None = None) -> str | None:
     """What a restart of pods of this template does to the requests in flight, with what to change, when it loses
     or refuses some; None when the pods drain: a preStop sleep, ``--shutdown-timeout`` (as ``drain_seconds``), and
-    a grace period that covers both."""
+    a grace period that covers both. ``version``: the vLLM release the pods run (``knobs.parse_version``), when
+    known; one older than ``SHUTDOWN_TIMEOUT_SINCE`` must be upgraded first, as it would refuse to start with the
+    flag."""
     pause, grace = pre_stop_sleep(container), termination_grace(pod_spec)
+    if shutdown_timeout == 0 and version is not None and version < SHUTDOWN_TIMEOUT_SINCE:
+        major, minor = version
+        return (f"each restarted pod's vLLM aborts the requests in flight on SIGTERM, and vLLM {major}.{minor} "
+                f"has no --shutdown-timeout to let them finish (it refuses to start with the flag): upgrade to vLLM "
+                f"0.18.0 or later, then start it with --shutdown-timeout=N, give the container a preStop sleep of a "
+                f"few seconds, and terminationGracePeriodSeconds of at least the sleep plus N")
     if shutdown_timeout == 0:
         return ("each restarted pod's vLLM aborts the requests in flight on SIGTERM (no --shutdown-timeout): start "
-                "it with --shutdown-timeout=N (vLLM 0.32 has it) to let them finish, give the container a preStop "
-                "sleep of a few seconds, and terminationGracePeriodSeconds of at least the sleep plus N")
+                "it with --shutdown-timeout=N (vLLM 0.18.0 and later) to let them finish, give the container a "
+                "preStop sleep of a few seconds, and terminationGracePeriodSeconds of at least the sleep plus N")
     if grace < pause + shutdown_timeout:
         return (f"terminationGracePeriodSeconds ({grace:g}) is less than the preStop sleep ({pause:g} s) plus "
                 f"--shutdown-timeout ({shutdown_timeout} s): the kubelet kills vLLM before the requests in flight "

@@ -107,7 +107,8 @@ def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, ku
     engine = EngineArgs.from_container(container)
     assert engine.max_num_batched_tokens is not None and engine.max_num_seqs is not None
     replicaset = {"metadata": {"name": "llama-7f8b", "labels": {"pod-template-hash": "7f8b"}}, "status": {}}
-    target = Target(deployment, container, engine, knobs(engine.max_num_batched_tokens, engine.max_num_seqs),
+    target = Target(deployment, container, engine, container.get("image"),
+                    knobs(engine.max_num_batched_tokens, engine.max_num_seqs),
                     from_defaults=False, defaults_table=None, replicaset=replicaset if kube else None,
                     replicasets=[])
     report = Report("default", TUNING, state, generation, now)

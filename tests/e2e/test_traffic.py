@@ -95,9 +95,11 @@ def test_rising_chat_load_raises_the_knobs_through_a_rolling_update_and_the_slos
     # The apiserver records the args as the operator's, under the name a GitOps tool is told to trust.
     assert world.args_owners() == [("vllm-autotuner", "Update")]
     assert [e.type for e in world.events("RolloutStarted")] == ["Normal"]
-    # these pods abort what is in flight when they stop: the rollout says so, and what to set
+    # these pods abort what is in flight when they stop: the rollout says so, and what to set, their image's vLLM
+    # (0.11) first of all, which would refuse --shutdown-timeout
     (lost,) = world.events("RestartLosesRequests")
     assert lost.type == "Warning" and "--shutdown-timeout=N" in lost.message and "preStop" in lost.message
+    assert "vLLM 0.11 has no --shutdown-timeout" in lost.message and "upgrade to vLLM 0.18.0" in lost.message
     assert world.status()["drainSeconds"] == 0  # and the change's price counted the requests they cut
     assert "of it the requests in flight that stopping pods cut: drainSeconds 0" in change["reason"]
     assert [e.type for e in world.events("RolloutSucceeded")] == ["Normal"]

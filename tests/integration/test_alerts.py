@@ -35,7 +35,7 @@ def fires(alert: str, at: str, *labels: dict[str, str], value: str = "") -> dict
     ``value`` for ``$value``."""
     def filled(text: str, found: dict[str, str]) -> str:
         text = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: found[m.group(1)], text)
-        return text.replace("{{ $value | humanizeDuration }}", value)
+        return re.sub(r"\{\{ \$value \| humanize\w* \}\}", value, text)
 
     written = rule(alert)
     return {"alertname": alert, "eval_time": at, "exp_alerts": [
@@ -107,6 +107,18 @@ CASES = [
           'vllm_autotuner_drain_seconds{namespace="team-b",tuning="chat"}': "0x10 30x20"},
          fires("VllmTuningRestartsCutRequests", "14m"),
          fires("VllmTuningRestartsCutRequests", "16m", {"namespace": "team-a", "tuning": "chat"})),
+    # a 10 s drain cutting 61% of requests that run 20 s, for 30 minutes; a 45 s drain cutting 3%; pods that abort
+    # (the alert above says so); a drain raised at 20m from 10 to 60 s
+    case({f"vllm_autotuner_drain_seconds{{{TUNING}}}": "10x40",
+          f"vllm_autotuner_restart_cut_ratio{{{TUNING}}}": "0.61x40",
+          'vllm_autotuner_drain_seconds{namespace="team-a",tuning="rag"}': "45x40",
+          'vllm_autotuner_restart_cut_ratio{namespace="team-a",tuning="rag"}': "0.03x40",
+          'vllm_autotuner_drain_seconds{namespace="team-b",tuning="chat"}': "0x40",
+          'vllm_autotuner_restart_cut_ratio{namespace="team-b",tuning="chat"}': "1x40",
+          'vllm_autotuner_drain_seconds{namespace="team-c",tuning="chat"}': "10x20 60x20",
+          'vllm_autotuner_restart_cut_ratio{namespace="team-c",tuning="chat"}': "0.61x20 0.05x20"},
+         fires("VllmTuningDrainTooShort", "29m"),
+         fires("VllmTuningDrainTooShort", "31m", {"namespace": "team-a", "tuning": "chat"}, value="61%")),
     # a change has waited for a slot since 10m (600 s); another's wait ended at 30m (its series dropped)
     case({f"vllm_autotuner_rollout_slot_wait_since_seconds{{{TUNING}}}": "_x10 600x110",
           f'vllm_autotuner_decisions_total{{{TUNING},action="Hold",reason="RolloutSlots"}}': "_x10 0+2x110",

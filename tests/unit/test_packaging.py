@@ -66,7 +66,7 @@ def _operator_exposition() -> str:
     metrics.knobs.labels("ns", "t", "max_num_seqs").set(1)
     metrics.recommended.labels("ns", "t", "max_num_seqs").set(1)
     metrics.slot_wait("ns", "t", "2024-05-01T12:00:00Z")
-    metrics.drain("ns", "t", 0)
+    metrics.drain("ns", "t", 0, 1.0)
     return generate_latest(metrics.registry).decode()
 
 

@@ -63,6 +63,11 @@ class OperatorMetrics:
             "How long the target's pods let the requests they run finish as they stop (status.drainSeconds: "
             "vLLM's --shutdown-timeout within the grace period); 0: vLLM aborts them on SIGTERM.",
             ["namespace", "tuning"], registry=r)
+        self.restart_cut_ratio = Gauge(
+            "vllm_autotuner_restart_cut_ratio",
+            "Share of its requests in flight each pod a rolling restart stops would cut, at the last usable window's "
+            "mean request time: exp(-drain seconds / request seconds); absent while either is unknown.",
+            ["namespace", "tuning"], registry=r)
         self.tunings = Gauge("vllm_autotuner_tunings", "VllmTunings watched.", registry=r)
         self.leader = Gauge("vllm_autotuner_leader", "1 while this replica is the leader.", registry=r)
 
@@ -82,16 +87,18 @@ class OperatorMetrics:
                 except KeyError:
                     pass
         self.slot_wait(namespace, tuning, None)
-        self.drain(namespace, tuning, None)
+        self.drain(namespace, tuning, None, None)
 
     def slot_wait(self, namespace: str, tuning: str, since: str | None) -> None:
         """Export since when the tuning's change waits for a rollout slot (RFC 3339), or drop the series (None)."""
         _set_or_drop(self.slot_wait_since, namespace, tuning,
                      None if since is None else datetime.fromisoformat(since).timestamp())
 
-    def drain(self, namespace: str, tuning: str, seconds: float | None) -> None:
-        """Export how long the target's pods drain as they stop, or drop the series (None: not read yet)."""
+    def drain(self, namespace: str, tuning: str, seconds: float | None, cut: float | None) -> None:
+        """Export how long the target's pods drain as they stop, and the share of their requests in flight that
+        cuts (``policy.guardrails.cut_share``), or drop each series (None: not known)."""
         _set_or_drop(self.drain_seconds, namespace, tuning, seconds)
+        _set_or_drop(self.restart_cut_ratio, namespace, tuning, cut)
 
 
 def _set_or_drop(gauge: Gauge, namespace: str, tuning: str, value: float | None) -> None:

@@ -86,7 +86,7 @@ from vllm_autotuner.policy import (
     with_timed_restart,
 )
 from vllm_autotuner.policy.decision import with_rollout
-from vllm_autotuner.policy.guardrails import failed_configs
+from vllm_autotuner.policy.guardrails import cut_share, failed_configs, in_flight_seconds
 from vllm_autotuner.policy.observation import stale_after
 from vllm_autotuner.policy.schedule import never_opens
 from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
@@ -881,7 +881,7 @@ class Reconciler:
             self.metrics.knobs.labels(namespace, name, "max_num_batched_tokens").set(state.current.max_num_batched_tokens)
             self.metrics.knobs.labels(namespace, name, "max_num_seqs").set(state.current.max_num_seqs)
         self.metrics.slot_wait(namespace, name, state.slot_wait_since)
-        self.metrics.drain(namespace, name, state.drain_seconds)
+        self.metrics.drain(namespace, name, state.drain_seconds, cut_share(state, in_flight_seconds(state.observed)))
         report.state = state
         status = state.model_dump(by_alias=True, mode="json")
         if not write:

@@ -63,6 +63,7 @@ from vllm_autotuner.policy.guardrails import (
     cooldown_left,
     cut_seconds,
     failed_configs,
+    in_flight_seconds,
     regime_life_seconds,
     restart_cost_percent,
     rollback_room,
@@ -582,7 +583,7 @@ def _traffic_change(
     if goal.knobs == current.knobs:
         return HoldReason.NO_BETTER_CONFIG, f"{summary}; no config expected to do better than {current.knobs}"
     basis = "measured" if goal.measured else f"predicted ({proposal.model.slope * 1e6:.1f}us per batched token)"
-    in_flight = _in_flight_seconds(base)
+    in_flight = in_flight_seconds(state.observed)
     cost = proposal.rollouts * restart_cost_percent(
         state, _pods(state), here.utilisation, settings.slo.ttft.seconds, now, in_flight
     )
@@ -619,14 +620,6 @@ def _pct(quantile: float) -> str:
 
 def _pods(state: VllmTuningStatus) -> int:
     return state.observed.pods if state.observed else 1
-
-
-def _in_flight_seconds(base: Measurement) -> float:
-    """Mean seconds a request runs in a pod (Little's law); 0 when not measured. Its time queued is left out: a
-    request queued long enough to matter has missed its TTFT target already, so cutting it costs no goodput."""
-    if base.running is None or base.request_rate <= 0:
-        return 0.0
-    return base.running / base.request_rate
 
 
 def _restart_loss(

@@ -12,7 +12,15 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta
 
-from vllm_autotuner.api import Bounds, CurrentKnobs, Knobs, KnobSource, VllmTuningSpec, VllmTuningStatus
+from vllm_autotuner.api import (
+    Bounds,
+    CurrentKnobs,
+    Knobs,
+    KnobSource,
+    ObservedTraffic,
+    VllmTuningSpec,
+    VllmTuningStatus,
+)
 from vllm_autotuner.api.types import duration_seconds
 from vllm_autotuner.knobs import startup_errors
 
@@ -262,25 +270,39 @@ def restart_cost_seconds(
     return (estimate if measured is None else max(measured, estimate)) + cut_seconds(state, in_flight)
 
 
+def in_flight_seconds(observed: ObservedTraffic | None) -> float:
+    """Mean seconds a request runs in a pod, by Little's law (running per pod over requests per second per pod),
+    in the last usable window (``status.observed``); 0 when not measured. Its time queued is left out: a request
+    queued long enough to matter has missed its TTFT target already, so cutting it costs no goodput."""
+    if observed is None or observed.running is None or not observed.pods or observed.request_rate <= 0:
+        return 0.0
+    return observed.running * observed.pods / observed.request_rate
+
+
+def cut_share(state: VllmTuningStatus, in_flight: float) -> float | None:
+    """The share of its requests in flight a pod cuts as a rolling restart stops it, taking the time a request
+    has left as exponential with mean ``in_flight`` (a guess on the safe side for long drains, which real request
+    lengths end sooner): ``exp(-T / in_flight)`` for a drain of ``T`` seconds (``status.drainSeconds``), all of
+    them for a vLLM that aborts on SIGTERM, almost none for a drain several times the mean request. None when the
+    drain is not known or no request was measured running."""
+    drain = state.drain_seconds
+    if drain is None or in_flight <= 0:
+        return None
+    return math.exp(-drain / in_flight)
+
+
 def cut_seconds(state: VllmTuningStatus, in_flight: float) -> float:
     """The requests a rolling restart cuts, in seconds of the target's whole SLO goodput.
 
     Each pod is stopped once. Its running requests hold, by Little's law,
     ``in_flight`` seconds of its goodput, where ``in_flight`` is the mean
-    time a request runs in it; so the pods together hold ``in_flight``
-    seconds of the whole. A request still running when the pod's drain
-    (``status.drainSeconds``, ``T``) ends is cut, and all of its output is
-    lost, the part sent too. Taking the time a request has left as
-    exponential with mean ``in_flight`` (a guess on the safe side for long
-    drains, which real request lengths end sooner), the cut share is
-    ``exp(-T / in_flight)``: all of it for a vLLM that aborts on SIGTERM,
-    almost none for a drain several times the mean request. 0 when the
-    drain is not known (``drainSeconds`` absent).
+    time a request runs in it (``in_flight_seconds``); so the pods together
+    hold ``in_flight`` seconds of the whole, and the drain cuts
+    ``cut_share`` of it, all of the output of a cut request lost, the part
+    sent too. 0 when the drain is not known (``drainSeconds`` absent).
     """
-    drain = state.drain_seconds
-    if drain is None or in_flight <= 0:
-        return 0.0
-    return in_flight * math.exp(-drain / in_flight)
+    share = cut_share(state, in_flight)
+    return 0.0 if share is None else in_flight * share
 
 
 def restart_cost_percent(

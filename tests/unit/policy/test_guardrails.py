@@ -310,6 +310,25 @@ def test_restart_cost_adds_the_requests_in_flight_that_pods_stopping_without_a_d
     assert drains == sorted(drains, reverse=True) and drains[-1] < 0.01
 
 
+def test_the_time_a_request_runs_is_read_from_the_last_window_and_the_share_cut_from_it():
+    from vllm_autotuner.api import ObservedTraffic
+    from vllm_autotuner.policy.guardrails import cut_share, in_flight_seconds
+
+    def window(running, pods=4, rate=13.0):
+        return ObservedTraffic(window_start="2024-05-01T12:00:00Z", window_end="2024-05-01T12:05:00Z", pods=pods,
+                               request_rate=rate, prompt_tokens_per_second=0.0, generation_tokens_per_second=0.0,
+                               running=running)
+
+    # 20 requests running in each of 4 pods, 13 ending a second in all: each runs 20 / (13 / 4) = 6.2 s
+    assert in_flight_seconds(window(20.0)) == pytest.approx(20 * 4 / 13)
+    assert in_flight_seconds(None) == in_flight_seconds(window(None)) == in_flight_seconds(window(20.0, rate=0.0)) \
+        == in_flight_seconds(window(20.0, pods=0)) == 0.0  # nothing measured
+    assert cut_share(status(drain_seconds=0.0), 6.0) == 1.0  # vLLM aborts them all
+    assert cut_share(status(drain_seconds=6.0), 6.0) == pytest.approx(1 / math.e)
+    assert cut_share(status(drain_seconds=18.0), 6.0) == pytest.approx(0.0498, abs=1e-4)  # three mean requests: 5%
+    assert cut_share(status(), 6.0) is None and cut_share(status(drain_seconds=30.0), 0.0) is None  # not known
+
+
 @given(drains=st.lists(st.floats(0, 600), min_size=2, max_size=2), in_flight=st.floats(0, 3600),
        measured=st.one_of(st.none(), st.floats(0, 3600)), utilisation=st.floats(0, 1.5), pods=st.integers(1, 64))
 def test_a_longer_drain_never_makes_a_restart_dearer_nor_one_it_knows_cheaper_than_one_it_does_not(

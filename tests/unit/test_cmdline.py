@@ -173,14 +173,20 @@ def test_a_model_length_vllm_fits_to_memory_is_unknown(length):
     assert EngineArgs.from_container({"args": ["--max-model-len", length, "--max-num-seqs", "8"]}).max_model_len is None
 
 
+def both_args(stated: list[str]) -> list[str]:
+    return ["--config", "serve.yaml", *stated]
+
+
 def test_knobs_left_to_a_config_file_cannot_be_known():
     with pytest.raises(CommandLineError, match="may set --max-num-batched-tokens, --max-num-seqs, .* where"):
         EngineArgs.from_container({"args": ["--config", "serve.yaml"]})
     stated = ["--max-num-batched-tokens", "4k", "--max-num-seqs", "64", "--enable-chunked-prefill", "-dp", "1"]
-    both = EngineArgs.from_container({"args": ["--config", "serve.yaml", *stated]})
+    both = EngineArgs.from_container({"args": both_args(stated)})
     defaults = vllm_defaults("0.11", Hardware(gpus=1, memory_gib=80))
     assert both.effective(defaults) == (Knobs(max_num_batched_tokens=4000, max_num_seqs=64), False)  # over the file
     assert (both.chunked_prefill, both.max_model_len) == (True, None)  # a length left to the file is unknown
+    assert both.shutdown_timeout is None  # so is a drain the file may set, unless the command line says it
+    assert EngineArgs.from_container({"args": [*both_args(stated), "--shutdown-timeout=30"]}).shutdown_timeout == 30
     off = ["--config", "serve.yaml", *stated[:4], "--no-enable-chunked-prefill", "-dp", "1"]
     with pytest.raises(CommandLineError, match="set --max-model-len on the command line"):  # then it is the floor
         EngineArgs.from_container({"args": off})

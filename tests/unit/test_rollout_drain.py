@@ -61,6 +61,16 @@ def test_a_template_that_loses_or_refuses_requests_is_told_what_to_set(spec, con
     assert told is not None and says in told
 
 
+def test_a_drain_a_config_file_may_set_is_not_known_and_the_advice_says_to_put_it_on_the_command_line():
+    container = vllm("--config", "serve.yaml", "--max-num-batched-tokens", "4096", "--max-num-seqs", "64",
+                     "--enable-chunked-prefill", "-dp", "1", pre_stop=SLEEP_5)
+    assert drain_seconds({"terminationGracePeriodSeconds": 60}, container,
+                         EngineArgs.from_container(container).shutdown_timeout) is None
+    told = advice({"terminationGracePeriodSeconds": 60}, container)
+    assert told is not None and "may set --shutdown-timeout where the operator cannot read it" in told and (
+        "put --shutdown-timeout=N on the command line") in told
+
+
 @pytest.mark.parametrize(("image", "says"), [
     ("vllm/vllm-openai:v0.17.1", "vLLM 0.17 has no --shutdown-timeout to let them finish (it refuses to start with the "
                                  "flag): upgrade to vLLM 0.18.0 or later, then start it with --shutdown-timeout=N"),

@@ -43,8 +43,9 @@ class EngineArgs:
     chunked_prefill: bool | None  # None: vLLM's default (always on in the V1 engine)
     performance_mode: str | None
     #: ``--shutdown-timeout``: how long vLLM serves its requests in flight after SIGTERM (``rollout.drain``); 0, its
-    #: default (abort them), also for a value it would refuse, which is no reason to refuse tuning the knobs.
-    shutdown_timeout: int = 0
+    #: default (abort them), also for a value it would refuse, which is no reason to refuse tuning the knobs; None
+    #: when not on the command line but a ``--config`` file may set it, where the operator cannot read it.
+    shutdown_timeout: int | None = 0
 
     @classmethod
     def from_container(cls, container: dict[str, Any]) -> EngineArgs:
@@ -86,7 +87,8 @@ class EngineArgs:
             max_model_len=max_model_len,
             chunked_prefill=chunked_prefill,
             performance_mode=mode.value if mode else None,
-            shutdown_timeout=_lenient_int(cmd, "shutdown-timeout"),
+            shutdown_timeout=None if config is not None and cmd.get("shutdown-timeout") is None else (
+                _lenient_int(cmd, "shutdown-timeout")),
         )
 
     def effective(self, defaults: AssumedDefaults) -> tuple[Knobs, bool]:

@@ -50,16 +50,18 @@ def pre_stop_sleep(container: dict[str, Any]) -> float:
     return 0.0
 
 
-def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int) -> float:
+def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int | None) -> float | None:
     """How long a stopping pod of this template lets the requests in flight run before they are cut: vLLM's
     ``--shutdown-timeout`` (``EngineArgs.shutdown_timeout``, read with the knobs), as far as the grace period leaves
-    it after the preStop sleep; 0 when vLLM aborts them on SIGTERM (no ``--shutdown-timeout``). The policy prices
-    restarts with it (``status.drainSeconds``)."""
+    it after the preStop sleep; 0 when vLLM aborts them on SIGTERM (no ``--shutdown-timeout``), None when a
+    ``--config`` file may set the timeout. The policy prices restarts with it (``status.drainSeconds``)."""
+    if shutdown_timeout is None:
+        return None
     grace_left = max(termination_grace(pod_spec) - pre_stop_sleep(container), 0.0)
     return min(float(shutdown_timeout), grace_left)
 
 
-def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int,
+def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int | None,
                  version: tuple[int, int] | None = None) -> str | None:
     """What a restart of pods of this template does to the requests in flight, with what to change, when it loses
     or refuses some; None when the pods drain: a preStop sleep, ``--shutdown-timeout`` (as ``drain_seconds``), and
@@ -67,6 +69,11 @@ def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_t
     known; one older than ``SHUTDOWN_TIMEOUT_SINCE`` must be upgraded first, as it would refuse to start with the
     flag."""
     pause, grace = pre_stop_sleep(container), termination_grace(pod_spec)
+    if shutdown_timeout is None:
+        return ("vLLM reads a --config file, which may set --shutdown-timeout where the operator cannot read it, so "
+                "it cannot tell whether a restarted pod lets the requests in flight finish, and prices restarts as if "
+                "they did: put --shutdown-timeout=N on the command line (it takes precedence over the file), with a "
+                "preStop sleep of a few seconds and terminationGracePeriodSeconds of at least the sleep plus N")
     if shutdown_timeout == 0 and version is not None and version < SHUTDOWN_TIMEOUT_SINCE:
         major, minor = version
         return (f"each restarted pod's vLLM aborts the requests in flight on SIGTERM, and vLLM {major}.{minor} "

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from tests.support import ALERTS, CHART, Helm, alert_rules
 
+from vllm_autotuner.policy.guardrails import CUT_SHARE_WARNED
 from vllm_autotuner.sim.localenv import PROMETHEUS
 
 pytestmark = pytest.mark.integration
@@ -141,6 +142,10 @@ CASES = [
           'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="+Inf"}': "0+2x60"},
          fires("VllmAutotunerEvaluationsSlow", "40m")),
 ]
+
+
+def test_the_drain_alert_warns_from_the_share_the_operators_advice_does() -> None:
+    assert f"(vllm_autotuner_restart_cut_ratio) > {CUT_SHARE_WARNED} and" in rule("VllmTuningDrainTooShort")["expr"]
 
 
 def test_promtool_accepts_the_rules() -> None:

@@ -71,6 +71,16 @@ def test_a_drain_a_config_file_may_set_is_not_known_and_the_advice_says_to_put_i
         "put --shutdown-timeout=N on the command line") in told
 
 
+def test_a_drain_short_beside_the_requests_is_told_how_long_they_run_and_what_to_raise_it_to():
+    spec, container = {"terminationGracePeriodSeconds": 60}, vllm("--shutdown-timeout=10", pre_stop=SLEEP_5)
+    told = drain_advice(spec, container, 10, request_seconds=20.0)  # e^-0.5: 61% of the requests in flight cut
+    assert told == ("--shutdown-timeout (10 s) is short beside the 20 s a request runs in these pods (the last "
+                    "window): each pod a restart stops would cut about 61% of the requests it runs; raise it to about "
+                    "60 s, three times that (about 5% cut), and terminationGracePeriodSeconds to at least 65")
+    assert drain_advice(spec, container, 10, request_seconds=4.0) is None  # e^-2.5: 8% cut, under the 10% warned of
+    assert drain_advice(spec, container, 10) is None  # no request measured: no word on it
+
+
 @pytest.mark.parametrize(("image", "says"), [
     ("vllm/vllm-openai:v0.17.1", "vLLM 0.17 has no --shutdown-timeout to let them finish (it refuses to start with the "
                                  "flag): upgrade to vLLM 0.18.0 or later, then start it with --shutdown-timeout=N"),

@@ -705,9 +705,10 @@ class Reconciler:
     @staticmethod
     def _warn_if_restarts_lose_requests(target: Target, report: Report, change: str) -> None:
         """A RestartLosesRequests Warning Event with ``change`` (a rollout, or a recommendation that would be one)
-        when the target's pods abort or refuse requests as they stop (``rollout.drain``), saying what to set."""
+        when the target's pods abort, refuse or cut requests as they stop (``rollout.drain``: a drain short beside the
+        time a request runs in the last window cuts them), saying what to set."""
         advice = drain_advice(target.pod_spec, target.container, target.args.shutdown_timeout,
-                              parse_version(target.vllm_version))
+                              parse_version(target.vllm_version), in_flight_seconds(report.state.observed))
         if advice is not None:
             report.event(events.RESTART_LOSES_REQUESTS, f"{change}: {advice}", warning=True)
 
@@ -881,7 +882,7 @@ class Reconciler:
             self.metrics.knobs.labels(namespace, name, "max_num_batched_tokens").set(state.current.max_num_batched_tokens)
             self.metrics.knobs.labels(namespace, name, "max_num_seqs").set(state.current.max_num_seqs)
         self.metrics.slot_wait(namespace, name, state.slot_wait_since)
-        self.metrics.drain(namespace, name, state.drain_seconds, cut_share(state, in_flight_seconds(state.observed)))
+        self.metrics.drain(namespace, name, state.drain_seconds, cut_share(state.drain_seconds, in_flight_seconds(state.observed)))
         report.state = state
         status = state.model_dump(by_alias=True, mode="json")
         if not write:

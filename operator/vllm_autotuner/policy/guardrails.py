@@ -34,6 +34,10 @@ DEFAULT_RESTART_SECONDS = 180.0
 #: Least expected life of a regime, and the horizon past which a change's gain is not counted.
 MIN_REGIME_LIFE_SECONDS = 1800.0
 MAX_REGIME_LIFE_SECONDS = 6 * 3600.0
+#: Share of the requests in flight a drain may cut before the operator warns that it is too short for them
+#: (``rollout.drain.drain_advice``; the chart's alert VllmTuningDrainTooShort). A drain three times the mean request
+#: cuts 5% of them.
+CUT_SHARE_WARNED = 0.1
 #: Utilisation a fleet is assumed to run at, at least, before a rollout's cost was measured.
 ASSUMED_UTILISATION = 0.85
 
@@ -279,13 +283,12 @@ def in_flight_seconds(observed: ObservedTraffic | None) -> float:
     return observed.running * observed.pods / observed.request_rate
 
 
-def cut_share(state: VllmTuningStatus, in_flight: float) -> float | None:
+def cut_share(drain: float | None, in_flight: float) -> float | None:
     """The share of its requests in flight a pod cuts as a rolling restart stops it, taking the time a request
     has left as exponential with mean ``in_flight`` (a guess on the safe side for long drains, which real request
     lengths end sooner): ``exp(-T / in_flight)`` for a drain of ``T`` seconds (``status.drainSeconds``), all of
     them for a vLLM that aborts on SIGTERM, almost none for a drain several times the mean request. None when the
     drain is not known or no request was measured running."""
-    drain = state.drain_seconds
     if drain is None or in_flight <= 0:
         return None
     return math.exp(-drain / in_flight)
@@ -301,7 +304,7 @@ def cut_seconds(state: VllmTuningStatus, in_flight: float) -> float:
     ``cut_share`` of it, all of the output of a cut request lost, the part
     sent too. 0 when the drain is not known (``drainSeconds`` absent).
     """
-    share = cut_share(state, in_flight)
+    share = cut_share(state.drain_seconds, in_flight)
     return 0.0 if share is None else in_flight * share
 
 

@@ -16,7 +16,10 @@ set so that they do not; the simulated kubelet reads the hooks the same way.
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+from vllm_autotuner.policy.guardrails import CUT_SHARE_WARNED, cut_share
 
 DEFAULT_GRACE_S = 30
 """``terminationGracePeriodSeconds`` when the pod spec leaves it out."""
@@ -62,12 +65,13 @@ def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_
 
 
 def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int | None,
-                 version: tuple[int, int] | None = None) -> str | None:
+                 version: tuple[int, int] | None = None, request_seconds: float = 0.0) -> str | None:
     """What a restart of pods of this template does to the requests in flight, with what to change, when it loses
     or refuses some; None when the pods drain: a preStop sleep, ``--shutdown-timeout`` (as ``drain_seconds``), and
     a grace period that covers both. ``version``: the vLLM release the pods run (``knobs.parse_version``), when
     known; one older than ``SHUTDOWN_TIMEOUT_SINCE`` must be upgraded first, as it would refuse to start with the
-    flag."""
+    flag. ``request_seconds``: the mean time a request runs in a pod (``policy.guardrails.in_flight_seconds``; 0:
+    not measured), against which a drain that would cut over ``CUT_SHARE_WARNED`` of them is too short."""
     pause, grace = pre_stop_sleep(container), termination_grace(pod_spec)
     if shutdown_timeout is None:
         return ("vLLM reads a --config file, which may set --shutdown-timeout where the operator cannot read it, so "
@@ -88,6 +92,13 @@ def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_t
         return (f"terminationGracePeriodSeconds ({grace:g}) is less than the preStop sleep ({pause:g} s) plus "
                 f"--shutdown-timeout ({shutdown_timeout} s): the kubelet kills vLLM before the requests in flight "
                 f"finish; raise it to at least {pause + shutdown_timeout:g}")
+    share = cut_share(float(shutdown_timeout), request_seconds)
+    if share is not None and share > CUT_SHARE_WARNED:
+        enough = math.ceil(3 * request_seconds)  # cuts 5%
+        return (f"--shutdown-timeout ({shutdown_timeout} s) is short beside the {request_seconds:.0f} s a request "
+                f"runs in these pods (the last window): each pod a restart stops would cut about {share:.0%} of the "
+                f"requests it runs; raise it to about {enough} s, three times that (about 5% cut), and "
+                f"terminationGracePeriodSeconds to at least {pause + enough:g}")
     if pause == 0:
         return ("vLLM gets SIGTERM as soon as a pod is deleted, while the endpoints may still send it requests, "
                 "which it then refuses with 503: give the container a preStop sleep of a few seconds "

@@ -323,10 +323,10 @@ def test_the_time_a_request_runs_is_read_from_the_last_window_and_the_share_cut_
     assert in_flight_seconds(window(20.0)) == pytest.approx(20 * 4 / 13)
     assert in_flight_seconds(None) == in_flight_seconds(window(None)) == in_flight_seconds(window(20.0, rate=0.0)) \
         == in_flight_seconds(window(20.0, pods=0)) == 0.0  # nothing measured
-    assert cut_share(status(drain_seconds=0.0), 6.0) == 1.0  # vLLM aborts them all
-    assert cut_share(status(drain_seconds=6.0), 6.0) == pytest.approx(1 / math.e)
-    assert cut_share(status(drain_seconds=18.0), 6.0) == pytest.approx(0.0498, abs=1e-4)  # three mean requests: 5%
-    assert cut_share(status(), 6.0) is None and cut_share(status(drain_seconds=30.0), 0.0) is None  # not known
+    assert cut_share(0.0, 6.0) == 1.0  # vLLM aborts them all
+    assert cut_share(6.0, 6.0) == pytest.approx(1 / math.e)
+    assert cut_share(18.0, 6.0) == pytest.approx(0.0498, abs=1e-4)  # three mean requests: 5%
+    assert cut_share(None, 6.0) is None and cut_share(30.0, 0.0) is None  # not known
 
 
 @given(drains=st.lists(st.floats(0, 600), min_size=2, max_size=2), in_flight=st.floats(0, 3600),

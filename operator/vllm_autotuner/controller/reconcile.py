@@ -882,7 +882,8 @@ class Reconciler:
             self.metrics.knobs.labels(namespace, name, "max_num_batched_tokens").set(state.current.max_num_batched_tokens)
             self.metrics.knobs.labels(namespace, name, "max_num_seqs").set(state.current.max_num_seqs)
         self.metrics.slot_wait(namespace, name, state.slot_wait_since)
-        self.metrics.drain(namespace, name, state.drain_seconds, cut_share(state.drain_seconds, in_flight_seconds(state.observed)))
+        cut = cut_share(state.drain_seconds, in_flight_seconds(state.observed))
+        self.metrics.drain(namespace, name, state.drain_seconds, cut)
         report.state = state
         status = state.model_dump(by_alias=True, mode="json")
         if not write:

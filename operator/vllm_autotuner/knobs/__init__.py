@@ -124,6 +124,5 @@ def set_knobs(container: dict[str, Any], knobs: Knobs) -> dict[str, Any]:
 __all__ = [
     "TOKENS_FLAG", "SEQS_FLAG", "EngineArgs", "set_knobs", "CommandLine", "CommandLineError",
     "find_vllm_container", "AssumedDefaults", "Hardware", "engine_knobs", "parse_version", "vllm_defaults",
-    "startup_errors",
-    "startup_warnings",
+    "startup_errors", "startup_warnings",
 ]

@@ -17,6 +17,7 @@ def vllm(*args: str, pre_stop: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 SLEEP_5 = {"sleep": {"seconds": 5}}
+HTTP_HOOK = {"httpGet": {"path": "/drain", "port": 8000}}
 
 
 def advice(spec: dict[str, Any], container: dict[str, Any]) -> str | None:
@@ -30,9 +31,15 @@ def advice(spec: dict[str, Any], container: dict[str, Any]) -> str | None:
     ({"exec": {"command": ["sleep", "5"]}}, 5.0),
     ({"exec": {"command": ["/bin/sleep", "2.5"]}}, 2.5),
     ({"exec": {"command": ["/bin/sh", "-c", "sleep 10"]}}, 10.0),
-    ({"exec": {"command": ["sh", "-c", "sleep 10 && curl -X POST localhost:8000/pause"]}}, 0.0),  # not known
-    ({"exec": {"command": ["sleep", "forever"]}}, 0.0),
-    ({"httpGet": {"path": "/drain", "port": 8000}}, 0.0),
+    ({"exec": {"command": ["sh", "-c", "sleep 10 && curl -X POST localhost:8000/pause"]}}, 10.0),  # then the rest
+    ({"exec": {"command": ["bash", "-c", " sleep 3; kill -TERM 1"]}}, 3.0),
+    ({"exec": {"command": ["sleep", "1m"]}}, 60.0),  # coreutils' and busybox's unit suffixes
+    ({"exec": {"command": ["sleep", "2.5s"]}}, 2.5),
+    ({"exec": {"command": ["sleep", "forever"]}}, None),  # sleep refuses it: the hook fails at once, or so
+    ({"exec": {"command": ["sleep", "-5"]}}, None),
+    ({"exec": {"command": ["sh", "-c", "curl -X POST localhost:8000/pause && sleep 10"]}}, None),  # not known
+    ({"exec": {"command": ["/drain.sh"]}}, None),
+    ({"httpGet": {"path": "/drain", "port": 8000}}, None),  # a drain endpoint, which may wait
 ])
 def test_a_pre_stop_sleep_is_read_from_the_sleep_action_or_an_exec_of_sleep(hook, seconds):
     assert pre_stop_sleep(vllm(pre_stop=hook)) == seconds
@@ -98,6 +105,31 @@ def test_a_vllm_too_old_for_a_shutdown_timeout_is_told_to_upgrade_first(image, s
     ({"terminationGracePeriodSeconds": 60}, vllm(pre_stop=SLEEP_5), 0.0),  # vLLM aborts on SIGTERM
     ({"terminationGracePeriodSeconds": 3}, vllm("--shutdown-timeout", "45", pre_stop=SLEEP_5), 0.0),  # slept out
     ({"terminationGracePeriodSeconds": 60}, vllm("--shutdown-timeout=soon", pre_stop=SLEEP_5), 0.0),  # unreadable
+    ({"terminationGracePeriodSeconds": 40}, vllm("--shutdown-timeout=45", pre_stop=HTTP_HOOK), 40.0),  # at most
 ])
 def test_the_drain_is_the_shutdown_timeout_as_far_as_the_grace_period_leaves_it(spec, container, seconds):
     assert drain_seconds(spec, container, EngineArgs.from_container(container).shutdown_timeout) == seconds
+
+
+def test_a_hook_of_a_length_not_known_is_not_told_to_sleep_and_the_grace_is_told_to_cover_it_too():
+    container = vllm("--shutdown-timeout=45", pre_stop=HTTP_HOOK)
+    assert advice({"terminationGracePeriodSeconds": 60}, container) is None  # it may wait as a sleep would
+    told = advice({"terminationGracePeriodSeconds": 40}, container)
+    assert told == ("terminationGracePeriodSeconds (40) is less than the preStop hook's own time (not known) plus "
+                    "--shutdown-timeout (45 s): the kubelet kills vLLM before the requests in flight finish; raise it "
+                    "to at least 45 plus the preStop hook's time")
+    short = drain_advice({"terminationGracePeriodSeconds": 60}, container, 45, request_seconds=60.0)
+    assert short is not None and short.endswith("terminationGracePeriodSeconds to at least 180 plus the preStop "
+                                                "hook's time")
+
+
+def test_a_short_drain_without_a_pre_stop_sleep_is_told_both():
+    told = drain_advice({"terminationGracePeriodSeconds": 60}, vllm("--shutdown-timeout=10"), 10, request_seconds=20.0)
+    assert told is not None
+    short, sleep = told.split("; and ")
+    assert short.startswith("--shutdown-timeout (10 s) is short beside the 20 s") and short.endswith(
+        "terminationGracePeriodSeconds to at least 60")
+    assert sleep.startswith("vLLM gets SIGTERM as soon as a pod is deleted") and "preStop sleep" in sleep
+    grace = advice({}, vllm("--shutdown-timeout=45"))
+    assert grace is not None and grace.startswith("terminationGracePeriodSeconds (30) is less than the preStop sleep "
+                                                  "(0 s) plus --shutdown-timeout (45 s)") and "; and vLLM gets" in grace

@@ -184,6 +184,16 @@ class Target:
         return int(self.deployment["spec"].get("replicas", 1))
 
     @property
+    def drain_seconds(self) -> float | None:
+        """How long its stopping pods let the requests in flight run (``rollout.drain.drain_seconds``)."""
+        return drain_seconds(self.pod_spec, self.container, self.args.shutdown_timeout)
+
+    def drain_advice(self, request_seconds: float) -> str | None:
+        """What its restarts do to the requests in flight, and what to set (``rollout.drain.drain_advice``)."""
+        return drain_advice(self.pod_spec, self.container, self.args.shutdown_timeout,
+                            parse_version(self.vllm_version), request_seconds)
+
+    @property
     def ready_pods(self) -> int:
         return int((self.replicaset or {}).get("status", {}).get("readyReplicas") or 0)
 
@@ -365,8 +375,7 @@ class Reconciler:
             # no window (a rollout leaves partial series; Prometheus may be down), but the Deployment says
             # someone else's rollout runs: the policy must know, or a schedule would patch into it
             observation = Observation(window_start=report.now, window_end=report.now, rollout_in_progress=True)
-        seen = strategy_seen(report.state, unavailable_at_once(target.deployment),
-                             drain_seconds(target.pod_spec, target.container, target.args.shutdown_timeout))
+        seen = strategy_seen(report.state, unavailable_at_once(target.deployment), target.drain_seconds)
         if report.state.blocked_at is not None and seen.blocked_at is None:
             report.event(events.BLOCK_LIFTED,
                          f"the Deployment's strategy now stops {seen.rollout_unavailable} pod(s) before it starts new "
@@ -707,8 +716,7 @@ class Reconciler:
         """A RestartLosesRequests Warning Event with ``change`` (a rollout, or a recommendation that would be one)
         when the target's pods abort, refuse or cut requests as they stop (``rollout.drain``: a drain short beside the
         time a request runs in the last window cuts them), saying what to set."""
-        advice = drain_advice(target.pod_spec, target.container, target.args.shutdown_timeout,
-                              parse_version(target.vllm_version), in_flight_seconds(report.state.observed))
+        advice = target.drain_advice(in_flight_seconds(report.state.observed))
         if advice is not None:
             report.event(events.RESTART_LOSES_REQUESTS, f"{change}: {advice}", warning=True)
 

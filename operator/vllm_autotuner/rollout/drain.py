@@ -17,6 +17,7 @@ set so that they do not; the simulated kubelet reads the hooks the same way.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from vllm_autotuner.policy.guardrails import CUT_SHARE_WARNED, cut_share
@@ -28,6 +29,10 @@ SHUTDOWN_TIMEOUT_SINCE = (0, 18)
 ``vllm/engine/arg_utils.py``, 0.17.1's does not."""
 SHELLS = ("sh", "bash", "ash", "dash")
 """Shells whose ``-c`` script a preStop exec may be."""
+SCRIPT_SEPARATORS = re.compile(r"\s*(?:&&|;|\n)\s*")
+"""What ends a shell script's first command, whose ``sleep`` comes before the rest of the script."""
+SLEEP_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+"""Suffixes ``sleep`` takes on its operand."""
 
 
 def termination_grace(pod_spec: dict[str, Any]) -> float:
@@ -35,32 +40,44 @@ def termination_grace(pod_spec: dict[str, Any]) -> float:
     return float(pod_spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_S))
 
 
-def pre_stop_sleep(container: dict[str, Any]) -> float:
-    """Seconds the container's preStop hook sleeps before the kubelet sends SIGTERM: the ``sleep`` action
-    (``seconds``), or an ``exec`` of ``sleep N``, alone or as a shell's ``-c`` script. 0 for no hook, and for any
-    other one, whose length is not known."""
+def pre_stop_sleep(container: dict[str, Any]) -> float | None:
+    """Seconds the container's preStop hook waits before the kubelet sends SIGTERM: the ``sleep`` action
+    (``seconds``), or an ``exec`` of ``sleep N``, alone or as a shell's ``-c`` script, which may go on after it
+    (``sleep 10 && curl ...``: what follows is taken as instant). 0 for no hook; None for any other one (an
+    ``httpGet`` to a drain endpoint, a script), which may wait too, for a time the template does not say."""
     hook = (container.get("lifecycle") or {}).get("preStop") or {}
+    if not hook:
+        return 0.0
     if "sleep" in hook:
         return float((hook["sleep"] or {}).get("seconds", 0))
     command = list((hook.get("exec") or {}).get("command") or [])
     if len(command) == 3 and command[0].rsplit("/", 1)[-1] in SHELLS and command[1] == "-c":
-        command = command[2].split()
+        command = SCRIPT_SEPARATORS.split(command[2].strip(), maxsplit=1)[0].split()
     if len(command) == 2 and command[0].rsplit("/", 1)[-1] == "sleep":
-        try:
-            return max(float(command[1]), 0.0)
-        except ValueError:
-            return 0.0
-    return 0.0
+        return _sleep_seconds(command[1])
+    return None
+
+
+def _sleep_seconds(operand: str) -> float | None:
+    """What ``sleep`` waits for its operand (coreutils' and busybox's: a number, with a unit suffix or not); None
+    for one it refuses."""
+    unit = SLEEP_UNITS.get(operand[-1:], 1.0)
+    try:
+        seconds = float(operand[:-1] if operand[-1:] in SLEEP_UNITS else operand) * unit
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int | None) -> float | None:
     """How long a stopping pod of this template lets the requests in flight run before they are cut: vLLM's
     ``--shutdown-timeout`` (``EngineArgs.shutdown_timeout``, read with the knobs), as far as the grace period leaves
-    it after the preStop sleep; 0 when vLLM aborts them on SIGTERM (no ``--shutdown-timeout``), None when a
-    ``--config`` file may set the timeout. The policy prices restarts with it (``status.drainSeconds``)."""
+    it after the preStop sleep (a hook of a length not known counted as none: the drain is at most that); 0 when
+    vLLM aborts them on SIGTERM (no ``--shutdown-timeout``), None when a ``--config`` file may set the timeout. The
+    policy prices restarts with it (``status.drainSeconds``)."""
     if shutdown_timeout is None:
         return None
-    grace_left = max(termination_grace(pod_spec) - pre_stop_sleep(container), 0.0)
+    grace_left = max(termination_grace(pod_spec) - (pre_stop_sleep(container) or 0.0), 0.0)
     return min(float(shutdown_timeout), grace_left)
 
 
@@ -88,19 +105,30 @@ def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_t
         return ("each restarted pod's vLLM aborts the requests in flight on SIGTERM (no --shutdown-timeout): start "
                 "it with --shutdown-timeout=N (vLLM 0.18.0 and later) to let them finish, give the container a "
                 "preStop sleep of a few seconds, and terminationGracePeriodSeconds of at least the sleep plus N")
-    if grace < pause + shutdown_timeout:
-        return (f"terminationGracePeriodSeconds ({grace:g}) is less than the preStop sleep ({pause:g} s) plus "
-                f"--shutdown-timeout ({shutdown_timeout} s): the kubelet kills vLLM before the requests in flight "
-                f"finish; raise it to at least {pause + shutdown_timeout:g}")
+    told = []
     share = cut_share(float(shutdown_timeout), request_seconds)
-    if share is not None and share > CUT_SHARE_WARNED:
+    if grace < (pause or 0.0) + shutdown_timeout:
+        told.append(f"terminationGracePeriodSeconds ({grace:g}) is less than {_hook(pause)} plus --shutdown-timeout "
+                    f"({shutdown_timeout} s): the kubelet kills vLLM before the requests in flight finish; raise it to "
+                    f"at least {_after(pause, shutdown_timeout)}")
+    elif share is not None and share > CUT_SHARE_WARNED:
         enough = math.ceil(3 * request_seconds)  # cuts 5%
-        return (f"--shutdown-timeout ({shutdown_timeout} s) is short beside the {request_seconds:.0f} s a request "
-                f"runs in these pods (the last window): each pod a restart stops would cut about {share:.0%} of the "
-                f"requests it runs; raise it to about {enough} s, three times that (about 5% cut), and "
-                f"terminationGracePeriodSeconds to at least {pause + enough:g}")
+        told.append(f"--shutdown-timeout ({shutdown_timeout} s) is short beside the {request_seconds:.0f} s a request "
+                    f"runs in these pods (the last window): each pod a restart stops would cut about {share:.0%} of "
+                    f"the requests it runs; raise it to about {enough} s, three times that (about 5% cut), and "
+                    f"terminationGracePeriodSeconds to at least {_after(pause, enough)}")
     if pause == 0:
-        return ("vLLM gets SIGTERM as soon as a pod is deleted, while the endpoints may still send it requests, "
-                "which it then refuses with 503: give the container a preStop sleep of a few seconds "
-                "(lifecycle.preStop.sleep.seconds, or an exec of sleep)")
-    return None
+        told.append("vLLM gets SIGTERM as soon as a pod is deleted, while the endpoints may still send it requests, "
+                    "which it then refuses with 503: give the container a preStop sleep of a few seconds "
+                    "(lifecycle.preStop.sleep.seconds, or an exec of sleep)")
+    return "; and ".join(told) or None
+
+
+def _hook(pause: float | None) -> str:
+    """The preStop hook's wait, for the advice."""
+    return "the preStop hook's own time (not known)" if pause is None else f"the preStop sleep ({pause:g} s)"
+
+
+def _after(pause: float | None, seconds: float) -> str:
+    """A grace period that covers the preStop hook's wait and then ``seconds``, for the advice."""
+    return f"{seconds:g} plus the preStop hook's time" if pause is None else f"{pause + seconds:g}"

@@ -353,13 +353,13 @@ class PodRunner:
         log.info("%s: terminated", self.key)
 
     async def _drain(self) -> None:
-        """From the deletion to SIGKILL: the vLLM container's preStop sleep (scaled), then SIGTERM, after which a
-        vLLM with ``--shutdown-timeout`` serves what is in flight until it is done or the timeout passes (one
-        without stops at once); all within the pod's grace period."""
+        """From the deletion to SIGKILL: the vLLM container's preStop sleep (scaled; another hook is not run), then
+        SIGTERM, after which a vLLM with ``--shutdown-timeout`` serves what is in flight until it is done or the
+        timeout passes (one without stops at once); all within the pod's grace period."""
         loop = asyncio.get_running_loop()
         kill_at = loop.time() + grace_period(self.pod)
         try:
-            pause = pre_stop_sleep(find_vllm_container(self.pod["spec"])) * self.ctx.time_scale
+            pause = (pre_stop_sleep(find_vllm_container(self.pod["spec"])) or 0.0) * self.ctx.time_scale
         except CommandLineError:
             pause = 0.0
         if pause > 0:

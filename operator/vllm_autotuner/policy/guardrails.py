@@ -275,12 +275,14 @@ def restart_cost_seconds(
 
 
 def in_flight_seconds(observed: ObservedTraffic | None) -> float:
-    """Mean seconds a request runs in a pod, by Little's law (running per pod over requests per second per pod),
-    in the last usable window (``status.observed``); 0 when not measured. Its time queued is left out: a request
-    queued long enough to matter has missed its TTFT target already, so cutting it costs no goodput."""
-    if observed is None or observed.running is None or not observed.pods or observed.request_rate <= 0:
+    """Mean seconds a request runs in a pod, by Little's law (running per pod over requests per second per pod
+    that ran: those refused at admission never did), in the last usable window (``status.observed``); 0 when not
+    measured. Its time queued is left out: a request queued long enough to matter has missed its TTFT target
+    already, so cutting it costs no goodput."""
+    if observed is None or observed.running is None or not observed.pods:
         return 0.0
-    return observed.running * observed.pods / observed.request_rate
+    admitted = observed.request_rate - (observed.refused_requests_per_second or 0.0)
+    return observed.running * observed.pods / admitted if admitted > 0 else 0.0
 
 
 def cut_share(drain: float | None, in_flight: float) -> float | None:

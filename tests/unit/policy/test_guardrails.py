@@ -314,13 +314,16 @@ def test_the_time_a_request_runs_is_read_from_the_last_window_and_the_share_cut_
     from vllm_autotuner.api import ObservedTraffic
     from vllm_autotuner.policy.guardrails import cut_share, in_flight_seconds
 
-    def window(running, pods=4, rate=13.0):
+    def window(running, pods=4, rate=13.0, refused=None):
         return ObservedTraffic(window_start="2024-05-01T12:00:00Z", window_end="2024-05-01T12:05:00Z", pods=pods,
                                request_rate=rate, prompt_tokens_per_second=0.0, generation_tokens_per_second=0.0,
-                               running=running)
+                               running=running, refused_requests_per_second=refused)
 
     # 20 requests running in each of 4 pods, 13 ending a second in all: each runs 20 / (13 / 4) = 6.2 s
     assert in_flight_seconds(window(20.0)) == pytest.approx(20 * 4 / 13)
+    # of 18 ending a second, 5 refused at admission: they never ran, and 13 a second leave the running ones
+    assert in_flight_seconds(window(20.0, rate=18.0, refused=5.0)) == pytest.approx(20 * 4 / 13)
+    assert in_flight_seconds(window(20.0, rate=5.0, refused=5.0)) == 0.0  # none ran to the end: not measured
     assert in_flight_seconds(None) == in_flight_seconds(window(None)) == in_flight_seconds(window(20.0, rate=0.0)) \
         == in_flight_seconds(window(20.0, pods=0)) == 0.0  # nothing measured
     assert cut_share(0.0, 6.0) == 1.0  # vLLM aborts them all

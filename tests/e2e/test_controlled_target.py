@@ -12,10 +12,12 @@ says the owner leaves the args alone, the preset rolls out.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from tests.e2e.conftest import Operators
 from tests.e2e.world import World, knob_args, knobs_of, open_window, tuning_spec
-from tests.support import H100, Cluster, NotYet, wait_for
+from tests.support import H100, Cluster, NotYet, alert_watcher, wait_for
 
 from vllm_autotuner.sim import localenv
 
@@ -25,7 +27,8 @@ BEFORE, PRESET = (2048, 64), (8192, 128)
 
 
 def test_a_controlled_deployment_gets_recommendations_until_the_spec_says_to_ignore_its_controller(
-        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators) -> None:
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators,
+        tmp_path: Path) -> None:
     world = World(cluster_with_crd, namespace)
     world.create_deployment(H100, knob_args(*BEFORE), replicas=1)
     owner = world.core.create_namespaced_config_map(namespace, {"metadata": {"name": f"{world.name}-owner"}})
@@ -35,18 +38,24 @@ def test_a_controlled_deployment_gets_recommendations_until_the_spec_says_to_ign
     untouched = world.deployment().metadata
     preset = {"maxNumBatchedTokens": PRESET[0], "maxNumSeqs": PRESET[1]}
     world.create_tuning(tuning_spec(world.name, schedules=[open_window("Europe/Berlin", preset)]))
-    operators.start()
+    operator = operators.start()
 
     def recommended() -> dict | NotYet:
         newest = (world.status().get("history") or [{}])[0]
         return newest if newest.get("hold") == "TargetControlled" else NotYet(f"{newest}")
 
-    held = wait_for(recommended, 60, "the preset to be only recommended")
-    assert f"controlled by ConfigMap {namespace}/{owner.metadata.name}" in held["reason"], held
-    assert world.status()["recommendation"]["maxNumBatchedTokens"] == PRESET[0]
-    degraded = world.wait_condition("Degraded", "True", "TargetControlled", 30)
-    assert "ignoreController" in degraded["message"]
-    assert [e.type for e in world.events("TargetControlled")] == ["Warning"]
+    with alert_watcher(tmp_path / "watcher", operator.url) as watcher:
+        held = wait_for(recommended, 60, "the preset to be only recommended")
+        assert f"controlled by ConfigMap {namespace}/{owner.metadata.name}" in held["reason"], held
+        assert world.status()["recommendation"]["maxNumBatchedTokens"] == PRESET[0]
+        degraded = world.wait_condition("Degraded", "True", "TargetControlled", 30)
+        assert "ignoreController" in degraded["message"]
+        assert [e.type for e in world.events("TargetControlled")] == ["Warning"]
+        # the chart's alert, on the operator's own series as a Prometheus scrapes them
+        (alert,) = wait_for(lambda: watcher.active().get("VllmTuningTargetControlled") or NotYet("no alert"), 30,
+                            "VllmTuningTargetControlled to fire")
+    assert alert["state"] == "firing" and (alert["labels"]["namespace"], alert["labels"]["tuning"]) == (
+        namespace, world.name), alert
     deployment = world.deployment().metadata
     assert (deployment.generation, knobs_of(world.template_args())) == (untouched.generation, BEFORE)
 

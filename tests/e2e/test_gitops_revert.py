@@ -14,12 +14,13 @@ the spec changes (the team has made the tool ignore the args) it tunes again.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 from tests.e2e.conftest import Operators
 from tests.e2e.world import World, knob_args, knobs_of, open_window, tuning_spec
-from tests.support import H100, Cluster, wait_for
+from tests.support import H100, Cluster, NotYet, alert_watcher, wait_for
 
 from vllm_autotuner.sim import localenv
 
@@ -54,7 +55,8 @@ class SelfHeal:
 
 
 def test_changes_put_back_twice_stop_the_operator_until_the_spec_changes(
-        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators) -> None:
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators,
+        tmp_path: Path) -> None:
     world = World(cluster_with_crd, namespace)
     world.create_deployment(H100, knob_args(*MANIFEST), replicas=1)
     world.create_tuning(tuning_spec(world.name, rollout={"cooldown": "5s"}, schedules=[
@@ -62,20 +64,26 @@ def test_changes_put_back_twice_stop_the_operator_until_the_spec_changes(
     sync = SelfHeal(world)
     try:
         operator = operators.start()
-        degraded = world.wait_condition("Degraded", "True", "ChangesReverted", 150)
-        assert "argocd-controller put back" in degraded["message"], degraded  # who, as the write history says
-        assert "edit this VllmTuning's spec" in degraded["message"], degraded
-        assert len(world.status()["reverts"]) == 2 and sync.reverts == 2
-        assert operator.metric("vllm_autotuner_kubernetes_api_calls_total", **PATCHES) == 2
-        holds = operator.metric("vllm_autotuner_decisions_total", reason="ChangesReverted")
-        wait_for(lambda: operator.metric("vllm_autotuner_decisions_total", reason="ChangesReverted") >= holds + 3, 60,
-                 "three more evaluations that only recommend")
-        assert operator.metric("vllm_autotuner_kubernetes_api_calls_total", **PATCHES) == 2 and sync.reverts == 2
-        assert world.status()["recommendation"]["maxNumBatchedTokens"] == PRESET[0]
-        assert [e.type for e in world.events("ChangesReverted")] == ["Warning"]
-        # each revert is adopted naming who made it, as the apiserver recorded the write
-        adopted = [e.message for e in world.events("ManualChangeAdopted")]
-        assert len(adopted) == 2 and all(" by argocd-controller;" in m for m in adopted), adopted
+        with alert_watcher(tmp_path / "watcher", operator.url) as watcher:
+            degraded = world.wait_condition("Degraded", "True", "ChangesReverted", 150)
+            assert "argocd-controller put back" in degraded["message"], degraded  # who, as the write history says
+            assert "edit this VllmTuning's spec" in degraded["message"], degraded
+            assert len(world.status()["reverts"]) == 2 and sync.reverts == 2
+            assert operator.metric("vllm_autotuner_kubernetes_api_calls_total", **PATCHES) == 2
+            holds = operator.metric("vllm_autotuner_decisions_total", reason="ChangesReverted")
+            wait_for(lambda: operator.metric("vllm_autotuner_decisions_total", reason="ChangesReverted") >= holds + 3,
+                     60, "three more evaluations that only recommend")
+            assert operator.metric("vllm_autotuner_kubernetes_api_calls_total", **PATCHES) == 2 and sync.reverts == 2
+            assert world.status()["recommendation"]["maxNumBatchedTokens"] == PRESET[0]
+            assert [e.type for e in world.events("ChangesReverted")] == ["Warning"]
+            # each revert is adopted naming who made it, as the apiserver recorded the write
+            adopted = [e.message for e in world.events("ManualChangeAdopted")]
+            assert len(adopted) == 2 and all(" by argocd-controller;" in m for m in adopted), adopted
+            # the chart's alert, on the operator's own series as a Prometheus scrapes them
+            (alert,) = wait_for(lambda: watcher.active().get("VllmTuningChangesReverted") or NotYet("no alert"), 30,
+                                "VllmTuningChangesReverted to fire")
+        assert alert["state"] == "firing" and (alert["labels"]["namespace"], alert["labels"]["tuning"]) == (
+            namespace, world.name), alert
     finally:
         sync.stop()
 

@@ -12,6 +12,7 @@ PromQL of its own over the new pods.
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 from tests.e2e.conftest import Operators
 from tests.e2e.world import REVISION, WINDOW, Load, World, knob_args, knobs_of, parse_time, promql, tuning_spec
-from tests.support import H100, Cluster, NotYet, wait_for
+from tests.support import H100, Cluster, NotYet, alert_watcher, wait_for
 
 from vllm_autotuner.sim import localenv
 
@@ -161,14 +162,18 @@ def test_requests_a_queue_limit_refuses_are_misses_the_operator_reports_and_does
     (``status.observed.refusedRequestsPerSecond``, the attainment) and says so, but changes nothing for them: more
     sequences cannot pass the limit (at 9 requests a second a pod, from 16 to 32 sequences, a change the operator
     made while it took refusals for misses a lower TTFT would cure, the pods refused more: 18.6% of the requests
-    against 15.6%)."""
+    against 15.6%).
+
+    Its pods drain for a second as they stop (``--shutdown-timeout=1``), short beside the time their requests run:
+    the chart's alert on that goes pending, with the share of the requests in flight a restart would cut."""
     world = World(cluster_with_crd, namespace)
-    world.create_deployment(H100, [*knob_args(512, 16), "--max-num-queued-reqs", "18"], replicas=2)
+    world.create_deployment(H100, [*knob_args(512, 16), "--max-num-queued-reqs", "18", "--shutdown-timeout", "1"],
+                            replicas=2)
     world.create_tuning(tuning_spec(
         world.name, slo={"ttft": {"seconds": TTFT_SLO}, "itl": {"seconds": ITL_SLO}},
         bounds={"maxNumBatchedTokens": {"min": 512, "max": 8192}, "maxNumSeqs": {"min": 8, "max": 256}},
         rollout={"cooldown": "10m"}))
-    operators.start()
+    operator = operators.start()
 
     def reported(since: datetime) -> dict[str, Any] | NotYet:
         """The newest decision, once it holds naming the refusals at ``since`` or later (holds in a row share one
@@ -178,11 +183,21 @@ def test_requests_a_queue_limit_refuses_are_misses_the_operator_reports_and_does
             return newest
         return NotYet(f"newest decision: {newest}")
 
-    with Load(world, tmp_path, rate=24):
+    with Load(world, tmp_path, rate=24), alert_watcher(tmp_path / "watcher", operator.url) as watcher:
         first = wait_for(lambda: reported(datetime.min.replace(tzinfo=timezone.utc)), 150, "a hold naming refusals")
         # and it goes on holding for two windows more
         held = wait_for(lambda: reported(parse_time(first["time"]) + 2 * WINDOW_DURATION), 90, "two windows more")
         observed = world.status()["observed"]
+        (short,) = wait_for(lambda: watcher.active().get("VllmTuningDrainTooShort") or NotYet("no alert"), 30,
+                            "VllmTuningDrainTooShort to go pending")
+        active = watcher.active()
+    # requests run about 16 running / 7 a second each pod lets in = 2.3 s: a 1 s drain cuts about 65% of them
+    ran = observed["running"] * observed["pods"] / (observed["requestRate"] - observed["refusedRequestsPerSecond"])
+    assert world.status()["drainSeconds"] == 1 and ran > 1, observed
+    assert short["state"] == "pending" and (short["labels"]["namespace"], short["labels"]["tuning"]) == (
+        namespace, world.name), short  # (it fires after 30 minutes)
+    assert float(short["value"]) == pytest.approx(math.exp(-1 / ran), abs=0.15), (short, ran)
+    assert "VllmTuningRestartsCutRequests" not in active, active  # they drain, if briefly
     now = re.search(r"now TTFT p95 ([\d.]+)s, ITL p95 (\d+)ms, attainment (\d+)% \((\d+)% of requests refused",
                     held["reason"])
     assert now is not None, held["reason"]

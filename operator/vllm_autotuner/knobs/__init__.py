@@ -46,6 +46,9 @@ class EngineArgs:
     #: default (abort them), also for a value it would refuse, which is no reason to refuse tuning the knobs; None
     #: when not on the command line but a ``--config`` file may set it, where the operator cannot read it.
     shutdown_timeout: int | None = 0
+    #: Whether the kubelet's SIGTERM reaches vLLM (``CommandLine.sigterm_reaches_vllm``): False when the container's
+    #: shell runs it as a child and ignores the signal, so vLLM serves until the SIGKILL; None when not known.
+    sigterm_reaches_vllm: bool | None = True
 
     @classmethod
     def from_container(cls, container: dict[str, Any]) -> EngineArgs:
@@ -89,6 +92,7 @@ class EngineArgs:
             performance_mode=mode.value if mode else None,
             shutdown_timeout=None if config is not None and cmd.get("shutdown-timeout") is None else (
                 _lenient_int(cmd, "shutdown-timeout")),
+            sigterm_reaches_vllm=cmd.sigterm_reaches_vllm(),
         )
 
     def effective(self, defaults: AssumedDefaults) -> tuple[Knobs, bool]:

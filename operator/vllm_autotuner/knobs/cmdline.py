@@ -431,6 +431,14 @@ def _shell_options(words: list[str], pos: int) -> tuple[int, str]:
     return min(pos, len(words)), letters  # an option's value missing at the end
 
 
+# Programs among _WRAPPERS that stay the container's first process and pass a signal on, to their child or its process
+# group, rather than run the command in their place.
+_INITS = {"tini", "dumb-init", "catatonit", "timeout"}
+# Operators that put the command beside them in a child of the shell: a pipeline, the background, a subshell.
+_CHILD_OPERATORS = {"|", "|&", "&", "(", ")"}
+# A variable assignment before a command's name (``VAR=value vllm serve``).
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
+
 # A name a ConfigMap or Secret key can spell, so that a container's ``envFrom`` may set it.
 _SOURCE_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 
@@ -586,6 +594,43 @@ class CommandLine:
             if self._is_vllm_word(i):
                 return i + (1 if self.words[i].text in _VLLM_ENTRYPOINTS else 2), end
         return start, end
+
+    def sigterm_reaches_vllm(self) -> bool | None:
+        """Whether the SIGTERM the kubelet sends a stopping container's first process reaches vLLM.
+
+        True when vLLM is that process: started as a list (behind wrappers that
+        run it in their place, or pass signals on), or by a ``-c`` script that
+        replaces the shell with it (``exec vllm serve ...``, or a bash script of
+        that one command, which bash runs without forking). False when the
+        shell is the container's first process and runs vLLM as its child: in
+        a pipeline or the background (``vllm serve ... | tee log``), or under
+        dash (Debian's and Ubuntu's ``/bin/sh``), which forks for every
+        command. The first process of a PID namespace ignores a signal it set
+        no handler for, so the shell ignores the SIGTERM and vLLM serves on
+        until the kubelet's SIGKILL at the end of the grace period. None where
+        it depends on what ``sh`` is in the image, on the shell's version (bash
+        5.2 also replaces itself with the last command of ``a && b`` or
+        ``a; b``), or on an init in front of the shell (tini passes the signal
+        to the shell alone, dumb-init to its process group).
+        """
+        if self.shell_script is None:
+            return True
+        argv = [*self.command, *self.args]
+        start = _command_start(argv)
+        shell, init = argv[start].rsplit("/", 1)[-1], any(w.rsplit("/", 1)[-1] in _INITS for w in argv[:start])
+        first, end = self._vllm_segment()
+        vllm = next((i for i in range(first, end) if self._is_vllm_word(i)), None)
+        if vllm is None:  # the script runs vLLM by a name the operator does not know (the image's entrypoint)
+            return None
+        around = {self.words[first - 1].text if first else None,
+                  self.words[end].text if end < len(self.words) else None}
+        if around & _CHILD_OPERATORS:  # a pipeline's or a background command runs in a child, exec or not
+            return None if init else False
+        if next((w.text for w in self.words[first:vllm] if not _ASSIGNMENT.fullmatch(w.text)), None) == "exec":
+            return True
+        if shell == "bash" and not any(w.operator for w in self.words):
+            return True
+        return False if shell == "dash" and not init else None
 
     def _model_index(self) -> int | None:
         """Index of the word vLLM takes as the model: the positional argument of ``vllm serve``, or in args-only

@@ -33,6 +33,7 @@ from tests.support import (
     H100,
     HEALTH,
     L4,
+    MODEL,
     Cluster,
     NotYet,
     call_vllm,
@@ -416,7 +417,9 @@ def test_a_deleted_pod_finishes_its_requests_with_a_shutdown_timeout_and_aborts_
 ) -> None:
     """Every rolling restart deletes pods with requests in flight. On SIGTERM vLLM aborts them, unless it was
     started with --shutdown-timeout: then it refuses new requests and serves those in flight to the end, after the
-    preStop sleep that gives endpoints the time to stop sending it requests, within the pod's grace period."""
+    preStop sleep that gives endpoints the time to stop sending it requests, within the pod's grace period. A vLLM
+    that dash runs as its child never gets the SIGTERM (dash, the container's first process, ignores it): it takes
+    new requests on, its --shutdown-timeout never starts, and it serves until the SIGKILL."""
     api = Api(cluster, namespace)
     drains = vllm_deployment("drains", H100, ["--shutdown-timeout", "60"], replicas=1)
     pod_spec = drains["spec"]["template"]["spec"]
@@ -424,8 +427,14 @@ def test_a_deleted_pod_finishes_its_requests_with_a_shutdown_timeout_and_aborts_
     pod_spec["containers"][0]["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", "1"]}}}
     api.create(drains)
     api.create(vllm_deployment("aborts", H100, [], replicas=1))
+    ignores = vllm_deployment("ignores", H100, [], replicas=1)
+    pod_spec = ignores["spec"]["template"]["spec"]
+    pod_spec["terminationGracePeriodSeconds"] = 30
+    pod_spec["containers"][0]["command"] = ["dash", "-c", f"vllm serve {MODEL} --shutdown-timeout 5"]
+    api.create(ignores)
     (draining,) = wait_for(lambda: api.ready_pods("drains", 1), 90, "the draining pod")
     (aborting,) = wait_for(lambda: api.ready_pods("aborts", 1), 90, "the aborting pod")
+    (ignoring,) = wait_for(lambda: api.ready_pods("ignores", 1), 90, "the pod whose shell ignores the SIGTERM")
     outcomes: dict[str, tuple[int, int] | str] = {}
 
     def send(pod: kubernetes.client.V1Pod) -> threading.Thread:
@@ -433,18 +442,24 @@ def test_a_deleted_pod_finishes_its_requests_with_a_shutdown_timeout_and_aborts_
         thread.start()
         return thread
 
-    threads = [send(draining), send(aborting)]  # about 7 s each, one at a time on a simulated H100
-    wait_for(lambda: _running(draining) == _running(aborting) == 1, 10, "both requests running")
-    for pod in (draining, aborting):
+    threads = [send(draining), send(aborting), send(ignoring)]  # about 7 s each, one at a time on a simulated H100
+    wait_for(lambda: _running(draining) == _running(aborting) == _running(ignoring) == 1, 10, "the requests running")
+    for pod in (draining, aborting, ignoring):
         api.core.delete_namespaced_pod(pod.metadata.name, namespace)
     # past the preStop sleep the draining vLLM refuses what comes, while its first request runs on
     wait_for(lambda: _complete(draining, 1) == (503, 0), 5, "the draining pod to refuse a new request")
+    assert _complete(ignoring, 1) == (200, 1)  # never told to stop: it serves what comes
     for thread in threads:
         thread.join(60)
     assert outcomes[draining.metadata.name] == (200, 1000), outcomes
     assert outcomes[aborting.metadata.name] != (200, 1000), outcomes
+    # past its 5 s --shutdown-timeout, which never started, within the 30 s grace period
+    assert outcomes[ignoring.metadata.name] == (200, 1000), outcomes
     wait_for(lambda: not [p for p in api.pods("drains") if p.metadata.name == draining.metadata.name], 30,
              "the drained pod to go")
+    # and its GPU is free once the kubelet's SIGKILL ends the grace period
+    wait_for(lambda: not [p for p in api.pods("ignores") if p.metadata.name == ignoring.metadata.name], 40,
+             "the pod whose shell ignores the SIGTERM to go")
 
 
 def test_a_pod_whose_engine_sleeps_is_counted_asleep_until_a_whole_window_finds_it_awake(

@@ -133,3 +133,40 @@ def test_a_short_drain_without_a_pre_stop_sleep_is_told_both():
     grace = advice({}, vllm("--shutdown-timeout=45"))
     assert grace is not None and grace.startswith("terminationGracePeriodSeconds (30) is less than the preStop sleep "
                                                   "(0 s) plus --shutdown-timeout (45 s)") and "; and vLLM gets" in grace
+
+
+def shell(script: str, shell_name: str = "dash", pre_stop: dict[str, Any] | None = SLEEP_5) -> dict[str, Any]:
+    """A container that runs vLLM through a shell's -c script."""
+    return {**vllm(pre_stop=pre_stop), "command": [shell_name, "-c", script], "args": []}
+
+
+def read(spec: dict[str, Any], container: dict[str, Any]) -> tuple[float | None, str | None]:
+    """The drain and the advice, the command line read as the operator reads it, with the knobs."""
+    args = EngineArgs.from_container(container)
+    return (drain_seconds(spec, container, args.shutdown_timeout, args.sigterm_reaches_vllm),
+            drain_advice(spec, container, args.shutdown_timeout, sigterm=args.sigterm_reaches_vllm))
+
+
+def test_a_vllm_the_sigterm_does_not_reach_serves_until_the_sigkill_whatever_its_timeout_and_is_told_to_exec():
+    spec = {"terminationGracePeriodSeconds": 60}
+    drain, told = read(spec, shell("vllm serve M --shutdown-timeout 45 --max-num-seqs 64"))
+    assert drain == 55.0  # not the 45 s it asks for: it never hears of the SIGTERM, and runs to the SIGKILL
+    assert told is not None and told.startswith("the container's shell runs vLLM as its child") and (
+        "terminationGracePeriodSeconds (60 s)" in told and "`exec vllm serve ...`" in told)
+    assert "; and " not in told  # the rest drains: nothing else to say
+    # the same flags behind exec: vLLM gets the SIGTERM, drains its 45 s, and nothing is wrong
+    assert read(spec, shell("exec vllm serve M --shutdown-timeout 45 --max-num-seqs 64")) == (45.0, None)
+    # without a timeout the drain is still the grace period's, and what it lacks once exec'd is said too
+    drain, told = read(spec, shell("vllm serve M | tee /log", "bash", pre_stop=None))
+    assert drain == 60.0 and told is not None
+    first, then = told.split("; and ")
+    assert first.startswith("the container's shell runs vLLM as its child") and then.startswith(
+        "each restarted pod's vLLM aborts the requests in flight on SIGTERM (no --shutdown-timeout)")
+
+
+def test_a_vllm_the_sigterm_may_not_reach_is_priced_as_its_flags_say_and_told_to_exec():
+    spec = {"terminationGracePeriodSeconds": 60}
+    drain, told = read(spec, shell("vllm serve M --shutdown-timeout 45", "sh"))  # dash or bash: the image says
+    assert drain == 45.0
+    assert told is not None and told.startswith("vLLM runs in a shell script that may keep the shell as its parent")
+    assert read(spec, shell("vllm serve M --shutdown-timeout 45", "bash")) == (45.0, None)  # bash runs it in its place

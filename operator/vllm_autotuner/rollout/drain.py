@@ -69,42 +69,74 @@ def _sleep_seconds(operand: str) -> float | None:
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
-def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int | None) -> float | None:
+def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int | None,
+                  sigterm: bool | None = True) -> float | None:
     """How long a stopping pod of this template lets the requests in flight run before they are cut: vLLM's
     ``--shutdown-timeout`` (``EngineArgs.shutdown_timeout``, read with the knobs), as far as the grace period leaves
     it after the preStop sleep (a hook of a length not known counted as none: the drain is at most that); 0 when
-    vLLM aborts them on SIGTERM (no ``--shutdown-timeout``), None when a ``--config`` file may set the timeout. The
-    policy prices restarts with it (``status.drainSeconds``)."""
+    vLLM aborts them on SIGTERM (no ``--shutdown-timeout``), None when a ``--config`` file may set the timeout. A
+    vLLM the SIGTERM does not reach (``sigterm`` False: ``EngineArgs.sigterm_reaches_vllm``) serves on, whatever its
+    timeout, until the kubelet's SIGKILL: all the grace period leaves. The policy prices restarts with it
+    (``status.drainSeconds``)."""
+    grace_left = max(termination_grace(pod_spec) - (pre_stop_sleep(container) or 0.0), 0.0)
+    if sigterm is False:
+        return grace_left
     if shutdown_timeout is None:
         return None
-    grace_left = max(termination_grace(pod_spec) - (pre_stop_sleep(container) or 0.0), 0.0)
     return min(float(shutdown_timeout), grace_left)
 
 
 def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int | None,
-                 version: tuple[int, int] | None = None, request_seconds: float = 0.0) -> str | None:
+                 version: tuple[int, int] | None = None, request_seconds: float = 0.0,
+                 sigterm: bool | None = True) -> str | None:
     """What a restart of pods of this template does to the requests in flight, with what to change, when it loses
-    or refuses some; None when the pods drain: a preStop sleep, ``--shutdown-timeout`` (as ``drain_seconds``), and
-    a grace period that covers both. ``version``: the vLLM release the pods run (``knobs.parse_version``), when
-    known; one older than ``SHUTDOWN_TIMEOUT_SINCE`` must be upgraded first, as it would refuse to start with the
-    flag. ``request_seconds``: the mean time a request runs in a pod (``policy.guardrails.in_flight_seconds``; 0:
-    not measured), against which a drain that would cut over ``CUT_SHARE_WARNED`` of them is too short."""
+    or refuses some; None when the pods drain: vLLM gets the SIGTERM (``sigterm``, as ``drain_seconds``), a preStop
+    sleep, ``--shutdown-timeout``, and a grace period that covers both. ``version``: the vLLM release the pods run
+    (``knobs.parse_version``), when known; one older than ``SHUTDOWN_TIMEOUT_SINCE`` must be upgraded first, as it
+    would refuse to start with the flag. ``request_seconds``: the mean time a request runs in a pod
+    (``policy.guardrails.in_flight_seconds``; 0: not measured), against which a drain that would cut over
+    ``CUT_SHARE_WARNED`` of them is too short."""
+    told = [] if sigterm else [_NO_SIGTERM[sigterm].format(grace=termination_grace(pod_spec))]
+    told += _drain_problems(pod_spec, container, shutdown_timeout, version, request_seconds)
+    return "; and ".join(told) or None
+
+
+_NO_SIGTERM = {
+    False: "the container's shell runs vLLM as its child (in a pipeline, in the background, or as dash, Debian's and "
+           "Ubuntu's /bin/sh, runs every command) and, as the container's first process, ignores the SIGTERM the "
+           "kubelet sends: vLLM never gets it, so no --shutdown-timeout starts, and it serves on until the kubelet "
+           "kills it at the end of terminationGracePeriodSeconds ({grace:g} s), cutting what still runs, each pod "
+           "taking that long to stop; start it with `exec vllm serve ...` in the script, outside any pipeline or "
+           "background (vLLM's own logging options rather than `| tee`), so that the SIGTERM reaches it",
+    None: "vLLM runs in a shell script that may keep the shell as its parent: dash (Debian's and Ubuntu's /bin/sh) "
+          "always does, bash does but for a script of that one command, and any shell for a pipeline or the "
+          "background; the shell, the container's first process, then ignores the SIGTERM the kubelet sends, and "
+          "vLLM serves on until the kubelet kills it at the end of terminationGracePeriodSeconds ({grace:g} s), "
+          "whatever its --shutdown-timeout; start it with `exec vllm serve ...` in the script, outside any pipeline "
+          "or background, so that the SIGTERM reaches it",
+}
+"""What to do about a vLLM the kubelet's SIGTERM does not reach (False), or may not (None)."""
+
+
+def _drain_problems(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int | None,
+                    version: tuple[int, int] | None, request_seconds: float) -> list[str]:
+    """``drain_advice``'s problems of a vLLM that gets the SIGTERM, each with what to change."""
     pause, grace = pre_stop_sleep(container), termination_grace(pod_spec)
     if shutdown_timeout is None:
-        return ("vLLM reads a --config file, which may set --shutdown-timeout where the operator cannot read it, so "
+        return ["vLLM reads a --config file, which may set --shutdown-timeout where the operator cannot read it, so "
                 "it cannot tell whether a restarted pod lets the requests in flight finish, and prices restarts as if "
                 "they did: put --shutdown-timeout=N on the command line (it takes precedence over the file), with a "
-                "preStop sleep of a few seconds and terminationGracePeriodSeconds of at least the sleep plus N")
+                "preStop sleep of a few seconds and terminationGracePeriodSeconds of at least the sleep plus N"]
     if shutdown_timeout == 0 and version is not None and version < SHUTDOWN_TIMEOUT_SINCE:
         major, minor = version
-        return (f"each restarted pod's vLLM aborts the requests in flight on SIGTERM, and vLLM {major}.{minor} "
+        return [f"each restarted pod's vLLM aborts the requests in flight on SIGTERM, and vLLM {major}.{minor} "
                 f"has no --shutdown-timeout to let them finish (it refuses to start with the flag): upgrade to vLLM "
                 f"0.18.0 or later, then start it with --shutdown-timeout=N, give the container a preStop sleep of a "
-                f"few seconds, and terminationGracePeriodSeconds of at least the sleep plus N")
+                f"few seconds, and terminationGracePeriodSeconds of at least the sleep plus N"]
     if shutdown_timeout == 0:
-        return ("each restarted pod's vLLM aborts the requests in flight on SIGTERM (no --shutdown-timeout): start "
+        return ["each restarted pod's vLLM aborts the requests in flight on SIGTERM (no --shutdown-timeout): start "
                 "it with --shutdown-timeout=N (vLLM 0.18.0 and later) to let them finish, give the container a "
-                "preStop sleep of a few seconds, and terminationGracePeriodSeconds of at least the sleep plus N")
+                "preStop sleep of a few seconds, and terminationGracePeriodSeconds of at least the sleep plus N"]
     told = []
     share = cut_share(float(shutdown_timeout), request_seconds)
     if grace < (pause or 0.0) + shutdown_timeout:
@@ -121,7 +153,7 @@ def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_t
         told.append("vLLM gets SIGTERM as soon as a pod is deleted, while the endpoints may still send it requests, "
                     "which it then refuses with 503: give the container a preStop sleep of a few seconds "
                     "(lifecycle.preStop.sleep.seconds, or an exec of sleep)")
-    return "; and ".join(told) or None
+    return told
 
 
 def _hook(pause: float | None) -> str:

@@ -63,6 +63,10 @@ class VllmLaunch:
     shutdown_timeout: int = 0
     """Seconds it waits on SIGTERM for the requests in flight to finish, refusing new ones (``--shutdown-timeout``,
     vllm-project/vllm#36666); 0, vLLM's default: it aborts them at once."""
+    sigterm: bool = True
+    """Whether the SIGTERM a stopping pod gets reaches it (``CommandLine.sigterm_reaches_vllm``): not when the
+    container's shell runs it as a child, and, as the container's first process, ignores the signal. A form whose
+    answer depends on the image (``sh -c``, dash or bash) is taken to pass it on."""
 
 
 def serving_port(container: dict[str, Any]) -> int:
@@ -144,7 +148,8 @@ def vllm_launch(container: dict[str, Any], profile: Profile) -> VllmLaunch:
                           "not enabled)")
     return VllmLaunch(config=config, served_model_name=name, port=_int(cmd, "port") or DEFAULT_PORT, limits=limits,
                       lora_modules=adapters, sleep_mode=sleep_mode,
-                      shutdown_timeout=max(_int(cmd, "shutdown-timeout") or 0, 0))
+                      shutdown_timeout=max(_int(cmd, "shutdown-timeout") or 0, 0),
+                      sigterm=cmd.sigterm_reaches_vllm() is not False)
 
 
 def _lora_name(module: str) -> str:

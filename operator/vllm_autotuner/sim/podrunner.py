@@ -170,6 +170,7 @@ class PodRunner:
         self._sock: socket.socket | None = None
         self._server: web.AppRunner | None = None
         self._served: ServedEngine | None = None
+        self._sigterm = True  # whether a SIGTERM reaches the vLLM it runs (``VllmLaunch.sigterm``)
         self.status: PodStatus | None = None
 
     @property
@@ -305,6 +306,7 @@ class PodRunner:
     async def _serve(self, launch: VllmLaunch) -> None:
         seed = zlib.crc32(f"{self.ctx.seed}/{self.key}".encode())
         engine = Engine(self.node.profile, launch.config, seed=seed)
+        self._sigterm = launch.sigterm
         self._served = ServedEngine(engine, launch.served_model_name, limits=launch.limits,
                                     sleep_mode=launch.sleep_mode, adapters=launch.lora_modules,
                                     shutdown_timeout=launch.shutdown_timeout)
@@ -355,7 +357,8 @@ class PodRunner:
     async def _drain(self) -> None:
         """From the deletion to SIGKILL: the vLLM container's preStop sleep (scaled; another hook is not run), then
         SIGTERM, after which a vLLM with ``--shutdown-timeout`` serves what is in flight until it is done or the
-        timeout passes (one without stops at once); all within the pod's grace period."""
+        timeout passes (one without stops at once); all within the pod's grace period. A vLLM the SIGTERM does not
+        reach (its shell's child) serves on, new requests too, until the SIGKILL at the end of the grace period."""
         loop = asyncio.get_running_loop()
         kill_at = loop.time() + grace_period(self.pod)
         try:
@@ -365,6 +368,10 @@ class PodRunner:
         if pause > 0:
             await asyncio.sleep(min(pause, kill_at - loop.time()))
         served = self._served
+        if served is not None and not self._sigterm:
+            log.info("%s: the container's shell ignores the SIGTERM: vLLM serves on until the SIGKILL", self.key)
+            await asyncio.sleep(max(kill_at - loop.time(), 0.0))
+            return
         if served is None or served.shutdown_timeout <= 0:
             return
         served.shutting_down = True

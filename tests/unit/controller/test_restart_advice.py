@@ -13,9 +13,14 @@ from vllm_autotuner.controller.reconcile import Reconciler, Report, Target
 from vllm_autotuner.knobs import EngineArgs
 
 
-def target(*flags: str, image: str = "vllm/vllm-openai:v0.32.0") -> Target:
-    container = {"name": "vllm", "image": image, "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
-                 "args": ["--max-num-batched-tokens", "2048", "--max-num-seqs", "256", *flags]}
+def target(*flags: str, image: str = "vllm/vllm-openai:v0.32.0", shell: str | None = None) -> Target:
+    """The target's Deployment, its vLLM started with ``flags`` as the image's entrypoint's arguments, or (``shell``)
+    by that shell's ``-c`` script."""
+    args = ["--max-num-batched-tokens", "2048", "--max-num-seqs", "256", *flags]
+    container: dict[str, Any] = {"name": "vllm", "image": image, "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
+                                 "args": args}
+    if shell is not None:
+        container["command"], container["args"] = [shell, "-c", " ".join(["vllm serve M", *args])], []
     deployment: dict[str, Any] = {"metadata": {"name": "llama", "namespace": "default"}, "spec": {"template": {
         "spec": {"terminationGracePeriodSeconds": 60, "containers": [container]}}}}
     engine = EngineArgs.from_container(container)
@@ -47,3 +52,12 @@ def test_a_vllm_too_old_for_the_flag_is_told_to_upgrade_and_one_new_enough_to_se
     (old,) = advice(target(image="vllm/vllm-openai:v0.17.1"), 20.0)
     (new,) = advice(target(), 20.0)
     assert "upgrade to vLLM 0.18.0 or later" in old and "upgrade" not in new and "--shutdown-timeout=N" in new
+
+
+def test_a_vllm_its_shell_keeps_the_sigterm_from_is_told_to_exec_and_its_drain_is_the_grace_period():
+    ignored = target("--shutdown-timeout=45", shell="dash")
+    assert ignored.drain_seconds == 55.0  # it serves to the kubelet's SIGKILL, 60 s after the deletion, 5 s slept
+    (told,) = advice(ignored, 20.0)
+    assert told.startswith("rolling the pods: the container's shell runs vLLM as its child") and "exec" in told
+    handed_on = target("--shutdown-timeout=45", shell="bash")  # bash runs a one-command script in its place
+    assert handed_on.drain_seconds == 45.0 and advice(handed_on, 20.0) == []

@@ -9,7 +9,10 @@ On SIGTERM vLLM aborts the requests in flight unless it was started with
 it refuses new requests and serves those in flight for up to that long. A
 preStop sleep gives the endpoints time to stop sending the pod requests
 before that; the grace period must cover the sleep and the drain, or the
-kubelet cuts the drain short. The operator reads the pod template to say,
+kubelet cuts the drain short. The SIGTERM goes to the container's first
+process: a shell that runs vLLM as its child ignores it
+(``CommandLine.sigterm_reaches_vllm``), and vLLM serves on, its timeout
+never started, until the SIGKILL. The operator reads the pod template to say,
 with each change it makes, whether its restarts cost requests and what to
 set so that they do not; the simulated kubelet reads the hooks the same way.
 """
@@ -103,7 +106,7 @@ def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_t
 
 _NO_SIGTERM = {
     False: "the container's shell runs vLLM as its child (in a pipeline, in the background, or as dash, Debian's and "
-           "Ubuntu's /bin/sh, runs every command) and, as the container's first process, ignores the SIGTERM the "
+           "Ubuntu's /bin/sh, runs any command) and, as the container's first process, ignores the SIGTERM the "
            "kubelet sends: vLLM never gets it, so no --shutdown-timeout starts, and it serves on until the kubelet "
            "kills it at the end of terminationGracePeriodSeconds ({grace:g} s), cutting what still runs, each pod "
            "taking that long to stop; start it with `exec vllm serve ...` in the script, outside any pipeline or "

@@ -33,6 +33,9 @@ def advice(spec: dict[str, Any], container: dict[str, Any]) -> str | None:
     ({"exec": {"command": ["/bin/sh", "-c", "sleep 10"]}}, 10.0),
     ({"exec": {"command": ["sh", "-c", "sleep 10 && curl -X POST localhost:8000/pause"]}}, 10.0),  # then the rest
     ({"exec": {"command": ["bash", "-c", " sleep 3; kill -TERM 1"]}}, 3.0),
+    ({"exec": {"command": ["sh", "-c", "sleep '4' # then SIGTERM"]}}, 4.0),  # split as vLLM's scripts are
+    ({"exec": {"command": ["sh", "-c", "sleep 3 & curl localhost:8000/pause"]}}, None),  # in the background: no wait
+    ({"exec": {"command": ["sh", "-c", "sleep $PAUSE"]}}, None),
     ({"exec": {"command": ["sleep", "1m"]}}, 60.0),  # coreutils' and busybox's unit suffixes
     ({"exec": {"command": ["sleep", "2.5s"]}}, 2.5),
     ({"exec": {"command": ["sleep", "forever"]}}, None),  # sleep refuses it: the hook fails at once, or so

@@ -20,9 +20,9 @@ set so that they do not; the simulated kubelet reads the hooks the same way.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
+from vllm_autotuner.knobs.cmdline import SHELLS, CommandLineError, split_shell
 from vllm_autotuner.policy.guardrails import CUT_SHARE_WARNED, cut_share
 
 DEFAULT_GRACE_S = 30
@@ -30,10 +30,6 @@ DEFAULT_GRACE_S = 30
 SHUTDOWN_TIMEOUT_SINCE = (0, 18)
 """The first vLLM release (major, minor) with ``--shutdown-timeout``: 0.18.0's wheel has it in
 ``vllm/engine/arg_utils.py``, 0.17.1's does not."""
-SHELLS = ("sh", "bash", "ash", "dash")
-"""Shells whose ``-c`` script a preStop exec may be."""
-SCRIPT_SEPARATORS = re.compile(r"\s*(?:&&|;|\n)\s*")
-"""What ends a shell script's first command, whose ``sleep`` comes before the rest of the script."""
 SLEEP_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 """Suffixes ``sleep`` takes on its operand."""
 
@@ -55,18 +51,36 @@ def pre_stop_sleep(container: dict[str, Any]) -> float | None:
         return float((hook["sleep"] or {}).get("seconds", 0))
     command = list((hook.get("exec") or {}).get("command") or [])
     if len(command) == 3 and command[0].rsplit("/", 1)[-1] in SHELLS and command[1] == "-c":
-        command = SCRIPT_SEPARATORS.split(command[2].strip(), maxsplit=1)[0].split()
+        command = _first_command(command[2])
     if len(command) == 2 and command[0].rsplit("/", 1)[-1] == "sleep":
         return _sleep_seconds(command[1])
     return None
 
 
+def _first_command(script: str) -> list[str]:
+    """The words of a shell script's first command, split as the operator splits vLLM's scripts
+    (``knobs.cmdline.split_shell``), when the script waits for it (not one sent to the background); none when it
+    cannot tell (a word that expands, or a script it cannot split)."""
+    try:
+        words = split_shell(script)
+    except CommandLineError:
+        return []
+    first = []
+    for text, _, operator, expands in words:
+        if operator:
+            return first if text != "&" else []
+        if expands:
+            return []
+        first.append(text)
+    return first
+
+
 def _sleep_seconds(operand: str) -> float | None:
     """What ``sleep`` waits for its operand (coreutils' and busybox's: a number, with a unit suffix or not); None
     for one it refuses."""
-    unit = SLEEP_UNITS.get(operand[-1:], 1.0)
+    number, unit = (operand[:-1], SLEEP_UNITS[operand[-1]]) if operand[-1:] in SLEEP_UNITS else (operand, 1.0)
     try:
-        seconds = float(operand[:-1] if operand[-1:] in SLEEP_UNITS else operand) * unit
+        seconds = float(number) * unit
     except ValueError:
         return None
     return seconds if math.isfinite(seconds) and seconds >= 0 else None

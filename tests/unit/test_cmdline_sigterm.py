@@ -51,6 +51,21 @@ def test_whether_sigterm_reaches_vllm_is_read_from_the_command(command, expected
     assert reaches(command) is expected
 
 
+@pytest.mark.parametrize(("image", "script", "expected"), [
+    ("vllm/vllm-openai:v0.11.0", "vllm serve M", False),  # vLLM's Kubernetes guide, on its Ubuntu image: dash
+    ("docker.io/vllm/vllm-openai@sha256:" + "a" * 64, "vllm serve M", False),
+    ("mirror.example.com:5000/hub/vllm/vllm-openai:latest", "vllm serve M", False),  # a mirror path in front
+    ("public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:latest", "vllm serve M", False),  # the guide's CPU image
+    ("vllm/vllm-openai:latest", "exec vllm serve M", True),  # whatever the shell, exec puts vLLM in its place
+    ("vllm/vllm-openai:latest", "vllm serve M | tee log", False),
+    ("registry.example.com/acme/vllm:1.0", "vllm serve M", None),  # an image the operator does not know
+    ("registry.example.com/acme/vllm/vllm-openai-custom:1", "vllm serve M", None),  # a different repository
+])
+def test_sh_is_read_as_the_shell_of_images_the_operator_knows(image, script, expected):
+    container = {"name": "vllm", "image": image, "command": ["/bin/sh", "-c", script]}
+    assert CommandLine.parse(container).sigterm_reaches_vllm() is expected
+
+
 def test_engine_args_carry_it_with_the_knobs():
     assert EngineArgs.from_container({"command": ["dash", "-c", "vllm serve M --max-num-seqs 8"]}) \
         .sigterm_reaches_vllm is False

@@ -363,6 +363,15 @@ def _redirection_end(script: str, i: int) -> int:
     return end
 
 
+def image_sh(image: str) -> str | None:
+    """The shell ``sh`` is in ``image`` (``_IMAGE_SH``), or None when the image is not one the operator knows."""
+    name = image.split("@", 1)[0]
+    if ":" in name.rsplit("/", 1)[-1]:
+        name = name.rsplit(":", 1)[0]
+    return next((shell for repository, shell in _IMAGE_SH.items()
+                 if name == repository or name.endswith(f"/{repository}")), None)
+
+
 def _is_shell(word: str) -> bool:
     return word.rsplit("/", 1)[-1] in SHELLS
 
@@ -434,6 +443,16 @@ def _shell_options(words: list[str], pos: int) -> tuple[int, str]:
 # Programs among _WRAPPERS that stay the container's first process and pass a signal on, to their child or its process
 # group, rather than run the command in their place.
 _INITS = {"tini", "dumb-init", "catatonit", "timeout"}
+# What ``sh`` is in images whose base the operator knows, by repository (any registry or mirror path in front, any
+# tag or digest): vLLM's own images build on Ubuntu, whose /bin/sh is dash (docker/Dockerfile: nvidia/cuda's
+# ubuntu22.04 images for vllm/vllm-openai; docker/Dockerfile.cpu: ubuntu:22.04 for the CPU images its Kubernetes
+# guide runs with ``/bin/sh -c``; AMD's rocm/vllm: rocm/dev-ubuntu images).
+_IMAGE_SH = {
+    "vllm/vllm-openai": "dash",
+    "q9t5s3a7/vllm-cpu-release-repo": "dash",
+    "q9t5s3a7/vllm-arm64-cpu-release-repo": "dash",
+    "rocm/vllm": "dash",
+}
 # Operators that put the command beside them in a child of the shell: a pipeline, the background, a subshell.
 _CHILD_OPERATORS = {"|", "|&", "&", "(", ")"}
 # A variable assignment before a command's name (``VAR=value vllm serve``).
@@ -532,6 +551,7 @@ class CommandLine:
     words: tuple[Word, ...]
     shell_script: tuple[str, int] | None  # (field, index) of the shell script element
     script_parts: tuple[_Part, ...] = ()  # the shell script after kubelet's $(VAR) expansion, part by part
+    sh: str | None = None  # what ``sh`` is in the container's image (``image_sh``); None: not known
 
     @classmethod
     def parse(cls, container: dict[str, Any]) -> CommandLine:
@@ -559,7 +579,8 @@ class CommandLine:
         script, parts = argv[script_at], expanded[script_at]
         unknown = [(p.at, p.at + len(p.text)) for p in parts if not p.known]
         words = _script_words(script, argv[script_at + 2 :], unknown)
-        return cls(tuple(command), tuple(args), tuple(words), (script.field, script.index), tuple(parts))
+        return cls(tuple(command), tuple(args), tuple(words), (script.field, script.index), tuple(parts),
+                   image_sh(str(container.get("image") or "")))
 
     def runs_vllm(self) -> bool:
         """True when the command invokes vLLM's server (``vllm serve`` or the api_server module)."""
@@ -607,17 +628,22 @@ class CommandLine:
         dash (Debian's and Ubuntu's ``/bin/sh``), which forks for every
         command. The first process of a PID namespace ignores a signal it set
         no handler for, so the shell ignores the SIGTERM and vLLM serves on
-        until the kubelet's SIGKILL at the end of the grace period. None where
-        it depends on what ``sh`` is in the image, on the shell's version (bash
-        5.2 also replaces itself with the last command of ``a && b`` or
-        ``a; b``), or on an init in front of the shell (tini passes the signal
-        to the shell alone, dumb-init to its process group).
+        until the kubelet's SIGKILL at the end of the grace period. ``sh`` is
+        read as what it is in the image where the operator knows that
+        (``image_sh``: dash in vLLM's own images, which vLLM's Kubernetes guide
+        starts with ``/bin/sh -c``). None where it depends on what ``sh`` is in
+        another image, on the shell's version (bash 5.2 also replaces itself
+        with the last command of ``a && b`` or ``a; b``), or on an init in
+        front of the shell (tini passes the signal to the shell alone,
+        dumb-init to its process group).
         """
         if self.shell_script is None:
             return True
         argv = [*self.command, *self.args]
         start = _command_start(argv)
         shell, init = argv[start].rsplit("/", 1)[-1], any(w.rsplit("/", 1)[-1] in _INITS for w in argv[:start])
+        if shell == "sh" and self.sh:
+            shell = self.sh
         first, end = self._vllm_segment()
         vllm = next((i for i in range(first, end) if self._is_vllm_word(i)), None)
         if vllm is None:  # the script runs vLLM by a name the operator does not know (the image's entrypoint)

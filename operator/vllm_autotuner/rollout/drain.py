@@ -119,12 +119,13 @@ def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_t
 
 
 _NO_SIGTERM = {
-    False: "the container's shell runs vLLM as its child (in a pipeline, in the background, or as dash, Debian's and "
-           "Ubuntu's /bin/sh, runs any command) and, as the container's first process, ignores the SIGTERM the "
-           "kubelet sends: vLLM never gets it, so no --shutdown-timeout starts, and it serves on until the kubelet "
-           "kills it at the end of terminationGracePeriodSeconds ({grace:g} s), cutting what still runs, each pod "
-           "taking that long to stop; start it with `exec vllm serve ...` in the script, outside any pipeline or "
-           "background (vLLM's own logging options rather than `| tee`), so that the SIGTERM reaches it",
+    False: "the container's shell runs vLLM as its child (in a pipeline, in the background, or as dash, the /bin/sh "
+           "of Debian, Ubuntu and vLLM's own images, runs any command) and, as the container's first process, "
+           "ignores the SIGTERM the kubelet sends: vLLM never gets it, so no --shutdown-timeout starts, and it serves "
+           "on until the kubelet kills it at the end of terminationGracePeriodSeconds ({grace:g} s), cutting what "
+           "still runs, each pod taking that long to stop; start it with `exec vllm serve ...` in the script, outside "
+           "any pipeline or background (vLLM's own logging options rather than `| tee`), so that the SIGTERM reaches "
+           "it",
     None: "vLLM runs in a shell script that may keep the shell as its parent: dash (Debian's and Ubuntu's /bin/sh) "
           "always does, bash does but for a script of that one command, and any shell for a pipeline or the "
           "background; the shell, the container's first process, then ignores the SIGTERM the kubelet sends, and "

@@ -66,7 +66,7 @@ class VllmLaunch:
     sigterm: bool = True
     """Whether the SIGTERM a stopping pod gets reaches it (``CommandLine.sigterm_reaches_vllm``): not when the
     container's shell runs it as a child, and, as the container's first process, ignores the signal. A form whose
-    answer depends on the image (``sh -c``, dash or bash) is taken to pass it on."""
+    answer is not known (``sh -c`` in an image whose ``sh`` the operator does not know) is taken to pass it on."""
 
 
 def serving_port(container: dict[str, Any]) -> int:

@@ -91,6 +91,16 @@ def test_queue_limits_from_the_command_line():
         vllm_launch(container(args=["m", "--max-num-queued-reqs", "many"]), H100)
 
 
+@pytest.mark.parametrize(("fields", "sigterm"), [
+    ({"args": ["m"]}, True),
+    ({"command": ["/bin/sh", "-c", "exec vllm serve m"]}, True),
+    ({"command": ["/bin/sh", "-c", "vllm serve m"]}, False),  # vLLM's image: sh is dash, which keeps the signal
+    ({"command": ["/bin/sh", "-c", "vllm serve m"], "image": "example.com/acme/vllm:1"}, True),  # not known: passes
+])
+def test_whether_the_sigterm_reaches_the_simulated_vllm(fields, sigterm):
+    assert vllm_launch(container(**fields), H100).sigterm is sigterm
+
+
 def test_lora_adapters_and_their_batch_limit_from_the_command_line():
     served = vllm_launch(container(args=["m", "--enable-lora", "--max-loras", "2", "--lora-modules", "sql=/a/sql",
                                          '{"name": "chat", "path": "/a/chat"}', "--max-num-seqs", "8"]), H100)

@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: help setup prometheus testenv up down demo test unit crd manifests lock bench-sim bench-tuning bench-calibration bench-scale
+.PHONY: help setup debian-packages testenv up down demo test unit crd manifests lock bench-sim bench-tuning bench-calibration bench-scale
 
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 # Root installs directly; anyone else needs sudo for the Debian package.
@@ -37,15 +37,22 @@ HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-setup: $(SETUP_STAMP) prometheus ## Create .venv, install the project with its test extras, and Prometheus
+setup: $(SETUP_STAMP) debian-packages ## Create .venv, install the project with its test extras, and Debian's packages
 
-# Debian's package; only its binary is used (the tests and `make up` start
-# their own server), so whether the package's service runs does not matter.
-prometheus: /usr/bin/prometheus
-/usr/bin/prometheus:
-	@echo "==> installing Debian's prometheus package"
-	@$(SUDO) apt-get update -q
-	@$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus
+# Debian's packages: prometheus, of which only the binary is used (the tests
+# and `make up` start their own server, so whether the package's service runs
+# does not matter), and the inits tini and dumb-init, which the tests run as
+# PID 1 of a PID namespace to see what a SIGTERM does to the vLLM behind them
+# (tests/unit/test_cmdline_sigterm.py). Each installs /usr/bin/<its name>;
+# one apt-get for whichever are missing.
+DEBIAN_PACKAGES := prometheus tini dumb-init
+debian-packages:
+	@missing=""; for p in $(DEBIAN_PACKAGES); do test -x /usr/bin/$$p || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "==> installing Debian's packages:" $$missing; \
+		$(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	fi
 
 $(SETUP_STAMP): pyproject.toml
 	@test -x $(PY) || { echo "==> creating $(VENV)"; $(PYTHON) -m venv $(VENV); }

@@ -1,10 +1,12 @@
-"""Whether the kubelet's SIGTERM reaches vLLM, read from the container's command, and checked against real shells.
+"""What the kubelet's SIGTERM does to vLLM, read from the container's command, and checked against real shells.
 
 A container's first process is PID 1 of its PID namespace, which ignores any signal it set no handler for. A shell
 that runs vLLM as its child is that process, so the SIGTERM a stopping pod gets never reaches vLLM: its
-``--shutdown-timeout`` never starts, and it serves until the SIGKILL at the end of the grace period. The real-shell
-test runs each command as PID 1 of a new PID namespace (``unshare``), with a stub vllm that says whether a SIGTERM
-reached it, and sends PID 1 the SIGTERM as the kubelet's runtime does.
+``--shutdown-timeout`` never starts, and it serves until the SIGKILL at the end of the grace period. Behind an init
+(tini, dumb-init) the shell is not PID 1: it dies of the signal, the init exits with it, and the kernel kills the
+rest of the namespace, vLLM with it, at once. The real-shell test runs each command as PID 1 of a new PID namespace
+(``unshare``), with a stub vllm that says whether a SIGTERM reached it and that stays up until told to stop, and
+sends PID 1 the SIGTERM as the kubelet's runtime does.
 """
 
 from __future__ import annotations
@@ -19,57 +21,61 @@ from pathlib import Path
 
 import pytest
 
-from vllm_autotuner.knobs import CommandLine, EngineArgs
+from vllm_autotuner.knobs import CommandLine, EngineArgs, Sigterm
 
-# Says it started, then waits: on SIGTERM it writes "got" and exits, on SIGUSR1 "ran" (the test's word that the
-# SIGTERM did not come).
-STUB_VLLM = ('#!/bin/sh\ntrap \'echo got > "$VLLM_OUT"; exit 0\' TERM\ntrap \'echo ran > "$VLLM_OUT"; exit 0\' USR1\n'
+REACHES, IGNORED, KILLS = Sigterm.REACHES, Sigterm.IGNORED, Sigterm.KILLS
+# Says it started, then waits: on SIGTERM it writes "got" and drains on; on SIGUSR1 (the test's word) it writes "ran"
+# and exits. It never exits by itself.
+STUB_VLLM = ('#!/bin/sh\ntrap \'echo got >> "$VLLM_OUT"\' TERM\ntrap \'echo ran >> "$VLLM_OUT"; exit 0\' USR1\n'
              'echo up > "$VLLM_UP"\nwhile :; do sleep 1 & wait $!; done\n')
 
 
-def reaches(command: list[str]) -> bool | None:
-    return CommandLine.parse({"name": "vllm", "command": command}).sigterm_reaches_vllm()
+def reading(command: list[str]) -> Sigterm | None:
+    return CommandLine.parse({"name": "vllm", "command": command}).sigterm()
 
 
 @pytest.mark.parametrize(("command", "expected"), [
-    (["vllm", "serve", "M"], True),  # vLLM is the container's first process
-    (["tini", "--", "vllm", "serve", "M"], True),  # behind an init that passes signals on
-    (["/bin/sh", "-c", "exec vllm serve M --max-num-seqs 64"], True),
-    (["/bin/sh", "-c", 'set -e; exec vllm serve "$@"', "--", "M"], True),
-    (["bash", "-c", "VLLM_LOGGING_LEVEL=INFO exec vllm serve M"], True),
-    (["bash", "-c", "vllm serve M --max-num-seqs 64"], True),  # bash runs a script of one command in its place
-    (["dash", "-c", "vllm serve M"], False),  # dash forks for every command
-    (["/bin/bash", "-c", "exec vllm serve M 2>&1 | tee /tmp/log"], False),  # a pipeline runs in children, exec or not
-    (["/bin/sh", "-c", "vllm serve M &\nwait"], False),
-    (["env", "A=1", "bash", "-c", "(vllm serve M)"], False),  # a subshell
+    (["vllm", "serve", "M"], REACHES),  # vLLM is the container's first process
+    (["tini", "--", "vllm", "serve", "M"], REACHES),  # behind an init that passes signals on
+    (["/bin/sh", "-c", "exec vllm serve M --max-num-seqs 64"], REACHES),
+    (["/bin/sh", "-c", 'set -e; exec vllm serve "$@"', "--", "M"], REACHES),
+    (["bash", "-c", "VLLM_LOGGING_LEVEL=INFO exec vllm serve M"], REACHES),
+    (["bash", "-c", "vllm serve M --max-num-seqs 64"], REACHES),  # bash runs a script of one command in its place
+    (["tini", "--", "bash", "-c", "vllm serve M"], REACHES),
+    (["dash", "-c", "vllm serve M"], IGNORED),  # dash forks for every command
+    (["/bin/bash", "-c", "exec vllm serve M 2>&1 | tee /tmp/log"], IGNORED),  # a pipeline runs in children, exec or not
+    (["/bin/sh", "-c", "vllm serve M &\nwait"], IGNORED),
+    (["env", "A=1", "bash", "-c", "(vllm serve M)"], IGNORED),  # a subshell
+    (["tini", "--", "dash", "-c", "vllm serve M"], KILLS),  # the shell dies of the signal tini passes, tini exits
+    (["dumb-init", "bash", "-c", "vllm serve M | tee log"], KILLS),  # vLLM gets it too, but dies with the namespace
+    (["timeout", "1d", "dash", "-c", "vllm serve M"], KILLS),
     (["/bin/sh", "-c", "vllm serve M"], None),  # dash on Debian and Ubuntu, bash on Red Hat's images
     (["bash", "-c", "pip install x && vllm serve M"], None),  # bash 5.2 runs it in its place, older ones not
-    (["tini", "--", "bash", "-c", "vllm serve M | tee log"], None),  # tini signals the shell alone
+    (["tini", "--", "sh", "-c", "vllm serve M"], None),  # dash: killed; bash: in its place
     (["/bin/sh", "-c", "exec python3 -m my_server"], None),  # no vllm the operator knows of
 ])
-def test_whether_sigterm_reaches_vllm_is_read_from_the_command(command, expected):
-    assert reaches(command) is expected
+def test_what_the_sigterm_does_to_vllm_is_read_from_the_command(command, expected):
+    assert reading(command) is expected
 
 
 @pytest.mark.parametrize(("image", "script", "expected"), [
-    ("vllm/vllm-openai:v0.11.0", "vllm serve M", False),  # vLLM's Kubernetes guide, on its Ubuntu image: dash
-    ("docker.io/vllm/vllm-openai@sha256:" + "a" * 64, "vllm serve M", False),
-    ("mirror.example.com:5000/hub/vllm/vllm-openai:latest", "vllm serve M", False),  # a mirror path in front
-    ("public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:latest", "vllm serve M", False),  # the guide's CPU image
-    ("vllm/vllm-openai:latest", "exec vllm serve M", True),  # whatever the shell, exec puts vLLM in its place
-    ("vllm/vllm-openai:latest", "vllm serve M | tee log", False),
+    ("vllm/vllm-openai:v0.11.0", "vllm serve M", IGNORED),  # vLLM's Kubernetes guide, on its Ubuntu image: dash
+    ("docker.io/vllm/vllm-openai@sha256:" + "a" * 64, "vllm serve M", IGNORED),
+    ("mirror.example.com:5000/hub/vllm/vllm-openai:latest", "vllm serve M", IGNORED),  # a mirror path in front
+    ("public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:latest", "vllm serve M", IGNORED),  # the guide's CPU image
+    ("vllm/vllm-openai:latest", "exec vllm serve M", REACHES),  # whatever the shell, exec puts vLLM in its place
+    ("vllm/vllm-openai:latest", "vllm serve M | tee log", IGNORED),
     ("registry.example.com/acme/vllm:1.0", "vllm serve M", None),  # an image the operator does not know
     ("registry.example.com/acme/vllm/vllm-openai-custom:1", "vllm serve M", None),  # a different repository
 ])
 def test_sh_is_read_as_the_shell_of_images_the_operator_knows(image, script, expected):
     container = {"name": "vllm", "image": image, "command": ["/bin/sh", "-c", script]}
-    assert CommandLine.parse(container).sigterm_reaches_vllm() is expected
+    assert CommandLine.parse(container).sigterm() is expected
 
 
 def test_engine_args_carry_it_with_the_knobs():
-    assert EngineArgs.from_container({"command": ["dash", "-c", "vllm serve M --max-num-seqs 8"]}) \
-        .sigterm_reaches_vllm is False
-    assert EngineArgs.from_container({"args": ["M", "--max-num-seqs", "8"]}).sigterm_reaches_vllm is True
+    assert EngineArgs.from_container({"command": ["dash", "-c", "vllm serve M --max-num-seqs 8"]}).sigterm is IGNORED
+    assert EngineArgs.from_container({"args": ["M", "--max-num-seqs", "8"]}).sigterm is REACHES
 
 
 def _unshare_works() -> bool:
@@ -96,8 +102,13 @@ def _stub(pid: int) -> int:
     raise LookupError(f"no stub vllm under process {pid}")
 
 
+def _needs(*programs: str) -> pytest.MarkDecorator:
+    missing = [p for p in programs if shutil.which(p) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}")
+
+
 @pytest.mark.skipif(not _unshare_works(), reason="needs unshare --pid (root or user namespaces)")
-@pytest.mark.skipif(shutil.which("dash") is None or shutil.which("bash") is None, reason="needs dash and bash")
+@_needs("dash", "bash")
 @pytest.mark.parametrize("command", [
     ["vllm", "serve", "M"],
     ["dash", "-c", "exec vllm serve M"],
@@ -107,9 +118,16 @@ def _stub(pid: int) -> int:
     ["dash", "-c", "vllm serve M &\nwait"],
     ["bash", "-c", "(vllm serve M)"],
     ["env", "A=1", "bash", "-c", 'exec vllm serve "$@"', "--", "M"],
+    ["timeout", "1d", "dash", "-c", "vllm serve M"],
+    ["timeout", "1d", "bash", "-c", "vllm serve M"],
+    pytest.param(["tini", "--", "dash", "-c", "vllm serve M"], marks=_needs("tini")),
+    pytest.param(["tini", "--", "bash", "-c", "vllm serve M | cat"], marks=_needs("tini")),
+    pytest.param(["tini", "--", "dash", "-c", "exec vllm serve M"], marks=_needs("tini")),
+    pytest.param(["dumb-init", "dash", "-c", "vllm serve M"], marks=_needs("dumb-init")),
+    pytest.param(["dumb-init", "bash", "-c", "vllm serve M"], marks=_needs("dumb-init")),
 ])
 def test_as_the_first_process_of_a_pid_namespace_the_shell_does_what_the_operator_reads(command, tmp_path: Path):
-    expected = reaches(command)
+    expected = reading(command)
     assert expected is not None  # each form here has a definite reading
     stub = tmp_path / "vllm"
     stub.write_text(STUB_VLLM)
@@ -119,13 +137,21 @@ def test_as_the_first_process_of_a_pid_namespace_the_shell_does_what_the_operato
     runner = subprocess.Popen(["unshare", "--fork", "--pid", *command], env=env, cwd=tmp_path)
     try:
         _wait_for(up.exists, 10, "stub vllm started")
+        stub_pid = _stub(runner.pid)
         children = Path(f"/proc/{runner.pid}/task/{runner.pid}/children").read_text().split()
         (first,) = children  # PID 1 of the new namespace: the container's first process
         os.kill(int(first), signal.SIGTERM)  # from outside the namespace, as the container runtime sends it
-        if not expected:  # the SIGTERM was dropped, or is on its way: the stub is told to say "ran" after it
-            os.kill(_stub(runner.pid), signal.SIGUSR1)
-        answer = _wait_for(lambda: out.exists() and out.read_text().strip(), 10, "answer from the stub")
-        assert answer == ("got" if expected else "ran")
+        if expected is KILLS:  # the stub never exits by itself: the namespace ends only if it was killed
+            _wait_for(lambda: runner.poll() is not None, 10, "end of the PID namespace")
+            assert "ran" not in (out.read_text() if out.exists() else "")
+            return
+        if expected is REACHES:  # the stub drains on, alive, until told to stop
+            _wait_for(lambda: out.exists() and "got" in out.read_text(), 10, "SIGTERM at the stub")
+        os.kill(stub_pid, signal.SIGUSR1)  # IGNORED: the SIGTERM was dropped, and the stub still runs
+        answer = _wait_for(lambda: out.exists() and "ran" in out.read_text() and out.read_text().split(), 10,
+                           "answer from the stub")
+        # timeout passes the signal to the child and to its process group too: "got" may come twice
+        assert (set(answer), answer[-1]) == ({"got", "ran"} if expected is REACHES else {"ran"}, "ran")
     finally:
         runner.kill()
         runner.wait(10)

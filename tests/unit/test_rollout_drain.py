@@ -146,8 +146,8 @@ def shell(script: str, shell_name: str = "dash", pre_stop: dict[str, Any] | None
 def read(spec: dict[str, Any], container: dict[str, Any]) -> tuple[float | None, str | None]:
     """The drain and the advice, the command line read as the operator reads it, with the knobs."""
     args = EngineArgs.from_container(container)
-    return (drain_seconds(spec, container, args.shutdown_timeout, args.sigterm_reaches_vllm),
-            drain_advice(spec, container, args.shutdown_timeout, sigterm=args.sigterm_reaches_vllm))
+    return (drain_seconds(spec, container, args.shutdown_timeout, args.sigterm),
+            drain_advice(spec, container, args.shutdown_timeout, sigterm=args.sigterm))
 
 
 def test_a_vllm_the_sigterm_does_not_reach_serves_until_the_sigkill_whatever_its_timeout_and_is_told_to_exec():
@@ -165,6 +165,18 @@ def test_a_vllm_the_sigterm_does_not_reach_serves_until_the_sigkill_whatever_its
     first, then = told.split("; and ")
     assert first.startswith("the container's shell runs vLLM as its child") and then.startswith(
         "each restarted pod's vLLM aborts the requests in flight on SIGTERM (no --shutdown-timeout)")
+
+
+def test_a_vllm_an_init_kills_with_its_shell_drains_for_nothing_whatever_its_timeout_and_is_told_to_exec():
+    spec = {"terminationGracePeriodSeconds": 60}
+    container = {**shell("vllm serve M --shutdown-timeout 45"), "command": ["tini", "--", "dash", "-c"],
+                 "args": ["vllm serve M --shutdown-timeout 45"]}
+    drain, told = read(spec, container)
+    assert drain == 0.0  # the shell dies of the SIGTERM, tini exits, and the kernel kills vLLM with the namespace
+    assert told is not None and told.startswith("an init (tini, dumb-init, catatonit, timeout) runs the container's "
+                                                "shell") and "`exec vllm serve ...`" in told and "; and " not in told
+    exec_d = {**container, "args": ["exec vllm serve M --shutdown-timeout 45"]}
+    assert read(spec, exec_d) == (45.0, None)  # vLLM is tini's child, and tini passes the SIGTERM on
 
 
 def test_a_vllm_the_sigterm_may_not_reach_is_priced_as_its_flags_say_and_told_to_exec():

@@ -186,12 +186,12 @@ class Target:
     @property
     def drain_seconds(self) -> float | None:
         """How long its stopping pods let the requests in flight run (``rollout.drain.drain_seconds``)."""
-        return drain_seconds(self.pod_spec, self.container, self.args.shutdown_timeout, self.args.sigterm_reaches_vllm)
+        return drain_seconds(self.pod_spec, self.container, self.args.shutdown_timeout, self.args.sigterm)
 
     def drain_advice(self, request_seconds: float) -> str | None:
         """What its restarts do to the requests in flight, and what to set (``rollout.drain.drain_advice``)."""
         return drain_advice(self.pod_spec, self.container, self.args.shutdown_timeout,
-                            parse_version(self.vllm_version), request_seconds, self.args.sigterm_reaches_vllm)
+                            parse_version(self.vllm_version), request_seconds, self.args.sigterm)
 
     @property
     def ready_pods(self) -> int:

@@ -11,7 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_autotuner.api.spec import Knobs
-from vllm_autotuner.knobs.cmdline import CommandLine, CommandLineError, find_vllm_container, with_container_command
+from vllm_autotuner.knobs.cmdline import (
+    CommandLine,
+    CommandLineError,
+    Sigterm,
+    find_vllm_container,
+    with_container_command,
+)
 from vllm_autotuner.knobs.defaults import AssumedDefaults, Hardware, engine_knobs, parse_version, vllm_defaults
 from vllm_autotuner.knobs.feasibility import startup_errors, startup_warnings
 
@@ -46,9 +52,10 @@ class EngineArgs:
     #: default (abort them), also for a value it would refuse, which is no reason to refuse tuning the knobs; None
     #: when not on the command line but a ``--config`` file may set it, where the operator cannot read it.
     shutdown_timeout: int | None = 0
-    #: Whether the kubelet's SIGTERM reaches vLLM (``CommandLine.sigterm_reaches_vllm``): False when the container's
-    #: shell runs it as a child and ignores the signal, so vLLM serves until the SIGKILL; None when not known.
-    sigterm_reaches_vllm: bool | None = True
+    #: What the kubelet's SIGTERM does to vLLM (``CommandLine.sigterm``): it reaches vLLM, a shell that runs vLLM as
+    #: its child ignores it (vLLM serves until the SIGKILL), or kills vLLM at once (an init in front); None when not
+    #: known.
+    sigterm: Sigterm | None = Sigterm.REACHES
 
     @classmethod
     def from_container(cls, container: dict[str, Any]) -> EngineArgs:
@@ -92,7 +99,7 @@ class EngineArgs:
             performance_mode=mode.value if mode else None,
             shutdown_timeout=None if config is not None and cmd.get("shutdown-timeout") is None else (
                 _lenient_int(cmd, "shutdown-timeout")),
-            sigterm_reaches_vllm=cmd.sigterm_reaches_vllm(),
+            sigterm=cmd.sigterm(),
         )
 
     def effective(self, defaults: AssumedDefaults) -> tuple[Knobs, bool]:
@@ -126,7 +133,7 @@ def set_knobs(container: dict[str, Any], knobs: Knobs) -> dict[str, Any]:
 
 
 __all__ = [
-    "TOKENS_FLAG", "SEQS_FLAG", "EngineArgs", "set_knobs", "CommandLine", "CommandLineError",
+    "TOKENS_FLAG", "SEQS_FLAG", "EngineArgs", "set_knobs", "CommandLine", "CommandLineError", "Sigterm",
     "find_vllm_container", "AssumedDefaults", "Hardware", "engine_knobs", "parse_version", "vllm_defaults",
     "startup_errors", "startup_warnings",
 ]

@@ -50,6 +50,7 @@ import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 SHELLS = {"sh", "bash", "ash", "dash", "zsh"}
@@ -443,6 +444,23 @@ def _shell_options(words: list[str], pos: int) -> tuple[int, str]:
 # Programs among _WRAPPERS that stay the container's first process and pass a signal on, to their child or its process
 # group, rather than run the command in their place.
 _INITS = {"tini", "dumb-init", "catatonit", "timeout"}
+
+
+class Sigterm(StrEnum):
+    """What the SIGTERM the kubelet sends a stopping container's first process does to vLLM
+    (``CommandLine.sigterm``)."""
+
+    REACHES = "Reaches"
+    """vLLM gets it, and drains as ``--shutdown-timeout`` says."""
+    IGNORED = "Ignored"
+    """A shell that runs vLLM as its child is the first process, PID 1 of the container's PID namespace, which
+    ignores a signal it set no handler for: vLLM serves on until the SIGKILL at the end of the grace period."""
+    KILLS = "Kills"
+    """An init in front of such a shell (tini, dumb-init, catatonit, timeout) passes the signal on, the shell dies
+    of it, the init exits with it, and the kernel kills what is left of the PID namespace, vLLM with it, at once:
+    no request in flight finishes, whatever the timeout."""
+
+
 # What ``sh`` is in images whose base the operator knows, by repository (any registry or mirror path in front, any
 # tag or digest): vLLM's own images build on Ubuntu, whose /bin/sh is dash (docker/Dockerfile: nvidia/cuda's
 # ubuntu22.04 images for vllm/vllm-openai; docker/Dockerfile.cpu: ubuntu:22.04 for the CPU images its Kubernetes
@@ -616,47 +634,49 @@ class CommandLine:
                 return i + (1 if self.words[i].text in _VLLM_ENTRYPOINTS else 2), end
         return start, end
 
-    def sigterm_reaches_vllm(self) -> bool | None:
-        """Whether the SIGTERM the kubelet sends a stopping container's first process reaches vLLM.
+    def sigterm(self) -> Sigterm | None:
+        """What the SIGTERM the kubelet sends a stopping container's first process does to vLLM.
 
-        True when vLLM is that process: started as a list (behind wrappers that
-        run it in their place, or pass signals on), or by a ``-c`` script that
-        replaces the shell with it (``exec vllm serve ...``, or a bash script of
-        that one command, which bash runs without forking). False when the
-        shell is the container's first process and runs vLLM as its child: in
-        a pipeline or the background (``vllm serve ... | tee log``), or under
-        dash (Debian's and Ubuntu's ``/bin/sh``), which forks for every
-        command. The first process of a PID namespace ignores a signal it set
-        no handler for, so the shell ignores the SIGTERM and vLLM serves on
-        until the kubelet's SIGKILL at the end of the grace period. ``sh`` is
-        read as what it is in the image where the operator knows that
-        (``image_sh``: dash in vLLM's own images, which vLLM's Kubernetes guide
-        starts with ``/bin/sh -c``). None where it depends on what ``sh`` is in
-        another image, on the shell's version (bash 5.2 also replaces itself
-        with the last command of ``a && b`` or ``a; b``), or on an init in
-        front of the shell (tini passes the signal to the shell alone,
-        dumb-init to its process group).
+        REACHES when vLLM is that process, or an init's child: started as a
+        list (behind wrappers that run it in their place, or pass signals on),
+        or by a ``-c`` script that replaces the shell with it (``exec vllm
+        serve ...``, or a bash script of that one command, which bash runs
+        without forking). Otherwise the shell runs vLLM as its child: in a
+        pipeline, the background or a subshell (``vllm serve ... | tee log``),
+        or under dash (Debian's and Ubuntu's ``/bin/sh``), which forks for
+        every command. Then it is IGNORED where the shell is the first
+        process, and KILLS vLLM at once behind an init. ``sh`` is read as what
+        it is in the image where the operator knows that (``image_sh``: dash
+        in vLLM's own images, which vLLM's Kubernetes guide starts with
+        ``/bin/sh -c``). None where it depends on what ``sh`` is in another
+        image, or on the shell's version (bash 5.2 also replaces itself with
+        the last command of ``a && b`` or ``a; b``). What each does was
+        measured with dash 0.5.12, bash 5.2.15, tini 0.19, dumb-init 1.2.5 and
+        coreutils' timeout as PID 1 of a PID namespace
+        (``tests/unit/test_cmdline_sigterm.py``); catatonit, which passes the
+        signal to its child as tini does, is taken to act as tini.
         """
         if self.shell_script is None:
-            return True
+            return Sigterm.REACHES
         argv = [*self.command, *self.args]
         start = _command_start(argv)
-        shell, init = argv[start].rsplit("/", 1)[-1], any(w.rsplit("/", 1)[-1] in _INITS for w in argv[:start])
+        shell = argv[start].rsplit("/", 1)[-1]
         if shell == "sh" and self.sh:
             shell = self.sh
         first, end = self._vllm_segment()
         vllm = next((i for i in range(first, end) if self._is_vllm_word(i)), None)
         if vllm is None:  # the script runs vLLM by a name the operator does not know (the image's entrypoint)
             return None
+        child = Sigterm.KILLS if any(w.rsplit("/", 1)[-1] in _INITS for w in argv[:start]) else Sigterm.IGNORED
         around = {self.words[first - 1].text if first else None,
                   self.words[end].text if end < len(self.words) else None}
         if around & _CHILD_OPERATORS:  # a pipeline's or a background command runs in a child, exec or not
-            return None if init else False
+            return child
         if next((w.text for w in self.words[first:vllm] if not _ASSIGNMENT.fullmatch(w.text)), None) == "exec":
-            return True
+            return Sigterm.REACHES
         if shell == "bash" and not any(w.operator for w in self.words):
-            return True
-        return False if shell == "dash" and not init else None
+            return Sigterm.REACHES
+        return child if shell == "dash" else None
 
     def _model_index(self) -> int | None:
         """Index of the word vLLM takes as the model: the positional argument of ``vllm serve``, or in args-only

@@ -10,9 +10,10 @@ it refuses new requests and serves those in flight for up to that long. A
 preStop sleep gives the endpoints time to stop sending the pod requests
 before that; the grace period must cover the sleep and the drain, or the
 kubelet cuts the drain short. The SIGTERM goes to the container's first
-process: a shell that runs vLLM as its child ignores it
-(``CommandLine.sigterm_reaches_vllm``), and vLLM serves on, its timeout
-never started, until the SIGKILL. The operator reads the pod template to say,
+process: a shell that runs vLLM as its child ignores it, and vLLM serves
+on, its timeout never started, until the SIGKILL; behind an init, the
+shell dies of it and vLLM is killed at once (``CommandLine.sigterm``).
+The operator reads the pod template to say,
 with each change it makes, whether its restarts cost requests and what to
 set so that they do not; the simulated kubelet reads the hooks the same way.
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from vllm_autotuner.knobs.cmdline import SHELLS, CommandLineError, split_shell
+from vllm_autotuner.knobs.cmdline import SHELLS, CommandLineError, Sigterm, split_shell
 from vllm_autotuner.policy.guardrails import CUT_SHARE_WARNED, cut_share
 
 DEFAULT_GRACE_S = 30
@@ -87,17 +88,19 @@ def _sleep_seconds(operand: str) -> float | None:
 
 
 def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int | None,
-                  sigterm: bool | None = True) -> float | None:
+                  sigterm: Sigterm | None = Sigterm.REACHES) -> float | None:
     """How long a stopping pod of this template lets the requests in flight run before they are cut: vLLM's
     ``--shutdown-timeout`` (``EngineArgs.shutdown_timeout``, read with the knobs), as far as the grace period leaves
     it after the preStop sleep (a hook of a length not known counted as none: the drain is at most that); 0 when
-    vLLM aborts them on SIGTERM (no ``--shutdown-timeout``), None when a ``--config`` file may set the timeout. A
-    vLLM the SIGTERM does not reach (``sigterm`` False: ``EngineArgs.sigterm_reaches_vllm``) serves on, whatever its
-    timeout, until the kubelet's SIGKILL: all the grace period leaves. The policy prices restarts with it
-    (``status.drainSeconds``)."""
+    vLLM aborts them on SIGTERM (no ``--shutdown-timeout``), None when a ``--config`` file may set the timeout.
+    Whatever its timeout (``sigterm``: ``EngineArgs.sigterm``), a vLLM whose shell ignores the SIGTERM serves on
+    until the kubelet's SIGKILL, all the grace period leaves, and one an init's exit kills drains for 0. The policy
+    prices restarts with it (``status.drainSeconds``)."""
     grace_left = max(termination_grace(pod_spec) - (pre_stop_sleep(container) or 0.0), 0.0)
-    if sigterm is False:
+    if sigterm is Sigterm.IGNORED:
         return grace_left
+    if sigterm is Sigterm.KILLS:
+        return 0.0
     if shutdown_timeout is None:
         return None
     return min(float(shutdown_timeout), grace_left)
@@ -105,7 +108,7 @@ def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_
 
 def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int | None,
                  version: tuple[int, int] | None = None, request_seconds: float = 0.0,
-                 sigterm: bool | None = True) -> str | None:
+                 sigterm: Sigterm | None = Sigterm.REACHES) -> str | None:
     """What a restart of pods of this template does to the requests in flight, with what to change, when it loses
     or refuses some; None when the pods drain: vLLM gets the SIGTERM (``sigterm``, as ``drain_seconds``), a preStop
     sleep, ``--shutdown-timeout``, and a grace period that covers both. ``version``: the vLLM release the pods run
@@ -113,27 +116,35 @@ def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_t
     would refuse to start with the flag. ``request_seconds``: the mean time a request runs in a pod
     (``policy.guardrails.in_flight_seconds``; 0: not measured), against which a drain that would cut over
     ``CUT_SHARE_WARNED`` of them is too short."""
-    told = [] if sigterm else [_NO_SIGTERM[sigterm].format(grace=termination_grace(pod_spec))]
+    told = [] if sigterm is Sigterm.REACHES else [_NO_SIGTERM[sigterm].format(grace=termination_grace(pod_spec))]
     told += _drain_problems(pod_spec, container, shutdown_timeout, version, request_seconds)
     return "; and ".join(told) or None
 
 
 _NO_SIGTERM = {
-    False: "the container's shell runs vLLM as its child (in a pipeline, in the background, or as dash, the /bin/sh "
+    Sigterm.IGNORED: "the container's shell runs vLLM as its child (in a pipeline, in the background, or as dash, the /bin/sh "
            "of Debian, Ubuntu and vLLM's own images, runs any command) and, as the container's first process, "
            "ignores the SIGTERM the kubelet sends: vLLM never gets it, so no --shutdown-timeout starts, and it serves "
            "on until the kubelet kills it at the end of terminationGracePeriodSeconds ({grace:g} s), cutting what "
            "still runs, each pod taking that long to stop; start it with `exec vllm serve ...` in the script, outside "
            "any pipeline or background (vLLM's own logging options rather than `| tee`), so that the SIGTERM reaches "
            "it",
+    Sigterm.KILLS: "an init (tini, dumb-init, catatonit, timeout) runs the container's shell, which runs vLLM as "
+                   "its child (in a pipeline, in the background, or as dash, the /bin/sh of Debian, Ubuntu and vLLM's "
+                   "own images, runs any command): on the SIGTERM the kubelet sends, the shell dies, the init exits "
+                   "with it, and the kernel kills vLLM at once, aborting every request in flight whatever its "
+                   "--shutdown-timeout; start it with `exec vllm serve ...` in the script, outside any pipeline or "
+                   "background, so that vLLM is the init's child and gets the SIGTERM",
     None: "vLLM runs in a shell script that may keep the shell as its parent: dash (Debian's and Ubuntu's /bin/sh) "
           "always does, bash does but for a script of that one command, and any shell for a pipeline or the "
           "background; the shell, the container's first process, then ignores the SIGTERM the kubelet sends, and "
           "vLLM serves on until the kubelet kills it at the end of terminationGracePeriodSeconds ({grace:g} s), "
-          "whatever its --shutdown-timeout; start it with `exec vllm serve ...` in the script, outside any pipeline "
-          "or background, so that the SIGTERM reaches it",
+          "whatever its --shutdown-timeout (behind an init, the shell dies of it instead, and vLLM is killed at "
+          "once); start it with `exec vllm serve ...` in the script, outside any pipeline or background, so that "
+          "the SIGTERM reaches it",
 }
-"""What to do about a vLLM the kubelet's SIGTERM does not reach (False), or may not (None)."""
+"""What to do about a vLLM the kubelet's SIGTERM does not reach (IGNORED), kills at once (KILLS), or may not reach
+(None)."""
 
 
 def _drain_problems(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int | None,

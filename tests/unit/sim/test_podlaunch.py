@@ -91,14 +91,17 @@ def test_queue_limits_from_the_command_line():
         vllm_launch(container(args=["m", "--max-num-queued-reqs", "many"]), H100)
 
 
-@pytest.mark.parametrize(("fields", "sigterm"), [
-    ({"args": ["m"]}, True),
-    ({"command": ["/bin/sh", "-c", "exec vllm serve m"]}, True),
-    ({"command": ["/bin/sh", "-c", "vllm serve m"]}, False),  # vLLM's image: sh is dash, which keeps the signal
-    ({"command": ["/bin/sh", "-c", "vllm serve m"], "image": "example.com/acme/vllm:1"}, True),  # not known: passes
+@pytest.mark.parametrize(("script", "fields", "sigterm", "drain"), [
+    (["exec vllm serve m --shutdown-timeout 30"], {}, True, 30),
+    (["vllm serve m --shutdown-timeout 30"], {}, False, 30),  # vLLM's image: sh is dash, which keeps the signal
+    (["vllm serve m --shutdown-timeout 30"], {"image": "example.com/acme/vllm:1"}, True, 30),  # not known: passes
 ])
-def test_whether_the_sigterm_reaches_the_simulated_vllm(fields, sigterm):
-    assert vllm_launch(container(**fields), H100).sigterm is sigterm
+def test_what_the_sigterm_does_to_the_simulated_vllm(script, fields, sigterm, drain):
+    launch = vllm_launch(container(command=["/bin/sh", "-c"], args=script, **fields), H100)
+    assert (launch.sigterm, launch.shutdown_timeout) == (sigterm, drain)
+    # behind an init, the shell dies of the signal and takes vLLM with it: it drains for nothing
+    behind = vllm_launch(container(command=["tini", "--", "/bin/sh", "-c"], args=script, **fields), H100)
+    assert (behind.sigterm, behind.shutdown_timeout) == (True, 0 if sigterm is False else drain)
 
 
 def test_lora_adapters_and_their_batch_limit_from_the_command_line():

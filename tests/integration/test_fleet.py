@@ -419,8 +419,8 @@ def test_a_deleted_pod_finishes_its_requests_with_a_shutdown_timeout_and_aborts_
     started with --shutdown-timeout: then it refuses new requests and serves those in flight to the end, after the
     preStop sleep that gives endpoints the time to stop sending it requests, within the pod's grace period. A vLLM
     that dash runs as its child never gets the SIGTERM (dash, the container's first process, ignores it): it takes
-    new requests on, its --shutdown-timeout never starts, and it serves until the SIGKILL. Behind tini, dash is not
-    the first process: it dies of the SIGTERM tini passes on, tini exits, and vLLM dies with them at once."""
+    new requests on, its --shutdown-timeout never starts, and it serves until the SIGKILL. In a pod that shares its
+    process namespace (as behind tini) dash is not the first process: it dies of the SIGTERM, and vLLM with it."""
     api = Api(cluster, namespace)
     drains = vllm_deployment("drains", H100, ["--shutdown-timeout", "60"], replicas=1)
     pod_spec = drains["spec"]["template"]["spec"]
@@ -433,15 +433,16 @@ def test_a_deleted_pod_finishes_its_requests_with_a_shutdown_timeout_and_aborts_
     pod_spec["terminationGracePeriodSeconds"] = 30
     pod_spec["containers"][0]["command"] = ["dash", "-c", f"vllm serve {MODEL} --shutdown-timeout 5"]
     api.create(ignores)
-    killed = vllm_deployment("killed", H100, [], replicas=1)
-    pod_spec = killed["spec"]["template"]["spec"]
+    shares = vllm_deployment("shares", H100, [], replicas=1)  # the fleet's fourth H100
+    pod_spec = shares["spec"]["template"]["spec"]
     pod_spec["terminationGracePeriodSeconds"] = 60
-    pod_spec["containers"][0]["command"] = ["tini", "--", "dash", "-c", f"vllm serve {MODEL} --shutdown-timeout 30"]
-    api.create(killed)
+    pod_spec["shareProcessNamespace"] = True
+    pod_spec["containers"][0]["command"] = ["dash", "-c", f"vllm serve {MODEL} --shutdown-timeout 30"]
+    api.create(shares)
     (draining,) = wait_for(lambda: api.ready_pods("drains", 1), 90, "the draining pod")
     (aborting,) = wait_for(lambda: api.ready_pods("aborts", 1), 90, "the aborting pod")
     (ignoring,) = wait_for(lambda: api.ready_pods("ignores", 1), 90, "the pod whose shell ignores the SIGTERM")
-    (dying,) = wait_for(lambda: api.ready_pods("killed", 1), 90, "the pod whose init takes vLLM down with its shell")
+    (sharing,) = wait_for(lambda: api.ready_pods("shares", 1), 90, "the pod that shares its process namespace")
     outcomes: dict[str, tuple[int, int] | str] = {}
 
     def send(pod: kubernetes.client.V1Pod) -> threading.Thread:
@@ -449,7 +450,7 @@ def test_a_deleted_pod_finishes_its_requests_with_a_shutdown_timeout_and_aborts_
         thread.start()
         return thread
 
-    pods = (draining, aborting, ignoring, dying)
+    pods = (draining, aborting, ignoring, sharing)
     threads = [send(pod) for pod in pods]  # about 7 s each, one at a time on a simulated H100
     wait_for(lambda: all(_running(pod) == 1 for pod in pods), 10, "the requests running")
     for pod in pods:
@@ -461,14 +462,14 @@ def test_a_deleted_pod_finishes_its_requests_with_a_shutdown_timeout_and_aborts_
         thread.join(60)
     assert outcomes[draining.metadata.name] == (200, 1000), outcomes
     assert outcomes[aborting.metadata.name] != (200, 1000), outcomes
-    assert outcomes[dying.metadata.name] != (200, 1000), outcomes  # its 30 s --shutdown-timeout notwithstanding
+    assert outcomes[sharing.metadata.name] != (200, 1000), outcomes  # its 30 s --shutdown-timeout notwithstanding
     # past its 5 s --shutdown-timeout, which never started, within the 30 s grace period
     assert outcomes[ignoring.metadata.name] == (200, 1000), outcomes
     wait_for(lambda: not [p for p in api.pods("drains") if p.metadata.name == draining.metadata.name], 30,
              "the drained pod to go")
     # not the 60 s of its grace period: it is gone with its shell
-    wait_for(lambda: not [p for p in api.pods("killed") if p.metadata.name == dying.metadata.name], 30,
-             "the pod whose init took vLLM down to go")
+    wait_for(lambda: not [p for p in api.pods("shares") if p.metadata.name == sharing.metadata.name], 30,
+             "the pod whose shell took vLLM down to go")
     # and its GPU is free once the kubelet's SIGKILL ends the grace period
     wait_for(lambda: not [p for p in api.pods("ignores") if p.metadata.name == ignoring.metadata.name], 40,
              "the pod whose shell ignores the SIGTERM to go")

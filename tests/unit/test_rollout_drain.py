@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from vllm_autotuner.knobs import EngineArgs, parse_version
-from vllm_autotuner.rollout.drain import drain_advice, drain_seconds, pre_stop_sleep, termination_grace
+from vllm_autotuner.knobs import EngineArgs, Sigterm, parse_version
+from vllm_autotuner.rollout.drain import drain_advice, drain_seconds, pre_stop_sleep, sigterm_fate, termination_grace
 
 
 def vllm(*args: str, pre_stop: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -173,10 +173,20 @@ def test_a_vllm_an_init_kills_with_its_shell_drains_for_nothing_whatever_its_tim
                  "args": ["vllm serve M --shutdown-timeout 45"]}
     drain, told = read(spec, container)
     assert drain == 0.0  # the shell dies of the SIGTERM, tini exits, and the kernel kills vLLM with the namespace
-    assert told is not None and told.startswith("an init (tini, dumb-init, catatonit, timeout) runs the container's "
-                                                "shell") and "`exec vllm serve ...`" in told and "; and " not in told
+    assert told is not None and told.startswith("the container's shell runs vLLM as its child") and (
+        "an init, such as tini" in told and "`exec vllm serve ...`" in told and "; and " not in told)
     exec_d = {**container, "args": ["exec vllm serve M --shutdown-timeout 45"]}
     assert read(spec, exec_d) == (45.0, None)  # vLLM is tini's child, and tini passes the SIGTERM on
+
+
+def test_in_a_pod_that_shares_its_process_namespace_the_shell_that_would_ignore_the_sigterm_dies_of_it():
+    shared = {"terminationGracePeriodSeconds": 60, "shareProcessNamespace": True}
+    drain, told = read(shared, shell("vllm serve M --shutdown-timeout 45"))  # dash: not PID 1, the pause is
+    assert drain == 0.0 and told is not None and "the pod shares its process namespace" in told
+    assert sigterm_fate(shared, Sigterm.IGNORED) is Sigterm.KILLS
+    assert read(shared, shell("exec vllm serve M --shutdown-timeout 45")) == (45.0, None)
+    assert sigterm_fate({"shareProcessNamespace": False}, Sigterm.IGNORED) is Sigterm.IGNORED
+    assert sigterm_fate(shared, None) is None  # dash would die, bash would run vLLM in its place
 
 
 def test_a_vllm_the_sigterm_may_not_reach_is_priced_as_its_flags_say_and_told_to_exec():

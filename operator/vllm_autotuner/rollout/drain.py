@@ -11,8 +11,9 @@ preStop sleep gives the endpoints time to stop sending the pod requests
 before that; the grace period must cover the sleep and the drain, or the
 kubelet cuts the drain short. The SIGTERM goes to the container's first
 process: a shell that runs vLLM as its child ignores it, and vLLM serves
-on, its timeout never started, until the SIGKILL; behind an init, the
-shell dies of it and vLLM is killed at once (``CommandLine.sigterm``).
+on, its timeout never started, until the SIGKILL; behind an init, or in a
+pod that shares its process namespace, the shell dies of it and vLLM is
+killed at once (``CommandLine.sigterm``, ``sigterm_fate``).
 The operator reads the pod template to say,
 with each change it makes, whether its restarts cost requests and what to
 set so that they do not; the simulated kubelet reads the hooks the same way.
@@ -87,16 +88,28 @@ def _sleep_seconds(operand: str) -> float | None:
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
+def sigterm_fate(pod_spec: dict[str, Any], sigterm: Sigterm | None) -> Sigterm | None:
+    """What the SIGTERM does to vLLM in a pod of this spec, from what it does by the container's command
+    (``CommandLine.sigterm``). In a pod that shares its process namespace (``shareProcessNamespace``) the pause
+    container is PID 1, not the container's shell: a shell that runs vLLM as its child dies of the signal like any
+    process without a handler, and the runtime kills what is left of a container without a PID namespace of its own
+    when its first process ends (containerd, containerd/cri#983), vLLM with it, at once."""
+    if sigterm is Sigterm.IGNORED and pod_spec.get("shareProcessNamespace"):
+        return Sigterm.KILLS
+    return sigterm
+
+
 def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int | None,
                   sigterm: Sigterm | None = Sigterm.REACHES) -> float | None:
     """How long a stopping pod of this template lets the requests in flight run before they are cut: vLLM's
     ``--shutdown-timeout`` (``EngineArgs.shutdown_timeout``, read with the knobs), as far as the grace period leaves
     it after the preStop sleep (a hook of a length not known counted as none: the drain is at most that); 0 when
     vLLM aborts them on SIGTERM (no ``--shutdown-timeout``), None when a ``--config`` file may set the timeout.
-    Whatever its timeout (``sigterm``: ``EngineArgs.sigterm``), a vLLM whose shell ignores the SIGTERM serves on
-    until the kubelet's SIGKILL, all the grace period leaves, and one an init's exit kills drains for 0. The policy
-    prices restarts with it (``status.drainSeconds``)."""
+    Whatever its timeout (``sigterm``: ``EngineArgs.sigterm``, in the pod: ``sigterm_fate``), a vLLM whose shell
+    ignores the SIGTERM serves on until the kubelet's SIGKILL, all the grace period leaves, and one killed with its
+    shell drains for 0. The policy prices restarts with it (``status.drainSeconds``)."""
     grace_left = max(termination_grace(pod_spec) - (pre_stop_sleep(container) or 0.0), 0.0)
+    sigterm = sigterm_fate(pod_spec, sigterm)
     if sigterm is Sigterm.IGNORED:
         return grace_left
     if sigterm is Sigterm.KILLS:
@@ -116,6 +129,7 @@ def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_t
     would refuse to start with the flag. ``request_seconds``: the mean time a request runs in a pod
     (``policy.guardrails.in_flight_seconds``; 0: not measured), against which a drain that would cut over
     ``CUT_SHARE_WARNED`` of them is too short."""
+    sigterm = sigterm_fate(pod_spec, sigterm)
     told = [] if sigterm is Sigterm.REACHES else [_NO_SIGTERM[sigterm].format(grace=termination_grace(pod_spec))]
     told += _drain_problems(pod_spec, container, shutdown_timeout, version, request_seconds)
     return "; and ".join(told) or None
@@ -129,19 +143,20 @@ _NO_SIGTERM = {
            "still runs, each pod taking that long to stop; start it with `exec vllm serve ...` in the script, outside "
            "any pipeline or background (vLLM's own logging options rather than `| tee`), so that the SIGTERM reaches "
            "it",
-    Sigterm.KILLS: "an init (tini, dumb-init, catatonit, timeout) runs the container's shell, which runs vLLM as "
-                   "its child (in a pipeline, in the background, or as dash, the /bin/sh of Debian, Ubuntu and vLLM's "
-                   "own images, runs any command): on the SIGTERM the kubelet sends, the shell dies, the init exits "
-                   "with it, and the kernel kills vLLM at once, aborting every request in flight whatever its "
-                   "--shutdown-timeout; start it with `exec vllm serve ...` in the script, outside any pipeline or "
-                   "background, so that vLLM is the init's child and gets the SIGTERM",
+    Sigterm.KILLS: "the container's shell runs vLLM as its child (in a pipeline, in the background, or as dash, the "
+                   "/bin/sh of Debian, Ubuntu and vLLM's own images, runs any command) and is not the first process "
+                   "of a PID namespace of its own (an init, such as tini, dumb-init or timeout, runs it, or the pod "
+                   "shares its process namespace): on the SIGTERM the kubelet sends the shell dies, and vLLM with it "
+                   "at once, aborting every request in flight whatever its --shutdown-timeout; start it with `exec "
+                   "vllm serve ...` in the script, outside any pipeline or background, so that the SIGTERM reaches "
+                   "it",
     None: "vLLM runs in a shell script that may keep the shell as its parent: dash (Debian's and Ubuntu's /bin/sh) "
           "always does, bash does but for a script of that one command, and any shell for a pipeline or the "
           "background; the shell, the container's first process, then ignores the SIGTERM the kubelet sends, and "
           "vLLM serves on until the kubelet kills it at the end of terminationGracePeriodSeconds ({grace:g} s), "
-          "whatever its --shutdown-timeout (behind an init, the shell dies of it instead, and vLLM is killed at "
-          "once); start it with `exec vllm serve ...` in the script, outside any pipeline or background, so that "
-          "the SIGTERM reaches it",
+          "whatever its --shutdown-timeout (behind an init, or in a pod that shares its process namespace, the "
+          "shell dies of it instead, and vLLM is killed at once); start it with `exec vllm serve ...` in the "
+          "script, outside any pipeline or background, so that the SIGTERM reaches it",
 }
 """What to do about a vLLM the kubelet's SIGTERM does not reach (IGNORED), kills at once (KILLS), or may not reach
 (None)."""

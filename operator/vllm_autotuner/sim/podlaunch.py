@@ -62,12 +62,12 @@ class VllmLaunch:
     integer in the container's environment (vLLM serves /sleep, /wake_up and /is_sleeping only in dev mode)."""
     shutdown_timeout: int = 0
     """Seconds it waits on SIGTERM for the requests in flight to finish, refusing new ones (``--shutdown-timeout``,
-    vllm-project/vllm#36666); 0, vLLM's default: it aborts them at once, as it dies at once when an init in front of
-    its shell exits (``Sigterm.KILLS``)."""
-    sigterm: bool = True
-    """Whether the SIGTERM a stopping pod gets reaches it (``CommandLine.sigterm``): not when the container's shell
-    runs it as a child, and, as the container's first process, ignores the signal (``Sigterm.IGNORED``). A form whose
-    answer is not known (``sh -c`` in an image whose ``sh`` the operator does not know) is taken to pass it on."""
+    vllm-project/vllm#36666); 0, vLLM's default: it aborts them at once."""
+    sigterm: Sigterm | None = Sigterm.REACHES
+    """What the SIGTERM a stopping pod gets does to it by the container's command (``CommandLine.sigterm``; in the
+    pod, ``rollout.drain.sigterm_fate``): it reaches it, the container's shell ignores it, or kills it at once. A
+    form whose answer is not known (``sh -c`` in an image whose ``sh`` the operator does not know) is taken to pass
+    it on."""
 
 
 def serving_port(container: dict[str, Any]) -> int:
@@ -147,11 +147,9 @@ def vllm_launch(container: dict[str, Any], profile: Profile) -> VllmLaunch:
     if adapters and config.max_loras is None:
         raise LaunchError("simulator: --lora-modules needs --enable-lora (vLLM fails to load the adapters: LoRA is "
                           "not enabled)")
-    sigterm = cmd.sigterm()
     return VllmLaunch(config=config, served_model_name=name, port=_int(cmd, "port") or DEFAULT_PORT, limits=limits,
                       lora_modules=adapters, sleep_mode=sleep_mode,
-                      shutdown_timeout=0 if sigterm is Sigterm.KILLS else max(_int(cmd, "shutdown-timeout") or 0, 0),
-                      sigterm=sigterm is not Sigterm.IGNORED)
+                      shutdown_timeout=max(_int(cmd, "shutdown-timeout") or 0, 0), sigterm=cmd.sigterm())
 
 
 def _lora_name(module: str) -> str:

@@ -47,8 +47,8 @@ from typing import Any
 from aiohttp import web
 from kubernetes.client.exceptions import ApiException
 
-from vllm_autotuner.knobs import CommandLineError, find_vllm_container
-from vllm_autotuner.rollout.drain import pre_stop_sleep
+from vllm_autotuner.knobs import CommandLineError, Sigterm, find_vllm_container
+from vllm_autotuner.rollout.drain import pre_stop_sleep, sigterm_fate
 from vllm_autotuner.sim.engine import Engine
 from vllm_autotuner.sim.kubelet import (
     ContainerStatus,
@@ -170,7 +170,7 @@ class PodRunner:
         self._sock: socket.socket | None = None
         self._server: web.AppRunner | None = None
         self._served: ServedEngine | None = None
-        self._sigterm = True  # whether a SIGTERM reaches the vLLM it runs (``VllmLaunch.sigterm``)
+        self._sigterm: Sigterm | None = Sigterm.REACHES  # what a SIGTERM does to the vLLM it runs (``VllmLaunch``)
         self.status: PodStatus | None = None
 
     @property
@@ -358,7 +358,8 @@ class PodRunner:
         """From the deletion to SIGKILL: the vLLM container's preStop sleep (scaled; another hook is not run), then
         SIGTERM, after which a vLLM with ``--shutdown-timeout`` serves what is in flight until it is done or the
         timeout passes (one without stops at once); all within the pod's grace period. A vLLM the SIGTERM does not
-        reach (its shell's child) serves on, new requests too, until the SIGKILL at the end of the grace period."""
+        reach (its shell's child) serves on, new requests too, until the SIGKILL at the end of the grace period; one
+        killed with its shell (behind an init, or in a pod that shares its process namespace) stops at once."""
         loop = asyncio.get_running_loop()
         kill_at = loop.time() + grace_period(self.pod)
         try:
@@ -368,11 +369,12 @@ class PodRunner:
         if pause > 0:
             await asyncio.sleep(min(pause, kill_at - loop.time()))
         served = self._served
-        if served is not None and not self._sigterm:
+        fate = sigterm_fate(self.pod["spec"], self._sigterm)
+        if served is not None and fate is Sigterm.IGNORED:
             log.info("%s: the container's shell ignores the SIGTERM: vLLM serves on until the SIGKILL", self.key)
             await asyncio.sleep(max(kill_at - loop.time(), 0.0))
             return
-        if served is None or served.shutdown_timeout <= 0:
+        if served is None or served.shutdown_timeout <= 0 or fate is Sigterm.KILLS:
             return
         served.shutting_down = True
         end = min(kill_at, loop.time() + served.shutdown_timeout)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_autotuner.knobs import Sigterm
 from vllm_autotuner.sim.podlaunch import LaunchError, serving_port, vllm_launch
 from vllm_autotuner.sim.profiles import get_profile
 from vllm_autotuner.sim.serving import QueueLimits
@@ -91,17 +92,15 @@ def test_queue_limits_from_the_command_line():
         vllm_launch(container(args=["m", "--max-num-queued-reqs", "many"]), H100)
 
 
-@pytest.mark.parametrize(("script", "fields", "sigterm", "drain"), [
-    (["exec vllm serve m --shutdown-timeout 30"], {}, True, 30),
-    (["vllm serve m --shutdown-timeout 30"], {}, False, 30),  # vLLM's image: sh is dash, which keeps the signal
-    (["vllm serve m --shutdown-timeout 30"], {"image": "example.com/acme/vllm:1"}, True, 30),  # not known: passes
+@pytest.mark.parametrize(("command", "fields", "sigterm"), [
+    (["/bin/sh", "-c", "exec vllm serve m --shutdown-timeout 30"], {}, Sigterm.REACHES),
+    (["/bin/sh", "-c", "vllm serve m --shutdown-timeout 30"], {}, Sigterm.IGNORED),  # vLLM's image: sh is dash
+    (["tini", "--", "/bin/sh", "-c", "vllm serve m --shutdown-timeout 30"], {}, Sigterm.KILLS),
+    (["/bin/sh", "-c", "vllm serve m --shutdown-timeout 30"], {"image": "example.com/acme/vllm:1"}, None),
 ])
-def test_what_the_sigterm_does_to_the_simulated_vllm(script, fields, sigterm, drain):
-    launch = vllm_launch(container(command=["/bin/sh", "-c"], args=script, **fields), H100)
-    assert (launch.sigterm, launch.shutdown_timeout) == (sigterm, drain)
-    # behind an init, the shell dies of the signal and takes vLLM with it: it drains for nothing
-    behind = vllm_launch(container(command=["tini", "--", "/bin/sh", "-c"], args=script, **fields), H100)
-    assert (behind.sigterm, behind.shutdown_timeout) == (True, 0 if sigterm is False else drain)
+def test_the_simulated_vllm_takes_the_sigterm_as_its_command_says(command, fields, sigterm):
+    launch = vllm_launch(container(command=command, **fields), H100)
+    assert (launch.sigterm, launch.shutdown_timeout) == (sigterm, 30)
 
 
 def test_lora_adapters_and_their_batch_limit_from_the_command_line():

@@ -194,4 +194,5 @@ def test_a_vllm_the_sigterm_may_not_reach_is_priced_as_its_flags_say_and_told_to
     drain, told = read(spec, shell("vllm serve M --shutdown-timeout 45", "sh"))  # dash or bash: the image says
     assert drain == 45.0
     assert told is not None and told.startswith("vLLM runs in a shell script that may keep the shell as its parent")
+    assert "`readlink -f /bin/sh` in the container says which shell sh is" in told  # how to find out
     assert read(spec, shell("vllm serve M --shutdown-timeout 45", "bash")) == (45.0, None)  # bash runs it in its place

@@ -155,8 +155,9 @@ _NO_SIGTERM = {
           "background; the shell, the container's first process, then ignores the SIGTERM the kubelet sends, and "
           "vLLM serves on until the kubelet kills it at the end of terminationGracePeriodSeconds ({grace:g} s), "
           "whatever its --shutdown-timeout (behind an init, or in a pod that shares its process namespace, the "
-          "shell dies of it instead, and vLLM is killed at once); start it with `exec vllm serve ...` in the "
-          "script, outside any pipeline or background, so that the SIGTERM reaches it",
+          "shell dies of it instead, and vLLM is killed at once; `readlink -f /bin/sh` in the container says which "
+          "shell sh is); start it with `exec vllm serve ...` in the script, outside any pipeline or background, so "
+          "that the SIGTERM reaches it",
 }
 """What to do about a vLLM the kubelet's SIGTERM does not reach (IGNORED), kills at once (KILLS), or may not reach
 (None)."""

@@ -135,21 +135,19 @@ def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_t
     return "; and ".join(told) or None
 
 
+_CHILD = ("the container's shell runs vLLM as its child (in a pipeline, in the background, or as dash, the /bin/sh of "
+          "Debian, Ubuntu and vLLM's own images, runs any command)")
 _NO_SIGTERM = {
-    Sigterm.IGNORED: "the container's shell runs vLLM as its child (in a pipeline, in the background, or as dash, the /bin/sh "
-           "of Debian, Ubuntu and vLLM's own images, runs any command) and, as the container's first process, "
-           "ignores the SIGTERM the kubelet sends: vLLM never gets it, so no --shutdown-timeout starts, and it serves "
-           "on until the kubelet kills it at the end of terminationGracePeriodSeconds ({grace:g} s), cutting what "
-           "still runs, each pod taking that long to stop; start it with `exec vllm serve ...` in the script, outside "
-           "any pipeline or background (vLLM's own logging options rather than `| tee`), so that the SIGTERM reaches "
-           "it",
-    Sigterm.KILLS: "the container's shell runs vLLM as its child (in a pipeline, in the background, or as dash, the "
-                   "/bin/sh of Debian, Ubuntu and vLLM's own images, runs any command) and is not the first process "
-                   "of a PID namespace of its own (an init, such as tini, dumb-init or timeout, runs it, or the pod "
-                   "shares its process namespace): on the SIGTERM the kubelet sends the shell dies, and vLLM with it "
-                   "at once, aborting every request in flight whatever its --shutdown-timeout; start it with `exec "
-                   "vllm serve ...` in the script, outside any pipeline or background, so that the SIGTERM reaches "
-                   "it",
+    Sigterm.IGNORED: f"{_CHILD} and, as the container's first process, ignores the SIGTERM the kubelet sends: vLLM "
+                     "never gets it, so no --shutdown-timeout starts, and it serves on until the kubelet kills it at "
+                     "the end of terminationGracePeriodSeconds ({grace:g} s), cutting what still runs, each pod taking "
+                     "that long to stop; start it with `exec vllm serve ...` in the script, outside any pipeline or "
+                     "background (vLLM's own logging options rather than `| tee`), so that the SIGTERM reaches it",
+    Sigterm.KILLS: f"{_CHILD} and is not the first process of a PID namespace of its own (an init, such as tini, "
+                   "dumb-init or timeout, runs it, or the pod shares its process namespace): on the SIGTERM the "
+                   "kubelet sends the shell dies, and vLLM with it at once, aborting every request in flight whatever "
+                   "its --shutdown-timeout; start it with `exec vllm serve ...` in the script, outside any pipeline "
+                   "or background, so that the SIGTERM reaches it",
     None: "vLLM runs in a shell script that may keep the shell as its parent: dash (Debian's and Ubuntu's /bin/sh) "
           "always does, bash does but for a script of that one command, and any shell for a pipeline or the "
           "background; the shell, the container's first process, then ignores the SIGTERM the kubelet sends, and "

@@ -52,9 +52,9 @@ class EngineArgs:
     #: default (abort them), also for a value it would refuse, which is no reason to refuse tuning the knobs; None
     #: when not on the command line but a ``--config`` file may set it, where the operator cannot read it.
     shutdown_timeout: int | None = 0
-    #: What the kubelet's SIGTERM does to vLLM (``CommandLine.sigterm``): it reaches vLLM, a shell that runs vLLM as
-    #: its child ignores it (vLLM serves until the SIGKILL), or kills vLLM at once (an init in front); None when not
-    #: known.
+    #: What the kubelet's SIGTERM does to vLLM by the container's command (``CommandLine.sigterm``; in the pod:
+    #: ``rollout.drain.sigterm_fate``): it reaches vLLM, a shell that runs vLLM as its child ignores it (vLLM serves
+    #: until the SIGKILL), or dies of it and takes vLLM with it (an init in front); None when not known.
     sigterm: Sigterm | None = Sigterm.REACHES
 
     @classmethod

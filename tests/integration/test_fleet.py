@@ -420,7 +420,8 @@ def test_a_deleted_pod_finishes_its_requests_with_a_shutdown_timeout_and_aborts_
     preStop sleep that gives endpoints the time to stop sending it requests, within the pod's grace period. A vLLM
     that dash runs as its child never gets the SIGTERM (dash, the container's first process, ignores it): it takes
     new requests on, its --shutdown-timeout never starts, and it serves until the SIGKILL. In a pod that shares its
-    process namespace (as behind tini) dash is not the first process: it dies of the SIGTERM, and vLLM with it."""
+    process namespace (as behind tini) dash is not the first process: it dies of the SIGTERM, and vLLM with it.
+    runuser passes the SIGTERM on and kills vLLM 2 s later, whatever its --shutdown-timeout."""
     api = Api(cluster, namespace)
     drains = vllm_deployment("drains", H100, ["--shutdown-timeout", "60"], replicas=1)
     pod_spec = drains["spec"]["template"]["spec"]
@@ -439,19 +440,27 @@ def test_a_deleted_pod_finishes_its_requests_with_a_shutdown_timeout_and_aborts_
     pod_spec["shareProcessNamespace"] = True
     pod_spec["containers"][0]["command"] = ["dash", "-c", f"vllm serve {MODEL} --shutdown-timeout 30"]
     api.create(shares)
+    switches = vllm_deployment("switches", L4, [], replicas=1)  # the fleet's L4: its H100s are taken
+    pod_spec = switches["spec"]["template"]["spec"]
+    pod_spec["terminationGracePeriodSeconds"] = 90
+    pod_spec["containers"][0]["command"] = ["runuser", "-u", "vllm", "--", "vllm", "serve", MODEL,
+                                            "--shutdown-timeout", "60"]
+    api.create(switches)
     (draining,) = wait_for(lambda: api.ready_pods("drains", 1), 90, "the draining pod")
     (aborting,) = wait_for(lambda: api.ready_pods("aborts", 1), 90, "the aborting pod")
     (ignoring,) = wait_for(lambda: api.ready_pods("ignores", 1), 90, "the pod whose shell ignores the SIGTERM")
     (sharing,) = wait_for(lambda: api.ready_pods("shares", 1), 90, "the pod that shares its process namespace")
+    (switching,) = wait_for(lambda: api.ready_pods("switches", 1), 90, "the pod that runs vLLM under runuser")
     outcomes: dict[str, tuple[int, int] | str] = {}
 
-    def send(pod: kubernetes.client.V1Pod) -> threading.Thread:
-        thread = threading.Thread(target=lambda: outcomes.__setitem__(pod.metadata.name, _complete(pod, 1000)))
+    def send(pod: kubernetes.client.V1Pod, tokens: int = 1000) -> threading.Thread:
+        thread = threading.Thread(target=lambda: outcomes.__setitem__(pod.metadata.name, _complete(pod, tokens)))
         thread.start()
         return thread
 
-    pods = (draining, aborting, ignoring, sharing)
-    threads = [send(pod) for pod in pods]  # about 7 s each, one at a time on a simulated H100
+    pods = (draining, aborting, ignoring, sharing, switching)
+    # about 7 s each, one at a time on a simulated H100, and 14 s on the L4: all well within a 60 s drain
+    threads = [send(pod) for pod in pods[:-1]] + [send(switching, 250)]
     wait_for(lambda: all(_running(pod) == 1 for pod in pods), 10, "the requests running")
     for pod in pods:
         api.core.delete_namespaced_pod(pod.metadata.name, namespace)
@@ -463,6 +472,7 @@ def test_a_deleted_pod_finishes_its_requests_with_a_shutdown_timeout_and_aborts_
     assert outcomes[draining.metadata.name] == (200, 1000), outcomes
     assert outcomes[aborting.metadata.name] != (200, 1000), outcomes
     assert outcomes[sharing.metadata.name] != (200, 1000), outcomes  # its 30 s --shutdown-timeout notwithstanding
+    assert outcomes[switching.metadata.name] != (200, 250), outcomes  # killed 2 s into its 60 s drain
     # past its 5 s --shutdown-timeout, which never started, within the 30 s grace period
     assert outcomes[ignoring.metadata.name] == (200, 1000), outcomes
     wait_for(lambda: not [p for p in api.pods("drains") if p.metadata.name == draining.metadata.name], 30,
@@ -470,6 +480,8 @@ def test_a_deleted_pod_finishes_its_requests_with_a_shutdown_timeout_and_aborts_
     # not the 60 s of its grace period: it is gone with its shell
     wait_for(lambda: not [p for p in api.pods("shares") if p.metadata.name == sharing.metadata.name], 30,
              "the pod whose shell took vLLM down to go")
+    wait_for(lambda: not [p for p in api.pods("switches") if p.metadata.name == switching.metadata.name], 30,
+             "the pod whose vLLM runuser killed to go")
     # and its GPU is free once the kubelet's SIGKILL ends the grace period
     wait_for(lambda: not [p for p in api.pods("ignores") if p.metadata.name == ignoring.metadata.name], 40,
              "the pod whose shell ignores the SIGTERM to go")

@@ -4,7 +4,8 @@ A container's first process is PID 1 of its PID namespace, which ignores any sig
 that runs vLLM as its child is that process, so the SIGTERM a stopping pod gets never reaches vLLM: its
 ``--shutdown-timeout`` never starts, and it serves until the SIGKILL at the end of the grace period. Behind an init
 (tini, dumb-init) the shell is not PID 1: it dies of the signal, the init exits with it, and the kernel kills the
-rest of the namespace, vLLM with it, at once. The real-shell test runs each command as PID 1 of a new PID namespace
+rest of the namespace, vLLM with it, at once. runuser and su stay vLLM's parent, pass the signal on and kill it
+2 s later; uv's ``uv run`` passes it on and waits. The real-shell test runs each command as PID 1 of a new PID namespace
 (``unshare``), with a stub vllm that says whether a SIGTERM reached it and that stays up until told to stop, and
 sends PID 1 the SIGTERM as the kubelet's runtime does.
 """
@@ -16,14 +17,15 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from vllm_autotuner.knobs import CommandLine, EngineArgs, Sigterm
+from vllm_autotuner.knobs import WATCHER_KILL_SECONDS, CommandLine, EngineArgs, Sigterm
 
-REACHES, IGNORED, KILLS = Sigterm.REACHES, Sigterm.IGNORED, Sigterm.KILLS
+REACHES, IGNORED, KILLS, CUT_SHORT = Sigterm.REACHES, Sigterm.IGNORED, Sigterm.KILLS, Sigterm.CUT_SHORT
 # Says it started, then waits: on SIGTERM it writes "got" and drains on; on SIGUSR1 (the test's word) it writes "ran"
 # and exits. It never exits by itself.
 STUB_VLLM = ('#!/bin/sh\ntrap \'echo got >> "$VLLM_OUT"\' TERM\ntrap \'echo ran >> "$VLLM_OUT"; exit 0\' USR1\n'
@@ -53,6 +55,14 @@ def reading(command: list[str]) -> Sigterm | None:
     (["bash", "-c", "pip install x && vllm serve M"], None),  # bash 5.2 runs it in its place, older ones not
     (["tini", "--", "sh", "-c", "vllm serve M"], None),  # dash: killed; bash: in its place
     (["/bin/sh", "-c", "exec python3 -m my_server"], None),  # no vllm the operator knows of
+    (["runuser", "-u", "vllm", "--", "vllm", "serve", "M"], CUT_SHORT),  # passes it on, kills vLLM 2 s later
+    (["tini", "--", "/usr/sbin/runuser", "-u", "vllm", "--", "python3", "-m", "vllm.entrypoints.openai.api_server"],
+     CUT_SHORT),
+    (["bash", "-c", "runuser -u vllm -- vllm serve M"], CUT_SHORT),  # bash runs runuser in its place
+    (["dash", "-c", "exec su vllm -c 'exec vllm serve M'"], None),  # vLLM in su's own -c script: not read
+    (["dash", "-c", "runuser -u vllm -- vllm serve M"], IGNORED),  # dash, PID 1, keeps the signal from runuser
+    (["uv", "run", "vllm", "serve", "M"], REACHES),  # uv passes it on and waits
+    (["vllm", "serve", "M", "--served-model-name", "su"], REACHES),  # su after vLLM is its argument
 ])
 def test_what_the_sigterm_does_to_vllm_is_read_from_the_command(command, expected):
     assert reading(command) is expected
@@ -92,9 +102,14 @@ def _wait_for(predicate, seconds: float, what: str):
     return found
 
 
+def _children(pid: int) -> list[str]:
+    """The process ids of the children of ``pid``, whichever of its threads started them (uv's are many)."""
+    return [child for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()]
+
+
 def _stub(pid: int) -> int:
     """The process id of the stub vllm among the descendants of ``pid``."""
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+    for child in _children(pid):
         if b"/vllm\0serve" in Path(f"/proc/{child}/cmdline").read_bytes():
             return int(child)
         with contextlib.suppress(LookupError):
@@ -105,6 +120,12 @@ def _stub(pid: int) -> int:
 def _needs(*programs: str) -> pytest.MarkDecorator:
     missing = [p for p in programs if shutil.which(p) is None]
     return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}")
+
+
+# uv comes with the test dependencies, beside this Python; runuser is in /usr/sbin, off the stub's PATH
+UV = shutil.which("uv", path=os.path.dirname(sys.executable)) or "uv"
+RUNUSER = shutil.which("runuser") or "runuser"
+_AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="runuser runs only as root")
 
 
 @pytest.mark.skipif(not _unshare_works(), reason="needs unshare --pid (root or user namespaces)")
@@ -125,6 +146,10 @@ def _needs(*programs: str) -> pytest.MarkDecorator:
     pytest.param(["tini", "--", "dash", "-c", "exec vllm serve M"], marks=_needs("tini")),
     pytest.param(["dumb-init", "dash", "-c", "vllm serve M"], marks=_needs("dumb-init")),
     pytest.param(["dumb-init", "bash", "-c", "vllm serve M"], marks=_needs("dumb-init")),
+    pytest.param([RUNUSER, "-u", "root", "--", "vllm", "serve", "M"], marks=[_needs(RUNUSER), _AS_ROOT]),
+    pytest.param(["bash", "-c", f"{RUNUSER} -u root -- vllm serve M"], marks=[_needs(RUNUSER), _AS_ROOT]),
+    pytest.param(["dash", "-c", f"{RUNUSER} -u root -- vllm serve M"], marks=[_needs(RUNUSER), _AS_ROOT]),
+    pytest.param([UV, "run", "--no-project", "vllm", "serve", "M"], marks=_needs(UV)),
 ])
 def test_as_the_first_process_of_a_pid_namespace_the_shell_does_what_the_operator_reads(command, tmp_path: Path):
     expected = reading(command)
@@ -133,25 +158,38 @@ def test_as_the_first_process_of_a_pid_namespace_the_shell_does_what_the_operato
     stub.write_text(STUB_VLLM)
     stub.chmod(0o755)
     up, out = tmp_path / "up", tmp_path / "out"
-    env = {**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin", "VLLM_UP": str(up), "VLLM_OUT": str(out)}
+    env = {**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin", "VLLM_UP": str(up), "VLLM_OUT": str(out),
+           "UV_CACHE_DIR": str(tmp_path / "uv-cache")}
     runner = subprocess.Popen(["unshare", "--fork", "--pid", *command], env=env, cwd=tmp_path)
+    first = None
     try:
         _wait_for(up.exists, 10, "stub vllm started")
         stub_pid = _stub(runner.pid)
-        children = Path(f"/proc/{runner.pid}/task/{runner.pid}/children").read_text().split()
-        (first,) = children  # PID 1 of the new namespace: the container's first process
-        os.kill(int(first), signal.SIGTERM)  # from outside the namespace, as the container runtime sends it
+        (first,) = map(int, _children(runner.pid))  # PID 1 of the new namespace: the container's first process
+        os.kill(first, signal.SIGTERM)  # from outside the namespace, as the container runtime sends it
+        sent = time.monotonic()
+        if expected is CUT_SHORT:  # the stub gets it, drains, and is killed by its parent a while later
+            _wait_for(lambda: runner.poll() is not None, 10, "end of the PID namespace")
+            assert out.read_text().split() == ["got"]
+            assert time.monotonic() - sent > WATCHER_KILL_SECONDS / 2  # not at once
+            return
         if expected is KILLS:  # the stub never exits by itself: the namespace ends only if it was killed
             _wait_for(lambda: runner.poll() is not None, 10, "end of the PID namespace")
             assert "ran" not in (out.read_text() if out.exists() else "")
             return
-        if expected is REACHES:  # the stub drains on, alive, until told to stop
+        if expected is REACHES:  # the stub drains on, alive, until told to stop: no parent kills it a while later
             _wait_for(lambda: out.exists() and "got" in out.read_text(), 10, "SIGTERM at the stub")
+            while time.monotonic() < sent + 1.5 * WATCHER_KILL_SECONDS:
+                assert runner.poll() is None, "the stub was killed after the SIGTERM reached it"
+                time.sleep(0.05)
         os.kill(stub_pid, signal.SIGUSR1)  # IGNORED: the SIGTERM was dropped, and the stub still runs
         answer = _wait_for(lambda: out.exists() and "ran" in out.read_text() and out.read_text().split(), 10,
                            "answer from the stub")
         # timeout passes the signal to the child and to its process group too: "got" may come twice
         assert (set(answer), answer[-1]) == ({"got", "ran"} if expected is REACHES else {"ran"}, "ran")
     finally:
+        if first is not None and runner.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(first, signal.SIGKILL)  # ends the namespace, whatever still runs in it
         runner.kill()
         runner.wait(10)

@@ -179,6 +179,21 @@ def test_a_vllm_an_init_kills_with_its_shell_drains_for_nothing_whatever_its_tim
     assert read(spec, exec_d) == (45.0, None)  # vLLM is tini's child, and tini passes the SIGTERM on
 
 
+def test_a_vllm_under_runuser_drains_for_two_seconds_at_most_and_is_told_to_switch_user_otherwise():
+    spec = {"terminationGracePeriodSeconds": 60}
+    container = {**vllm(pre_stop=SLEEP_5), "args": [],
+                 "command": ["runuser", "-u", "vllm", "--", "vllm", "serve", "M", "--shutdown-timeout=45"]}
+    drain, told = read(spec, container)
+    assert drain == 2.0  # runuser passes the SIGTERM on, and kills vLLM 2 s later
+    assert told is not None and told.startswith("vLLM runs under runuser or su") and (
+        "securityContext.runAsUser" in told and "; and " not in told)
+    assert drain_seconds(spec, container, 1, Sigterm.CUT_SHORT) == 1.0  # a shorter timeout stands
+    assert drain_seconds(spec, container, None, Sigterm.CUT_SHORT) == 2.0  # whatever a --config file says
+    assert drain_seconds({"terminationGracePeriodSeconds": 6}, container, 45, Sigterm.CUT_SHORT) == 1.0  # 6 - 5 s
+    setpriv = {**container, "command": ["setpriv", "--reuid=1000", "vllm", "serve", "M", "--shutdown-timeout=45"]}
+    assert read(spec, setpriv) == (45.0, None)  # setpriv runs vLLM in its place
+
+
 def test_in_a_pod_that_shares_its_process_namespace_the_shell_that_would_ignore_the_sigterm_dies_of_it():
     shared = {"terminationGracePeriodSeconds": 60, "shareProcessNamespace": True}
     drain, told = read(shared, shell("vllm serve M --shutdown-timeout 45"))  # dash: not PID 1, the pause is

@@ -15,6 +15,7 @@ from vllm_autotuner.knobs.cmdline import (
     CommandLine,
     CommandLineError,
     Sigterm,
+    WATCHER_KILL_SECONDS,
     find_vllm_container,
     with_container_command,
 )
@@ -54,7 +55,8 @@ class EngineArgs:
     shutdown_timeout: int | None = 0
     #: What the kubelet's SIGTERM does to vLLM by the container's command (``CommandLine.sigterm``; in the pod:
     #: ``rollout.drain.sigterm_fate``): it reaches vLLM, a shell that runs vLLM as its child ignores it (vLLM serves
-    #: until the SIGKILL), or dies of it and takes vLLM with it (an init in front); None when not known.
+    #: until the SIGKILL), or dies of it and takes vLLM with it (an init in front), or runuser or su passes it on
+    #: and kills vLLM 2 s later; None when not known.
     sigterm: Sigterm | None = Sigterm.REACHES
 
     @classmethod
@@ -134,6 +136,6 @@ def set_knobs(container: dict[str, Any], knobs: Knobs) -> dict[str, Any]:
 
 __all__ = [
     "TOKENS_FLAG", "SEQS_FLAG", "EngineArgs", "set_knobs", "CommandLine", "CommandLineError", "Sigterm",
-    "find_vllm_container", "AssumedDefaults", "Hardware", "engine_knobs", "parse_version", "vllm_defaults",
-    "startup_errors", "startup_warnings",
+    "WATCHER_KILL_SECONDS", "find_vllm_container", "AssumedDefaults", "Hardware", "engine_knobs", "parse_version",
+    "vllm_defaults", "startup_errors", "startup_warnings",
 ]

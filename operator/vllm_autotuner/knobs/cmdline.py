@@ -444,6 +444,10 @@ def _shell_options(words: list[str], pos: int) -> tuple[int, str]:
 # Programs among _WRAPPERS that stay the container's first process and pass a signal on, to their child or its process
 # group, rather than run the command in their place.
 _INITS = {"tini", "dumb-init", "catatonit", "timeout"}
+# User switches that stay the parent of the command they run, as util-linux's runuser and su do (a watching parent,
+# which holds the PAM session): on a SIGTERM they pass it on, and kill the command WATCHER_KILL_SECONDS later.
+_WATCHERS = {"runuser", "su"}
+WATCHER_KILL_SECONDS = 2.0
 
 
 class Sigterm(StrEnum):
@@ -459,6 +463,9 @@ class Sigterm(StrEnum):
     """An init in front of such a shell (tini, dumb-init, catatonit, timeout) passes the signal on, the shell dies
     of it, the init exits with it, and the kernel kills what is left of the PID namespace, vLLM with it, at once:
     no request in flight finishes, whatever the timeout."""
+    CUT_SHORT = "CutShort"
+    """vLLM gets it from a user switch that stays its parent (util-linux's runuser and su), which kills it
+    ``WATCHER_KILL_SECONDS`` later: vLLM drains for at most that, whatever its ``--shutdown-timeout``."""
 
 
 # What ``sh`` is in images whose base the operator knows, by repository (any registry or mirror path in front, any
@@ -654,17 +661,22 @@ class CommandLine:
         measured with dash 0.5.12, bash 5.2.15, tini 0.19, dumb-init 1.2.5 and
         coreutils' timeout as PID 1 of a PID namespace
         (``tests/unit/test_cmdline_sigterm.py``); catatonit, which passes the
-        signal to its child as tini does, is taken to act as tini.
+        signal to its child as tini does, is taken to act as tini. Where it
+        would reach vLLM through runuser or su (util-linux 2.38 measured),
+        which stay vLLM's parent and kill it 2 s after passing it on, it is
+        CUT_SHORT; uv's ``uv run`` (0.13 measured) passes it on and waits.
         """
+        first, end = self._vllm_segment()
+        vllm = next((i for i in range(first, end) if self._is_vllm_word(i)), None)
+        reaches = (Sigterm.CUT_SHORT if vllm is not None and any(
+            w.text.rsplit("/", 1)[-1] in _WATCHERS for w in self.words[first:vllm]) else Sigterm.REACHES)
         if self.shell_script is None:
-            return Sigterm.REACHES
+            return reaches
         argv = [*self.command, *self.args]
         start = _command_start(argv)
         shell = argv[start].rsplit("/", 1)[-1]
         if shell == "sh" and self.sh:
             shell = self.sh
-        first, end = self._vllm_segment()
-        vllm = next((i for i in range(first, end) if self._is_vllm_word(i)), None)
         if vllm is None:  # the script runs vLLM by a name the operator does not know (the image's entrypoint)
             return None
         child = Sigterm.KILLS if any(w.rsplit("/", 1)[-1] in _INITS for w in argv[:start]) else Sigterm.IGNORED
@@ -673,9 +685,9 @@ class CommandLine:
         if around & _CHILD_OPERATORS:  # a pipeline's or a background command runs in a child, exec or not
             return child
         if next((w.text for w in self.words[first:vllm] if not _ASSIGNMENT.fullmatch(w.text)), None) == "exec":
-            return Sigterm.REACHES
+            return reaches
         if shell == "bash" and not any(w.operator for w in self.words):
-            return Sigterm.REACHES
+            return reaches
         return child if shell == "dash" else None
 
     def _model_index(self) -> int | None:

@@ -13,7 +13,8 @@ kubelet cuts the drain short. The SIGTERM goes to the container's first
 process: a shell that runs vLLM as its child ignores it, and vLLM serves
 on, its timeout never started, until the SIGKILL; behind an init, or in a
 pod that shares its process namespace, the shell dies of it and vLLM is
-killed at once (``CommandLine.sigterm``, ``sigterm_fate``).
+killed at once; runuser and su pass it on and kill vLLM 2 s later
+(``CommandLine.sigterm``, ``sigterm_fate``).
 The operator reads the pod template to say,
 with each change it makes, whether its restarts cost requests and what to
 set so that they do not; the simulated kubelet reads the hooks the same way.
@@ -24,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from vllm_autotuner.knobs.cmdline import SHELLS, CommandLineError, Sigterm, split_shell
+from vllm_autotuner.knobs.cmdline import SHELLS, WATCHER_KILL_SECONDS, CommandLineError, Sigterm, split_shell
 from vllm_autotuner.policy.guardrails import CUT_SHARE_WARNED, cut_share
 
 DEFAULT_GRACE_S = 30
@@ -106,14 +107,18 @@ def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_
     it after the preStop sleep (a hook of a length not known counted as none: the drain is at most that); 0 when
     vLLM aborts them on SIGTERM (no ``--shutdown-timeout``), None when a ``--config`` file may set the timeout.
     Whatever its timeout (``sigterm``: ``EngineArgs.sigterm``, in the pod: ``sigterm_fate``), a vLLM whose shell
-    ignores the SIGTERM serves on until the kubelet's SIGKILL, all the grace period leaves, and one killed with its
-    shell drains for 0. The policy prices restarts with it (``status.drainSeconds``)."""
+    ignores the SIGTERM serves on until the kubelet's SIGKILL, all the grace period leaves, one killed with its
+    shell drains for 0, and one under runuser or su for at most ``WATCHER_KILL_SECONDS`` (that, where a file may
+    set the timeout). The policy prices restarts with it (``status.drainSeconds``)."""
     grace_left = max(termination_grace(pod_spec) - (pre_stop_sleep(container) or 0.0), 0.0)
     sigterm = sigterm_fate(pod_spec, sigterm)
     if sigterm is Sigterm.IGNORED:
         return grace_left
     if sigterm is Sigterm.KILLS:
         return 0.0
+    if sigterm is Sigterm.CUT_SHORT:
+        grace_left = min(grace_left, WATCHER_KILL_SECONDS)
+        return grace_left if shutdown_timeout is None else min(float(shutdown_timeout), grace_left)
     if shutdown_timeout is None:
         return None
     return min(float(shutdown_timeout), grace_left)
@@ -148,6 +153,11 @@ _NO_SIGTERM = {
                    "kubelet sends the shell dies, and vLLM with it at once, aborting every request in flight whatever "
                    "its --shutdown-timeout; start it with `exec vllm serve ...` in the script, outside any pipeline "
                    "or background, so that the SIGTERM reaches it",
+    Sigterm.CUT_SHORT: f"vLLM runs under runuser or su, which stay its parent as the container's first process: on "
+                       f"the SIGTERM the kubelet sends they pass it on and kill vLLM {WATCHER_KILL_SECONDS:g} s later, "
+                       "cutting what still runs whatever its --shutdown-timeout; run vLLM as its user with the "
+                       "container's securityContext.runAsUser, or switch with setpriv, gosu or su-exec, which run it "
+                       "in their place",
     None: "vLLM runs in a shell script that may keep the shell as its parent: dash (Debian's and Ubuntu's /bin/sh) "
           "always does, bash does but for a script of that one command, and any shell for a pipeline or the "
           "background; the shell, the container's first process, then ignores the SIGTERM the kubelet sends, and "
@@ -157,8 +167,8 @@ _NO_SIGTERM = {
           "shell sh is); start it with `exec vllm serve ...` in the script, outside any pipeline or background, so "
           "that the SIGTERM reaches it",
 }
-"""What to do about a vLLM the kubelet's SIGTERM does not reach (IGNORED), kills at once (KILLS), or may not reach
-(None)."""
+"""What to do about a vLLM the kubelet's SIGTERM does not reach (IGNORED), kills at once (KILLS), lets drain only
+briefly (CUT_SHORT), or may not reach (None)."""
 
 
 def _drain_problems(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_timeout: int | None,

@@ -65,9 +65,9 @@ class VllmLaunch:
     vllm-project/vllm#36666); 0, vLLM's default: it aborts them at once."""
     sigterm: Sigterm | None = Sigterm.REACHES
     """What the SIGTERM a stopping pod gets does to it by the container's command (``CommandLine.sigterm``; in the
-    pod, ``rollout.drain.sigterm_fate``): it reaches it, the container's shell ignores it, or kills it at once. A
-    form whose answer is not known (``sh -c`` in an image whose ``sh`` the operator does not know) is taken to pass
-    it on."""
+    pod, ``rollout.drain.sigterm_fate``): it reaches it, the container's shell ignores it, or kills it at once, or
+    runuser or su kill it 2 s after passing it on. A form whose answer is not known (``sh -c`` in an image whose
+    ``sh`` the operator does not know) is taken to pass it on."""
 
 
 def serving_port(container: dict[str, Any]) -> int:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 import uuid
 import zlib
@@ -47,7 +48,7 @@ from typing import Any
 from aiohttp import web
 from kubernetes.client.exceptions import ApiException
 
-from vllm_autotuner.knobs import CommandLineError, Sigterm, find_vllm_container
+from vllm_autotuner.knobs import WATCHER_KILL_SECONDS, CommandLineError, Sigterm, find_vllm_container
 from vllm_autotuner.rollout.drain import pre_stop_sleep, sigterm_fate
 from vllm_autotuner.sim.engine import Engine
 from vllm_autotuner.sim.kubelet import (
@@ -359,7 +360,8 @@ class PodRunner:
         SIGTERM, after which a vLLM with ``--shutdown-timeout`` serves what is in flight until it is done or the
         timeout passes (one without stops at once); all within the pod's grace period. A vLLM the SIGTERM does not
         reach (its shell's child) serves on, new requests too, until the SIGKILL at the end of the grace period; one
-        killed with its shell (behind an init, or in a pod that shares its process namespace) stops at once."""
+        killed with its shell (behind an init, or in a pod that shares its process namespace) stops at once, and one
+        under runuser or su after ``WATCHER_KILL_SECONDS`` at most."""
         loop = asyncio.get_running_loop()
         kill_at = loop.time() + grace_period(self.pod)
         try:
@@ -377,9 +379,10 @@ class PodRunner:
         if served is None or served.shutdown_timeout <= 0 or fate is Sigterm.KILLS:
             return
         served.shutting_down = True
-        end = min(kill_at, loop.time() + served.shutdown_timeout)
-        log.info("%s: draining %d requests in flight (--shutdown-timeout %g)", self.key, served.in_flight,
-                 served.shutdown_timeout)
+        drain = min(served.shutdown_timeout, WATCHER_KILL_SECONDS if fate is Sigterm.CUT_SHORT else math.inf)
+        end = min(kill_at, loop.time() + drain)
+        log.info("%s: draining %d requests in flight for %g s (--shutdown-timeout %g)", self.key, served.in_flight,
+                 drain, served.shutdown_timeout)
         while served.in_flight and loop.time() < end:
             await asyncio.sleep(DRAIN_POLL_S)
 

@@ -96,6 +96,7 @@ def test_queue_limits_from_the_command_line():
     (["/bin/sh", "-c", "exec vllm serve m --shutdown-timeout 30"], {}, Sigterm.REACHES),
     (["/bin/sh", "-c", "vllm serve m --shutdown-timeout 30"], {}, Sigterm.IGNORED),  # vLLM's image: sh is dash
     (["tini", "--", "/bin/sh", "-c", "vllm serve m --shutdown-timeout 30"], {}, Sigterm.KILLS),
+    (["runuser", "-u", "vllm", "--", "vllm", "serve", "m", "--shutdown-timeout", "30"], {}, Sigterm.CUT_SHORT),
     (["/bin/sh", "-c", "vllm serve m --shutdown-timeout 30"], {"image": "example.com/acme/vllm:1"}, None),
 ])
 def test_the_simulated_vllm_takes_the_sigterm_as_its_command_says(command, fields, sigterm):

@@ -75,6 +75,9 @@ def test_what_the_sigterm_does_to_vllm_is_read_from_the_command(command, expecte
     ("public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:latest", "vllm serve M", IGNORED),  # the guide's CPU image
     ("vllm/vllm-openai:latest", "exec vllm serve M", REACHES),  # whatever the shell, exec puts vLLM in its place
     ("vllm/vllm-openai:latest", "vllm serve M | tee log", IGNORED),
+    ("registry.redhat.io/rhaiis/vllm-cuda-rhel9:3.1.0", "vllm serve M", REACHES),  # UBI 9: sh is bash
+    ("registry.redhat.io/rhaiis/vllm-cuda-rhel9:3.1.0", "vllm serve M | tee log", IGNORED),
+    ("registry.redhat.io/rhaiis/vllm-cuda-rhel9:3.1.0", "pip install x && vllm serve M", None),  # bash 5.1: forks?
     ("registry.example.com/acme/vllm:1.0", "vllm serve M", None),  # an image the operator does not know
     ("registry.example.com/acme/vllm/vllm-openai-custom:1", "vllm serve M", None),  # a different repository
 ])

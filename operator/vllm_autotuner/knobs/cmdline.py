@@ -471,12 +471,16 @@ class Sigterm(StrEnum):
 # What ``sh`` is in images whose base the operator knows, by repository (any registry or mirror path in front, any
 # tag or digest): vLLM's own images build on Ubuntu, whose /bin/sh is dash (docker/Dockerfile: nvidia/cuda's
 # ubuntu22.04 images for vllm/vllm-openai; docker/Dockerfile.cpu: ubuntu:22.04 for the CPU images its Kubernetes
-# guide runs with ``/bin/sh -c``; AMD's rocm/vllm: rocm/dev-ubuntu images).
+# guide runs with ``/bin/sh -c``; AMD's rocm/vllm: rocm/dev-ubuntu images). Red Hat AI Inference Server's images
+# (registry.redhat.io/rhaiis/vllm-cuda-rhel9, its documented name, and the rhaiis-preview one) build on UBI 9, whose
+# /bin/sh is bash (5.1): it runs a script of one command in its place, as bash has since 2.0.
 _IMAGE_SH = {
     "vllm/vllm-openai": "dash",
     "q9t5s3a7/vllm-cpu-release-repo": "dash",
     "q9t5s3a7/vllm-arm64-cpu-release-repo": "dash",
     "rocm/vllm": "dash",
+    "rhaiis/vllm-cuda-rhel9": "bash",
+    "rhaiis-preview/vllm-cuda-rhel9": "bash",
 }
 # Operators that put the command beside them in a child of the shell: a pipeline, the background, a subshell.
 _CHILD_OPERATORS = {"|", "|&", "&", "(", ")"}
@@ -655,7 +659,7 @@ class CommandLine:
         process, and KILLS vLLM at once behind an init. ``sh`` is read as what
         it is in the image where the operator knows that (``image_sh``: dash
         in vLLM's own images, which vLLM's Kubernetes guide starts with
-        ``/bin/sh -c``). None where it depends on what ``sh`` is in another
+        ``/bin/sh -c``; bash in Red Hat's). None where it depends on what ``sh`` is in another
         image, or on the shell's version (bash 5.2 also replaces itself with
         the last command of ``a && b`` or ``a; b``). What each does was
         measured with dash 0.5.12, bash 5.2.15, tini 0.19, dumb-init 1.2.5 and

@@ -108,8 +108,8 @@ def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_
     vLLM aborts them on SIGTERM (no ``--shutdown-timeout``), None when a ``--config`` file may set the timeout.
     Whatever its timeout (``sigterm``: ``EngineArgs.sigterm``, in the pod: ``sigterm_fate``), a vLLM whose shell
     ignores the SIGTERM serves on until the kubelet's SIGKILL, all the grace period leaves, one killed with its
-    shell drains for 0, and one under runuser or su for at most ``WATCHER_KILL_SECONDS`` (that, where a file may
-    set the timeout). The policy prices restarts with it (``status.drainSeconds``)."""
+    shell drains for 0, and one under runuser or su for at most ``WATCHER_KILL_SECONDS``, whatever a ``--config``
+    file sets. The policy prices restarts with it (``status.drainSeconds``)."""
     grace_left = max(termination_grace(pod_spec) - (pre_stop_sleep(container) or 0.0), 0.0)
     sigterm = sigterm_fate(pod_spec, sigterm)
     if sigterm is Sigterm.IGNORED:

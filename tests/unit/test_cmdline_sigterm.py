@@ -128,7 +128,8 @@ def _needs(*programs: str) -> pytest.MarkDecorator:
 # uv comes with the test dependencies, beside this Python; runuser is in /usr/sbin, off the stub's PATH
 UV = shutil.which("uv", path=os.path.dirname(sys.executable)) or "uv"
 RUNUSER = shutil.which("runuser") or "runuser"
-_AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="runuser runs only as root")
+SETPRIV = shutil.which("setpriv") or "setpriv"
+_AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="runuser runs only as root, setpriv changes its uid as root")
 
 
 @pytest.mark.skipif(not _unshare_works(), reason="needs unshare --pid (root or user namespaces)")
@@ -153,6 +154,9 @@ _AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="runuser runs only as ro
     pytest.param(["bash", "-c", f"{RUNUSER} -u root -- vllm serve M"], marks=[_needs(RUNUSER), _AS_ROOT]),
     pytest.param(["dash", "-c", f"{RUNUSER} -u root -- vllm serve M"], marks=[_needs(RUNUSER), _AS_ROOT]),
     pytest.param([UV, "run", "--no-project", "vllm", "serve", "M"], marks=_needs(UV)),
+    # the user switch the advice for runuser suggests: it runs vLLM in its place
+    pytest.param([SETPRIV, "--reuid=0", "--regid=0", "--clear-groups", "vllm", "serve", "M"],
+                 marks=[_needs(SETPRIV), _AS_ROOT]),
 ])
 def test_as_the_first_process_of_a_pid_namespace_the_shell_does_what_the_operator_reads(command, tmp_path: Path):
     expected = reading(command)

@@ -502,7 +502,13 @@ def test_arguments_passed_on_as_dollar_at_are_rewritten_where_they_are():
         (["sh", "-c", "vllm serve M -tp `nproc --max-num-seqs 64"], "unclosed `"),
         (["sh", "-c", "cat >/c <<EOF\nvllm serve X\nEOF\nvllm serve M --max-num-seqs 64"], "here-document"),
         (["bash", "-c", "vllm serve M --max-num-seqs 64 > >(tee log)"], "no file or descriptor"),
-        (["runuser", "-u", "vllm", "--", "bash", "-c", "vllm serve M --max-num-seqs 64"], "runs under runuser"),
+        (["runuser", "-u", "vllm", "--", "bash", "-c", "vllm serve M --max-num-seqs 64"],
+         "runs under runuser.*kill it 2 s after the SIGTERM"),
+        # su's and runuser's own -c: flags added after it would reach su, not vLLM
+        (["su", "vllm", "-c", "vllm serve M --max-num-seqs 64"], "su runs its own -c script.*runAsUser"),
+        (["/usr/sbin/runuser", "-l", "vllm", "-s", "/bin/sh", "-c", "vllm serve M"], "runuser runs its own -c"),
+        (["su", "-lc", "vllm serve M --max-num-seqs 64", "vllm"], "su runs its own -c"),
+        (["su", "--command=vllm serve M --max-num-seqs 64", "vllm"], "su runs its own -c"),
         (["sh", "-o", "pipefail", "-c"], "no command string"),
         (["sh", "-c", "exec vllm serve $1 --max-num-seqs 64", "sh", "M"], "uses its arguments as \\$1"),
         (["sh", "-c", 'shift; exec vllm serve "$@"', "sh", "x", "M"], "changes its arguments \\(shift\\)"),
@@ -515,6 +521,14 @@ def test_forms_that_cannot_be_read_with_certainty_are_refused(command, match):
         EngineArgs.from_container({"command": command})
     with pytest.raises(CommandLineError, match=match):
         set_knobs({"command": command}, NEW)
+
+
+def test_a_dash_c_after_the_command_or_a_shell_given_with_dash_s_is_no_user_switch_script():
+    # after --, -c is vLLM's operand, not runuser's option; -s takes a shell, not a script
+    args = EngineArgs.from_container({"command": ["runuser", "-u", "vllm", "--", "vllm", "serve", "M", "-c", "x",
+                                                  "--max-num-seqs", "64"]})
+    assert args.max_num_seqs == 64
+    assert EngineArgs.from_container({"command": ["su", "-s", "/bin/bash", "vllm"]}).max_num_seqs is None
 
 
 def test_an_unreadable_sidecar_does_not_hide_the_vllm_container():

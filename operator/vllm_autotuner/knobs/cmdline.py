@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -380,15 +381,20 @@ def _is_shell(word: str) -> bool:
 def _script_position(argv: list[str]) -> int | None:
     """Index in argv of the script a shell runs with ``-c``, behind any wrappers; None when there is none.
     Raises CommandLineError for such a shell started by a program not known to run the rest of its argv, as
-    flags written after it would reach the shell, not vLLM."""
+    flags written after it would reach the shell, not vLLM, and for a script given to su's or runuser's own -c,
+    where they would reach su."""
     start = _command_start(argv)
     if start < len(argv) and _is_shell(argv[start]):
         return _shell_script_index(argv, start)
+    watcher = start < len(argv) and argv[start].rsplit("/", 1)[-1] in _WATCHERS
+    if watcher and any(_WATCHER_SCRIPT.match(word) for word in itertools.takewhile("--".__ne__, argv[start + 1:])):
+        raise CommandLineError(f"{argv[start]} runs its own -c script, which the operator does not rewrite; "
+                               f"{WATCHER_ADVICE}, and start vLLM in the container's command")
     for i in range(start + 1, len(argv)):
         if _is_shell(argv[i]) and _shell_script_index(argv, i) is not None:
             raise CommandLineError(
                 f"{argv[i]} -c runs under {argv[start]}, which the operator does not know; start the shell "
-                f"directly or through {', '.join(_WRAPPERS)}"
+                f"directly or through {', '.join(_WRAPPERS)}" + (f" ({WATCHER_ADVICE})" if watcher else "")
             )
     return None
 
@@ -448,6 +454,12 @@ _INITS = {"tini", "dumb-init", "catatonit", "timeout"}
 # which holds the PAM session): on a SIGTERM they pass it on, and kill the command WATCHER_KILL_SECONDS later.
 _WATCHERS = {"runuser", "su"}
 WATCHER_KILL_SECONDS = 2.0
+WATCHER_ADVICE = (f"runuser and su stay vLLM's parent and kill it {WATCHER_KILL_SECONDS:g} s after the SIGTERM the "
+                  "kubelet sends, whatever its --shutdown-timeout; run vLLM as its user with the container's "
+                  "securityContext.runAsUser, or switch with setpriv, gosu or su-exec, which run it in their place")
+# Their option that gives a shell a command to run (-c, bundled after options without a value, or --command,
+# --session-command): before ``--``, as their getopt reads options anywhere among the operands.
+_WATCHER_SCRIPT = re.compile(r"-[flmpP]*c|--(session-)?command(=|$)")
 
 
 class Sigterm(StrEnum):

@@ -25,7 +25,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from vllm_autotuner.knobs.cmdline import SHELLS, WATCHER_KILL_SECONDS, CommandLineError, Sigterm, split_shell
+from vllm_autotuner.knobs.cmdline import (
+    SHELLS,
+    WATCHER_ADVICE,
+    WATCHER_KILL_SECONDS,
+    CommandLineError,
+    Sigterm,
+    split_shell,
+)
 from vllm_autotuner.policy.guardrails import CUT_SHARE_WARNED, cut_share
 
 DEFAULT_GRACE_S = 30
@@ -153,11 +160,7 @@ _NO_SIGTERM = {
                    "kubelet sends the shell dies, and vLLM with it at once, aborting every request in flight whatever "
                    "its --shutdown-timeout; start it with `exec vllm serve ...` in the script, outside any pipeline "
                    "or background, so that the SIGTERM reaches it",
-    Sigterm.CUT_SHORT: f"vLLM runs under runuser or su, which stay its parent as the container's first process: on "
-                       f"the SIGTERM the kubelet sends they pass it on and kill vLLM {WATCHER_KILL_SECONDS:g} s later, "
-                       "cutting what still runs whatever its --shutdown-timeout; run vLLM as its user with the "
-                       "container's securityContext.runAsUser, or switch with setpriv, gosu or su-exec, which run it "
-                       "in their place",
+    Sigterm.CUT_SHORT: f"vLLM runs under runuser or su, the container's first process: {WATCHER_ADVICE}",
     None: "vLLM runs in a shell script that may keep the shell as its parent: dash (Debian's and Ubuntu's /bin/sh) "
           "always does, bash does but for a script of that one command, and any shell for a pipeline or the "
           "background; the shell, the container's first process, then ignores the SIGTERM the kubelet sends, and "

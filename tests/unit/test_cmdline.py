@@ -509,6 +509,7 @@ def test_arguments_passed_on_as_dollar_at_are_rewritten_where_they_are():
         (["/usr/sbin/runuser", "-l", "vllm", "-s", "/bin/sh", "-c", "vllm serve M"], "runuser runs its own -c"),
         (["su", "-lc", "vllm serve M --max-num-seqs 64", "vllm"], "su runs its own -c"),
         (["su", "--command=vllm serve M --max-num-seqs 64", "vllm"], "su runs its own -c"),
+        (["dash", "-c", "pip install x; exec su vllm -c 'vllm serve M --max-num-seqs 64'"], "su runs its own -c"),
         (["sh", "-o", "pipefail", "-c"], "no command string"),
         (["sh", "-c", "exec vllm serve $1 --max-num-seqs 64", "sh", "M"], "uses its arguments as \\$1"),
         (["sh", "-c", 'shift; exec vllm serve "$@"', "sh", "x", "M"], "changes its arguments \\(shift\\)"),

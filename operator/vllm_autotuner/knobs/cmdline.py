@@ -386,10 +386,8 @@ def _script_position(argv: list[str]) -> int | None:
     start = _command_start(argv)
     if start < len(argv) and _is_shell(argv[start]):
         return _shell_script_index(argv, start)
+    _refuse_watcher_script(argv)
     watcher = start < len(argv) and argv[start].rsplit("/", 1)[-1] in _WATCHERS
-    if watcher and any(_WATCHER_SCRIPT.match(word) for word in itertools.takewhile("--".__ne__, argv[start + 1:])):
-        raise CommandLineError(f"{argv[start]} runs its own -c script, which the operator does not rewrite; "
-                               f"{WATCHER_ADVICE}, and start vLLM in the container's command")
     for i in range(start + 1, len(argv)):
         if _is_shell(argv[i]) and _shell_script_index(argv, i) is not None:
             raise CommandLineError(
@@ -397,6 +395,16 @@ def _script_position(argv: list[str]) -> int | None:
                 f"directly or through {', '.join(_WRAPPERS)}" + (f" ({WATCHER_ADVICE})" if watcher else "")
             )
     return None
+
+
+def _refuse_watcher_script(argv: list[str]) -> None:
+    """Raises CommandLineError where the command that wrappers at the start of argv run is su or runuser with a -c
+    script of its own: flags added after it would reach su, not vLLM."""
+    start = _command_start(argv)
+    if start < len(argv) and argv[start].rsplit("/", 1)[-1] in _WATCHERS and any(
+            _WATCHER_SCRIPT.match(word) for word in itertools.takewhile("--".__ne__, argv[start + 1:])):
+        raise CommandLineError(f"{argv[start]} runs its own -c script, which the operator does not rewrite; "
+                               f"{WATCHER_ADVICE}, and start vLLM in the container's command")
 
 
 def _command_start(argv: list[str]) -> int:
@@ -599,6 +607,10 @@ class CommandLine:
         """Parse ``command`` and ``args`` of a container (a dict as the API returns it), expanded with its ``env``
         as kubelet expands them. Raises CommandLineError for a form that cannot be read with certainty."""
         cmd = cls._split(container)
+        if cmd.shell_script is not None:  # the script's command that gets the flags
+            first, end = cmd._vllm_segment()
+            texts = [w.text for w in cmd.words[first:end]]
+            _refuse_watcher_script(list(itertools.dropwhile(lambda t: t == "exec" or _ASSIGNMENT.fullmatch(t), texts)))
         cmd.flags()  # refuses now what cannot be read as flags, before anyone acts on the command
         return cmd
 

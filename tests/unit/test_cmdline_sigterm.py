@@ -59,7 +59,6 @@ def reading(command: list[str]) -> Sigterm | None:
     (["tini", "--", "/usr/sbin/runuser", "-u", "vllm", "--", "python3", "-m", "vllm.entrypoints.openai.api_server"],
      CUT_SHORT),
     (["bash", "-c", "runuser -u vllm -- vllm serve M"], CUT_SHORT),  # bash runs runuser in its place
-    (["dash", "-c", "exec su vllm -c 'exec vllm serve M'"], None),  # vLLM in su's own -c script: not read
     (["dash", "-c", "runuser -u vllm -- vllm serve M"], IGNORED),  # dash, PID 1, keeps the signal from runuser
     (["uv", "run", "vllm", "serve", "M"], REACHES),  # uv passes it on and waits
     (["vllm", "serve", "M", "--served-model-name", "su"], REACHES),  # su after vLLM is its argument
@@ -106,15 +105,21 @@ def _wait_for(predicate, seconds: float, what: str):
 
 
 def _children(pid: int) -> list[str]:
-    """The process ids of the children of ``pid``, whichever of its threads started them (uv's are many)."""
-    return [child for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()]
+    """The process ids of the children of ``pid``, whichever of its threads started them (uv's are many); none once
+    it is gone."""
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        return [child for task in Path(f"/proc/{pid}/task").iterdir()
+                for child in (task / "children").read_text().split()]
+    return []
 
 
 def _stub(pid: int) -> int:
-    """The process id of the stub vllm among the descendants of ``pid``."""
+    """The process id of the stub vllm among the descendants of ``pid`` (a child may end as it is read: a shell's
+    short-lived helper)."""
     for child in _children(pid):
-        if b"/vllm\0serve" in Path(f"/proc/{child}/cmdline").read_bytes():
-            return int(child)
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            if b"/vllm\0serve" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return int(child)
         with contextlib.suppress(LookupError):
             return _stub(int(child))
     raise LookupError(f"no stub vllm under process {pid}")

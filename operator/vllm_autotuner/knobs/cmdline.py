@@ -378,6 +378,10 @@ def _is_shell(word: str) -> bool:
     return word.rsplit("/", 1)[-1] in SHELLS
 
 
+def _is_watcher(word: str) -> bool:
+    return word.rsplit("/", 1)[-1] in _WATCHERS
+
+
 def _script_position(argv: list[str]) -> int | None:
     """Index in argv of the script a shell runs with ``-c``, behind any wrappers; None when there is none.
     Raises CommandLineError for such a shell started by a program not known to run the rest of its argv, as
@@ -387,7 +391,7 @@ def _script_position(argv: list[str]) -> int | None:
     if start < len(argv) and _is_shell(argv[start]):
         return _shell_script_index(argv, start)
     _refuse_watcher_script(argv)
-    watcher = start < len(argv) and argv[start].rsplit("/", 1)[-1] in _WATCHERS
+    watcher = start < len(argv) and _is_watcher(argv[start])
     for i in range(start + 1, len(argv)):
         if _is_shell(argv[i]) and _shell_script_index(argv, i) is not None:
             raise CommandLineError(
@@ -401,7 +405,7 @@ def _refuse_watcher_script(argv: list[str]) -> None:
     """Raises CommandLineError where the command that wrappers at the start of argv run is su or runuser with a -c
     script of its own: flags added after it would reach su, not vLLM."""
     start = _command_start(argv)
-    if start < len(argv) and argv[start].rsplit("/", 1)[-1] in _WATCHERS and any(
+    if start < len(argv) and _is_watcher(argv[start]) and any(
             _WATCHER_SCRIPT.match(word) for word in itertools.takewhile("--".__ne__, argv[start + 1:])):
         raise CommandLineError(f"{argv[start]} runs its own -c script, which the operator does not rewrite; "
                                f"{WATCHER_ADVICE}, and start vLLM in the container's command")
@@ -697,8 +701,8 @@ class CommandLine:
         """
         first, end = self._vllm_segment()
         vllm = next((i for i in range(first, end) if self._is_vllm_word(i)), None)
-        reaches = (Sigterm.CUT_SHORT if vllm is not None and any(
-            w.text.rsplit("/", 1)[-1] in _WATCHERS for w in self.words[first:vllm]) else Sigterm.REACHES)
+        reaches = (Sigterm.CUT_SHORT if vllm is not None and any(_is_watcher(w.text) for w in self.words[first:vllm])
+                   else Sigterm.REACHES)
         if self.shell_script is None:
             return reaches
         argv = [*self.command, *self.args]

@@ -4,10 +4,13 @@ A container's first process is PID 1 of its PID namespace, which ignores any sig
 that runs vLLM as its child is that process, so the SIGTERM a stopping pod gets never reaches vLLM: its
 ``--shutdown-timeout`` never starts, and it serves until the SIGKILL at the end of the grace period. Behind an init
 (tini, dumb-init) the shell is not PID 1: it dies of the signal, the init exits with it, and the kernel kills the
-rest of the namespace, vLLM with it, at once. runuser and su stay vLLM's parent, pass the signal on and kill it
-2 s later; uv's ``uv run`` passes it on and waits. The real-shell test runs each command as PID 1 of a new PID namespace
-(``unshare``), with a stub vllm that says whether a SIGTERM reached it and that stays up until told to stop, and
-sends PID 1 the SIGTERM as the kubelet's runtime does.
+rest of the namespace, vLLM with it, at once. runuser and su stay vLLM's parent, pass the signal on and kill it 2 s
+later; uv's ``uv run`` passes it on and waits. ``conda run`` (conda 26.7, installed from its source; not in the
+real-shell test, as PyPI has no current conda) runs vLLM from a shell script of its own and passes no signal on: as
+PID 1 it keeps the SIGTERM from vLLM, behind tini or dumb-init it dies of it and vLLM with the namespace, under
+runuser vLLM is killed 2.02 s after the SIGTERM without hearing of it. The real-shell test runs each command as PID
+1 of a new PID namespace (``unshare``), with a stub vllm that says whether a SIGTERM reached it and that stays up
+until told to stop, and sends PID 1 the SIGTERM as the kubelet's runtime does.
 """
 
 from __future__ import annotations
@@ -62,6 +65,20 @@ def reading(command: list[str]) -> Sigterm | None:
     (["dash", "-c", "runuser -u vllm -- vllm serve M"], IGNORED),  # dash, PID 1, keeps the signal from runuser
     (["uv", "run", "vllm", "serve", "M"], REACHES),  # uv passes it on and waits
     (["vllm", "serve", "M", "--served-model-name", "su"], REACHES),  # su after vLLM is its argument
+    # conda run starts vLLM from a shell script of its own and passes no signal on; conda 26.7 measured as PID 1
+    (["conda", "run", "-n", "serve", "vllm", "serve", "M"], IGNORED),
+    (["/opt/conda/bin/conda", "run", "--no-capture-output", "-p", "/env", "python3", "-m",
+      "vllm.entrypoints.openai.api_server"], IGNORED),
+    (["conda", "run", "-n", "serve", "/app/start.sh"], IGNORED),  # whatever it runs
+    (["tini", "--", "conda", "run", "-n", "serve", "vllm", "serve", "M"], KILLS),  # conda dies, tini exits
+    (["dumb-init", "conda", "run", "-n", "serve", "vllm", "serve", "M"], KILLS),  # vLLM gets it, dies 0.02 s later
+    (["bash", "-c", "conda run -n serve vllm serve M"], IGNORED),  # bash runs conda in its place
+    (["dash", "-c", "conda run -n serve vllm serve M"], IGNORED),
+    (["tini", "--", "bash", "-c", "exec conda run -n serve vllm serve M"], KILLS),
+    (["sh", "-c", "exec tini -- conda run -n serve vllm serve M"], KILLS),
+    (["runuser", "-u", "vllm", "--", "conda", "run", "-n", "serve", "vllm", "serve", "M"], CUT_SHORT),  # 2.02 s
+    (["bash", "-c", "conda activate serve; exec vllm serve M"], REACHES),  # activated: vLLM in bash's place
+    (["vllm", "serve", "M", "--served-model-name", "conda", "--tokenizer", "run"], REACHES),
 ])
 def test_what_the_sigterm_does_to_vllm_is_read_from_the_command(command, expected):
     assert reading(command) is expected

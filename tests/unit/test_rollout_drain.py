@@ -154,7 +154,7 @@ def test_a_vllm_the_sigterm_does_not_reach_serves_until_the_sigkill_whatever_its
     spec = {"terminationGracePeriodSeconds": 60}
     drain, told = read(spec, shell("vllm serve M --shutdown-timeout 45 --max-num-seqs 64"))
     assert drain == 55.0  # not the 45 s it asks for: it never hears of the SIGTERM, and runs to the SIGKILL
-    assert told is not None and told.startswith("the container's shell runs vLLM as its child") and (
+    assert told is not None and told.startswith("the container's shell or `conda run` runs vLLM as its child") and (
         "terminationGracePeriodSeconds (60 s)" in told and "`exec vllm serve ...`" in told)
     assert "; and " not in told  # the rest drains: nothing else to say
     # the same flags behind exec: vLLM gets the SIGTERM, drains its 45 s, and nothing is wrong
@@ -163,8 +163,22 @@ def test_a_vllm_the_sigterm_does_not_reach_serves_until_the_sigkill_whatever_its
     drain, told = read(spec, shell("vllm serve M | tee /log", "bash", pre_stop=None))
     assert drain == 60.0 and told is not None
     first, then = told.split("; and ")
-    assert first.startswith("the container's shell runs vLLM as its child") and then.startswith(
+    assert first.startswith("the container's shell or `conda run` runs vLLM as its child") and then.startswith(
         "each restarted pod's vLLM aborts the requests in flight on SIGTERM (no --shutdown-timeout)")
+
+
+def test_a_vllm_under_conda_run_serves_until_the_sigkill_and_is_told_to_run_it_from_path():
+    spec = {"terminationGracePeriodSeconds": 60}
+    container = {**vllm(pre_stop=SLEEP_5), "command": ["conda", "run", "--no-capture-output", "-n", "serve"],
+                 "args": ["vllm", "serve", "M", "--shutdown-timeout", "45"]}
+    drain, told = read(spec, container)
+    assert drain == 55.0  # conda, PID 1, keeps the SIGTERM from vLLM: it serves on until the SIGKILL
+    assert told is not None and "`conda run`" in told and "bin directory first on PATH" in told
+    assert read(spec, {**container, "command": ["tini", "--", *container["command"]]})[0] == 0.0
+    assert read({**spec, "shareProcessNamespace": True}, container)[0] == 0.0  # conda dies of it, vLLM with it
+    on_path = {**container, "command": ["/opt/conda/envs/serve/bin/vllm"], "args": ["serve", "M",
+                                                                                      "--shutdown-timeout", "45"]}
+    assert read(spec, on_path) == (45.0, None)
 
 
 def test_a_vllm_an_init_kills_with_its_shell_drains_for_nothing_whatever_its_timeout_and_is_told_to_exec():
@@ -173,7 +187,7 @@ def test_a_vllm_an_init_kills_with_its_shell_drains_for_nothing_whatever_its_tim
                  "args": ["vllm serve M --shutdown-timeout 45"]}
     drain, told = read(spec, container)
     assert drain == 0.0  # the shell dies of the SIGTERM, tini exits, and the kernel kills vLLM with the namespace
-    assert told is not None and told.startswith("the container's shell runs vLLM as its child") and (
+    assert told is not None and told.startswith("the container's shell or `conda run` runs vLLM as its child") and (
         "an init, such as tini" in told and "`exec vllm serve ...`" in told and "; and " not in told)
     exec_d = {**container, "args": ["exec vllm serve M --shutdown-timeout 45"]}
     assert read(spec, exec_d) == (45.0, None)  # vLLM is tini's child, and tini passes the SIGTERM on

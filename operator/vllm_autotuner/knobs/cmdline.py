@@ -382,6 +382,18 @@ def _is_watcher(word: str) -> bool:
     return word.rsplit("/", 1)[-1] in _WATCHERS
 
 
+def _is_init(word: str) -> bool:
+    return word.rsplit("/", 1)[-1] in _INITS
+
+
+def _runs_conda(argv: list[str]) -> bool:
+    """Whether the command that wrappers at the start of argv run is ``conda run``, which starts its command from a
+    shell script of its own and passes no signal on (conda 26.7 measured): it keeps the SIGTERM from vLLM as a
+    shell that runs vLLM as its child does."""
+    start = _command_start(argv)
+    return len(argv) > start + 1 and argv[start].rsplit("/", 1)[-1] == "conda" and argv[start + 1] == "run"
+
+
 def _script_position(argv: list[str]) -> int | None:
     """Index in argv of the script a shell runs with ``-c``, behind any wrappers; None when there is none.
     Raises CommandLineError for such a shell started by a program not known to run the rest of its argv, as
@@ -481,12 +493,13 @@ class Sigterm(StrEnum):
     REACHES = "Reaches"
     """vLLM gets it, and drains as ``--shutdown-timeout`` says."""
     IGNORED = "Ignored"
-    """A shell that runs vLLM as its child is the first process, PID 1 of the container's PID namespace, which
-    ignores a signal it set no handler for: vLLM serves on until the SIGKILL at the end of the grace period."""
+    """A shell that runs vLLM as its child, or ``conda run``, is the first process, PID 1 of the container's PID
+    namespace, which ignores a signal it set no handler for: vLLM serves on until the SIGKILL at the end of the grace
+    period."""
     KILLS = "Kills"
-    """An init in front of such a shell (tini, dumb-init, catatonit, timeout) passes the signal on, the shell dies
-    of it, the init exits with it, and the kernel kills what is left of the PID namespace, vLLM with it, at once:
-    no request in flight finishes, whatever the timeout."""
+    """An init in front of such a shell or conda (tini, dumb-init, catatonit, timeout) passes the signal on, that
+    process dies of it, the init exits with it, and the kernel kills what is left of the PID namespace, vLLM with
+    it, at once: no request in flight finishes, whatever the timeout."""
     CUT_SHORT = "CutShort"
     """vLLM gets it from a user switch that stays its parent (util-linux's runuser and su), which kills it
     ``WATCHER_KILL_SECONDS`` later: vLLM drains for at most that, whatever its ``--shutdown-timeout``."""
@@ -612,9 +625,7 @@ class CommandLine:
         as kubelet expands them. Raises CommandLineError for a form that cannot be read with certainty."""
         cmd = cls._split(container)
         if cmd.shell_script is not None:  # the script's command that gets the flags
-            first, end = cmd._vllm_segment()
-            texts = [w.text for w in cmd.words[first:end]]
-            _refuse_watcher_script(list(itertools.dropwhile(lambda t: t == "exec" or _ASSIGNMENT.fullmatch(t), texts)))
+            _refuse_watcher_script(cmd._segment_argv())
         cmd.flags()  # refuses now what cannot be read as flags, before anyone acts on the command
         return cmd
 
@@ -654,6 +665,15 @@ class CommandLine:
                     return start, i
                 start = i + 1
         return start, len(self.words)
+
+    def _segment_argv(self) -> list[str]:
+        """The words of the simple command that runs vLLM, from the program it starts (after a script's ``exec``
+        and variable assignments); all of argv in list form."""
+        first, end = self._vllm_segment()
+        texts = [w.text for w in self.words[first:end]]
+        if self.shell_script is None:
+            return texts
+        return list(itertools.dropwhile(lambda t: t == "exec" or _ASSIGNMENT.fullmatch(t), texts))
 
     def _is_vllm_word(self, i: int) -> bool:
         """Whether word ``i`` starts vLLM's server: the api_server module, or ``vllm`` (any path) before ``serve``."""
@@ -697,22 +717,28 @@ class CommandLine:
         Where it would reach vLLM through runuser or su (util-linux 2.38
         measured), which stay vLLM's parent and kill it 2 s after passing it
         on, it is CUT_SHORT; uv's ``uv run`` (0.13 measured) passes it on and
-        waits.
+        waits. ``conda run`` (26.7 measured) starts vLLM from a shell script
+        of its own and passes no signal on: vLLM under it is IGNORED, KILLS
+        behind an init, whatever a shell around it does.
         """
         first, end = self._vllm_segment()
         vllm = next((i for i in range(first, end) if self._is_vllm_word(i)), None)
         reaches = (Sigterm.CUT_SHORT if vllm is not None and any(_is_watcher(w.text) for w in self.words[first:vllm])
                    else Sigterm.REACHES)
-        if self.shell_script is None:
-            return reaches
         argv = [*self.command, *self.args]
         start = _command_start(argv)
+        segment = self._segment_argv()
+        if reaches is Sigterm.REACHES and (vllm is not None or self.shell_script is None) and _runs_conda(segment):
+            wrappers = [*(argv[:start] if self.shell_script is not None else []), *segment[:_command_start(segment)]]
+            return Sigterm.KILLS if any(map(_is_init, wrappers)) else Sigterm.IGNORED
+        if self.shell_script is None:
+            return reaches
         shell = argv[start].rsplit("/", 1)[-1]
         if shell == "sh" and self.sh:
             shell = self.sh
         if vllm is None:  # the script runs vLLM by a name the operator does not know (the image's entrypoint)
             return None
-        child = Sigterm.KILLS if any(w.rsplit("/", 1)[-1] in _INITS for w in argv[:start]) else Sigterm.IGNORED
+        child = Sigterm.KILLS if any(map(_is_init, argv[:start])) else Sigterm.IGNORED
         around = {self.words[first - 1].text if first else None,
                   self.words[end].text if end < len(self.words) else None}
         if around & _CHILD_OPERATORS:  # a pipeline's or a background command runs in a child, exec or not

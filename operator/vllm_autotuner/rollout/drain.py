@@ -99,9 +99,9 @@ def _sleep_seconds(operand: str) -> float | None:
 def sigterm_fate(pod_spec: dict[str, Any], sigterm: Sigterm | None) -> Sigterm | None:
     """What the SIGTERM does to vLLM in a pod of this spec, from what it does by the container's command
     (``CommandLine.sigterm``). In a pod that shares its process namespace (``shareProcessNamespace``) the pause
-    container is PID 1, not the container's shell: a shell that runs vLLM as its child dies of the signal like any
-    process without a handler, and the runtime kills what is left of a container without a PID namespace of its own
-    when its first process ends (containerd, containerd/cri#983), vLLM with it, at once."""
+    container is PID 1, not the container's shell: a shell that runs vLLM as its child (or ``conda run``) dies of
+    the signal like any process without a handler, and the runtime kills what is left of a container without a PID
+    namespace of its own when its first process ends (containerd, containerd/cri#983), vLLM with it, at once."""
     if sigterm is Sigterm.IGNORED and pod_spec.get("shareProcessNamespace"):
         return Sigterm.KILLS
     return sigterm
@@ -114,9 +114,9 @@ def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_
     it after the preStop sleep (a hook of a length not known counted as none: the drain is at most that); 0 when
     vLLM aborts them on SIGTERM (no ``--shutdown-timeout``), None when a ``--config`` file may set the timeout.
     Whatever its timeout (``sigterm``: ``EngineArgs.sigterm``, in the pod: ``sigterm_fate``), a vLLM whose shell
-    ignores the SIGTERM serves on until the kubelet's SIGKILL, all the grace period leaves, one killed with its
-    shell drains for 0, and one under runuser or su for at most ``WATCHER_KILL_SECONDS``, whatever a ``--config``
-    file sets. The policy prices restarts with it (``status.drainSeconds``)."""
+    (or ``conda run``) ignores the SIGTERM serves on until the kubelet's SIGKILL, all the grace period leaves, one
+    killed with it drains for 0, and one under runuser or su for at most ``WATCHER_KILL_SECONDS``, whatever a
+    ``--config`` file sets. The policy prices restarts with it (``status.drainSeconds``)."""
     grace_left = max(termination_grace(pod_spec) - (pre_stop_sleep(container) or 0.0), 0.0)
     sigterm = sigterm_fate(pod_spec, sigterm)
     if sigterm is Sigterm.IGNORED:
@@ -147,19 +147,20 @@ def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_t
     return "; and ".join(told) or None
 
 
-_CHILD = ("the container's shell runs vLLM as its child (in a pipeline, in the background, or as dash, the /bin/sh of "
-          "Debian, Ubuntu and vLLM's own images, runs any command)")
+_CHILD = ("the container's shell or `conda run` runs vLLM as its child (a shell in a pipeline, in the background, or "
+          "as dash, the /bin/sh of Debian, Ubuntu and vLLM's own images, which runs any command in a child; conda "
+          "run always, from a shell script of its own, and it passes no signal on)")
+_PLACE = ("start it with `exec vllm serve ...` in the script, outside any pipeline or background{tee}, and not through "
+          "`conda run` (put the environment's bin directory first on PATH instead), so that the SIGTERM reaches it")
 _NO_SIGTERM = {
     Sigterm.IGNORED: f"{_CHILD} and, as the container's first process, ignores the SIGTERM the kubelet sends: vLLM "
                      "never gets it, so no --shutdown-timeout starts, and it serves on until the kubelet kills it at "
                      "the end of terminationGracePeriodSeconds ({grace:g} s), cutting what still runs, each pod taking "
-                     "that long to stop; start it with `exec vllm serve ...` in the script, outside any pipeline or "
-                     "background (vLLM's own logging options rather than `| tee`), so that the SIGTERM reaches it",
+                     "that long to stop; " + _PLACE.format(tee=" (vLLM's own logging options rather than `| tee`)"),
     Sigterm.KILLS: f"{_CHILD} and is not the first process of a PID namespace of its own (an init, such as tini, "
                    "dumb-init or timeout, runs it, or the pod shares its process namespace): on the SIGTERM the "
-                   "kubelet sends the shell dies, and vLLM with it at once, aborting every request in flight whatever "
-                   "its --shutdown-timeout; start it with `exec vllm serve ...` in the script, outside any pipeline "
-                   "or background, so that the SIGTERM reaches it",
+                   "kubelet sends it dies, and vLLM with it at once, aborting every request in flight whatever its "
+                   "--shutdown-timeout; " + _PLACE.format(tee=""),
     Sigterm.CUT_SHORT: f"vLLM runs under runuser or su, the container's first process: {WATCHER_ADVICE}",
     None: "vLLM runs in a shell script that may keep the shell as its parent: dash (Debian's and Ubuntu's /bin/sh) "
           "always does, bash does but for a script of that one command, and any shell for a pipeline or the "

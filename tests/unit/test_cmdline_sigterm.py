@@ -5,12 +5,13 @@ that runs vLLM as its child is that process, so the SIGTERM a stopping pod gets 
 ``--shutdown-timeout`` never starts, and it serves until the SIGKILL at the end of the grace period. Behind an init
 (tini, dumb-init) the shell is not PID 1: it dies of the signal, the init exits with it, and the kernel kills the
 rest of the namespace, vLLM with it, at once. runuser and su stay vLLM's parent, pass the signal on and kill it 2 s
-later; uv's ``uv run`` passes it on and waits. ``conda run`` (conda 26.7, installed from its source; not in the
-real-shell test, as PyPI has no current conda) runs vLLM from a shell script of its own and passes no signal on: as
-PID 1 it keeps the SIGTERM from vLLM, behind tini or dumb-init it dies of it and vLLM with the namespace, under
-runuser vLLM is killed 2.02 s after the SIGTERM without hearing of it. The real-shell test runs each command as PID
-1 of a new PID namespace (``unshare``), with a stub vllm that says whether a SIGTERM reached it and that stays up
-until told to stop, and sends PID 1 the SIGTERM as the kubelet's runtime does.
+later; uv's ``uv run`` passes it on and waits. ``hatch run`` and ``conda run`` run vLLM from a shell of their own
+and pass no signal on, so they act as such a shell; conda (26.7, installed from its source) is not in the real-shell
+test, as PyPI has no current conda: as PID 1 it kept the SIGTERM from the stub, behind tini or dumb-init the
+namespace ended at once, and under runuser the stub was killed 2.02 s after the SIGTERM without hearing of it. The
+real-shell test runs each command as PID 1 of a new PID namespace (``unshare``), with a stub vllm that says whether
+a SIGTERM reached it and that stays up until told to stop, and sends PID 1 the SIGTERM as the kubelet's runtime
+does.
 """
 
 from __future__ import annotations
@@ -78,6 +79,15 @@ def reading(command: list[str]) -> Sigterm | None:
     (["sh", "-c", "exec tini -- conda run -n serve vllm serve M"], KILLS),
     (["runuser", "-u", "vllm", "--", "conda", "run", "-n", "serve", "vllm", "serve", "M"], CUT_SHORT),  # 2.02 s
     (["bash", "-c", "conda activate serve; exec vllm serve M"], REACHES),  # activated: vLLM in bash's place
+    # hatch runs it from a shell of its own too (hatch 1.18 measured); poetry 2.5 and pipenv 2026.10 run it in their
+    # place, pdm 2.29 passes the signal on and waits (also behind tini)
+    (["hatch", "run", "vllm", "serve", "M"], IGNORED),
+    (["hatch", "-e", "prod", "--no-color", "run", "vllm", "serve", "M"], IGNORED),
+    (["tini", "--", "hatch", "run", "vllm", "serve", "M"], KILLS),
+    (["hatch", "-e", "run", "shell"], REACHES),  # -e's value is no run
+    (["poetry", "run", "vllm", "serve", "M"], REACHES),
+    (["pipenv", "run", "vllm", "serve", "M"], REACHES),
+    (["pdm", "run", "vllm", "serve", "M"], REACHES),
     (["vllm", "serve", "M", "--served-model-name", "conda", "--tokenizer", "run"], REACHES),
 ])
 def test_what_the_sigterm_does_to_vllm_is_read_from_the_command(command, expected):
@@ -147,8 +157,11 @@ def _needs(*programs: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}")
 
 
-# uv comes with the test dependencies, beside this Python; runuser is in /usr/sbin, off the stub's PATH
+# uv and hatch come with the test dependencies, beside this Python; runuser is in /usr/sbin, off the stub's PATH
 UV = shutil.which("uv", path=os.path.dirname(sys.executable)) or "uv"
+HATCH = shutil.which("hatch", path=os.path.dirname(sys.executable)) or "hatch"
+# A project hatch runs commands in, in an environment of its own that installs nothing
+PROJECT = '[project]\nname = "serve"\nversion = "0"\n\n[tool.hatch.envs.default]\nskip-install = true\n'
 RUNUSER = shutil.which("runuser") or "runuser"
 SETPRIV = shutil.which("setpriv") or "setpriv"
 _AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="runuser runs only as root, setpriv changes its uid as root")
@@ -176,6 +189,8 @@ _AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="runuser runs only as ro
     pytest.param(["bash", "-c", f"{RUNUSER} -u root -- vllm serve M"], marks=[_needs(RUNUSER), _AS_ROOT]),
     pytest.param(["dash", "-c", f"{RUNUSER} -u root -- vllm serve M"], marks=[_needs(RUNUSER), _AS_ROOT]),
     pytest.param([UV, "run", "--no-project", "vllm", "serve", "M"], marks=_needs(UV)),
+    pytest.param([HATCH, "run", "vllm", "serve", "M"], marks=_needs(HATCH)),
+    pytest.param(["tini", "--", HATCH, "run", "vllm", "serve", "M"], marks=[_needs(HATCH), _needs("tini")]),
     # the user switch the advice for runuser suggests: it runs vLLM in its place
     pytest.param([SETPRIV, "--reuid=0", "--regid=0", "--clear-groups", "vllm", "serve", "M"],
                  marks=[_needs(SETPRIV), _AS_ROOT]),
@@ -188,7 +203,11 @@ def test_as_the_first_process_of_a_pid_namespace_the_shell_does_what_the_operato
     stub.chmod(0o755)
     up, out = tmp_path / "up", tmp_path / "out"
     env = {**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin", "VLLM_UP": str(up), "VLLM_OUT": str(out),
-           "UV_CACHE_DIR": str(tmp_path / "uv-cache")}
+           "UV_CACHE_DIR": str(tmp_path / "uv-cache"), "HATCH_DATA_DIR": str(tmp_path / "hatch"),
+           "HATCH_CACHE_DIR": str(tmp_path / "hatch-cache")}
+    if HATCH in command:  # its environment made beforehand, as an image would hold it
+        (tmp_path / "pyproject.toml").write_text(PROJECT)
+        subprocess.run([HATCH, "env", "create"], env=env, cwd=tmp_path, check=True, capture_output=True, timeout=120)
     runner = subprocess.Popen(["unshare", "--fork", "--pid", *command], env=env, cwd=tmp_path)
     first = None
     try:

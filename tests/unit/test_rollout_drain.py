@@ -138,6 +138,10 @@ def test_a_short_drain_without_a_pre_stop_sleep_is_told_both():
                                                   "(0 s) plus --shutdown-timeout (45 s)") and "; and vLLM gets" in grace
 
 
+#: How the advice for a vLLM that runs as the child of the container's first process begins.
+CHILD = "the container's shell, `conda run` or `hatch run` runs vLLM as its child"
+
+
 def shell(script: str, shell_name: str = "dash", pre_stop: dict[str, Any] | None = SLEEP_5) -> dict[str, Any]:
     """A container that runs vLLM through a shell's -c script."""
     return {**vllm(pre_stop=pre_stop), "command": [shell_name, "-c", script], "args": []}
@@ -154,7 +158,7 @@ def test_a_vllm_the_sigterm_does_not_reach_serves_until_the_sigkill_whatever_its
     spec = {"terminationGracePeriodSeconds": 60}
     drain, told = read(spec, shell("vllm serve M --shutdown-timeout 45 --max-num-seqs 64"))
     assert drain == 55.0  # not the 45 s it asks for: it never hears of the SIGTERM, and runs to the SIGKILL
-    assert told is not None and told.startswith("the container's shell or `conda run` runs vLLM as its child") and (
+    assert told is not None and told.startswith(CHILD) and (
         "terminationGracePeriodSeconds (60 s)" in told and "`exec vllm serve ...`" in told)
     assert "; and " not in told  # the rest drains: nothing else to say
     # the same flags behind exec: vLLM gets the SIGTERM, drains its 45 s, and nothing is wrong
@@ -163,7 +167,7 @@ def test_a_vllm_the_sigterm_does_not_reach_serves_until_the_sigkill_whatever_its
     drain, told = read(spec, shell("vllm serve M | tee /log", "bash", pre_stop=None))
     assert drain == 60.0 and told is not None
     first, then = told.split("; and ")
-    assert first.startswith("the container's shell or `conda run` runs vLLM as its child") and then.startswith(
+    assert first.startswith(CHILD) and then.startswith(
         "each restarted pod's vLLM aborts the requests in flight on SIGTERM (no --shutdown-timeout)")
 
 
@@ -187,7 +191,7 @@ def test_a_vllm_an_init_kills_with_its_shell_drains_for_nothing_whatever_its_tim
                  "args": ["vllm serve M --shutdown-timeout 45"]}
     drain, told = read(spec, container)
     assert drain == 0.0  # the shell dies of the SIGTERM, tini exits, and the kernel kills vLLM with the namespace
-    assert told is not None and told.startswith("the container's shell or `conda run` runs vLLM as its child") and (
+    assert told is not None and told.startswith(CHILD) and (
         "an init, such as tini" in told and "`exec vllm serve ...`" in told and "; and " not in told)
     exec_d = {**container, "args": ["exec vllm serve M --shutdown-timeout 45"]}
     assert read(spec, exec_d) == (45.0, None)  # vLLM is tini's child, and tini passes the SIGTERM on

@@ -54,9 +54,9 @@ class EngineArgs:
     #: when not on the command line but a ``--config`` file may set it, where the operator cannot read it.
     shutdown_timeout: int | None = 0
     #: What the kubelet's SIGTERM does to vLLM by the container's command (``CommandLine.sigterm``; in the pod:
-    #: ``rollout.drain.sigterm_fate``): it reaches vLLM, a shell that runs vLLM as its child or ``conda run``
-    #: ignores it (vLLM serves until the SIGKILL), or dies of it and takes vLLM with it (an init in front), or
-    #: runuser or su passes it on and kills vLLM 2 s later; None when not known.
+    #: ``rollout.drain.sigterm_fate``): it reaches vLLM, a shell that runs vLLM as its child (or ``conda run``,
+    #: ``hatch run``) ignores it (vLLM serves until the SIGKILL), or dies of it and takes vLLM with it (an init in
+    #: front), or runuser or su passes it on and kills vLLM 2 s later; None when not known.
     sigterm: Sigterm | None = Sigterm.REACHES
 
     @classmethod

@@ -386,12 +386,17 @@ def _is_init(word: str) -> bool:
     return word.rsplit("/", 1)[-1] in _INITS
 
 
-def _runs_conda(argv: list[str]) -> bool:
-    """Whether the command that wrappers at the start of argv run is ``conda run``, which starts its command from a
-    shell script of its own and passes no signal on (conda 26.7 measured): it keeps the SIGTERM from vLLM as a
-    shell that runs vLLM as its child does."""
+def _runs_holder(argv: list[str]) -> bool:
+    """Whether the command that wrappers at the start of argv run is the ``run`` of one of _HOLDERS, which keeps
+    the SIGTERM from vLLM as a shell that runs vLLM as its child does."""
     start = _command_start(argv)
-    return len(argv) > start + 1 and argv[start].rsplit("/", 1)[-1] == "conda" and argv[start + 1] == "run"
+    valued = _HOLDERS.get(argv[start].rsplit("/", 1)[-1]) if start < len(argv) else None
+    if valued is None:
+        return False
+    pos = start + 1
+    while pos < len(argv) and argv[pos].startswith("-"):
+        pos += 2 if argv[pos] in valued else 1
+    return argv[pos:pos + 1] == ["run"]
 
 
 def _script_position(argv: list[str]) -> int | None:
@@ -474,6 +479,11 @@ def _shell_options(words: list[str], pos: int) -> tuple[int, str]:
 # Programs among _WRAPPERS that stay the container's first process and pass a signal on, to their child or its process
 # group, rather than run the command in their place.
 _INITS = {"tini", "dumb-init", "catatonit", "timeout"}
+# Programs whose ``run`` runs the command as the child of a shell of their own and passes no signal on, and their
+# options before ``run`` that take a value as the next word: conda 26.7 (``conda run -n env vllm serve``) and hatch
+# 1.18 (``hatch -e prod run vllm serve``), measured as PID 1 and behind tini. poetry 2.5 and pipenv 2026.10 run the
+# command in their place, pdm 2.29 and uv 0.13 pass the signal on and wait: they let it reach vLLM.
+_HOLDERS = {"conda": set(), "hatch": {"-e", "--env", "-p", "--project", "--data-dir", "--cache-dir", "--config"}}
 # User switches that stay the parent of the command they run, as util-linux's runuser and su do (a watching parent,
 # which holds the PAM session): on a SIGTERM they pass it on, and kill the command WATCHER_KILL_SECONDS later.
 _WATCHERS = {"runuser", "su"}
@@ -493,11 +503,11 @@ class Sigterm(StrEnum):
     REACHES = "Reaches"
     """vLLM gets it, and drains as ``--shutdown-timeout`` says."""
     IGNORED = "Ignored"
-    """A shell that runs vLLM as its child, or ``conda run``, is the first process, PID 1 of the container's PID
-    namespace, which ignores a signal it set no handler for: vLLM serves on until the SIGKILL at the end of the grace
-    period."""
+    """A shell that runs vLLM as its child, or ``conda run`` or ``hatch run``, is the first process, PID 1 of the
+    container's PID namespace, which ignores a signal it set no handler for: vLLM serves on until the SIGKILL at the
+    end of the grace period."""
     KILLS = "Kills"
-    """An init in front of such a shell or conda (tini, dumb-init, catatonit, timeout) passes the signal on, that
+    """An init in front of such a shell or runner (tini, dumb-init, catatonit, timeout) passes the signal on, that
     process dies of it, the init exits with it, and the kernel kills what is left of the PID namespace, vLLM with
     it, at once: no request in flight finishes, whatever the timeout."""
     CUT_SHORT = "CutShort"
@@ -717,9 +727,9 @@ class CommandLine:
         Where it would reach vLLM through runuser or su (util-linux 2.38
         measured), which stay vLLM's parent and kill it 2 s after passing it
         on, it is CUT_SHORT; uv's ``uv run`` (0.13 measured) passes it on and
-        waits. ``conda run`` (26.7 measured) starts vLLM from a shell script
-        of its own and passes no signal on: vLLM under it is IGNORED, KILLS
-        behind an init, whatever a shell around it does.
+        waits. ``conda run`` and ``hatch run`` (_HOLDERS) start vLLM from a
+        shell of their own and pass no signal on: vLLM under them is IGNORED,
+        KILLS behind an init, whatever a shell around them does.
         """
         first, end = self._vllm_segment()
         vllm = next((i for i in range(first, end) if self._is_vllm_word(i)), None)
@@ -728,7 +738,7 @@ class CommandLine:
         argv = [*self.command, *self.args]
         start = _command_start(argv)
         segment = self._segment_argv()
-        if reaches is Sigterm.REACHES and (vllm is not None or self.shell_script is None) and _runs_conda(segment):
+        if reaches is Sigterm.REACHES and (vllm is not None or self.shell_script is None) and _runs_holder(segment):
             wrappers = [*(argv[:start] if self.shell_script is not None else []), *segment[:_command_start(segment)]]
             return Sigterm.KILLS if any(map(_is_init, wrappers)) else Sigterm.IGNORED
         if self.shell_script is None:

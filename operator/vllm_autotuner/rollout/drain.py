@@ -99,9 +99,10 @@ def _sleep_seconds(operand: str) -> float | None:
 def sigterm_fate(pod_spec: dict[str, Any], sigterm: Sigterm | None) -> Sigterm | None:
     """What the SIGTERM does to vLLM in a pod of this spec, from what it does by the container's command
     (``CommandLine.sigterm``). In a pod that shares its process namespace (``shareProcessNamespace``) the pause
-    container is PID 1, not the container's shell: a shell that runs vLLM as its child (or ``conda run``) dies of
-    the signal like any process without a handler, and the runtime kills what is left of a container without a PID
-    namespace of its own when its first process ends (containerd, containerd/cri#983), vLLM with it, at once."""
+    container is PID 1, not the container's shell: a shell that runs vLLM as its child (or ``conda run``, ``hatch
+    run``) dies of the signal like any process without a handler, and the runtime kills what is left of a container
+    without a PID namespace of its own when its first process ends (containerd, containerd/cri#983), vLLM with it,
+    at once."""
     if sigterm is Sigterm.IGNORED and pod_spec.get("shareProcessNamespace"):
         return Sigterm.KILLS
     return sigterm
@@ -114,9 +115,10 @@ def drain_seconds(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_
     it after the preStop sleep (a hook of a length not known counted as none: the drain is at most that); 0 when
     vLLM aborts them on SIGTERM (no ``--shutdown-timeout``), None when a ``--config`` file may set the timeout.
     Whatever its timeout (``sigterm``: ``EngineArgs.sigterm``, in the pod: ``sigterm_fate``), a vLLM whose shell
-    (or ``conda run``) ignores the SIGTERM serves on until the kubelet's SIGKILL, all the grace period leaves, one
-    killed with it drains for 0, and one under runuser or su for at most ``WATCHER_KILL_SECONDS``, whatever a
-    ``--config`` file sets. The policy prices restarts with it (``status.drainSeconds``)."""
+    (or ``conda run``, ``hatch run``) ignores the SIGTERM serves on until the kubelet's SIGKILL, all the grace
+    period leaves, one killed with it drains for 0, and one under runuser or su for at most
+    ``WATCHER_KILL_SECONDS``, whatever a ``--config`` file sets. The policy prices restarts with it
+    (``status.drainSeconds``)."""
     grace_left = max(termination_grace(pod_spec) - (pre_stop_sleep(container) or 0.0), 0.0)
     sigterm = sigterm_fate(pod_spec, sigterm)
     if sigterm is Sigterm.IGNORED:
@@ -147,11 +149,12 @@ def drain_advice(pod_spec: dict[str, Any], container: dict[str, Any], shutdown_t
     return "; and ".join(told) or None
 
 
-_CHILD = ("the container's shell or `conda run` runs vLLM as its child (a shell in a pipeline, in the background, or "
-          "as dash, the /bin/sh of Debian, Ubuntu and vLLM's own images, which runs any command in a child; conda "
-          "run always, from a shell script of its own, and it passes no signal on)")
+_CHILD = ("the container's shell, `conda run` or `hatch run` runs vLLM as its child (a shell in a pipeline, in the "
+          "background, or as dash, the /bin/sh of Debian, Ubuntu and vLLM's own images, which runs any command in a "
+          "child; conda and hatch always, from a shell of their own, and they pass no signal on)")
 _PLACE = ("start it with `exec vllm serve ...` in the script, outside any pipeline or background{tee}, and not through "
-          "`conda run` (put the environment's bin directory first on PATH instead), so that the SIGTERM reaches it")
+          "`conda run` or `hatch run` (put the environment's bin directory first on PATH instead), so that the "
+          "SIGTERM reaches it")
 _NO_SIGTERM = {
     Sigterm.IGNORED: f"{_CHILD} and, as the container's first process, ignores the SIGTERM the kubelet sends: vLLM "
                      "never gets it, so no --shutdown-timeout starts, and it serves on until the kubelet kills it at "

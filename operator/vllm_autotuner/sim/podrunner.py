@@ -373,8 +373,8 @@ class PodRunner:
         served = self._served
         fate = sigterm_fate(self.pod["spec"], self._sigterm)
         if served is not None and fate is Sigterm.IGNORED:
-            log.info("%s: the container's first process (a shell or conda run) ignores the SIGTERM: vLLM serves on "
-                     "until the SIGKILL", self.key)
+            log.info("%s: the container's first process (a shell, conda run or hatch run) ignores the SIGTERM: vLLM "
+                     "serves on until the SIGKILL", self.key)
             await asyncio.sleep(max(kill_at - loop.time(), 0.0))
             return
         if served is None or served.shutdown_timeout <= 0 or fate is Sigterm.KILLS:

@@ -58,7 +58,7 @@ def test_a_vllm_its_shell_keeps_the_sigterm_from_is_told_to_exec_and_its_drain_i
     ignored = target("--shutdown-timeout=45", shell="dash")
     assert ignored.drain_seconds == 55.0  # it serves to the kubelet's SIGKILL, 60 s after the deletion, 5 s slept
     (told,) = advice(ignored, 20.0)
-    assert told.startswith("rolling the pods: the container's shell or `conda run` runs vLLM as its child")
+    assert told.startswith("rolling the pods: the container's shell, `conda run` or `hatch run` runs vLLM as its")
     assert "exec" in told
     handed_on = target("--shutdown-timeout=45", shell="bash")  # bash runs a one-command script in its place
     assert handed_on.drain_seconds == 45.0 and advice(handed_on, 20.0) == []

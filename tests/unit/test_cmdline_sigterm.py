@@ -3,15 +3,15 @@
 A container's first process is PID 1 of its PID namespace, which ignores any signal it set no handler for. A shell
 that runs vLLM as its child is that process, so the SIGTERM a stopping pod gets never reaches vLLM: its
 ``--shutdown-timeout`` never starts, and it serves until the SIGKILL at the end of the grace period. Behind an init
-(tini, dumb-init) the shell is not PID 1: it dies of the signal, the init exits with it, and the kernel kills the
-rest of the namespace, vLLM with it, at once. runuser and su stay vLLM's parent, pass the signal on and kill it 2 s
-later; uv's ``uv run`` passes it on and waits. ``hatch run`` and ``conda run`` run vLLM from a shell of their own
-and pass no signal on, so they act as such a shell; conda (26.7, installed from its source) is not in the real-shell
-test, as PyPI has no current conda: as PID 1 it kept the SIGTERM from the stub, behind tini or dumb-init the
-namespace ended at once, and under runuser the stub was killed 2.02 s after the SIGTERM without hearing of it. The
-real-shell test runs each command as PID 1 of a new PID namespace (``unshare``), with a stub vllm that says whether
-a SIGTERM reached it and that stays up until told to stop, and sends PID 1 the SIGTERM as the kubelet's runtime
-does.
+(tini, dumb-init, catatonit) the shell is not PID 1: it dies of the signal, the init exits with it, and the kernel
+kills the rest of the namespace, vLLM with it, at once. runuser and su stay vLLM's parent, pass the signal on and
+kill it 2 s later; uv's ``uv run`` passes it on and waits. ``hatch run`` and ``conda run`` run vLLM from a shell of
+their own and pass no signal on, so they act as such a shell; conda (26.7, installed from its source) is not in the
+real-shell test, as PyPI has no current conda: as PID 1 it kept the SIGTERM from the stub, behind tini or dumb-init
+the namespace ended at once, and under runuser the stub was killed 2.02 s after the SIGTERM without hearing of it.
+The real-shell test runs each command as PID 1 of a new PID namespace (``unshare``), with a stub vllm that says
+whether a SIGTERM reached it and that stays up until told to stop, and sends PID 1 the SIGTERM as the kubelet's
+runtime does.
 """
 
 from __future__ import annotations
@@ -184,6 +184,8 @@ _AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="runuser runs only as ro
     pytest.param(["tini", "--", "bash", "-c", "vllm serve M | cat"], marks=_needs("tini")),
     pytest.param(["tini", "--", "dash", "-c", "exec vllm serve M"], marks=_needs("tini")),
     pytest.param(["dumb-init", "dash", "-c", "vllm serve M"], marks=_needs("dumb-init")),
+    pytest.param(["catatonit", "--", "dash", "-c", "vllm serve M"], marks=_needs("catatonit")),
+    pytest.param(["catatonit", "--", "bash", "-c", "exec vllm serve M"], marks=_needs("catatonit")),
     pytest.param(["dumb-init", "bash", "-c", "vllm serve M"], marks=_needs("dumb-init")),
     pytest.param([RUNUSER, "-u", "root", "--", "vllm", "serve", "M"], marks=[_needs(RUNUSER), _AS_ROOT]),
     pytest.param(["bash", "-c", f"{RUNUSER} -u root -- vllm serve M"], marks=[_needs(RUNUSER), _AS_ROOT]),

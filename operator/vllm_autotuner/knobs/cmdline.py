@@ -721,9 +721,8 @@ class CommandLine:
         ``sh`` is in another image, or on the shell's version (bash 5.2 also
         replaces itself with the last command of ``a && b`` or ``a; b``).
         What each does was measured with dash 0.5.12, bash 5.2.15, tini
-        0.19, dumb-init 1.2.5 and coreutils' timeout as PID 1 of a PID
-        namespace (``tests/unit/test_cmdline_sigterm.py``); catatonit, which
-        passes the signal to its child as tini does, is taken to act as tini.
+        0.19, dumb-init 1.2.5, catatonit 0.1.7 and coreutils' timeout as PID
+        1 of a PID namespace (``tests/unit/test_cmdline_sigterm.py``).
         Where it would reach vLLM through runuser or su (util-linux 2.38
         measured), which stay vLLM's parent and kill it 2 s after passing it
         on, it is CUT_SHORT; uv's ``uv run`` (0.13 measured) passes it on and

@@ -59,6 +59,11 @@ def reading(command: list[str]) -> Sigterm | None:
     (["bash", "-c", "pip install x && vllm serve M"], None),  # bash 5.2 runs it in its place, older ones not
     (["tini", "--", "sh", "-c", "vllm serve M"], None),  # dash: killed; bash: in its place
     (["/bin/sh", "-c", "exec python3 -m my_server"], None),  # no vllm the operator knows of
+    # a trap passes the signal on: with one wait the script ends at once and vLLM with it, with two vLLM drains
+    (["dash", "-c", 'trap "kill -TERM $c" TERM; vllm serve M & c=$!; wait $c'], None),
+    (["bash", "-c", 'trap "kill $c" SIGTERM\nvllm serve M &\nc=$!\nwait $c; wait $c'], None),
+    (["dash", "-c", "trap cleanup EXIT; vllm serve M & wait"], IGNORED),  # no trap on TERM
+    (["dash", "-c", 'trap "" TERM; exec vllm serve M'], REACHES),  # exec'd: vLLM sets its own handler
     (["runuser", "-u", "vllm", "--", "vllm", "serve", "M"], CUT_SHORT),  # passes it on, kills vLLM 2 s later
     (["tini", "--", "/usr/sbin/runuser", "-u", "vllm", "--", "python3", "-m", "vllm.entrypoints.openai.api_server"],
      CUT_SHORT),

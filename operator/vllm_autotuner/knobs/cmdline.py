@@ -685,6 +685,18 @@ class CommandLine:
             return texts
         return list(itertools.dropwhile(lambda t: t == "exec" or _ASSIGNMENT.fullmatch(t), texts))
 
+    def _traps_term(self) -> bool:
+        """Whether the script sets a ``trap`` on SIGTERM: then the shell handles the signal, may pass it to vLLM
+        running as its child, and ends when its action and the script do (one ``wait`` for vLLM: at once, vLLM with
+        it; a second: when vLLM has drained), which the operator does not read."""
+        starts = [0, *(i + 1 for i, w in enumerate(self.words) if w.operator)]
+        for i in starts:
+            end = next((j for j in range(i, len(self.words)) if self.words[j].operator), len(self.words))
+            texts = [w.text for w in self.words[i:end]]
+            if texts[:1] == ["trap"] and {"TERM", "SIGTERM", "15"} & set(texts[2:]):
+                return True
+        return False
+
     def _is_vllm_word(self, i: int) -> bool:
         """Whether word ``i`` starts vLLM's server: the api_server module, or ``vllm`` (any path) before ``serve``."""
         if self.words[i].operator:
@@ -719,7 +731,9 @@ class CommandLine:
         in vLLM's own images, which vLLM's Kubernetes guide starts with
         ``/bin/sh -c``; bash in Red Hat's). None where it depends on what
         ``sh`` is in another image, or on the shell's version (bash 5.2 also
-        replaces itself with the last command of ``a && b`` or ``a; b``).
+        replaces itself with the last command of ``a && b`` or ``a; b``), and
+        where the script traps SIGTERM and so may pass it to its child
+        (``_traps_term``).
         What each does was measured with dash 0.5.12, bash 5.2.15, tini
         0.19, dumb-init 1.2.5, catatonit 0.1.7 and coreutils' timeout as PID
         1 of a PID namespace (``tests/unit/test_cmdline_sigterm.py``).
@@ -748,6 +762,8 @@ class CommandLine:
         if vllm is None:  # the script runs vLLM by a name the operator does not know (the image's entrypoint)
             return None
         child = Sigterm.KILLS if any(map(_is_init, argv[:start])) else Sigterm.IGNORED
+        if self._traps_term():  # the shell may pass the signal on to its child, and may wait for it or not
+            child = None
         around = {self.words[first - 1].text if first else None,
                   self.words[end].text if end < len(self.words) else None}
         if around & _CHILD_OPERATORS:  # a pipeline's or a background command runs in a child, exec or not

@@ -171,8 +171,9 @@ _NO_SIGTERM = {
           "vLLM serves on until the kubelet kills it at the end of terminationGracePeriodSeconds ({grace:g} s), "
           "whatever its --shutdown-timeout (behind an init, or in a pod that shares its process namespace, the "
           "shell dies of it instead, and vLLM is killed at once; `readlink -f /bin/sh` in the container says which "
-          "shell sh is); start it with `exec vllm serve ...` in the script, outside any pipeline or background, so "
-          "that the SIGTERM reaches it",
+          "shell sh is), and where the script traps the SIGTERM and kills vLLM with it, the script ends, and vLLM "
+          "with it, unless it waits for vLLM a second time; start it with `exec vllm serve ...` in the script, "
+          "outside any pipeline or background, so that the SIGTERM reaches it",
 }
 """What to do about a vLLM the kubelet's SIGTERM does not reach (IGNORED), kills at once (KILLS), lets drain only
 briefly (CUT_SHORT), or may not reach (None)."""

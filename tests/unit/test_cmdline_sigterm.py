@@ -61,7 +61,7 @@ def reading(command: list[str]) -> Sigterm | None:
     (["/bin/sh", "-c", "exec python3 -m my_server"], None),  # no vllm the operator knows of
     # a trap passes the signal on: with one wait the script ends at once and vLLM with it, with two vLLM drains
     (["dash", "-c", 'trap "kill -TERM $c" TERM; vllm serve M & c=$!; wait $c'], None),
-    (["bash", "-c", 'trap "kill $c" SIGTERM\nvllm serve M &\nc=$!\nwait $c; wait $c'], None),
+    (["bash", "-c", 'trap "kill $c" sigterm\nvllm serve M &\nc=$!\nwait $c; wait $c'], None),
     (["dash", "-c", "trap cleanup EXIT; vllm serve M & wait"], IGNORED),  # no trap on TERM
     (["dash", "-c", 'trap "" TERM; exec vllm serve M'], REACHES),  # exec'd: vLLM sets its own handler
     (["runuser", "-u", "vllm", "--", "vllm", "serve", "M"], CUT_SHORT),  # passes it on, kills vLLM 2 s later

@@ -693,7 +693,7 @@ class CommandLine:
         for i in starts:
             end = next((j for j in range(i, len(self.words)) if self.words[j].operator), len(self.words))
             texts = [w.text for w in self.words[i:end]]
-            if texts[:1] == ["trap"] and {"TERM", "SIGTERM", "15"} & set(texts[2:]):
+            if texts[:1] == ["trap"] and {"TERM", "SIGTERM", "15"} & {t.upper() for t in texts[2:]}:  # bash: term
                 return True
         return False
 

@@ -60,8 +60,8 @@ def reading(command: list[str]) -> Sigterm | None:
     (["tini", "--", "sh", "-c", "vllm serve M"], None),  # dash: killed; bash: in its place
     (["/bin/sh", "-c", "exec python3 -m my_server"], None),  # no vllm the operator knows of
     # a trap passes the signal on: with one wait the script ends at once and vLLM with it, with two vLLM drains
-    (["dash", "-c", 'trap "kill -TERM $c" TERM; vllm serve M & c=$!; wait $c'], None),
-    (["bash", "-c", 'trap "kill $c" sigterm\nvllm serve M &\nc=$!\nwait $c; wait $c'], None),
+    (["dash", "-c", "trap 'kill -TERM $c' TERM; vllm serve M & c=$!; wait $c"], None),
+    (["bash", "-c", "trap 'kill $c' sigterm\nvllm serve M &\nc=$!\nwait $c; wait $c"], None),
     (["dash", "-c", "trap cleanup EXIT; vllm serve M & wait"], IGNORED),  # no trap on TERM
     (["dash", "-c", 'trap "" TERM; exec vllm serve M'], REACHES),  # exec'd: vLLM sets its own handler
     (["runuser", "-u", "vllm", "--", "vllm", "serve", "M"], CUT_SHORT),  # passes it on, kills vLLM 2 s later
@@ -172,7 +172,55 @@ SETPRIV = shutil.which("setpriv") or "setpriv"
 _AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="runuser runs only as root, setpriv changes its uid as root")
 
 
-@pytest.mark.skipif(not _unshare_works(), reason="needs unshare --pid (root or user namespaces)")
+def _observed(command: list[str], tmp_path: Path, ready: str = "up") -> Sigterm:
+    """What the SIGTERM does to the stub vllm when ``command`` runs as PID 1 of a new PID namespace and PID 1 gets
+    it from outside, as the container runtime sends it: REACHES when the stub got it and still drains
+    ``1.5 * WATCHER_KILL_SECONDS`` later; CUT_SHORT when it got it and the namespace ended, not at once; KILLS when
+    the namespace ended at once; IGNORED when the stub never got it and still runs. The signal goes once the file
+    ``ready`` exists in ``tmp_path``: the stub writes ``up`` as it starts."""
+    stub = tmp_path / "vllm"
+    stub.write_text(STUB_VLLM)
+    stub.chmod(0o755)
+    up, out = tmp_path / "up", tmp_path / "out"
+    env = {**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin", "VLLM_UP": str(up), "VLLM_OUT": str(out),
+           "UV_CACHE_DIR": str(tmp_path / "uv-cache"), "HATCH_DATA_DIR": str(tmp_path / "hatch"),
+           "HATCH_CACHE_DIR": str(tmp_path / "hatch-cache")}
+    if HATCH in command:  # its environment made beforehand, as an image would hold it
+        (tmp_path / "pyproject.toml").write_text(PROJECT)
+        subprocess.run([HATCH, "env", "create"], env=env, cwd=tmp_path, check=True, capture_output=True, timeout=120)
+    runner = subprocess.Popen(["unshare", "--fork", "--pid", *command], env=env, cwd=tmp_path)
+    first = None
+    try:
+        _wait_for(up.exists, 10, "stub vllm started")
+        _wait_for((tmp_path / ready).exists, 10, f"{ready} written")
+        stub_pid = _stub(runner.pid)
+        (first,) = map(int, _children(runner.pid))  # PID 1 of the new namespace: the container's first process
+        os.kill(first, signal.SIGTERM)
+        sent = time.monotonic()
+        while time.monotonic() < sent + 1.5 * WATCHER_KILL_SECONDS:
+            if runner.poll() is not None:  # the stub never exits by itself: it was killed
+                got = out.exists() and "got" in out.read_text()
+                assert "ran" not in (out.read_text() if out.exists() else "")
+                return CUT_SHORT if got and time.monotonic() - sent > WATCHER_KILL_SECONDS / 2 else KILLS
+            time.sleep(0.05)
+        os.kill(stub_pid, signal.SIGUSR1)  # still up: did the SIGTERM reach it?
+        answer = _wait_for(lambda: out.exists() and "ran" in out.read_text() and out.read_text().split(), 10,
+                           "answer from the stub")
+        # timeout passes the signal to the child and to its process group too: "got" may come twice
+        assert answer[-1] == "ran" and set(answer) <= {"got", "ran"}
+        return REACHES if "got" in answer else IGNORED
+    finally:
+        if first is not None and runner.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(first, signal.SIGKILL)  # ends the namespace, whatever still runs in it
+        runner.kill()
+        runner.wait(10)
+
+
+_PID_NAMESPACES = pytest.mark.skipif(not _unshare_works(), reason="needs unshare --pid (root or user namespaces)")
+
+
+@_PID_NAMESPACES
 @_needs("dash", "bash")
 @pytest.mark.parametrize("command", [
     ["vllm", "serve", "M"],
@@ -205,46 +253,16 @@ _AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="runuser runs only as ro
 def test_as_the_first_process_of_a_pid_namespace_the_shell_does_what_the_operator_reads(command, tmp_path: Path):
     expected = reading(command)
     assert expected is not None  # each form here has a definite reading
-    stub = tmp_path / "vllm"
-    stub.write_text(STUB_VLLM)
-    stub.chmod(0o755)
-    up, out = tmp_path / "up", tmp_path / "out"
-    env = {**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin", "VLLM_UP": str(up), "VLLM_OUT": str(out),
-           "UV_CACHE_DIR": str(tmp_path / "uv-cache"), "HATCH_DATA_DIR": str(tmp_path / "hatch"),
-           "HATCH_CACHE_DIR": str(tmp_path / "hatch-cache")}
-    if HATCH in command:  # its environment made beforehand, as an image would hold it
-        (tmp_path / "pyproject.toml").write_text(PROJECT)
-        subprocess.run([HATCH, "env", "create"], env=env, cwd=tmp_path, check=True, capture_output=True, timeout=120)
-    runner = subprocess.Popen(["unshare", "--fork", "--pid", *command], env=env, cwd=tmp_path)
-    first = None
-    try:
-        _wait_for(up.exists, 10, "stub vllm started")
-        stub_pid = _stub(runner.pid)
-        (first,) = map(int, _children(runner.pid))  # PID 1 of the new namespace: the container's first process
-        os.kill(first, signal.SIGTERM)  # from outside the namespace, as the container runtime sends it
-        sent = time.monotonic()
-        if expected is CUT_SHORT:  # the stub gets it, drains, and is killed by its parent a while later
-            _wait_for(lambda: runner.poll() is not None, 10, "end of the PID namespace")
-            assert out.read_text().split() == ["got"]
-            assert time.monotonic() - sent > WATCHER_KILL_SECONDS / 2  # not at once
-            return
-        if expected is KILLS:  # the stub never exits by itself: the namespace ends only if it was killed
-            _wait_for(lambda: runner.poll() is not None, 10, "end of the PID namespace")
-            assert "ran" not in (out.read_text() if out.exists() else "")
-            return
-        if expected is REACHES:  # the stub drains on, alive, until told to stop: no parent kills it a while later
-            _wait_for(lambda: out.exists() and "got" in out.read_text(), 10, "SIGTERM at the stub")
-            while time.monotonic() < sent + 1.5 * WATCHER_KILL_SECONDS:
-                assert runner.poll() is None, "the stub was killed after the SIGTERM reached it"
-                time.sleep(0.05)
-        os.kill(stub_pid, signal.SIGUSR1)  # IGNORED: the SIGTERM was dropped, and the stub still runs
-        answer = _wait_for(lambda: out.exists() and "ran" in out.read_text() and out.read_text().split(), 10,
-                           "answer from the stub")
-        # timeout passes the signal to the child and to its process group too: "got" may come twice
-        assert (set(answer), answer[-1]) == ({"got", "ran"} if expected is REACHES else {"ran"}, "ran")
-    finally:
-        if first is not None and runner.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(first, signal.SIGKILL)  # ends the namespace, whatever still runs in it
-        runner.kill()
-        runner.wait(10)
+    assert _observed(command, tmp_path) is expected
+
+
+@_PID_NAMESPACES
+@_needs("dash")
+@pytest.mark.parametrize(("script", "observed"), [
+    ("trap 'kill -TERM $c' TERM; vllm serve M & c=$!; : > ready; wait $c", KILLS),  # it ends after the first wait
+    ("trap 'kill -TERM $c' TERM; vllm serve M & c=$!; : > ready; wait $c; wait $c", REACHES),
+])
+def test_a_trap_that_passes_the_sigterm_on_does_what_its_waits_say_which_the_operator_does_not_read(
+        script, observed, tmp_path: Path):
+    assert reading(["dash", "-c", script]) is None
+    assert _observed(["dash", "-c", script], tmp_path, ready="ready") is observed  # $c is set: the trap has a target

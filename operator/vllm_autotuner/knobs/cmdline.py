@@ -664,17 +664,18 @@ class CommandLine:
         """True when the command invokes vLLM's server (``vllm serve`` or the api_server module)."""
         return any(self._is_vllm_word(i) for i in range(len(self.words)))
 
-    def _vllm_segment(self) -> tuple[int, int]:
-        """[start, end) word indices of the simple command that runs vLLM (everything in list form)."""
+    def _simple_commands(self) -> list[tuple[int, int]]:
+        """[start, end) word indices of each simple command of the script, between its operators (everything in
+        list form)."""
         if self.shell_script is None:
-            return 0, len(self.words)
-        start = 0
-        for i, word in enumerate(self.words):
-            if word.operator:
-                if any(self._is_vllm_word(j) for j in range(start, i)):
-                    return start, i
-                start = i + 1
-        return start, len(self.words)
+            return [(0, len(self.words))]
+        operators = [i for i, word in enumerate(self.words) if word.operator]
+        return list(zip([0, *(i + 1 for i in operators)], [*operators, len(self.words)], strict=True))
+
+    def _vllm_segment(self) -> tuple[int, int]:
+        """[start, end) word indices of the simple command that runs vLLM (the last one when none shows it)."""
+        commands = self._simple_commands()
+        return next((c for c in commands if any(self._is_vllm_word(j) for j in range(*c))), commands[-1])
 
     def _segment_argv(self) -> list[str]:
         """The words of the simple command that runs vLLM, from the program it starts (after a script's ``exec``
@@ -689,10 +690,8 @@ class CommandLine:
         """Whether the script sets a ``trap`` on SIGTERM: then the shell handles the signal, may pass it to vLLM
         running as its child, and ends when its action and the script do (one ``wait`` for vLLM: at once, vLLM with
         it; a second: when vLLM has drained), which the operator does not read."""
-        starts = [0, *(i + 1 for i, w in enumerate(self.words) if w.operator)]
-        for i in starts:
-            end = next((j for j in range(i, len(self.words)) if self.words[j].operator), len(self.words))
-            texts = [w.text for w in self.words[i:end]]
+        for start, end in self._simple_commands():
+            texts = [w.text for w in self.words[start:end]]
             if texts[:1] == ["trap"] and {"TERM", "SIGTERM", "15"} & {t.upper() for t in texts[2:]}:  # bash: term
                 return True
         return False

@@ -6,13 +6,14 @@
 Runs go to a process pool (one per core): every grid config of every
 scenario as a static run, and the adaptive run; then, once the grid has
 picked phase_oracle's configs, the hindsight run (``bench.tuning.hindsight``).
-Progress is printed as runs finish. A static run does not depend on the
-decision core, so its result is kept in ``.cache/bench-tuning/``, keyed by
-the scenario, the config and the code (comments and docstrings aside) of
-the simulator, of the benchmark's fleet and runner and of the rules it
-scores with (a request within the ITL target, the SLO in force): a rerun
-after a policy change simulates only the adaptive and hindsight runs
-(``--no-cache`` to simulate and keep nothing). Outputs
+Progress is printed as runs finish. Static and hindsight runs do not depend
+on the decision core, so their results are kept in ``.cache/bench-tuning/``,
+keyed by the scenario, the config (hindsight: its planned changes) and the
+code (comments and docstrings aside) of the simulator, of the benchmark's
+fleet and runner (and hindsight's own) and of the rules it scores with (a
+request within the ITL target, the SLO in force): a rerun after a policy
+change simulates only the adaptive runs (``--no-cache`` to simulate and
+keep nothing). Outputs
 (``--out``, default ``bench/results``, ``bench/results/quick`` for the quick
 run): ``tuning.json``, ``tuning.md`` and one
 ``tuning-<scenario>-<profile>.png`` timeline per scenario.
@@ -90,36 +91,42 @@ def _code(source: str) -> bytes:
     return ast.dump(tree).encode()
 
 
-def _cache_key(scenario: BenchScenario, knobs: Knobs) -> str:
-    """What a static run's result depends on: the scenario, the config, and the code that simulates it."""
-    digest = hashlib.sha256(repr((scenario, knobs)).encode())
-    for module in _SOURCES:
+def _cache_key(scenario: BenchScenario, plan: Knobs | list[tuple[float, Knobs]]) -> str:
+    """What a static run (``plan``: its config) or a hindsight run (``plan``: its changes) depends on: the scenario,
+    the plan, and the code that simulates it."""
+    digest = hashlib.sha256(repr((scenario, plan)).encode())
+    for module in (*_SOURCES, *(() if isinstance(plan, Knobs) else (hindsight,))):
         digest.update(_code(Path(module.__file__).read_text()))
     for function in _SCORING:
         digest.update(_code(textwrap.dedent(inspect.getsource(function))))
     return digest.hexdigest()[:32]
 
 
-def _work(task: tuple[int, BenchScenario, Knobs | None, bool]) -> tuple[int, RunResult, float, bool]:
-    index, scenario, knobs, use_cache = task
+Plan = Knobs | list[tuple[float, Knobs]] | None
+"""What one run is: a static config, hindsight's changes (``hindsight.plan``), or None for the adaptive run."""
+
+
+def _simulate(scenario: BenchScenario, plan: Plan) -> RunResult:
+    if plan is None:
+        return run_adaptive(scenario)
+    if isinstance(plan, Knobs):
+        return run_static(scenario, plan)
+    return hindsight.run_hindsight(scenario, plan)
+
+
+def _work(task: tuple[int, BenchScenario, Plan, bool]) -> tuple[int, RunResult, float, bool]:
+    """One run, from the cache where it is a static or hindsight run already simulated by the same code."""
+    index, scenario, plan, use_cache = task
     start = time.perf_counter()
-    if knobs is None:
-        return index, run_adaptive(scenario), time.perf_counter() - start, False
-    if not use_cache:
-        return index, run_static(scenario, knobs), time.perf_counter() - start, False
-    path = CACHE / f"{_cache_key(scenario, knobs)}.pickle"
+    if plan is None or not use_cache:
+        return index, _simulate(scenario, plan), time.perf_counter() - start, False
+    path = CACHE / f"{_cache_key(scenario, plan)}.pickle"
     if path.exists():
         return index, pickle.loads(path.read_bytes()), time.perf_counter() - start, True
-    result = run_static(scenario, knobs)
+    result = _simulate(scenario, plan)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(result))
     return index, result, time.perf_counter() - start, False
-
-
-def _hindsight_work(task: tuple[int, BenchScenario, list[tuple[float, Knobs]]]) -> tuple[int, RunResult, float, bool]:
-    index, scenario, changes = task
-    start = time.perf_counter()
-    return index, hindsight.run_hindsight(scenario, changes), time.perf_counter() - start, False
 
 
 def _describe(result: RunResult) -> str:
@@ -145,7 +152,7 @@ def run(
 ) -> dict:
     """Run, score and write everything; returns the JSON document."""
     started = time.perf_counter()
-    tasks: list[tuple[int, BenchScenario, Knobs | None, bool]] = []
+    tasks: list[tuple[int, BenchScenario, Plan, bool]] = []
     for i, scenario in enumerate(chosen):
         tasks.append((i, scenario, None, use_cache))
         tasks.extend((i, scenario, knobs, use_cache) for knobs in grid(scenario, tokens, seqs))
@@ -160,8 +167,9 @@ def run(
             plans = []
             for i, scenario in enumerate(chosen):
                 best = report.phase_best(scenario, [r for r in results[i] if r.policy == "static"])
-                plans.append((i, scenario, hindsight.plan(scenario, {name: r.knobs for name, r in best.items()})))
-            yield from pool.imap_unordered(_hindsight_work, plans)
+                changes = hindsight.plan(scenario, {name: r.knobs for name, r in best.items()})
+                plans.append((i, scenario, changes, use_cache))
+            yield from pool.imap_unordered(_work, plans)
 
         for done, (i, result, wall, cached) in enumerate(finished(), 1):
             results[i].append(result)

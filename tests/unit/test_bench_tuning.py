@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.tuning import calibration, scenarios
-from bench.tuning.__main__ import _code, run
+from bench.tuning.__main__ import _cache_key, _code, run
 from bench.tuning.hindsight import plan, run_hindsight
 from bench.tuning.report import POLICIES
 from bench.tuning.runner import default_config, run_static
@@ -121,3 +121,12 @@ def test_the_static_run_cache_is_keyed_on_code_not_on_its_wording():
     assert _code(source) == _code('def f(x):\n    # reworded\n    """x, twice."""\n    return 2 * x\n')
     assert _code(source) != _code('def f(x):\n    """Twice x."""\n    return 3 * x\n')
     assert _code(source) != _code('def f(x, cap=None):\n    """Twice x."""\n    return 2 * x\n')
+
+
+def test_a_hindsight_run_is_cached_by_its_changes_apart_from_the_static_run_of_its_config():
+    scenario, knobs = toy(), Knobs(max_num_batched_tokens=512, max_num_seqs=256)
+    changes = [(900.0, knobs)]
+    assert _cache_key(scenario, changes) == _cache_key(toy(), [(900.0, Knobs(max_num_batched_tokens=512,
+                                                                             max_num_seqs=256))])
+    assert _cache_key(scenario, changes) != _cache_key(scenario, knobs)
+    assert _cache_key(scenario, changes) != _cache_key(scenario, [(1200.0, knobs)])

@@ -427,6 +427,52 @@ def test_a_slow_rollout_that_keeps_progressing_is_not_failed_and_a_stalled_one_i
     assert paused.last_rollout.progressed_at == "2024-05-01T12:50:00Z"
 
 
+def test_a_rollout_an_autoscaler_scales_down_half_way_goes_on_counting_its_steps():
+    """Twenty pods, one at a time (maxSurge 0, maxUnavailable 1), three minutes each, under a 10-minute deadline;
+    after ten, the HPA asks for ten replicas and the Deployment controller scales both ReplicaSets down (five new,
+    five old). The steps after that are progress, though the mark never again reaches the twenty it had."""
+    from datetime import UTC, datetime, timedelta
+
+    from vllm_autotuner.api import CurrentKnobs, KnobSource, VllmTuningStatus
+    from vllm_autotuner.policy import rollout_progressed
+    from vllm_autotuner.policy.decision import with_rollout
+
+    t0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+    current = CurrentKnobs(max_num_batched_tokens=8192, max_num_seqs=256, since="2024-05-01T10:00:00Z",
+                           source=KnobSource.INITIAL)
+    state = with_rollout(VllmTuningStatus(current=current), t0, Knobs(max_num_batched_tokens=4096, max_num_seqs=256),
+                         KnobSource.TRAFFIC, "ITL breach")
+
+    def judged(at, replicas, updated, new_available, generation=4):
+        nonlocal state
+        dep = deployment([], generation=generation, status={
+            "observedGeneration": generation, "replicas": replicas, "updatedReplicas": updated,
+            "availableReplicas": replicas if new_available == updated else replicas - 1})
+        dep["spec"]["replicas"] = replicas
+        state = rollout_progressed(state, at, progress_mark(dep, {"status": {"availableReplicas": new_available}}, 4))
+        since = datetime.fromisoformat(state.last_rollout.progressed_at or state.last_rollout.started_at)
+        return rollout_state(dep, 4, [], "vllm", (at - since).total_seconds(), 600).progress
+
+    for pod in range(1, 11):  # pod n is created at 3n-3 minutes and Ready at 3n
+        assert judged(t0 + timedelta(minutes=3 * pod - 3), 20, pod, pod - 1) is Progress.IN_PROGRESS
+        assert judged(t0 + timedelta(minutes=3 * pod), 20, pod, pod) is Progress.IN_PROGRESS
+    assert state.last_rollout.progress_mark == 20
+    scaled = t0 + timedelta(minutes=30, seconds=1)  # the HPA's scale-down is generation 5
+    assert judged(scaled, 10, 5, 5, generation=5) is Progress.IN_PROGRESS
+    for pod in range(6, 11):  # then the five old pods left are replaced, one at a time again
+        at = scaled + timedelta(minutes=3 * (pod - 5))
+        assert judged(at - timedelta(minutes=3), 10, pod, pod - 1, generation=5) is Progress.IN_PROGRESS
+        progress = judged(at, 10, pod, pod, generation=5)
+        assert progress is (Progress.COMPLETE if pod == 10 else Progress.IN_PROGRESS), pod
+    # a fall restarts no clock: scaled down after the tenth pod, then stalled, it fails ten minutes after that pod
+    state = with_rollout(VllmTuningStatus(current=current), t0, Knobs(max_num_batched_tokens=4096, max_num_seqs=256),
+                         KnobSource.TRAFFIC, "ITL breach")
+    assert judged(t0 + timedelta(minutes=30), 20, 10, 10) is Progress.IN_PROGRESS
+    assert judged(scaled, 10, 5, 5, generation=5) is Progress.IN_PROGRESS
+    assert judged(t0 + timedelta(minutes=40), 10, 5, 5, generation=5) is Progress.IN_PROGRESS
+    assert judged(t0 + timedelta(minutes=40, seconds=1), 10, 5, 5, generation=5) is Progress.FAILED
+
+
 def test_the_pods_a_rollout_stops_at_once_are_resolved_as_the_deployment_controller_does():
     def at_once(replicas, strategy=None):
         dep = deployment([])

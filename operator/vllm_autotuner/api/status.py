@@ -188,7 +188,7 @@ class Rollout(StatusModel):
     progressed_at: str | None = None
     """When the rollout last made progress, a pod of the new config created or become available (RFC 3339): spec.rollout.progressDeadline counts from here (from startedAt before any), as the Deployment controller's progressDeadlineSeconds does."""
     progress_mark: int = Field(default=0, ge=0)
-    """Pods of the new config created plus those of them available, when the rollout last made progress."""
+    """Pods of the new config created plus those of them available, as last seen: a rise is progress (a fall, an autoscaler scaling the rollout down, restarts no clock, and the steps after it count)."""
     message: str = ""
     """Details, e.g. the vLLM error of a crash-looping pod. While the rollout awaits its verdict: the verdict (`RolloutFailed: ...` or `RolloutBlocked: ...`) of a rollout whose rollback could not be written yet; the rollback is retried at each evaluation."""
     regime: str | None = None

@@ -37,19 +37,25 @@ def adopt_generation(state: VllmTuningStatus, generation: int) -> VllmTuningStat
 
 
 def rollout_progressed(state: VllmTuningStatus, now: datetime, mark: int, halted: bool = False) -> VllmTuningStatus:
-    """The rollout awaiting its verdict got further (``mark`` above the last one), or its Deployment does not roll
-    (``halted``: paused, or scaled to zero): its progress deadline counts from ``now`` again. A slow rollout of many
-    pods is not a failed one, and a paused Deployment does not roll (the Deployment controller does not count paused
-    time either); an unverified config's deadline counts from the scale-up that starts its first pod."""
+    """The rollout awaiting its verdict got further (``mark`` above the one last seen), or its Deployment does not
+    roll (``halted``: paused, or scaled to zero): its progress deadline counts from ``now`` again. A slow rollout of
+    many pods is not a failed one, and a paused Deployment does not roll (the Deployment controller does not count
+    paused time either); an unverified config's deadline counts from the scale-up that starts its first pod.
+
+    A mark below the last one (an autoscaler took replicas away, and the Deployment controller scaled the new
+    ReplicaSet down with the old) is kept without restarting the clock, so the steps after it count: the Deployment
+    controller, too, compares its status with the last one, not with the most it ever had.
+    """
     if not awaiting_verdict(state):
         return state
     assert state.last_rollout is not None
-    if mark <= state.last_rollout.progress_mark and not halted:
+    last = state.last_rollout.progress_mark
+    if mark == last and not halted:
         return state
-    rollout = state.last_rollout.model_copy(
-        update={"progressed_at": utc_timestamp(now), "progress_mark": max(mark, state.last_rollout.progress_mark)}
-    )
-    return state.model_copy(update={"last_rollout": rollout})
+    update: dict[str, object] = {"progress_mark": mark}
+    if mark > last or halted:
+        update["progressed_at"] = utc_timestamp(now)
+    return state.model_copy(update={"last_rollout": state.last_rollout.model_copy(update=update)})
 
 
 def rollout_unverified(state: VllmTuningStatus, now: datetime) -> VllmTuningStatus:

@@ -285,6 +285,13 @@ def test_a_new_pod_that_cannot_be_scheduled_blocks_the_rollout_at_the_deadline_a
     assert "maxSurge: 0 and maxUnavailable: 1" in blocked.message
     assert rollout_state(surging, 3, [], "vllm", 601, 600).progress is Progress.FAILED  # nothing known of the pods
     assert rollout_state(surging, 3, [*pending, crashing_pod(2)], "vllm", 30, 600).progress is Progress.FAILED
+    # a new pod serves the config (it starts), the next finds no GPU (a node went half way): blocked, not failed
+    serving = vllm_pod({"running": {"startedAt": "2024-05-01T12:01:00Z"}}, ready=True)
+    assert rollout_state(surging, 3, [serving, *pending], "vllm", 601, 600).progress is Progress.BLOCKED
+    # one that runs and is not Ready yet has read the knobs: what holds the rollout may be the config
+    loading = vllm_pod({"running": {"startedAt": "2024-05-01T12:01:00Z"}})
+    assert rollout_state(surging, 3, [serving, loading, *pending], "vllm", 601, 600).progress is Progress.FAILED
+    assert rollout_state(surging, 3, [serving], "vllm", 601, 600).progress is Progress.FAILED  # none holds it back
 
 
 def test_new_pods_that_never_started_vllm_block_the_rollout_and_one_that_ran_fails_it():

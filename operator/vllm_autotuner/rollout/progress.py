@@ -15,7 +15,10 @@ pods never started vLLM (the scheduler found no free GPU for a surge pod,
 the image cannot be pulled, a quota refuses the pods, the runtime cannot
 start the container) is stuck for a reason that has nothing to do with the
 knobs, which no vLLM has read: it is ``BLOCKED``, not failed, once the
-deadline passes (a cluster autoscaler may be adding a node until then).
+deadline passes (a cluster autoscaler may be adding a node until then). So
+is one whose pods that hold it back never started vLLM while new pods
+before them serve: a node lost half way, or more replicas asked for than
+there are GPUs, stops it after the config has shown that it starts.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ class Progress(StrEnum):
     COMPLETE = "Complete"
     FAILED = "Failed"
     BLOCKED = "Blocked"
-    """No progress for the deadline, and no new pod has started vLLM: not the config's fault."""
+    """No progress for the deadline, and no new pod that holds it back has started vLLM: not the config's fault."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,7 @@ def _crash_looping(status: dict[str, Any], since: datetime | None) -> bool:
     serving again (running and Ready is a container that recovered), its latest exit vLLM's own (a container the
     runtime could not start never ran vLLM) and at or after ``since``, the rollout's start when known. A rollback
     scales old pods back up, whose restarts (an NCCL error days ago) say nothing about this rollout."""
-    if status.get("restartCount", 0) < CRASH_RESTARTS or (
-            "running" in (status.get("state") or {}) and status.get("ready")):
+    if status.get("restartCount", 0) < CRASH_RESTARTS or _serving(status):
         return False
     ended = _ended(status)
     finished = ended.get("finishedAt")
@@ -97,18 +99,27 @@ NO_ROOM_ADVICE = (
 
 
 def _never_started(deployment: dict[str, Any], pods: list[dict[str, Any]], container: str | None) -> str | None:
-    """Why the new pods have not started vLLM, when they cannot be created or none of them has started its
-    container (so no vLLM has read the knobs); None when one has, or nothing is known of them."""
+    """Why the new pods that hold the rollout back have not started vLLM, when they cannot be created or none of
+    those not serving yet has started its container (so none of them has read the knobs; pods that serve the new
+    config, before a node went or the autoscaler asked for more, say it starts); None when one has, or nothing is
+    known of them."""
     for condition in (deployment.get("status") or {}).get("conditions") or []:
         if (condition.get("type"), condition.get("status")) == ("ReplicaFailure", "True"):
             return f"the new pods cannot be created: {condition.get('message', '').strip()}"
     held = None
     for pod in pods:
         ours = _vllm_statuses(pod, container)
+        if ours and all(_serving(c) for c in ours):
+            continue
         if any(_ran(c) for c in ours):
             return None
         held = held or _not_started(pod, ours)
     return held
+
+
+def _serving(status: dict[str, Any]) -> bool:
+    """Whether the container runs and is Ready."""
+    return "running" in (status.get("state") or {}) and bool(status.get("ready"))
 
 
 def _ran(status: dict[str, Any]) -> bool:

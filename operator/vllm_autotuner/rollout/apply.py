@@ -2,8 +2,12 @@
 
 The patch carries the resourceVersion it was built from; a 409 means the
 Deployment changed underneath (a person, GitOps, the HPA), so it is re-read
-and the patch rebuilt from the fresh object rather than forced. A Deployment
-that is rolling for any reason is left alone: one rollout at a time.
+and the patch rebuilt from the fresh object rather than forced, unless what
+changed is the vLLM container itself: the decision was made from its command
+line, and a person's or a GitOps tool's edit of it is theirs to keep, for the
+next evaluation to read and adopt (a write over it would count as no revert
+and would fight them unseen). A Deployment that is rolling for any reason is
+left alone: one rollout at a time.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any, Protocol
 from kubernetes.client.exceptions import ApiException
 
 from vllm_autotuner.api import Knobs
+from vllm_autotuner.knobs import CommandLineError, find_vllm_container
 from vllm_autotuner.rollout.patch import knob_patch, undo_patch
 from vllm_autotuner.rollout.progress import rollout_in_progress
 
@@ -31,7 +36,8 @@ class DeploymentApi(Protocol):
 
 
 class RolloutBusy(Exception):
-    """The Deployment is already rolling out; nothing was patched."""
+    """The Deployment is already rolling out, or its vLLM container changed since it was read; nothing was
+    patched."""
 
 
 def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str | None, knobs: Knobs, reason: str,
@@ -52,6 +58,9 @@ def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str 
     for attempt in range(ATTEMPTS):
         if rollout_in_progress(current) and not during_rollout:
             raise RolloutBusy(f"Deployment {namespace}/{name} is already rolling out; not patching")
+        if current is not deployment and _vllm_container(current, container) != _vllm_container(deployment, container):
+            raise RolloutBusy(f"the vLLM container of Deployment {namespace}/{name} changed since it was read; not "
+                              f"patching: the next evaluation reads the change")
         try:
             undo = undo_patch(current, container, previous, knobs, reason, tuning, at, verdict) if previous else None
             patch = undo or knob_patch(current, container, knobs, reason, tuning, source, at, verdict)
@@ -61,3 +70,12 @@ def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str 
                 raise
             current = kube.read_deployment(namespace, name)
     raise AssertionError("unreachable")
+
+
+def _vllm_container(deployment: dict[str, Any], container: str | None) -> dict[str, Any] | None:
+    """The vLLM container of the Deployment's pod template (None when it cannot be found: ``knob_patch`` says
+    why)."""
+    try:
+        return find_vllm_container(deployment["spec"]["template"]["spec"], container)
+    except CommandLineError:
+        return None

@@ -26,7 +26,7 @@ from tests.unit.policy.helpers import T0, knobs
 
 from vllm_autotuner.controller.kube import Kube
 from vllm_autotuner.controller.metrics import OperatorMetrics
-from vllm_autotuner.rollout.apply import apply_knobs
+from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
 from vllm_autotuner.rollout.patch import WRITTEN_AT_ANNOTATION, knob_patch
 
 A, B = knobs(2048, 64), knobs(8192, 128)
@@ -103,6 +103,32 @@ def test_a_rollback_after_a_write_conflict_puts_back_the_old_template_and_restar
         # the old template's annotations back (it had none), ours on the Deployment: the old ReplicaSet scales up
         assert patch["spec"]["template"]["metadata"]["annotations"][WRITTEN_AT_ANNOTATION] is None
         assert patch["metadata"]["annotations"][WRITTEN_AT_ANNOTATION] == "2024-05-01T12:10:00Z"
+
+
+def test_a_change_that_meets_a_conflict_with_an_edit_of_the_vllm_container_leaves_the_edit_alone():
+    """Our change to B is refused with a 409: a person (or Argo CD) set 1024/64 meanwhile. Rebuilt on the fresh
+    object, the patch would write over their edit unseen: nothing is written, and the next evaluation reads it."""
+    ours = {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"namespace": "llm", "name": "llama", "resourceVersion": "100", "generation": 2},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "llama"}}, "template": template(A)},
+            "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2}}
+    edited = copy.deepcopy(ours)
+    edited["metadata"]["resourceVersion"] = "101"
+    edited["spec"]["template"] = template(knobs(1024, 64))
+    kube = Kube(client.ApiClient(), OperatorMetrics())
+    apps = Apps(kube.api_client, edited)
+    kube.apps = apps  # type: ignore[assignment]
+
+    with pytest.raises(RolloutBusy, match="vLLM container of Deployment llm/llama changed since it was read"):
+        apply_knobs(kube, ours, "vllm", B, "ITL breach", "chat", "Traffic", T0)
+    assert len(apps.patches) == 1  # the refused one
+    # an edit elsewhere (a label) is no reason to stop: the same change goes through on the fresh object
+    labelled = copy.deepcopy(ours)
+    labelled["metadata"].update({"resourceVersion": "101", "labels": {"team": "inference"}})
+    apps = Apps(kube.api_client, labelled)
+    kube.apps = apps  # type: ignore[assignment]
+    apply_knobs(kube, ours, "vllm", B, "ITL breach", "chat", "Traffic", T0)
+    assert [patch["metadata"]["resourceVersion"] for patch in apps.patches] == ["100", "101"]
 
 
 def test_every_call_is_counted_and_timed_a_refused_one_too():

@@ -31,6 +31,7 @@ TARGET_CONTROLLED = "TargetControlled"  # another object controls the Deployment
 TARGET_NOT_FOUND = "TargetNotFound"
 INVALID_TARGET = "InvalidTarget"
 TARGET_PAUSED = "TargetPaused"
+WATCH_BEHIND = "WatchBehind"  # the Deployment as watched predates our own write: nothing is judged until it is seen
 TARGET_CONFLICT = "TargetConflict"
 INVALID_SPEC = "InvalidSpec"
 STATUS_UNREADABLE = "StatusUnreadable"  # written by a newer operator, or edited: nothing changes until it reads

@@ -351,9 +351,21 @@ class Reconciler:
         return report
 
     async def _follow(self, spec: VllmTuningSpec, report: Report) -> Target:
-        """Read the target, adopt it if new, and follow our rollout in progress (or notice someone else's change)."""
+        """Read the target, adopt it if new, and follow our rollout in progress (or notice someone else's change).
+
+        The Deployment is the watch's copy. One older than our own write of the rollout in progress (the watch
+        lags: reconnecting, a slow apiserver) still shows the knobs before it, which would read as a person's
+        revert of our change: nothing is judged until the watch delivers the write (TargetProblem).
+        """
         target = await self._target(report.namespace, spec)
         report.state = self._adopt_target(report, target)
+        rollout, seen = report.state.last_rollout, int(target.deployment["metadata"].get("generation") or 0)
+        if awaiting_verdict(report.state) and rollout is not None and seen < (rollout.deployment_generation or 0):
+            raise TargetProblem(events.WATCH_BEHIND,
+                                f"the Deployment as watched is at generation {seen}, before this operator's write of "
+                                f"{rollout.to_knobs} (generation {rollout.deployment_generation}): nothing is judged "
+                                f"until the watch delivers it; if this lasts, check the operator's connection to the "
+                                f"apiserver (its log, and apiserver_request metrics)")
         await self._track_rollout(spec, target, report)
         return target
 

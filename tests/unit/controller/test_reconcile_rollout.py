@@ -20,7 +20,9 @@ from typing import Any
 
 import pytest
 
+from vllm_autotuner.api import ConditionType, KnobSource, RolloutPhase
 from vllm_autotuner.api.types import utc_timestamp
+from vllm_autotuner.controller import events
 from vllm_autotuner.controller.cache import ClusterCache, deployment_index, replicaset_index
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
@@ -171,3 +173,25 @@ def test_windows_after_our_rollout_take_the_current_revision_only() -> None:
     report = evaluate(windows, naive=True, finished=timedelta(minutes=6))
     assert windows.asked == [(("namespace", "=", "llm"), ("pod", "=~", "(llama-7f8b-.*)"))]
     assert report.decision.hold == "NotSettled"
+
+
+def test_a_deployment_watched_before_our_own_write_lands_is_not_judged() -> None:
+    """The watch lags (reconnecting): the evaluation after our write to 4096/64 (generation 2) still sees
+    generation 1, with the old knobs. Read as it is, that is a person's revert of our change, adopted as Manual, and
+    our rollout no longer followed (a config that crash-loops would never be rolled back): nothing is judged."""
+    behind = cache()
+    deployment = behind.deployment("llm", "llama")
+    assert deployment is not None
+    deployment["metadata"]["generation"] = 1
+    deployment["status"].update(observedGeneration=1, updatedReplicas=2, availableReplicas=2)
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"] = [
+        "--model", "m", "--max-num-batched-tokens", "2048", "--max-num-seqs", "32"]
+    reconciler = Reconciler(Kube(), behind, Windows(window((OLD, NEW))), OperatorMetrics(),  # type: ignore[arg-type]
+                            OperatorSettings())
+    report = asyncio.run(reconciler.evaluate(("llm", "llama"), NOW.timestamp(), write=False))
+    assert report is not None and report.decision is None
+    assert report.has(ConditionType.READY, False, events.WATCH_BEHIND)
+    assert [reason for reason, _, _ in report.events] == [events.WATCH_BEHIND]
+    rollout, current = report.state.last_rollout, report.state.current
+    assert rollout is not None and rollout.phase == RolloutPhase.IN_PROGRESS and not report.state.reverts
+    assert current is not None and current.source == KnobSource.INITIAL

@@ -2,7 +2,8 @@
 
 Each usable window becomes a ``Measurement`` of (regime, config). The strategy
 predicts, for every config on a grid of values people would pick (powers of
-two and their midpoints for the budget, powers of two for ``max_num_seqs``;
+two and their midpoints for the budget, powers of two for ``max_num_seqs``,
+and the farthest one step of ``maxStepFactor`` goes from the current value;
 within the bounds, accepted by vLLM, never one that failed), what it would do
 under the traffic just measured (``model``), and makes the one with the
 highest expected SLO attainment (headroom to the targets weighing a little)
@@ -79,18 +80,23 @@ class Proposal:
     """Rollouts to reach the goal (one when it is within a step, or measured)."""
 
 
-def _values(grid: tuple[int, ...], low: int, high: int, current: int) -> list[int]:
-    return sorted({v for v in grid if low <= v <= high} | {low, high, current})
+def _values(grid: tuple[int, ...], low: int, high: int, current: int, step_factor: float) -> list[int]:
+    """The grid's values within ``low`` to ``high``, the bounds themselves, the current value, and the farthest one
+    step of ``step_factor`` takes it either way: below a factor of 2 no step reaches the next power of two."""
+    steps = {int(current * step_factor), math.ceil(current / step_factor)}
+    return sorted({v for v in (*grid, *steps) if low <= v <= high} | {low, high, current})
 
 
-def candidates(bounds: Bounds, current: CurrentKnobs, excluded: set[Knobs]) -> list[Knobs]:
-    """Grid configs within the bounds that vLLM accepts, minus ``excluded``."""
+def candidates(bounds: Bounds, current: CurrentKnobs, excluded: set[Knobs], step_factor: float) -> list[Knobs]:
+    """Grid configs within the bounds that vLLM accepts, minus ``excluded``, with one step of ``step_factor`` from
+    the current value of each knob (``_values``)."""
     here = current.knobs
     tokens_range, seqs_range = bounds.max_num_batched_tokens, bounds.max_num_seqs
     return [
         knobs
-        for tokens in _values(_TOKEN_GRID, tokens_range.min, tokens_range.max, here.max_num_batched_tokens)
-        for seqs in _values(_SEQ_GRID, seqs_range.min, seqs_range.max, here.max_num_seqs)
+        for tokens in _values(_TOKEN_GRID, tokens_range.min, tokens_range.max, here.max_num_batched_tokens,
+                              step_factor)
+        for seqs in _values(_SEQ_GRID, seqs_range.min, seqs_range.max, here.max_num_seqs, step_factor)
         if seqs <= tokens
         and (knobs := Knobs(max_num_batched_tokens=tokens, max_num_seqs=seqs)) not in excluded
         and acceptable(knobs, bounds, current)
@@ -143,7 +149,7 @@ def propose(
     traffic = Traffic.of(base, slo, model)
     here = current.knobs
     now = measured_prediction(base, traffic)
-    options = {k: traffic.predict(k) for k in candidates(bounds, current, excluded)}
+    options = {k: traffic.predict(k) for k in candidates(bounds, current, excluded, step_factor)}
     for m in measurements:
         if m.regime != base.regime or m.knobs in excluded or not acceptable(m.knobs, bounds, current):
             continue

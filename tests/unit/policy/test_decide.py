@@ -931,3 +931,17 @@ def test_a_window_with_refused_requests_still_gets_its_itl_fix_predicted_with_th
     predicted = [int(re.search(r"ITL \d+ms, attainment (\d+)%", d.reason.split("predicted")[1])[1]) / 100
                  for d in (alone, refused)]
     assert predicted[1] == pytest.approx(0.8 * predicted[0], abs=0.01), (alone.reason, refused.reason)
+
+
+@pytest.mark.parametrize("factor, seqs", [(2.0, 128), (1.9, 121), (1.5, 96)])
+def test_a_step_factor_below_two_still_raises_max_num_seqs_as_far_as_one_step_goes(factor, seqs):
+    """64 requests running and 30 waiting for a slot, TTFT breaching: the search raises max_num_seqs. Its grid holds
+    powers of two, which a factor below 2 never reaches from 64 in one step: the step's own end is a candidate."""
+    the_spec = spec(rollout={"maxStepFactor": factor, "minImprovementPercent": 0})
+    state = status(tokens=8192, seqs=64)
+    start = T0 - timedelta(minutes=10)
+    busy = dict(running=64.0, waiting=30.0, ttft_seconds=3.0, ttft_within_slo=0.85, itl_seconds=0.05,
+                itl_within_slo=0.999, queue_seconds=1.5, step_tokens_mean=4000.0, step_tokens_quantile=8000.0)
+    state = decide(the_spec, state, long_prompt_window(state, the_spec, now=start, **busy), start).state
+    decision = decide(the_spec, state, long_prompt_window(state, the_spec, **busy), T0)
+    assert decision.action == DecisionAction.CHANGE and decision.knobs == knobs(8192, seqs), decision.reason

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 from pydantic import ValidationError
+from tests.bad_specs import BAD_SPECS
 
 from vllm_autotuner.api import VllmTuning, VllmTuningSpec
 from vllm_autotuner.api.crd import crd, crd_yaml
@@ -221,3 +222,18 @@ def test_durations_and_zones():
     for unknown in ("Mars/Olympus_Mons", "America", "Etc"):  # the last two: folders of the zone database
         with pytest.raises(ValueError, match="IANA"):
             time_zone(unknown)
+
+
+#: How the apiserver words what the models refuse in their own words (pydantic's): an unknown enum value, a
+#: missing field, a wrong type, a key a CEL rule checks and the models' key type refuses.
+_APISERVER_WORDS = ("Unsupported value", "Required value", "must be of type", "keys must be")
+
+
+@pytest.mark.parametrize(("spec", "field", "reason"), BAD_SPECS)
+def test_the_models_refuse_what_admission_refuses(spec, field, reason):
+    """Every spec the CRD refuses (``tests/bad_specs.py``, checked on a real apiserver by the integration test) is
+    refused by the models too, with the CEL rule's own words where it is one."""
+    with pytest.raises(ValidationError) as refused:
+        VllmTuningSpec.model_validate(spec)
+    if not reason.startswith(_APISERVER_WORDS):
+        assert reason in str(refused.value), str(refused.value)

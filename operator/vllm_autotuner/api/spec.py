@@ -3,7 +3,11 @@
 Every field has a description because the CRD (and so ``kubectl explain``) is
 generated from these models. Rules that one field cannot express (min <= max,
 a preset that vLLM would refuse) are CEL rules attached to the model that owns
-both fields, so the API server rejects the object at admission.
+both fields, so the API server rejects the object at admission. The models
+check the same rules (``_refuse``; names unique in a list, as a list-map
+keyed on them is), so that a spec built or read outside admission (``recommend
+-f``, the simulator, an object stored before a rule was added) is refused in
+the same words.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pydantic import (
     TypeAdapter,
     WithJsonSchema,
     field_serializer,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 
@@ -55,6 +60,34 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Any
     if field_path:
         entry["fieldPath"] = field_path
     return entry
+
+
+def _refuse(broken: bool, rule: dict[str, Any]) -> None:
+    """A model's own check of one of its CEL rules (``rule``, from ``cel``): raises its message when ``broken``."""
+    if broken:
+        raise ValueError(rule["message"])
+
+
+def _given(model: BaseModel, *fields: str) -> bool:
+    """CEL's ``has()`` for ``fields`` of ``model``: written, not defaulted. The apiserver fills defaults in before
+    its rules run (except in an overlay), so it checks what the model checks, and more (``Bounds.problems``)."""
+    return set(fields) <= model.model_fields_set
+
+
+def _unique_names(entries: list[Any]) -> list[Any]:
+    """Entries of a list-map keyed on ``name`` (``x-kubernetes-list-map-keys``), whose names the apiserver keeps
+    unique."""
+    names = [entry.name for entry in entries]
+    repeated = next((name for name in names if names.count(name) > 1), None)
+    if repeated is not None:
+        raise ValueError(f"Duplicate value: name {repeated!r} is given twice; each entry needs its own")
+    return entries
+
+
+def _named_list(most: int) -> Any:
+    """The Field of a list of at most ``most`` named entries: a list-map keyed on the name (``_unique_names``)."""
+    return Field(default_factory=list, max_length=most,
+                 json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
 
 
 def bounded_duration(why: str, least: str | None = None, most: str | None = None) -> Any:
@@ -136,19 +169,16 @@ BatchedTokens = Annotated[int, Field(ge=1, le=MAX_BATCHED_TOKENS)]
 NumSeqs = Annotated[int, Field(ge=1, le=MAX_SEQS)]
 
 
-class Knobs(SpecModel):
-    """A value for each of vLLM's two batching knobs."""
+#: What vLLM checks of the two knobs at start-up.
+_VLLM_ACCEPTS = cel("self.maxNumBatchedTokens >= self.maxNumSeqs",
+                    "maxNumBatchedTokens must be >= maxNumSeqs (vLLM refuses to start otherwise)")
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "self.maxNumBatchedTokens >= self.maxNumSeqs",
-                    "maxNumBatchedTokens must be >= maxNumSeqs (vLLM refuses to start otherwise)",
-                )
-            ]
-        }
-    )
+
+class Knobs(SpecModel):
+    """A value for each of vLLM's two batching knobs (the status records what ran, refused or not: only a preset
+    in the spec, ``Preset``, is checked)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_VLLM_ACCEPTS]})
 
     max_num_batched_tokens: BatchedTokens
     """--max-num-batched-tokens: the token budget of one engine step (decodes plus prefill chunks)."""
@@ -157,6 +187,15 @@ class Knobs(SpecModel):
 
     def __str__(self) -> str:
         return f"tokens={self.max_num_batched_tokens} seqs={self.max_num_seqs}"
+
+
+def _accepted(knobs: Knobs) -> Knobs:
+    _refuse(knobs.max_num_batched_tokens < knobs.max_num_seqs, _VLLM_ACCEPTS)
+    return knobs
+
+
+#: Knobs a spec asks for (a schedule's, a tier's): ones vLLM accepts.
+Preset = Annotated[Knobs, AfterValidator(_accepted)]
 
 
 class TargetKind(StrEnum):
@@ -203,12 +242,14 @@ class BasicAuth(SpecModel):
     """Secret key holding the password (Grafana Cloud: an access token)."""
 
 
+_ONE_CREDENTIAL = cel("!has(self.basicAuth) || !has(self.bearerTokenSecretRef)",
+                      "set bearerTokenSecretRef or basicAuth, not both: each is an Authorization header")
+
+
 class PrometheusSpec(SpecModel):
     """Where the vLLM metrics are, and how to select the target's series."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        cel("!has(self.basicAuth) || !has(self.bearerTokenSecretRef)",
-            "set bearerTokenSecretRef or basicAuth, not both: each is an Authorization header")]})
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_ONE_CREDENTIAL]})
 
     url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
     """Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090. Default: the operator's --prometheus-url setting."""
@@ -254,6 +295,11 @@ class PrometheusSpec(SpecModel):
     query_offset: QueryOffset = "2s"
     """How far before each evaluation its window ends: time for the newest scrapes to be stored, so a window reads the same whenever it is queried again (a scrape in flight at the evaluation would otherwise be missing from it, and not from a later query). Raise it for a store that receives samples late (remote write: Thanos Receive, Mimir, a managed Prometheus: 30s to 1m); it counts towards the staleness limit (three evaluation intervals, at least 90s)."""
 
+    @model_validator(mode="after")
+    def _one_credential(self) -> Self:
+        _refuse(self.basic_auth is not None and self.bearer_token_secret_ref is not None, _ONE_CREDENTIAL)
+        return self
+
 
 class LatencyTarget(SpecModel):
     """A latency objective: the given quantile must stay at or below the given seconds."""
@@ -273,16 +319,21 @@ class SLO(SpecModel):
     """Inter-token latency (vllm:inter_token_latency_seconds) while a response streams."""
 
 
+_ORDERED = cel("!has(self.min) || !has(self.max) || self.min <= self.max", "min must be <= max")
+
+
 class IntRange(SpecModel):
     """An inclusive range."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel("!has(self.min) || !has(self.max) || self.min <= self.max", "min must be <= max")
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_ORDERED]})
+
+    min: int
+    max: int
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        _refuse(_given(self, "min", "max") and self.min > self.max, _ORDERED)
+        return self
 
 
 class TokenBounds(IntRange):
@@ -303,26 +354,30 @@ class SeqBounds(IntRange):
     """Largest max-num-seqs the operator may set."""
 
 
+_SEQS_FIT = cel(
+    "!has(self.maxNumBatchedTokens) || !has(self.maxNumSeqs) || !has(self.maxNumBatchedTokens.min)"
+    " || !has(self.maxNumSeqs.min) || self.maxNumBatchedTokens.min >= self.maxNumSeqs.min",
+    "maxNumBatchedTokens.min must be >= maxNumSeqs.min: vLLM needs max_num_batched_tokens >= max_num_seqs",
+    ".maxNumBatchedTokens.min",
+)
+
+
 class Bounds(SpecModel):
     """The box the operator searches in; it never sets a value outside it."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "!has(self.maxNumBatchedTokens) || !has(self.maxNumSeqs) || !has(self.maxNumBatchedTokens.min)"
-                    " || !has(self.maxNumSeqs.min) || self.maxNumBatchedTokens.min >= self.maxNumSeqs.min",
-                    "maxNumBatchedTokens.min must be >= maxNumSeqs.min: vLLM needs max_num_batched_tokens >= max_num_seqs",
-                    ".maxNumBatchedTokens.min",
-                )
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_SEQS_FIT]})
 
     max_num_batched_tokens: TokenBounds = TokenBounds()
     """Range for --max-num-batched-tokens."""
     max_num_seqs: SeqBounds = SeqBounds()
     """Range for --max-num-seqs."""
+
+    @model_validator(mode="after")
+    def _seqs_fit(self) -> Self:
+        tokens, seqs = self.max_num_batched_tokens, self.max_num_seqs
+        given = _given(self, "max_num_batched_tokens", "max_num_seqs") and _given(tokens, "min") and _given(seqs, "min")
+        _refuse(given and tokens.min < seqs.min, _SEQS_FIT)
+        return self
 
     def problems(self) -> list[str]:
         """The CEL rules of these bounds, for bounds put together from two (``SpecModel.overlaid``), which
@@ -341,8 +396,19 @@ class Strategy(StrEnum):
     TIERS = "Tiers"
 
 
+#: A tier's bounds on one measure: (field, its name in the resource). A lower bound holds at it, an upper one below it.
+_TIER_MEASURES = (("request_rate", "RequestRate"), ("concurrency", "Concurrency"), ("prompt_tokens", "PromptTokens"))
+_TIER_RULES = {
+    field: cel(f"!has(self.min{name}) || !has(self.max{name}) || self.min{name} < self.max{name}",
+               f"min{name} must be below max{name}: no traffic would match the tier", f".max{name}")
+    for field, name in _TIER_MEASURES
+}
+
+
 class TierMatch(SpecModel):
     """Conditions on the observed traffic, all of which must hold (an absent bound always holds)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": list(_TIER_RULES.values())})
 
     min_request_rate: float | None = Field(default=None, ge=0)
     """Requests per second (all pods of the target) at or above this."""
@@ -357,6 +423,13 @@ class TierMatch(SpecModel):
     max_prompt_tokens: float | None = Field(default=None, ge=0)
     """Mean prompt length in tokens below this."""
 
+    @model_validator(mode="after")
+    def _matchable(self) -> Self:
+        for field, rule in _TIER_RULES.items():
+            low, high = getattr(self, f"min_{field}"), getattr(self, f"max_{field}")
+            _refuse(low is not None and high is not None and low >= high, rule)
+        return self
+
 
 class Tier(SpecModel):
     """A user-defined traffic tier: when its conditions match, use its knobs."""
@@ -365,24 +438,18 @@ class Tier(SpecModel):
     """Name of the tier, shown in status as the regime."""
     match: TierMatch = TierMatch()
     """Conditions on the observed traffic; tiers are tried in order and the first match wins."""
-    knobs: Knobs
+    knobs: Preset
     """Knob values for this tier."""
+
+
+_TIERS_NEEDED = cel("!has(self.strategy) || self.strategy != 'Tiers' || (has(self.tiers) && size(self.tiers) > 0)",
+                    "strategy Tiers needs at least one entry in tiers", ".tiers")
 
 
 class TrafficSpec(SpecModel):
     """How the operator reads traffic and picks knobs outside schedule windows."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "!has(self.strategy) || self.strategy != 'Tiers' || (has(self.tiers) && size(self.tiers) > 0)",
-                    "strategy Tiers needs at least one entry in tiers",
-                    ".tiers",
-                )
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_TIERS_NEEDED]})
 
     strategy: Strategy = Strategy.ADAPTIVE
     """Adaptive: search online for the best knobs under the SLO. Tiers: map observed traffic to the knobs of the first matching tier."""
@@ -392,8 +459,13 @@ class TrafficSpec(SpecModel):
     """How often the operator observes and decides."""
     min_requests: int = Field(default=50, ge=1, le=1_000_000)
     """Fewest completed requests in the window for an observation to count; fewer means hold."""
-    tiers: list[Tier] = Field(default_factory=list, max_length=32)
-    """Tiers for the Tiers strategy, tried in order."""
+    tiers: Annotated[list[Tier], AfterValidator(_unique_names)] = _named_list(32)
+    """Tiers for the Tiers strategy, tried in order; each has its own name."""
+
+    @model_validator(mode="after")
+    def _tiers_given(self) -> Self:
+        _refuse(self.strategy == Strategy.TIERS and not self.tiers, _TIERS_NEEDED)
+        return self
 
 
 #: A window that closes when it opens would never be open.
@@ -414,25 +486,25 @@ class TimeWindow(SpecModel):
     end: CronExpression
     """Cron expression at which the window closes, e.g. '0 6 * * *'; windows may cross midnight."""
 
+    @model_validator(mode="after")
+    def _opens(self) -> Self:
+        _refuse(self.start == self.end, _WINDOW_RULE)
+        return self
+
+
+_PRESET_OR_OVERRIDES = cel(
+    "has(self.knobs) != (has(self.bounds) || has(self.slo))",
+    "a schedule sets either knobs (a fixed preset) or overrides of bounds/slo, not both and not neither")
+
 
 class Schedule(TimeWindow):
     """A time-of-day policy: between start and end, use a fixed preset or tighter bounds and SLOs."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "has(self.knobs) != (has(self.bounds) || has(self.slo))",
-                    "a schedule sets either knobs (a fixed preset) or overrides of bounds/slo, not both and not neither",
-                ),
-                _WINDOW_RULE,
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_PRESET_OR_OVERRIDES, _WINDOW_RULE]})
 
     priority: int = Field(default=0, ge=-1000, le=1000)
     """When windows overlap, the highest priority wins; on a tie, the earlier entry in the list. A window that only overrides bounds or slo says nothing of the knobs: an open preset window it outranks keeps its preset."""
-    knobs: Knobs | None = None
+    knobs: Preset | None = None
     """A fixed preset used for the whole window."""
     bounds: Bounds | None = Field(default=None, json_schema_extra={OVERLAY: True})
     """Bounds in force during the window, field by field over spec.bounds (a field left out is spec.bounds'); the traffic policy keeps running inside them."""
@@ -440,6 +512,11 @@ class Schedule(TimeWindow):
     """SLO in force during the window, field by field over spec.slo (a field left out is spec.slo's)."""
     pre_roll: Duration | None = None
     """How long before the window start the change begins, so new pods are Ready when it opens. Default: the last rolling restart's duration (status.rolloutSeconds) plus a margin, or 5m before one was timed."""
+
+    @model_validator(mode="after")
+    def _preset_or_overrides(self) -> Self:
+        _refuse((self.knobs is not None) == (self.bounds is not None or self.slo is not None), _PRESET_OR_OVERRIDES)
+        return self
 
     @field_serializer("bounds", "slo")
     def _as_given(self, value: SpecModel | None, info: SerializationInfo) -> Any:
@@ -471,19 +548,16 @@ class RolloutSpec(SpecModel):
     regression_tolerance_percent: float = Field(default=10.0, ge=0, le=100)
     """How much worse SLO goodput may be after a change before it counts as a regression (and two points of
     attainment more: window-to-window noise)."""
-    freezes: list[TimeWindow] = Field(
-        default_factory=list,
-        max_length=16,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
-    )
+    freezes: Annotated[list[TimeWindow], AfterValidator(_unique_names)] = _named_list(16)
     """Change freezes (a business peak, a release): no change starts while one is open, nor so shortly before one opens that its rolling restart would still run in it (the last rolling restart's duration plus a margin, or 5m), schedule windows' changes included; they wait for its end. A rollback of the operator's own failed or regressed change still runs."""
 
 
 class EngineSpec(SpecModel):
     """Facts about the vLLM engine the operator cannot always read from the pod spec."""
 
-    vllm_version: str | None = Field(default=None, pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([-.+][0-9A-Za-z.]+)?$")
-    """vLLM version, used to pick the table of default knob values when the flags are absent. Default: read from the image tag, else the newest table."""
+    vllm_version: str | None = Field(default=None, max_length=64,
+                                     pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([-.+][0-9A-Za-z.+-]+)?$")
+    """vLLM version, used to pick the table of default knob values when the flags are absent, e.g. 0.11.0, v0.11.0-cu128 or a build's 0.10.2.dev5+g1234567. Default: read from the image tag, else the newest table."""
     gpu_memory_gib: int | None = Field(default=None, ge=1, le=4096)
     """Memory of one GPU in GiB, used to pick vLLM's default knob values when the flags are absent. Default: read from the node label nvidia.com/gpu.memory, else assumed >= 70 GiB (and below 160 GiB)."""
 
@@ -503,11 +577,7 @@ class VllmTuningSpec(SpecModel):
     """Range each knob may take."""
     traffic: TrafficSpec = TrafficSpec()
     """Traffic observation and the traffic-driven policy."""
-    schedules: list[Schedule] = Field(
-        default_factory=list,
-        max_length=16,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
-    )
+    schedules: Annotated[list[Schedule], AfterValidator(_unique_names)] = _named_list(16)
     """Time-of-day policies; outside every window the traffic policy applies."""
     rollout: RolloutSpec = RolloutSpec()
     """Guardrails on rollouts."""

@@ -15,8 +15,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 from pydantic import Field
 
-#: Go-style durations as Kubernetes users write them: "30s", "5m", "1h30m", "250ms".
-DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+#: Go-style durations as Kubernetes users write them: "30s", "5m", "1h30m", "250ms". Six digits a number at most
+#: (999999h is 114 years): a longer one overflows the apiserver's CEL durations (int64 nanoseconds, 2562047h) and,
+#: added to a date, Python's.
+DURATION_PATTERN = r"^([0-9]{1,6}(\.[0-9]{1,9})?(ms|s|m|h))+$"
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 

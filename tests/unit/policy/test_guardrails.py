@@ -87,9 +87,9 @@ def setups(draw):
                 {
                     "name": "t",
                     "match": {"minPromptTokens": 1000},
-                    "knobs": {
-                        "maxNumBatchedTokens": draw(st.sampled_from([128, 4096, 65536])),
-                        "maxNumSeqs": draw(st.sampled_from([16, 128, 2048])),
+                    "knobs": {  # a preset vLLM accepts (the spec refuses others), often outside the bounds
+                        "maxNumBatchedTokens": (tier_tokens := draw(st.sampled_from([128, 4096, 65536]))),
+                        "maxNumSeqs": min(draw(st.sampled_from([16, 128, 2048])), tier_tokens),
                     },
                 }
             ],

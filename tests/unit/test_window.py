@@ -7,9 +7,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from vllm_autotuner.api import SLO, Knobs, LatencyTarget
+from vllm_autotuner.api import SLO, CurrentKnobs, Knobs, LatencyTarget, VllmTuningSpec, VllmTuningStatus
+from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.observe.queries import PodMatch
 from vllm_autotuner.observe.window import WindowData, observe_target, target_pods
+from vllm_autotuner.policy import HoldReason, hold_reason
 
 SLO_ = SLO(ttft=LatencyTarget(quantile=0.9, seconds=0.5), itl=LatencyTarget(quantile=0.9, seconds=0.05))
 KNOBS = Knobs(max_num_batched_tokens=2048, max_num_seqs=64)
@@ -118,6 +120,36 @@ def test_a_family_missing_for_one_pod_is_none_not_zero():
     del data.values["preemptions"][B]
     obs, _ = observe_target(data, "llm", PodMatch(("llama-abc-",)), 2, KNOBS, SLO_, False)
     assert obs is not None and obs.preemption_rate is None
+
+
+@pytest.mark.parametrize(("family", "fields"), [
+    ("ttft", ("ttft_seconds", "ttft_within_slo")), ("itl", ("itl_seconds", "itl_within_slo")),
+    ("e2e", ("e2e_seconds",)), ("queue", ("queue_seconds",)), ("step_tokens", ("step_tokens_quantile",)),
+])
+@pytest.mark.parametrize("rows", [None, {0.25: 0.0, 0.5: 0.0, 1.0: 0.0}])  # no rows at all, or no +Inf bucket
+def test_a_histogram_missing_for_one_pod_is_none_not_the_other_pods(family, fields, rows):
+    # B's requests all took over a second (a breach): the buckets of A alone would show a healthy window
+    data = window()
+    data.buckets["ttft"][B] = data.buckets["e2e"][B] = data.buckets["queue"][B] = {0.5: 0.0, 1.0: 0.0, math.inf: 2.0}
+    if rows is None:
+        del data.buckets[family][B]
+    else:
+        data.buckets[family][B] = rows
+    obs, why = observe_target(data, "llm", PodMatch(("llama-abc-",)), 2, KNOBS, SLO_, False)
+    assert why is None and obs is not None
+    assert [getattr(obs, name) for name in fields] == [None] * len(fields)
+    assert obs.request_rate == 4.0  # the other families are still there
+
+
+def test_without_the_ttft_or_itl_buckets_of_every_pod_the_decision_core_holds_for_missing_data():
+    data = window()
+    del data.buckets["itl"][B]
+    obs, _ = observe_target(data, "llm", PodMatch(("llama-abc-",)), 2, KNOBS, SLO_, False)
+    spec = VllmTuningSpec.model_validate({"targetRef": {"name": "llama"}, "traffic": {"window": "100s"}})
+    state = VllmTuningStatus(current=CurrentKnobs(max_num_batched_tokens=2048, max_num_seqs=64, source="Initial",
+                                                  since=utc_timestamp(datetime.fromtimestamp(0, UTC))))
+    assert hold_reason(spec, SLO_, state, obs, datetime.fromtimestamp(data.at, UTC)) == (
+        HoldReason.NO_DATA, "no data for itl_seconds")
 
 
 def test_started_at_is_the_newest_server_start_among_the_current_pods():

@@ -78,6 +78,21 @@ def test_pods_whose_engine_slept_in_the_window_are_counted_and_unknown_without_t
     assert obs is not None and obs.asleep_pods == 0
 
 
+def test_a_window_where_one_pod_has_no_sleep_gauge_and_the_others_do_is_refused():
+    # B's series of vllm:engine_sleep_state are gone (a relabelling, a lost scrape): asleep or not, it is unknown, and
+    # counting it awake would let a change restart it
+    data = window()
+    data.values["awake"] = {A: 1.0, OTHER: 1.0}
+    obs, why = observe_target(data, "llm", CURRENT, 2, KNOBS, SLO_, False)
+    assert obs is None
+    assert why.startswith("no vllm:engine_sleep_state series for pods llama-abc-2 while the window's other pods have")
+    assert "a restart would wake them" in why
+    # no pod of the tuning has it (an older vLLM), whatever other tunings' pods have: not known to sleep, as before
+    data.values["awake"] = {OTHER: 0.0}
+    obs, why = observe_target(data, "llm", CURRENT, 2, KNOBS, SLO_, False)
+    assert why is None and obs is not None and obs.asleep_pods is None
+
+
 class _Prometheus:
     """Answers the requests family with one row per finished reason, as vLLM exports them; nothing else."""
 

@@ -10,31 +10,34 @@ them into the decision core's ``Observation``. The live operator calls
 tuning's own pod matchers, the naive baseline), so what reaches ``decide``
 does not depend on how it was asked.
 
-Missing data stays missing: a family without rows for the target's pods
-is None in the Observation, never zero, and ``observe_target`` refuses
-partial windows (fewer pods with data than Ready replicas, counting only
-pods whose newest sample is within the decision core's staleness limit)
-outright. A pod whose scrapes fail is still one of the window, with its
-newest real sample, while its scrape target is there (``queries``), so the
-staleness limit, not the first failed scrape, decides when it stops
-counting. The sample count is the completed requests (``finished_reason``
-other than abort and error: ``queries.completed_requests``); the request
-rate, the load, counts every finished request, and those vLLM's API server
-refused at admission (a queue limit), which no latency histogram has: their
-rate goes to the decision core as such, which counts them as misses.
-The newest server start among the target's pods (their ``_created`` gauges
-or, without them, the newest reset of their counters or the first sample of
-a series that began, either at most the settle time, and at least a window,
-before the window: ``queries.reach``) goes into the Observation as is;
-whether a restart in or just before the window makes it unfit is the
-decision core's call. So does the number of pods whose engine slept in
-some of the window (vLLM's sleep mode: the awake state of
-``vllm:engine_sleep_state`` below 1 on average), which no change may wake. A step's tokens at the ITL
-quantile are capped at the token budget, which no step computes more than
-(vLLM counts a chunked prompt whole in the step that finishes it), and are
-the budget where the quantile lies past the last bucket: vLLM's end at
-16384, below budgets that go to 32768, and there Prometheus answers 16384,
-which would make full steps look half full.
+Missing data stays missing: a family that one of the target's pods has no
+rows of is None in the Observation, never zero nor the sum of the pods that
+answered (a histogram too: the quantiles and shares of the others would
+hide a pod that breaches the SLO), and ``observe_target`` refuses partial
+windows (fewer pods with data than Ready replicas, counting only pods whose
+newest sample is within the decision core's staleness limit) outright. A
+pod whose scrapes fail is still one of the window, with its newest real
+sample, while its scrape target is there (``queries``), so the staleness
+limit, not the first failed scrape, decides when it stops counting. The
+sample count is the completed requests (``finished_reason`` other than
+abort and error: ``queries.completed_requests``); the request rate, the
+load, counts every finished request, and those vLLM's API server refused at
+admission (a queue limit), which no latency histogram has: their rate goes
+to the decision core as such, which counts them as misses. The newest
+server start among the target's pods (their ``_created`` gauges or, without
+them, the newest reset of their counters or the first sample of a series
+that began, either at most the settle time, and at least a window, before
+the window: ``queries.reach``) goes into the Observation as is; whether a
+restart in or just before the window makes it unfit is the decision core's
+call. So does the number of pods whose engine slept in some of the window
+(vLLM's sleep mode: the awake state of ``vllm:engine_sleep_state`` below 1
+on average), which no change may wake; a window where some pods have that
+gauge and others none is refused, as whether those slept is unknown. A
+step's tokens at the ITL quantile are capped at the token budget, which no
+step computes more than (vLLM counts a chunked prompt whole in the step
+that finishes it), and are the budget where the quantile lies past the last
+bucket: vLLM's end at 16384, below budgets that go to 32768, and there
+Prometheus answers 16384, which would make full steps look half full.
 """
 
 from __future__ import annotations
@@ -109,11 +112,16 @@ class _Histogram:
 
 
 def _summed_histogram(per_pod: dict[PodKey, dict[float, float]], pods: list[PodKey]) -> _Histogram | None:
+    """The pods' histograms summed, or None unless every pod has one (its +Inf bucket among its rows), as ``_sum``
+    is None unless every pod has a value: the buckets of the pods that answered alone are another population's, and
+    a pod that breaches the SLO left out of the quantiles and shares makes the window look healthy."""
+    if not all(math.inf in per_pod.get(pod, {}) for pod in pods):
+        return None
     summed: dict[float, float] = defaultdict(float)
     for pod in pods:
-        for bound, rate in per_pod.get(pod, {}).items():
+        for bound, rate in per_pod[pod].items():
             summed[bound] += rate
-    if not summed or not summed.get(math.inf):
+    if not summed[math.inf]:
         return None
     bounds = sorted(summed)
     return _Histogram(bounds, [summed[b] for b in bounds])
@@ -137,6 +145,20 @@ def _partial(fresh: int, ready_pods: int, stale: dict[PodKey, float], limit: flo
     return (f"only {fresh} of {ready_pods} Ready pods reported in the last {limit:.0f}s: partial data; last sample "
             f"from {last}: for each of those pods that still runs, check its scrape target in Prometheus (up, "
             f"scrape errors) and the pod itself (its vLLM server's /metrics)")
+
+
+def _sleep_unknown(awake: dict[PodKey, float], pods: list[PodKey]) -> str | None:
+    """Why the window cannot tell whether every engine was awake, or None when it can: some of its pods have series
+    of vLLM's sleep gauge and others none. Counted awake, a sleeping one among those would be restarted by a change,
+    which takes back the GPU memory someone freed; nor is the count None, which the decision core reads as a vLLM
+    without the gauge (no pod has it) and does not hold for."""
+    missing = [pod for pod in pods if pod not in awake]
+    if not missing or len(missing) == len(pods):
+        return None
+    names = ", ".join(pod for _, pod in missing)
+    return (f"no vllm:engine_sleep_state series for pods {names} while the window's other pods have them: whether "
+            "their engines slept is unknown, and a restart would wake them; check that Prometheus keeps that metric "
+            "of every pod (metric relabelling, the scrape of those pods)")
 
 
 def target_pods(data: WindowData, namespace: str, match: PodMatch) -> list[PodKey]:
@@ -177,6 +199,9 @@ def observe_target(
         return None, _partial(len(pods) - len(stale), ready_pods, stale, stale_after_seconds)
     n = len(pods)
     v = data.values
+    awake = v.get("awake", {})
+    if (why := _sleep_unknown(awake, pods)) is not None:
+        return None, why
     rates = {key: _sum(v.get(key, {}), pods) for key in (
         "requests", "completed", "refused", "prompt_tokens", "generation_tokens", "preemptions", "prompt_len_sum",
         "prompt_len_count", "output_len_sum", "output_len_count", "step_tokens_sum", "steps", "itl_sum", "itl_count",
@@ -188,7 +213,6 @@ def observe_target(
     age = sorted(ages.values())[max(ready_pods, 1) - 1]
     started = v.get("started", {})
     starts = [started[p] for p in pods if p in started and math.isfinite(started[p])]
-    awake = [v["awake"][p] for p in pods if p in v.get("awake", {})]
     ttft, itl, steps = hist["ttft"], hist["itl"], hist["step_tokens"]
     budget = None if config is None else float(config.max_num_batched_tokens)
     end = datetime.fromtimestamp(data.at, UTC)
@@ -200,7 +224,7 @@ def observe_target(
         rollout_in_progress=rollout_in_progress,
         data_age_seconds=age,
         started_at=datetime.fromtimestamp(max(starts), UTC) if starts else None,
-        asleep_pods=sum(share < 1.0 for share in awake) if awake else None,
+        asleep_pods=sum(awake[p] < 1.0 for p in pods) if awake.keys() >= set(pods) else None,
         slo=slo,
         requests=None if rates["completed"] is None else rates["completed"] * data.window_seconds,
         request_rate=rates["requests"],

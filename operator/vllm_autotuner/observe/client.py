@@ -3,9 +3,17 @@
 Wraps ``prometheus-api-client`` with what a production caller needs: a
 timeout per query, retries with backoff (tenacity) for transient failures
 only, bearer-token and private-CA support, and errors sorted into kinds that
-say what to fix (unreachable, TLS, auth, bad query). Callers never see a
-half-answer: a query either returns its samples or raises ``PrometheusError``,
-which the controller turns into ``MetricsAvailable=False`` and a hold.
+say what to fix (unreachable, TLS, auth, bad query, partial answer). Callers
+never see a half-answer: a query either returns its samples or raises
+``PrometheusError``, which the controller turns into
+``MetricsAvailable=False`` and a hold. A Thanos Querier (OpenShift's
+monitoring stack) answers by default what the stores that answered have,
+with HTTP 200 and a warning, when one fails or times out: every query asks
+for no partial response (``partial_response=false``, which Prometheus
+ignores), and an answer that carries warnings all the same, whose data
+alone prometheus-api-client would hand on, is a transient error. PromQL's
+info annotations (``infos`` from Prometheus 3, among the warnings from a
+Thanos Querier) say nothing is missing and pass.
 """
 
 from __future__ import annotations
@@ -32,6 +40,15 @@ class ErrorKind(StrEnum):
     TLS = "PrometheusTLSError"
     AUTH = "PrometheusAuthError"
     QUERY = "PrometheusQueryError"
+    PARTIAL = "PrometheusPartialResponse"
+
+
+#: Asked of every query: Thanos Querier's ``partial_response`` (on by default) answers a query a store failed with
+#: the others' series; off, it fails the query instead. Prometheus ignores a parameter it does not know.
+_WHOLE_ANSWER = {"partial_response": "false"}
+#: How PromQL's info annotations begin ("PromQL info: metric might not be a counter..."), which a Thanos Querier
+#: returns among its warnings: a possible false positive about the query, not data left out of the answer.
+_PROMQL_INFO = "PromQL info"
 
 
 class PrometheusError(Exception):
@@ -72,9 +89,36 @@ class Connection:
     timeout_seconds: float = 10.0
 
 
+class _Warned(Exception):
+    """An answer with HTTP 200 that carries warnings: possibly without the series of a store that failed."""
+
+    def __init__(self, warnings: list[str]) -> None:
+        super().__init__("; ".join(warnings))
+        self.warnings = warnings
+
+
+def _refuse_warnings(response: requests.Response, *args: object, **kwargs: object) -> None:
+    """A response hook: raises ``_Warned`` for an answer whose warnings are more than info annotations, which
+    prometheus-api-client would pass on without them. Prometheus and Thanos leave the field out where there are
+    none, so most answers are not parsed a second time."""
+    if response.status_code != 200 or b'"warnings"' not in response.content:
+        return
+    warnings = [str(w) for w in response.json().get("warnings") or () if not str(w).startswith(_PROMQL_INFO)]
+    if warnings:
+        raise _Warned(warnings)
+
+
 def _classify(exc: Exception, url: str) -> PrometheusError:
     if isinstance(exc, PrometheusError):
         return exc
+    if isinstance(exc, _Warned):
+        return PrometheusError(
+            ErrorKind.PARTIAL,
+            f"Prometheus at {url} answered with a warning, so the answer may lack series: {exc.warnings[0][:200]}; "
+            "behind a Thanos Querier a store (a sidecar, a store gateway, a receiver) failed or timed out: check "
+            "it on the querier's Stores page, or raise --store.response-timeout",
+            transient=True,
+        )
     if isinstance(exc, requests.exceptions.SSLError):
         return PrometheusError(
             ErrorKind.TLS,
@@ -130,6 +174,7 @@ class PrometheusClient:
             headers["Authorization"] = f"Bearer {connection.bearer_token}"
         if connection.ca_pem:
             session.verify = _ca_file(connection.ca_pem)
+        session.hooks["response"].append(_refuse_warnings)
         # No retries inside: prometheus-api-client's default (3 more tries, 1 s backoff) under
         # ours made a refused connection cost 18 s per window instead of one second.
         self._prom = PrometheusConnect(url=connection.url, headers=headers, auth=connection.basic_auth,
@@ -142,15 +187,15 @@ class PrometheusClient:
 
     def query(self, promql: str, at: float) -> list[Sample]:
         """Evaluate ``promql`` at Unix time ``at``. Raises PrometheusError."""
-        rows = self._ask(lambda: self._prom.custom_query(promql, params={"time": f"{at:.3f}"}))
+        rows = self._ask(lambda: self._prom.custom_query(promql, params={"time": f"{at:.3f}", **_WHOLE_ANSWER}))
         return [Sample(labels=row.get("metric", {}), value=_number(row["value"][1])) for row in rows]
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> list[Series]:
         """Evaluate ``promql`` at ``start``, ``start + step``, ... up to ``end`` (Unix seconds). Raises PrometheusError."""
         # The library rounds start and end to whole seconds; its params override them with the exact times.
-        exact = {"start": f"{start:.3f}", "end": f"{end:.3f}"}
+        params = {"start": f"{start:.3f}", "end": f"{end:.3f}", **_WHOLE_ANSWER}
         rows = self._ask(lambda: self._prom.custom_query_range(
-            promql, datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC), f"{step:g}", params=exact))
+            promql, datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC), f"{step:g}", params=params))
         return [Series(labels=row.get("metric", {}), times=[float(t) for t, _ in row["values"]],
                        values=[_number(v) for _, v in row["values"]]) for row in rows]
 

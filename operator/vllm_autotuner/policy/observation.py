@@ -130,6 +130,9 @@ REQUIRED = (
     "mean_prompt_tokens",
     "mean_generation_tokens",
 )
+#: Fields that are shares, 0 to 1: above 1 they measure nothing (a pod's series summed twice, buckets that disagree)
+#: and are held as invalid, never acted on.
+SHARES = ("kv_cache_usage", "ttft_within_slo", "itl_within_slo")
 _NUMBERS = tuple(
     f.name
     for f in fields(Observation)
@@ -205,8 +208,8 @@ def hold_reason(
     before the config settled, from pods whose vLLM server (re)started less
     than the settle time before the window (a restart that is not a knob
     change: ``kubectl rollout restart``, an image bump, a crashed container,
-    a scale-up), or a short window, quantiles for another SLO, too few
-    requests, NaN or missing numbers. An unknown start
+    a scale-up), or a short window, quantiles for another SLO, NaN,
+    negative or missing numbers, shares above 1, too few requests. An unknown start
     (``started_at`` None: no ``_created`` series, no counter reset, and
     every pod's series reaching back further than the settle time, or a
     window, before the window) does not hold.
@@ -250,6 +253,12 @@ def hold_reason(
             return HoldReason.INVALID, f"{name} is {value}"
         if value is not None and value < 0:
             return HoldReason.INVALID, f"{name} is negative ({value})"
+        if name in SHARES and value is not None and value > 1:
+            return HoldReason.INVALID, (
+                f"{name} is {value}, above 1, which a share cannot be: a pod's series counted more than once (two "
+                "scrape jobs whose copies differ in more than job and instance: select one with "
+                "spec.prometheus.labelMatchers, such as job) or histogram buckets that disagree"
+            )
     missing = [name for name in REQUIRED if getattr(observation, name) is None]
     if missing:
         return HoldReason.NO_DATA, f"no data for {', '.join(missing)}"
@@ -264,7 +273,7 @@ def hold_reason(
 def blind(observation: Observation | None, problem: tuple[HoldReason, str] | None) -> tuple[HoldReason, str] | None:
     """``problem`` (``hold_reason``'s) when it means the window shows nothing of the pods as they are now:
     Prometheus did not answer or had no fresh series of them (no observation), their newest samples are stale,
-    or its numbers are NaN or negative. Then no change starts, not even a schedule's, which needs no traffic
+    or its numbers are NaN, negative or shares above 1. Then no change starts, not even a schedule's, which needs no traffic
     data: a rolling restart made blind could not be judged (no regression measured, no engine seen asleep), so
     it waits for a fresh window. A quiet window (too few requests, none at all, a Deployment scaled to zero)
     is not blind: a nightly batch window still opens on time."""

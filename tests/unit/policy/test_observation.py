@@ -13,7 +13,7 @@ from vllm_autotuner.api import SLO, LatencyTarget
 from vllm_autotuner.api.status import Rollout, RolloutPhase
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.policy import HoldReason, decide, hold_reason
-from vllm_autotuner.policy.observation import _NUMBERS, REQUIRED
+from vllm_autotuner.policy.observation import _NUMBERS, REQUIRED, SHARES
 
 from .helpers import T0, knobs, long_prompt_window, spec, status
 
@@ -101,6 +101,21 @@ def test_too_few_requests():
 def test_nan_infinite_or_negative_numbers(name, bad):
     window = long_prompt_window(STATE, SPEC, **{name: bad})
     assert reason_of(window) in (HoldReason.INVALID, HoldReason.STALE)
+
+
+@pytest.mark.parametrize("name", SHARES)
+def test_a_share_above_one_is_invalid_and_one_is_not(name):
+    # a KV-cache usage of 1.4 (0.7 summed over a pod scraped by two jobs) or a share within target above 1 (buckets
+    # that disagree) measures nothing: acted on, the traffic model would take it for a full cache or no misses
+    found = hold_reason(SPEC, SPEC.slo, STATE, long_prompt_window(STATE, SPEC, **{name: 1.4}), T0)
+    assert found is not None and found[0] == HoldReason.INVALID
+    assert found[1].startswith(f"{name} is 1.4, above 1, which a share cannot be") and "labelMatchers" in found[1]
+    assert reason_of(long_prompt_window(STATE, SPEC, **{name: 1.0})) is None
+    state = decide(
+        SPEC, STATE, long_prompt_window(STATE, SPEC, now=T0 - timedelta(minutes=10)), T0 - timedelta(minutes=10)
+    ).state
+    decision = decide(SPEC, state, long_prompt_window(STATE, SPEC, **{name: 1.4}), T0)
+    assert not decision.changes and decision.hold == HoldReason.INVALID
 
 
 @pytest.mark.parametrize("name", REQUIRED)

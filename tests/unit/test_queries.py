@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from vllm_autotuner.observe.queries import (
     FAMILIES,
     FAMILY,
     REFUSED,
+    Kind,
     PodMatch,
     Selector,
     completed_requests,
@@ -21,16 +24,19 @@ from vllm_autotuner.observe.queries import (
 
 def test_batched_counter_groups_by_namespace_and_pod_with_user_matchers():
     q = family_query(FAMILY["prompt_tokens"], Selector(matchers=(("cluster", "prod"),)), 300)
-    assert q == '(sum by (namespace, pod) (rate(vllm:prompt_tokens_total{cluster="prod"}[300s])))'
+    assert q == ('(sum by (namespace, pod) (avg by (namespace, pod, engine, model_name, reason) ('
+                 'rate(vllm:prompt_tokens_total{cluster="prod"}[300s]))))')
 
 
 def test_requests_are_grouped_by_finished_reason_in_the_same_query_with_those_refused_at_admission():
     # the load counts every finished request and every refused one, the sample count the completed ones: one query
     # answers all three, the refusals (which have no finished_reason) labelled as such
     q = family_query(FAMILY["requests"], Selector(matchers=(("cluster", "prod"),)), 300)
-    assert q == ('(sum by (namespace, pod, finished_reason) (rate(vllm:request_success_total{cluster="prod"}[300s])))'
-                 ' or (label_replace(sum by (namespace, pod) (rate(vllm:admission_rejections_total{cluster="prod"}'
-                 '[300s])), "finished_reason", "refused", "", ""))')
+    assert q == ('(sum by (namespace, pod, finished_reason) (avg by (namespace, pod, finished_reason, engine, '
+                 'model_name, reason) (rate(vllm:request_success_total{cluster="prod"}[300s]))))'
+                 ' or (label_replace(sum by (namespace, pod) (avg by (namespace, pod, engine, model_name, reason) '
+                 '(rate(vllm:admission_rejections_total{cluster="prod"}[300s]))), "finished_reason", "refused", '
+                 '"", ""))')
     assert len(FAMILIES) == 23  # the query count per period the README states
 
 
@@ -40,8 +46,8 @@ def test_the_engines_sleep_state_is_the_share_of_the_window_each_pod_was_awake()
     selector = Selector(matchers=(("cluster", "prod"),))
     extra = pod_matchers(selector, "llm", PodMatch(("llama-abc-",)))
     assert family_query(FAMILY["awake"], selector, 300, extra) == (
-        '(sum by (namespace, pod) (avg_over_time(vllm:engine_sleep_state{cluster="prod",namespace="llm",'
-        'pod=~"(llama-abc-.*)",sleep_state="awake"}[300s])))'
+        '(sum by (namespace, pod) (avg by (namespace, pod, engine, model_name, reason) (avg_over_time('
+        'vllm:engine_sleep_state{cluster="prod",namespace="llm",pod=~"(llama-abc-.*)",sleep_state="awake"}[300s]))))'
     )
 
 
@@ -51,10 +57,24 @@ def test_waiting_is_for_room_in_the_batch_and_every_waiting_request_from_an_olde
     selector = Selector(matchers=(("cluster", "prod"),))
     extra = pod_matchers(selector, "llm", PodMatch(("llama-abc-",)))
     assert family_query(FAMILY["waiting"], selector, 300, extra) == (
-        '(sum by (namespace, pod) (avg_over_time(vllm:num_requests_waiting_by_reason{cluster="prod",namespace="llm",'
-        'pod=~"(llama-abc-.*)",reason="capacity"}[300s]))) or (sum by (namespace, pod) (avg_over_time('
-        'vllm:num_requests_waiting{cluster="prod",namespace="llm",pod=~"(llama-abc-.*)"}[300s])))'
+        '(sum by (namespace, pod) (avg by (namespace, pod, engine, model_name, reason) (avg_over_time('
+        'vllm:num_requests_waiting_by_reason{cluster="prod",namespace="llm",pod=~"(llama-abc-.*)",reason="capacity"}'
+        '[300s])))) or (sum by (namespace, pod) (avg by (namespace, pod, engine, model_name, reason) (avg_over_time('
+        'vllm:num_requests_waiting{cluster="prod",namespace="llm",pod=~"(llama-abc-.*)"}[300s]))))'
     )
+
+
+def test_each_series_of_a_pod_counts_once_where_a_family_sums():
+    # a pod scraped by two jobs (a chart's kubernetes-pods and kubernetes-service-endpoints, overlapping PodMonitors)
+    # has each series twice, differing in job and instance alone: summed by pod, every rate and gauge would double
+    # while the quantiles stay the same. The copies' mean goes into each sum, batched and per tuning alike.
+    selector = Selector(namespace_label="kubernetes_namespace", pod_label="kubernetes_pod_name")
+    for extra in ((), pod_matchers(selector, "llm", PodMatch(("llama-abc-",)))):
+        for family in FAMILIES:
+            sums = re.findall(r"sum by \(([^)]*)\) \((\w+ by \([^)]*\))?", family_query(family, selector, 300, extra))
+            assert bool(sums) == (family.kind in (Kind.RATE, Kind.BUCKETS, Kind.AVERAGE)), family.key
+            expected = [f"avg by ({by}, engine, model_name, reason)" for by, _ in sums]
+            assert [inner for _, inner in sums] == expected, family.key
 
 
 def test_aborted_and_failed_requests_are_no_samples():
@@ -69,8 +89,10 @@ def test_aborted_and_failed_requests_are_no_samples():
 def test_batched_histogram_keeps_le_and_falls_back_to_the_old_name():
     q = family_query(FAMILY["itl"], Selector(namespace_label="kubernetes_namespace", pod_label="pod_name"), 60)
     assert q == (
-        "(sum by (kubernetes_namespace, pod_name, le) (rate(vllm:inter_token_latency_seconds_bucket[60s])))"
-        " or (sum by (kubernetes_namespace, pod_name, le) (rate(vllm:time_per_output_token_seconds_bucket[60s])))"
+        "(sum by (kubernetes_namespace, pod_name, le) (avg by (kubernetes_namespace, pod_name, le, engine, model_name,"
+        " reason) (rate(vllm:inter_token_latency_seconds_bucket[60s]))))"
+        " or (sum by (kubernetes_namespace, pod_name, le) (avg by (kubernetes_namespace, pod_name, le, engine,"
+        " model_name, reason) (rate(vllm:time_per_output_token_seconds_bucket[60s]))))"
     )
 
 
@@ -79,9 +101,11 @@ def test_per_target_query_filters_to_the_current_replicaset():
     extra = pod_matchers(selector, "llm", PodMatch(("llama-7d9f8c.v2-",)))
     q = family_query(FAMILY["kv_usage"], selector, 300, extra)
     assert q.startswith(
-        '(sum by (namespace, pod) (avg_over_time(vllm:kv_cache_usage_perc{namespace="llm",pod=~"(llama-7d9f8c\\\\.v2-.*)"}[300s])))'
+        '(sum by (namespace, pod) (avg by (namespace, pod, engine, model_name, reason) (avg_over_time('
+        'vllm:kv_cache_usage_perc{namespace="llm",pod=~"(llama-7d9f8c\\\\.v2-.*)"}[300s]))))'
     )
-    assert " or (sum by (namespace, pod) (avg_over_time(vllm:gpu_cache_usage_perc{" in q
+    assert " or (sum by (namespace, pod) (avg by (namespace, pod, engine, model_name, reason) (avg_over_time(" in q
+    assert "vllm:gpu_cache_usage_perc{" in q
 
 
 def test_quoting_and_label_validation():

@@ -27,6 +27,17 @@ neither costs one more query per period:
   judge exactly such a pod. While the pod's scrape target is still there and
   failing (``up == 0``), its newest sample in the window answers; a pod
   deleted in a scale-down or a rollout has no target left, so it stays out.
+
+Each of a pod's series counts once. A pod scraped by two jobs (a chart's
+kubernetes-pods and kubernetes-service-endpoints, overlapping PodMonitors,
+an HA pair of Prometheus servers behind a querier that does not deduplicate
+them) has every series twice, differing only in the scrape's labels (job,
+instance, endpoint, replica), and a sum by pod would double every rate and
+gauge (a KV-cache usage of 0.7 would read 1.4) while the quantiles stay as
+they are, so nothing would look amiss. The families that sum take the mean
+of such copies first, grouped by the pod and vLLM's own labels, which alone
+tell a pod's series apart (``SERVER_LABELS``); those that take a maximum or
+a minimum (timestamps, starts) are the same over copies.
 """
 
 from __future__ import annotations
@@ -152,6 +163,11 @@ FAMILY = {f.key: f for f in FAMILIES}
 
 _LABEL_NAME = re.compile(LABEL_NAME_PATTERN)
 
+#: The labels vLLM tells the series of one metric apart by (vllm-metrics.txt): the engine, the served model, and a
+#: count's reason (admission rejections by queue limit), besides ``le`` and the labels a family groups by or matches.
+#: Two series of one pod that agree in all of these are copies, the same series scraped twice.
+SERVER_LABELS = ("engine", "model_name", "reason")
+
 
 @dataclass(frozen=True)
 class Selector:
@@ -192,6 +208,13 @@ def reach(window: float, settle: float = 0.0) -> int:
     return round(window + max(window, settle))
 
 
+def _summed(expr: str, by: str) -> str:
+    """The sum by ``by`` of ``expr``, a function of each series, counting the copies of a series (a pod scraped by
+    several jobs) once: their mean, which is their value where they agree and keeps a histogram's buckets
+    cumulative where they do not (their scrapes' times differ)."""
+    return f"sum by ({by}) (avg by ({by}, {', '.join(SERVER_LABELS)}) ({expr}))"
+
+
 def _expr(kind: Kind, metric: str, labels: str, targets: str, window: float, back: int, by: str) -> str:
     """One term of a family's query; ``labels`` select the metric's series, ``targets`` (the namespace and pod
     matchers among them) the pods' scrape targets' ``up`` series."""
@@ -200,9 +223,9 @@ def _expr(kind: Kind, metric: str, labels: str, targets: str, window: float, bac
     step = _step(window)
     match kind:
         case Kind.RATE | Kind.BUCKETS:
-            return f"sum by ({by}) (rate({sel}[{w}]))"
+            return _summed(f"rate({sel}[{w}])", by)
         case Kind.AVERAGE:
-            return f"sum by ({by}) (avg_over_time({sel}[{w}]))"
+            return _summed(f"avg_over_time({sel}[{w}])", by)
         case Kind.LAST_SEEN:
             return f"max by ({by}) (timestamp({sel}))"
         case Kind.FAILING:
@@ -297,6 +320,6 @@ def family_query(family: Family, selector: Selector, window_seconds: float, extr
     for part in family.parts:
         if part.counter is not None:
             # the counter has no such label: given one, its rows join the family's (their label sets differ)
-            exprs.append(f"label_replace(sum by ({pods}) (rate({part.counter}{labels}[{_window(window_seconds)}])), "
-                         f"{quote(part.label)}, {quote(part.key)}, \"\", \"\")")
+            rate = _summed(f"rate({part.counter}{labels}[{_window(window_seconds)}])", pods)
+            exprs.append(f"label_replace({rate}, {quote(part.label)}, {quote(part.key)}, \"\", \"\")")
     return " or ".join(f"({expr})" for expr in exprs)

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from tests.unit.sim.helpers import random_requests
-from vllm_autotuner.observe.queries import FAMILIES
+from vllm_autotuner.observe.queries import FAMILIES, SERVER_LABELS, Kind
 from vllm_autotuner.sim.engine import Engine, EngineConfig
 from vllm_autotuner.sim.metrics import OLD_NAMES, VllmCollector, server_info
 from vllm_autotuner.sim.profiles import get_profile
@@ -91,6 +91,21 @@ def test_the_operators_label_matchers_name_values_a_real_server_exports() -> Non
               for s in family.samples for label, value in s.labels.items()}
     matched = [(f.metrics[0], label, value) for f in FAMILIES for label, value in f.match]
     assert matched and [m for m in matched if m not in values] == []
+
+
+def test_a_pods_series_differ_in_no_label_of_a_real_server_but_those_the_operator_tells_apart() -> None:
+    # the operator takes two series of one pod that agree in vLLM's own labels (SERVER_LABELS), ``le`` and those its
+    # family groups by or matches for copies, scraped twice, and counts them once: a label vLLM adds to a metric the
+    # operator sums would make parts of a pod's count look like copies of each other
+    labels: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(REAL_SCRAPE.read_text()):
+        for sample in family.samples:
+            labels.setdefault(sample.name, set()).update(sample.labels)
+    summed = [f for f in FAMILIES if f.kind in (Kind.RATE, Kind.BUCKETS, Kind.AVERAGE)]
+    unknown = {metric: labels[metric] - {*SERVER_LABELS, "le", f.part_label, *(label for label, _ in f.match)}
+               for f in summed for metric in (*f.metrics, *(p.counter for p in f.parts if p.counter))
+               if metric in labels}
+    assert len(unknown) > len(summed) // 2 and {m: u for m, u in unknown.items() if u} == {}
 
 
 def test_served_values_follow_the_engine() -> None:

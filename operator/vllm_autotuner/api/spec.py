@@ -319,7 +319,8 @@ class SLO(SpecModel):
     """Inter-token latency (vllm:inter_token_latency_seconds) while a response streams."""
 
 
-_ORDERED = cel("!has(self.min) || !has(self.max) || self.min <= self.max", "min must be <= max")
+_ORDERED = cel("!has(self.min) || !has(self.max) || self.min <= self.max",
+               "min must be <= max (a min left out is its default, given by kubectl explain)")
 
 
 class IntRange(SpecModel):
@@ -330,9 +331,13 @@ class IntRange(SpecModel):
     min: int
     max: int
 
+    def disordered(self, defaults: bool = True) -> bool:
+        """Whether min is above max; ``defaults=False``: only where both were written (CEL's ``has()``)."""
+        return (defaults or _given(self, "min", "max")) and self.min > self.max
+
     @model_validator(mode="after")
     def _ordered(self) -> Self:
-        _refuse(_given(self, "min", "max") and self.min > self.max, _ORDERED)
+        _refuse(self.disordered(defaults=False), _ORDERED)
         return self
 
 
@@ -372,20 +377,25 @@ class Bounds(SpecModel):
     max_num_seqs: SeqBounds = SeqBounds()
     """Range for --max-num-seqs."""
 
-    @model_validator(mode="after")
-    def _seqs_fit(self) -> Self:
+    def seqs_unfit(self, defaults: bool = True) -> bool:
+        """Whether the least budget is below the least max_num_seqs; ``defaults=False``: only where both were
+        written (CEL's ``has()``)."""
         tokens, seqs = self.max_num_batched_tokens, self.max_num_seqs
         given = _given(self, "max_num_batched_tokens", "max_num_seqs") and _given(tokens, "min") and _given(seqs, "min")
-        _refuse(given and tokens.min < seqs.min, _SEQS_FIT)
+        return (defaults or given) and tokens.min < seqs.min
+
+    @model_validator(mode="after")
+    def _seqs_fit(self) -> Self:
+        _refuse(self.seqs_unfit(defaults=False), _SEQS_FIT)
         return self
 
     def problems(self) -> list[str]:
-        """The CEL rules of these bounds, for bounds put together from two (``SpecModel.overlaid``), which
-        admission saw apart."""
+        """The CEL rules of these bounds, defaults included, for bounds put together from two
+        (``SpecModel.overlaid``), which admission saw apart."""
         tokens, seqs = self.max_num_batched_tokens, self.max_num_seqs
         found = [f"{name}.min {r.min} > {name}.max {r.max}" for name, r in (("maxNumBatchedTokens", tokens),
-                                                                           ("maxNumSeqs", seqs)) if r.min > r.max]
-        if tokens.min < seqs.min:
+                                                                           ("maxNumSeqs", seqs)) if r.disordered()]
+        if self.seqs_unfit():
             found.append(f"maxNumBatchedTokens.min {tokens.min} < maxNumSeqs.min {seqs.min} (vLLM needs "
                          f"max_num_batched_tokens >= max_num_seqs)")
         return found
@@ -583,3 +593,12 @@ class VllmTuningSpec(SpecModel):
     """Guardrails on rollouts."""
     engine: EngineSpec = EngineSpec()
     """Facts about the engine used when the knobs are not set on the command line."""
+
+    @model_validator(mode="after")
+    def _bounds_with_defaults(self) -> Self:
+        """spec.bounds is no overlay: the apiserver fills its defaults in before its rules run, and so does this
+        (a maxNumSeqs.max of 4 is below the min of 8 a person left out)."""
+        for found in (self.bounds.max_num_batched_tokens, self.bounds.max_num_seqs):
+            _refuse(found.disordered(), _ORDERED)
+        _refuse(self.bounds.seqs_unfit(), _SEQS_FIT)
+        return self

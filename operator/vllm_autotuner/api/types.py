@@ -23,9 +23,10 @@ _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 #: A five-field cron expression (minute hour day-of-month month day-of-week), the
-#: convention of KEDA's cron scaler. Admission checks the shape; the controller
-#: parses it fully (``parse_cron``) and reports what it cannot parse.
-CRON_PATTERN = r"^\s*([0-9A-Za-z*,/?-]+\s+){4}[0-9A-Za-z*,/?-]+\s*$"
+#: convention of KEDA's cron scaler. Admission checks the shape, in the characters cron reads (``L`` for the last,
+#: ``#`` for the nth weekday of the month: ``0 0 * * 2#2``); the controller parses it fully (``parse_cron``) and
+#: reports what it cannot parse.
+CRON_PATTERN = r"^\s*([0-9A-Za-z*,/#-]+\s+){4}[0-9A-Za-z*,/#-]+\s*$"
 
 #: IANA time-zone names ("UTC", "Europe/Berlin", "America/Argentina/Buenos_Aires",
 #: "Etc/GMT+5"). Admission checks the shape; the controller checks the name exists.

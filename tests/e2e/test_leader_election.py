@@ -4,9 +4,10 @@ Both processes run the same command on the same Lease, as the chart's two
 replicas do. Which one acted is read from each process's own /metrics (its
 leader gauge, its decisions, its Deployment patches) and from the Lease's
 holder; the objects show that one rollout happened per change, not two.
-The leader is then stopped as Kubernetes stops a pod (SIGTERM): it must
-hand the Lease over, and the standby must carry on, here by rolling out a
-preset changed after the takeover.
+A third replica, stopped while it stands by, exits at once. The leader is
+then stopped as Kubernetes stops a pod (SIGTERM): it must hand the Lease
+over, and the standby must carry on, here by rolling out a preset changed
+after the takeover.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def test_of_two_replicas_only_the_leader_acts_and_the_standby_takes_over_when_it
     lease = coordination.read_namespaced_lease("vllm-autotuner", namespace)
     assert lease.spec.holder_identity == leader.identity
     assert world.deployment().metadata.generation == 2 and len(world.events("RolloutStarted")) == 1
+    # a standby told to stop exits at once, by its own handler: in its container it is PID 1, whose signals
+    # without one the kernel drops (it would stand by until the kubelet's SIGKILL, free to take the Lease meanwhile)
+    late = operators.start("late")
+    assert late.stop() == 0 and "stopped while standing by" in late.log.read_text()
 
     assert leader.stop() == 0
     wait_for(lambda: leading(standby), 30, "the standby to take the Lease over")

@@ -5,7 +5,11 @@ healthy too), win the leader Lease, and only then start kopf's watches and
 the evaluator, so a standby never acts. Losing the lease stops everything
 and exits non-zero (Kubernetes restarts the pod as a candidate); SIGTERM
 stops kopf and the evaluator and releases the lease so a standby takes over
-at once.
+at once. SIGTERM is handled from the start: in its container the operator is
+PID 1, whose signals without a handler the kernel drops, and kopf's handler
+comes only with kopf. A standby told to stop must exit then (exit 0), not
+stand by until the kubelet's SIGKILL, free to take the Lease the leader it
+stops beside releases and to act, its stop lost.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -185,8 +190,26 @@ async def wind_down(workers: list[asyncio.Task], holding: asyncio.Task | None) -
     return lost
 
 
+async def _unless_stopped(step: Any, stop: asyncio.Event) -> bool:
+    """Await ``step`` (a coroutine) unless ``stop`` is set first, which cancels it; True when it finished."""
+    task = asyncio.ensure_future(step)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return False
+    task.result()
+    return True
+
+
 async def run(options: RunOptions) -> int:
     """Run until SIGTERM/SIGINT (0) or until leadership is lost (1)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT):  # kopf puts its own in their place once it runs
+        loop.add_signal_handler(number, stop.set)
     kopf.configure(verbose=options.verbose, log_format=kopf.LogFormat.JSON if options.log_format == "json"
                    else kopf.LogFormat.FULL)
     if not options.verbose:
@@ -204,7 +227,10 @@ async def run(options: RunOptions) -> int:
         identity = options.identity or f"{socket.gethostname()}-{os.getpid()}"
         elector = LeaderElector(client.CoordinationV1Api(api_client),
                                 LeaseConfig(options.lease_namespace, options.lease_name, identity))
-        await elector.acquire()
+        if not await _unless_stopped(elector.acquire(), stop):
+            log.info("stopped while standing by")
+            await http.stop()
+            return 0
     if not await asyncio.to_thread(kube.serves_tunings):
         # kopf resolves the resource once (no CRD watch, see ``configure``): started without it, it would never
         # watch VllmTunings while /healthz said ok. Exiting lets the pod restart until the CRD is there.
@@ -218,7 +244,6 @@ async def run(options: RunOptions) -> int:
     cache = ClusterCache()
     reconciler = Reconciler(kube, cache, observation_service(metrics), metrics, options.settings)
     evaluator = Evaluator(cache, reconciler, metrics)
-    stop = asyncio.Event()
     operator = asyncio.create_task(kopf.operator(
         registry=registry_for(cache), clusterwide=not options.namespaces, namespaces=list(options.namespaces),
         standalone=True, stop_flag=stop), name="kopf")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from vllm_autotuner.controller.operator import wind_down
+from vllm_autotuner.controller.operator import _unless_stopped, wind_down
 
 
 class Lease:
@@ -65,3 +65,23 @@ def test_a_lease_lost_before_stopping_cancels_everything_at_once() -> None:
         return lost and forever.cancelled()
 
     assert asyncio.run(scenario())
+
+
+def test_a_standby_told_to_stop_stops_waiting_for_the_lease_and_a_leader_in_the_making_finishes() -> None:
+    async def scenario() -> tuple[bool, bool, bool]:
+        stop, waited = asyncio.Event(), []
+
+        async def acquire(lead: asyncio.Event) -> None:
+            try:
+                await lead.wait()
+            finally:
+                waited.append(lead.is_set())
+
+        stop.set()  # SIGTERM while another replica leads: the wait for the Lease ends there
+        standby = await _unless_stopped(acquire(asyncio.Event()), stop)
+        won = asyncio.Event()
+        won.set()
+        leader = await _unless_stopped(acquire(won), asyncio.Event())
+        return standby, leader, waited == [False, True]
+
+    assert asyncio.run(scenario()) == (False, True, True)

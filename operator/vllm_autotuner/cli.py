@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prometheus_access(run, "--prometheus-url")
     run.add_argument("--namespace", action="append",
                      help="watch only this namespace (repeatable; env WATCH_NAMESPACES, comma-separated); default all")
-    run.add_argument("--http-host", default="0.0.0.0", help="address of /metrics and /healthz")
+    run.add_argument("--http-host", default=None,
+                     help="address of /metrics and /healthz (default: every address, IPv4 and IPv6)")
     run.add_argument("--http-port", type=int, default=8080, help="port of /metrics and /healthz")
     run.add_argument("--no-leader-election", action="store_true", help="act without holding the leader Lease")
     run.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"),

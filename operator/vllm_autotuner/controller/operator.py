@@ -47,7 +47,7 @@ class RunOptions:
 
     settings: OperatorSettings
     namespaces: tuple[str, ...] = ()  # empty: every namespace
-    http_host: str = "0.0.0.0"
+    http_host: str | None = None  # None: every address, IPv4 and IPv6 (an IPv6-only cluster probes the pod there)
     http_port: int = 8080
     leader_election: bool = True
     lease_namespace: str = "default"
@@ -114,7 +114,7 @@ def registry_for(cache: ClusterCache) -> kopf.OperatorRegistry:
 class HttpEndpoints:
     """/healthz (process alive, on every replica) and /metrics (the operator's metrics)."""
 
-    def __init__(self, metrics: OperatorMetrics, host: str, port: int) -> None:
+    def __init__(self, metrics: OperatorMetrics, host: str | None, port: int) -> None:
         self.metrics = metrics
         self.host, self.port = host, port
         self._runner: web.AppRunner | None = None
@@ -132,7 +132,7 @@ class HttpEndpoints:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port).start()
-        log.info("serving /metrics and /healthz on %s:%d", self.host, self.port)
+        log.info("serving /metrics and /healthz on %s:%d", self.host or "every address", self.port)
 
     async def stop(self) -> None:
         if self._runner is not None:

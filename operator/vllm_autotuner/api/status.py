@@ -17,6 +17,8 @@ from vllm_autotuner.api.spec import BatchedTokens, Knobs, NumSeqs
 
 #: How many decisions status.history keeps, newest first.
 HISTORY_LIMIT = 20
+#: Most rollout start times the status keeps: the newest, more than the highest daily budget (288) counts.
+ROLLOUT_TIMES_LIMIT = 300
 #: How many learned regimes and failed configs status keeps.
 LEARNED_LIMIT = 32
 FAILED_LIMIT = 32
@@ -368,7 +370,7 @@ class VllmTuningStatus(StatusModel):
     """What a rollout of this target costs, in seconds of its whole SLO goodput: lostSeconds over the baseline attainment, averaged over the measured rollouts (none yet: estimated from the load)."""
     rollout_seconds: float | None = Field(default=None, ge=0)
     """How long a rolling restart of the target takes: the last one the operator timed, from the patch to its last pod Ready (seconds). Only a change of its own that succeeded with pods running is timed: not a rollback (after a rollout whose new pods could not start, it only removes a pending pod), nor a config written while the Deployment was scaled to zero (it waited for a scale-up). Schedule pre-rolls, the lead before a change freeze and the price of a restart follow it; absent, 5 minutes ahead of a window or freeze, and 3 minutes out of service for each wave of pods a restart stops."""
-    rollout_times: list[str] = Field(default_factory=list, max_length=300)
+    rollout_times: list[str] = Field(default_factory=list, max_length=ROLLOUT_TIMES_LIMIT)
     """Start times of rollouts in the last 24 hours (the daily rollout budget)."""
     history: list[DecisionRecord] = Field(default_factory=list, max_length=HISTORY_LIMIT)
     """The latest decisions, newest first."""

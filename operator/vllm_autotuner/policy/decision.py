@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from vllm_autotuner.api import DecisionAction, DecisionRecord, Knobs, KnobSource, Rollout, VllmTuningStatus
-from vllm_autotuner.api.status import HISTORY_LIMIT, RolloutPhase
+from vllm_autotuner.api.status import HISTORY_LIMIT, ROLLOUT_TIMES_LIMIT, RolloutPhase
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.policy.guardrails import rollouts_last_day
 from vllm_autotuner.policy.observation import HoldReason
@@ -112,5 +112,7 @@ def with_rollout(
         baseline_attainment=baseline_attainment,
         baseline_request_rate=baseline_request_rate,
     )
-    times = [*rollouts_last_day(state, now), utc_timestamp(now)]
+    # a schedule change counts 23 hours (SHORTEST_DAY_SECONDS), so the day's list can hold more than the
+    # budget; the newest ROLLOUT_TIMES_LIMIT, more than any budget, still say it is spent
+    times = [*rollouts_last_day(state, now), utc_timestamp(now)][-ROLLOUT_TIMES_LIMIT:]
     return state.model_copy(update={"last_rollout": rollout, "rollout_times": times})

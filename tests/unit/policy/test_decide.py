@@ -945,3 +945,13 @@ def test_a_step_factor_below_two_still_raises_max_num_seqs_as_far_as_one_step_go
     state = decide(the_spec, state, long_prompt_window(state, the_spec, now=start, **busy), start).state
     decision = decide(the_spec, state, long_prompt_window(state, the_spec, **busy), T0)
     assert decision.action == DecisionAction.CHANGE and decision.knobs == knobs(8192, seqs), decision.reason
+
+
+def test_rollout_times_keep_the_newest_within_the_status_cap_when_schedule_changes_fill_the_day():
+    # a schedule change counts the last 23 hours: the rollouts of the 24th hour stay in the list, and with a high
+    # budget the day's list would pass the CRD's 300 items (the status could then be neither written nor read)
+    opens = T0.replace(hour=22)
+    day = [utc_timestamp(opens - timedelta(hours=24) + timedelta(seconds=286 * (n + 1))) for n in range(300)]
+    state = with_rollout(status(rollout_times=day), opens, knobs(16384, 512), KnobSource.SCHEDULE, "schedule night")
+    assert len(state.rollout_times) == 300 and state.rollout_times[-1] == utc_timestamp(opens)
+    VllmTuningStatus.model_validate(state.model_dump(by_alias=True))  # within the CRD's maxItems

@@ -31,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 
 from cronsim import CronSim
 
-from vllm_autotuner.api import Schedule, TimeWindow, VllmTuningStatus
+from vllm_autotuner.api import Knobs, Schedule, TimeWindow, VllmTuningStatus
 from vllm_autotuner.api.types import duration_seconds, parse_cron, time_zone
 
 #: Pre-roll before any rolling restart was timed; then its duration plus a margin.
@@ -191,23 +191,29 @@ def windows_in_force(
     return sorted(ranked, key=lambda w: w.is_open(now) and any(o.start >= w.end for o in pre_rolling)), errors
 
 
-def preset_in_force(windows: Sequence[ActiveWindow], now: datetime) -> ActiveWindow | None:
+def preset_in_force(windows: Sequence[ActiveWindow], now: datetime,
+                    running: Knobs | None = None) -> ActiveWindow | None:
     """The window whose preset is in force, of ``windows_in_force``'s: the window in force when it has one; under
-    one that only overrides the SLO or bounds, the first preset window open beneath it.
+    one that only overrides the SLO or bounds, the first preset window beneath it that is open, or whose preset
+    already runs (``running``: the target's knobs).
 
     Such a window says nothing of the knobs, so it does not end a preset:
     an SLO for a report run nested in the night's preset window leaves the
     preset live, where going back to the day's knobs when it opens and to
     the preset when it closes would cost two rolling restarts for nothing.
-    A preset window beneath it that is still in its pre-roll waits until it
-    opens: only the window in force keeps its pre-roll when the preset's own
-    rollout shortens it (``state.active_schedule``).
+    Nor does one whose own pre-roll begins while the preset's runs: a
+    weekend SLO from Friday 22:00 over a nightly preset pre-rolled from
+    21:30 would otherwise undo the preset, and the night redo it. A preset
+    window beneath it that is still in its pre-roll does not start its
+    preset: only the window in force keeps its pre-roll when the preset's
+    own rollout shortens it (``state.active_schedule``).
     """
     if not windows:
         return None
     if windows[0].schedule.knobs is not None:
         return windows[0]
-    return next((w for w in windows[1:] if w.schedule.knobs is not None and w.is_open(now)), None)
+    return next((w for w in windows[1:] if w.schedule.knobs is not None and (
+        w.is_open(now) or w.schedule.knobs == running)), None)
 
 
 def scheduled_rollouts(

@@ -955,3 +955,19 @@ def test_rollout_times_keep_the_newest_within_the_status_cap_when_schedule_chang
     state = with_rollout(status(rollout_times=day), opens, knobs(16384, 512), KnobSource.SCHEDULE, "schedule night")
     assert len(state.rollout_times) == 300 and state.rollout_times[-1] == utc_timestamp(opens)
     VllmTuningStatus.model_validate(state.model_dump(by_alias=True))  # within the CRD's maxItems
+
+
+def test_a_weekend_slo_whose_pre_roll_begins_during_the_nightly_presets_leaves_the_preset_running():
+    # the nightly preset is pre-rolled 30 minutes ahead (a slow fleet); on Friday a weekend SLO of higher priority
+    # from 22:00 enters its own pre-roll (the last rollout's 20 minutes and a margin) while the preset's runs: it says
+    # nothing of the knobs, so the preset stays, as on Thursday, rather than being undone and redone at 22:00
+    night = {"name": "night", "start": "0 22 * * *", "end": "0 6 * * *", "preRoll": "30m", "knobs": PRESET}
+    weekend = {"name": "weekend-slo", "priority": 5, "start": "0 22 * * 5", "end": "0 6 * * 1",
+               "slo": {"ttft": {"seconds": 10}}}
+    the_spec = spec(schedules=[night, weekend])
+    friday = T0.replace(day=3, hour=21)  # 2024-05-03 is a Friday
+    for day in (friday - timedelta(days=1), friday):
+        state = status(since=day - timedelta(days=1)).model_copy(update={"rollout_seconds": 1200.0})
+        changes, state = _evaluated(the_spec, state, day, day + timedelta(hours=2), timedelta(minutes=1))
+        assert [(c.knobs, c.state.rollout_times[-1]) for c in changes] == [
+            (knobs(16384, 512), utc_timestamp(day.replace(minute=30)))], [c.reason for c in changes]

@@ -336,9 +336,12 @@ class Traffic:
         return min(measured * max((min(knobs.max_num_seqs, peak) - fits_then) / (peak - fits), 0.0), 0.9)
 
     def kv_cache_tokens(self) -> float | None:
-        """Tokens the KV cache of a pod holds under the measured knobs: running requests' context over the usage."""
+        """Tokens the KV cache of a pod holds under the measured knobs: running requests' context over the usage.
+
+        None where the window cannot tell: too little usage, nothing running, or requests of no length.
+        """
         usage = self.base.kv_cache_usage
-        if usage is None or usage < 0.05 or self.running <= 0:
+        if usage is None or usage < 0.05 or self.running <= 0 or self.context <= 0:
             return None
         return self.running * self.context / usage
 

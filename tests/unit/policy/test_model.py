@@ -216,6 +216,18 @@ def test_smaller_knobs_free_kv_cache_and_cut_preemptions_where_neither_binds():
     assert t.utilisation(knobs(512, 64)) < t.utilisation(knobs(2048, 256)) < t.utilisation(knobs(8192, 256))
 
 
+def test_a_window_of_requests_without_length_predicts_without_the_kv_cache():
+    # counters that saw requests but no tokens (a window of aborted requests) while the cache held others
+    empty = measurement(
+        mean_prompt_tokens=0, mean_generation_tokens=0, kv_cache_usage=0.5, preemptions_per_second=0.1, running=5
+    )
+    t = traffic(empty)
+    assert t.kv_cache_tokens() is None
+    assert t.preempted_share(knobs(4096, 64)) == pytest.approx(0.1 / 3.0)
+    assert math.isfinite(t.utilisation(knobs(4096, 64)))
+    assert math.isfinite(t.predict(knobs(4096, 64)).attainment)
+
+
 def test_saturation_predicts_a_breach():
     t = Traffic.of(measurement(), SLO_CHAT, StepModel(slope=1e-3, points=1))
     assert t.predict(knobs(256, 256)).utilisation > 1 and t.predict(knobs(256, 256)).attainment < 0.05

@@ -165,7 +165,8 @@ class LeaderElector:
         pause = cfg.renew_seconds
         while True:
             deadline = self._renewed_at + cfg.renew_deadline_seconds
-            await asyncio.sleep(min(pause, deadline - self._monotonic()))
+            # wake with a retry's time left for a round, not at the deadline (a late start: nothing left to try)
+            await asyncio.sleep(max(0.0, min(pause, deadline - self._monotonic() - cfg.retry_seconds)))
             left = deadline - self._monotonic()
             if left <= 0:
                 break

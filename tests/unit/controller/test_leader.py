@@ -180,3 +180,22 @@ def test_a_standby_whose_call_hangs_tries_again():
         assert b.is_leader and store.commit_times("b")
 
     asyncio.run(main())
+
+
+def test_a_leader_that_starts_holding_late_renews_before_its_deadline():
+    store = Store()
+    a = LeaderElector(FakeLeases(store), LeaseConfig("ns", "lease", "a", lease_seconds=LEASE,
+                                                     renew_deadline_seconds=DEADLINE, renew_seconds=0.3,
+                                                     retry_seconds=0.2))
+
+    async def main() -> None:
+        await asyncio.wait_for(a.acquire(), 5)
+        await asyncio.sleep(DEADLINE - 0.25)  # the rest of a slow winning round before hold() starts
+        holding = asyncio.create_task(a.hold())
+        try:
+            await until(lambda: len(store.commit_times("a")) >= 3 or holding.done())
+        finally:
+            holding.cancel()
+        assert a.is_leader and len(store.commit_times("a")) >= 3
+
+    asyncio.run(main())

@@ -25,7 +25,9 @@ from typing import Any
 import kopf
 from aiohttp import web
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from urllib3.exceptions import HTTPError
 
 from vllm_autotuner import USER_AGENT
 from vllm_autotuner.api import GROUP, PLURAL, VERSION
@@ -204,6 +206,24 @@ async def _unless_stopped(step: Any, stop: asyncio.Event) -> bool:
     return True
 
 
+async def _serves_tunings(kube: Kube) -> bool:
+    """Whether the apiserver serves VllmTunings, the reason logged when not (the caller exits; the pod restarts).
+
+    kopf resolves the resource once (no CRD watch, see ``configure``): started without it, it would never watch
+    VllmTunings while /healthz said ok.
+    """
+    try:
+        served = await asyncio.to_thread(kube.serves_tunings)
+    except (ApiException, HTTPError) as exc:  # a 403, a 5xx, a timeout: unknown, asked again after the restart
+        log.error("API discovery of %s/%s failed: %s; the pod restarts and asks again. If this lasts, check the "
+                  "operator's connection to the apiserver and the apiserver's health", GROUP, VERSION, exc)
+        return False
+    if not served:
+        log.error("the apiserver does not serve %s/%s %s: install the CRD first (kubectl apply -f crds/, or the "
+                  "chart's crds/), then the operator", GROUP, VERSION, PLURAL)
+    return served
+
+
 async def run(options: RunOptions) -> int:
     """Run until SIGTERM/SIGINT (0) or until leadership is lost (1)."""
     stop = asyncio.Event()
@@ -231,13 +251,17 @@ async def run(options: RunOptions) -> int:
             log.info("stopped while standing by")
             await http.stop()
             return 0
-    if not await asyncio.to_thread(kube.serves_tunings):
-        # kopf resolves the resource once (no CRD watch, see ``configure``): started without it, it would never
-        # watch VllmTunings while /healthz said ok. Exiting lets the pod restart until the CRD is there.
-        log.error("the apiserver does not serve %s/%s %s: install the CRD first (kubectl apply -f crds/, or the "
-                  "chart's crds/), then the operator", GROUP, VERSION, PLURAL)
-        if elector is not None:
-            await asyncio.to_thread(elector.release)
+    # renewed from here on: discovery can take longer than the renew deadline (a slow apiserver)
+    holding = asyncio.create_task(elector.hold(), name="lease") if elector else None
+    served = await _serves_tunings(kube)
+    if holding is not None and holding.done():  # the Lease was lost meanwhile: another replica may lead now
+        await http.stop()
+        return 1
+    if not served:
+        if holding is not None:
+            holding.cancel()
+            await asyncio.gather(holding, return_exceptions=True)
+            await asyncio.to_thread(elector.release)  # type: ignore[union-attr]
         await http.stop()
         return 2
     metrics.leader.set(1)
@@ -249,7 +273,6 @@ async def run(options: RunOptions) -> int:
         standalone=True, stop_flag=stop), name="kopf")
     evaluation = asyncio.create_task(evaluator.run(stop), name="evaluator")
     tasks = {operator, evaluation}
-    holding = asyncio.create_task(elector.hold(), name="lease") if elector else None
     if holding is not None:
         tasks.add(holding)
     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

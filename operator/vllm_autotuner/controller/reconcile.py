@@ -353,11 +353,21 @@ class Reconciler:
     async def _follow(self, spec: VllmTuningSpec, report: Report) -> Target:
         """Read the target, adopt it if new, and follow our rollout in progress (or notice someone else's change).
 
+        A second VllmTuning of the target (TargetProblem) stops every change, but not the verdict on a rollout of
+        ours in progress: its config crash-looping, the rollback is still due.
+
         The Deployment is the watch's copy. One older than our own write of the rollout in progress (the watch
         lags: reconnecting, a slow apiserver) still shows the knobs before it, which would read as a person's
         revert of our change: nothing is judged until the watch delivers the write (TargetProblem).
         """
         target = await self._target(report.namespace, spec)
+        tunings = self.cache.tunings_of(report.namespace, spec.target_ref.name)
+        conflict = None if len(tunings) < 2 else TargetProblem(
+            events.TARGET_CONFLICT,
+            f"VllmTunings {', '.join(tunings)} all target Deployment {report.namespace}/{spec.target_ref.name}: "
+            f"each would undo the others' changes, so none changes anything; delete all but one")
+        if conflict is not None and not awaiting_verdict(report.state):
+            raise conflict
         report.state = self._adopt_target(report, target)
         rollout, seen = report.state.last_rollout, int(target.deployment["metadata"].get("generation") or 0)
         if awaiting_verdict(report.state) and rollout is not None and seen < (rollout.deployment_generation or 0):
@@ -367,6 +377,8 @@ class Reconciler:
                                 f"until the watch delivers it; if this lasts, check the operator's connection to the "
                                 f"apiserver (its log, and apiserver_request metrics)")
         await self._track_rollout(spec, target, report)
+        if conflict is not None:  # our rollout in progress is judged (rolled back if it fails), nothing new is done
+            raise conflict
         return target
 
     async def _evaluate(self, spec: VllmTuningSpec, report: Report) -> None:
@@ -450,12 +462,6 @@ class Reconciler:
             raise TargetProblem(
                 events.TARGET_NOT_FOUND,
                 f"Deployment {namespace}/{ref.name} not found; create it or fix spec.targetRef.name")
-        tunings = self.cache.tunings_of(namespace, ref.name)
-        if len(tunings) > 1:
-            raise TargetProblem(
-                events.TARGET_CONFLICT,
-                f"VllmTunings {', '.join(tunings)} all target Deployment {namespace}/{ref.name}: each would undo "
-                f"the others' changes, so none changes anything; delete all but one")
         try:
             container = find_vllm_container(deployment["spec"]["template"]["spec"], ref.container)
             args = EngineArgs.from_container(container)

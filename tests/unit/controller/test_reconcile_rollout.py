@@ -195,3 +195,44 @@ def test_a_deployment_watched_before_our_own_write_lands_is_not_judged() -> None
     rollout, current = report.state.last_rollout, report.state.current
     assert rollout is not None and rollout.phase == RolloutPhase.IN_PROGRESS and not report.state.reverts
     assert current is not None and current.source == KnobSource.INITIAL
+
+
+def test_a_second_tuning_of_the_target_stops_changes_but_not_the_rollback_of_our_crash_looping_rollout() -> None:
+    """A copy of the tuning (a GitOps duplicate) appears while our rollout's new pod crash-loops: neither tuning may
+    change the Deployment, but the rollout already made is still judged and rolled back (the config was ours)."""
+    crashing = {"metadata": {"name": NEW[1]}, "status": {"containerStatuses": [{
+        "name": "vllm", "restartCount": 3, "ready": False, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"reason": "Error", "exitCode": 1, "message": "not enough KV cache",
+                                     "finishedAt": utc_timestamp(NOW - timedelta(seconds=30))}}}]}}
+
+    class Crashing(Kube):
+        def __init__(self) -> None:
+            self.patches: list[dict[str, Any]] = []
+
+        def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+            return [crashing]
+
+        def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+            self.patches.append(patch)
+            return {"metadata": {"generation": 3}}
+
+    both = cache()
+    both.deployment("llm", "llama")["metadata"]["resourceVersion"] = "7"  # type: ignore[index]
+    both.on_tuning_event(None, {"metadata": {"name": "llama-copy", "namespace": "llm", "generation": 1},
+                                "spec": {"targetRef": {"name": "llama"}, "prometheus": {"url": "http://p:9090"}}})
+    kube = Crashing()
+    reconciler = Reconciler(kube, both, Windows(window((OLD, NEW))), OperatorMetrics(),  # type: ignore[arg-type]
+                            OperatorSettings())
+
+    async def no_replicaset_template(target: Any) -> None:
+        return None
+
+    reconciler._replaced_template = no_replicaset_template  # type: ignore[method-assign]
+    ours = asyncio.run(reconciler.evaluate(("llm", "llama"), NOW.timestamp(), write=False))
+    assert ours is not None and ours.has(ConditionType.READY, False, events.TARGET_CONFLICT)
+    assert [patch["spec"]["template"]["spec"]["containers"][0]["args"] for patch in kube.patches] == [
+        ["--model", "m", "--max-num-batched-tokens", "2048", "--max-num-seqs", "32"]]
+    assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in ours.state.failed_configs] == [(4096, 64)]
+    copy = asyncio.run(reconciler.evaluate(("llm", "llama-copy"), NOW.timestamp(), write=False))
+    assert copy is not None and copy.has(ConditionType.READY, False, events.TARGET_CONFLICT)
+    assert len(kube.patches) == 1 and copy.state.current is None  # the copy neither changes nor adopts anything

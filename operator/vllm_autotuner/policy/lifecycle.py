@@ -102,11 +102,13 @@ def rollout_succeeded(state: VllmTuningStatus, now: datetime) -> VllmTuningStatu
 
 def timed_restart(rollout: Rollout) -> float | None:
     """How long ``rollout`` took, when it timed a rolling restart of running pods: a change of ours that
-    succeeded, not a rollback nor a config written at zero replicas (``rollout_succeeded``); None otherwise."""
+    succeeded, not a rollback nor a config written at zero replicas (``rollout_succeeded``); None otherwise, and
+    when the wall clock stepped back during it (finished before it started: no duration the CRD could hold)."""
     if (rollout.phase != RolloutPhase.SUCCEEDED or rollout.finished_at is None or rollout.source == KnobSource.ROLLBACK
             or rollout.unverified_at is not None):
         return None
-    return (datetime.fromisoformat(rollout.finished_at) - datetime.fromisoformat(rollout.started_at)).total_seconds()
+    took = (datetime.fromisoformat(rollout.finished_at) - datetime.fromisoformat(rollout.started_at)).total_seconds()
+    return took if took >= 0 else None
 
 
 def with_timed_restart(state: VllmTuningStatus) -> VllmTuningStatus:

@@ -122,6 +122,10 @@ def test_default_pre_roll_follows_the_last_timed_rolling_restart():
     written = with_rollout(status(), utc(2024, 5, 1), knobs(4096, 256), KnobSource.TRAFFIC, "r")
     at_zero = rollout_unverified(written, utc(2024, 5, 1, 0, 0, 5))
     assert pre_roll_seconds(window, rollout_succeeded(at_zero, utc(2024, 5, 1, 3))) == 300
+    # the wall clock stepped back 8 minutes during a 2-minute restart: no duration, the last one stands
+    timed = rolled(status(), utc(2024, 5, 1), 2)
+    clock_back = rolled(timed, utc(2024, 5, 2), -6)
+    assert clock_back.rollout_seconds == 120 and VllmTuningStatus.model_validate(clock_back.model_dump())
 
 
 def test_a_rollback_or_a_superseded_rollout_leaves_the_lead_to_the_last_rolling_restart():

@@ -28,6 +28,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
+from urllib3.exceptions import HTTPError
 
 from vllm_autotuner.api import (
     API_VERSION,
@@ -929,6 +930,8 @@ class Reconciler:
                 # Deleted while the watch was down: a re-list after it brings no DELETED event, and the
                 # tuning would be evaluated, and act, for as long as the operator runs.
                 self.cache.on_tuning_event("DELETED", body)
+        except HTTPError as exc:  # a timeout, a reset: written at the next evaluation
+            log.warning("writing the status of %s/%s failed: %s", namespace, name, exc)
         self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
 
     async def _send_events(self, meta: dict[str, Any], report: Report, deployment: dict[str, Any] | None) -> None:
@@ -946,8 +949,9 @@ class Reconciler:
             for reason, message, type_ in report.target_events if deployment else ():
                 involved = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": deployment["metadata"]}
                 await self._call(self.kube.create_event, events.event_body(involved, reason, message, type_, report.now))
-        except ApiException as exc:
-            log.warning("sending the Events of %s/%s failed: %s", namespace, name, exc.reason)
+        except (ApiException, HTTPError) as exc:  # refused, or a timeout: the status is still written
+            log.warning("sending the Events of %s/%s failed: %s", namespace, name,
+                        exc.reason if isinstance(exc, ApiException) else exc)
 
 
 def _kept_verdict(rollout: Rollout | None) -> tuple[str, str]:

@@ -11,6 +11,9 @@ from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from vllm_autotuner.api import DecisionAction
+from vllm_autotuner.policy.observation import HoldReason
+
 
 #: The outcomes ``rollouts`` counts (a measured regression's rollback is a decision, counted in ``decisions``).
 ROLLOUT_OUTCOMES = ("Succeeded", "Failed", "Blocked")
@@ -79,11 +82,14 @@ class OperatorMetrics:
 
     def forget(self, namespace: str, tuning: str) -> None:
         """Drop a deleted tuning's labelled series so they do not linger as stale values."""
-        knobs = ("max_num_batched_tokens", "max_num_seqs")
-        for metric, labels in ((self.knobs, knobs), (self.recommended, knobs), (self.rollouts, ROLLOUT_OUTCOMES)):
+        knobs = [("max_num_batched_tokens",), ("max_num_seqs",)]
+        for metric, labels in ((self.knobs, knobs), (self.recommended, knobs),
+                               (self.rollouts, [(outcome,) for outcome in ROLLOUT_OUTCOMES]),
+                               (self.decisions, [(action, hold) for action in DecisionAction
+                                                 for hold in ("", *HoldReason)])):
             for label in labels:
                 try:
-                    metric.remove(namespace, tuning, label)
+                    metric.remove(namespace, tuning, *label)
                 except KeyError:
                     pass
         self.slot_wait(namespace, tuning, None)

@@ -73,12 +73,16 @@ class ClusterCache:
         self._deployments, self._replicasets = deployments, replicasets
 
     def on_tuning_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        """Apply one VllmTuning watch event (``event_type`` None is kopf's initial listing)."""
+        """Apply one VllmTuning watch event (``event_type`` None is kopf's initial listing).
+
+        A tuning whose deletion was asked for (``deletionTimestamp``; another controller's finalizer may keep it for
+        a while) is gone here already: nothing more is done for it, and it conflicts with no other tuning.
+        """
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         old = self.tunings.pop(key, None)
         if old is not None:
             self._by_target.get(_target_key(old), set()).discard(key[1])
-        if event_type != "DELETED":
+        if event_type != "DELETED" and not body["metadata"].get("deletionTimestamp"):
             self.tunings[key] = _plain(body)
             self._by_target.setdefault(_target_key(body), set()).add(key[1])
 

@@ -86,6 +86,11 @@ def test_tuning_events():
     assert ("llm", "chat") in cache.tunings
     cache.on_tuning_event("DELETED", body)
     assert cache.tunings == {}
+    cache.on_tuning_event(None, body)
+    # deleted, but kept by another controller's finalizer: the operator acts for it no more
+    deleting = {**body, "metadata": {**body["metadata"], "deletionTimestamp": "2026-12-06T14:00:00Z"}}
+    cache.on_tuning_event("MODIFIED", deleting)
+    assert cache.tunings == {}
 
 
 def test_tunings_are_indexed_by_the_deployment_they_target():

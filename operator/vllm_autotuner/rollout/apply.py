@@ -2,8 +2,9 @@
 
 The patch carries the resourceVersion it was built from; a 409 means the
 Deployment changed underneath (a person, GitOps, the HPA), so it is re-read
-and the patch rebuilt from the fresh object rather than forced, unless what
-changed is the vLLM container itself: the decision was made from its command
+and the patch rebuilt from the fresh object rather than forced, unless the
+Deployment was re-created, paused or resumed, or what changed is the vLLM
+container itself: the decision was made from its command
 line, and a person's or a GitOps tool's edit of it is theirs to keep, for the
 next evaluation to read and adopt (a write over it would count as no revert
 and would fight them unseen). A Deployment that is rolling for any reason is
@@ -58,9 +59,9 @@ def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str 
     for attempt in range(ATTEMPTS):
         if rollout_in_progress(current) and not during_rollout:
             raise RolloutBusy(f"Deployment {namespace}/{name} is already rolling out; not patching")
-        if current is not deployment and _vllm_container(current, container) != _vllm_container(deployment, container):
-            raise RolloutBusy(f"the vLLM container of Deployment {namespace}/{name} changed since it was read; not "
-                              f"patching: the next evaluation reads the change")
+        if current is not deployment and (changed := _changed(deployment, current, container)):
+            raise RolloutBusy(f"Deployment {namespace}/{name} {changed} since it was read; not patching: the next "
+                              f"evaluation reads the change")
         try:
             undo = undo_patch(current, container, previous, knobs, reason, tuning, at, verdict) if previous else None
             patch = undo or knob_patch(current, container, knobs, reason, tuning, source, at, verdict)
@@ -70,6 +71,18 @@ def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str 
                 raise
             current = kube.read_deployment(namespace, name)
     raise AssertionError("unreachable")
+
+
+def _changed(read: dict[str, Any], now: dict[str, Any], container: str | None) -> str:
+    """What changed since ``read`` (the Deployment the decision was made from) in ``now`` that the decision
+    depends on, in words; empty when nothing did."""
+    if now["metadata"].get("uid") != read["metadata"].get("uid"):
+        return "was re-created"
+    if bool(now["spec"].get("paused")) != bool(read["spec"].get("paused")):
+        return "was paused" if now["spec"].get("paused") else "was resumed"
+    if _vllm_container(now, container) != _vllm_container(read, container):
+        return "had its vLLM container changed"
+    return ""
 
 
 def _vllm_container(deployment: dict[str, Any], container: str | None) -> dict[str, Any] | None:

@@ -105,7 +105,7 @@ def test_a_rollback_after_a_write_conflict_puts_back_the_old_template_and_restar
         assert patch["metadata"]["annotations"][WRITTEN_AT_ANNOTATION] == "2024-05-01T12:10:00Z"
 
 
-def test_a_change_that_meets_a_conflict_with_an_edit_of_the_vllm_container_leaves_the_edit_alone():
+def test_a_change_that_meets_a_conflict_with_an_edit_of_the_vllm_container_or_a_new_deployment_is_not_written():
     """Our change to B is refused with a 409: a person (or Argo CD) set 1024/64 meanwhile. Rebuilt on the fresh
     object, the patch would write over their edit unseen: nothing is written, and the next evaluation reads it."""
     ours = {"apiVersion": "apps/v1", "kind": "Deployment",
@@ -119,9 +119,20 @@ def test_a_change_that_meets_a_conflict_with_an_edit_of_the_vllm_container_leave
     apps = Apps(kube.api_client, edited)
     kube.apps = apps  # type: ignore[assignment]
 
-    with pytest.raises(RolloutBusy, match="vLLM container of Deployment llm/llama changed since it was read"):
+    with pytest.raises(RolloutBusy, match="llm/llama had its vLLM container changed since it was read"):
         apply_knobs(kube, ours, "vllm", B, "ITL breach", "chat", "Traffic", T0)
     assert len(apps.patches) == 1  # the refused one
+    # nor is a change written into a Deployment paused, or deleted and re-created under the same name, meanwhile
+    ours["metadata"]["uid"] = "d-uid"
+    paused, recreated = copy.deepcopy(ours), copy.deepcopy(ours)
+    paused["metadata"]["resourceVersion"], paused["spec"]["paused"] = "101", True
+    recreated["metadata"].update({"resourceVersion": "5", "uid": "new-uid"})
+    for meanwhile, what in ((paused, "was paused"), (recreated, "was re-created")):
+        apps = Apps(kube.api_client, meanwhile)
+        kube.apps = apps  # type: ignore[assignment]
+        with pytest.raises(RolloutBusy, match=f"llm/llama {what} since it was read"):
+            apply_knobs(kube, ours, "vllm", B, "ITL breach", "chat", "Traffic", T0)
+        assert len(apps.patches) == 1
     # an edit elsewhere (a label) is no reason to stop: the same change goes through on the fresh object
     labelled = copy.deepcopy(ours)
     labelled["metadata"].update({"resourceVersion": "101", "labels": {"team": "inference"}})

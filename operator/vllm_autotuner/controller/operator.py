@@ -3,7 +3,8 @@
 Startup order matters for safety: serve /healthz and /metrics (standbys are
 healthy too), win the leader Lease, and only then start kopf's watches and
 the evaluator, so a standby never acts. Losing the lease stops everything
-and exits non-zero (Kubernetes restarts the pod as a candidate); SIGTERM
+and exits non-zero (Kubernetes restarts the pod as a candidate), as does a
+crash of kopf or the evaluator, logged with its traceback; SIGTERM
 stops kopf and the evaluator and releases the lease so a standby takes over
 at once. SIGTERM is handled from the start: in its container the operator is
 PID 1, whose signals without a handler the kernel drops, and kopf's handler
@@ -282,4 +283,7 @@ async def run(options: RunOptions) -> int:
     if elector is not None and not lost:
         await asyncio.to_thread(elector.release)
     await http.stop()
-    return 1 if lost else 0
+    crashed = [task for task in (operator, evaluation) if not task.cancelled() and task.exception() is not None]
+    for task in crashed:  # a bug: said, and the pod restarts with a failure the kubelet counts
+        log.error("the %s task stopped the operator", task.get_name(), exc_info=task.exception())
+    return 1 if lost or crashed else 0

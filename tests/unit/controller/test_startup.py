@@ -56,3 +56,17 @@ def test_the_leader_renews_during_a_discovery_longer_than_its_renew_deadline(mon
 
     assert start(monkeypatch, store, discovery, short) == 2
     assert renewed[0] >= 5 and store.lease.spec.holder_identity is None
+
+
+def test_a_crash_of_kopf_is_logged_and_exits_with_a_failure_after_releasing_the_lease(monkeypatch, caplog) -> None:
+    async def crash(**_: object) -> None:
+        raise RuntimeError("kopf broke")
+
+    def discovery(kube: Kube) -> bool:
+        return True
+
+    monkeypatch.setattr(operator.kopf, "operator", crash)
+    store = Store()
+    assert start(monkeypatch, store, discovery) == 1
+    assert "the kopf task stopped the operator" in caplog.text and "kopf broke" in caplog.text
+    assert store.lease.spec.holder_identity is None

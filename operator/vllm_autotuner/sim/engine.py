@@ -749,10 +749,11 @@ class Engine:
         seq.computed = cached
         if seq.req.lora is not None:
             self._adapters[seq.req.lora] = self._adapters.get(seq.req.lora, 0) + 1
-        if seq.scheduled_at < 0:
+        first = seq.scheduled_at < 0
+        if first:
             seq.scheduled_at = now
             seq.cached = cached
-        if self._prefix_caching:
+        if self._prefix_caching and first:  # vLLM counts a preempted request's re-admission apart, unexported
             counters = self.metrics.counters
             counters["prefix_cache_queries"] += seq.target
             counters["prefix_cache_hits"] += cached

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -49,6 +50,21 @@ def test_prefix_cache_under_memory_pressure_stays_within_the_cache() -> None:
     snap = engine.snapshot()
     assert snap.counters["prefix_cache_hits"] > 0
     assert snap.counters["request_success"] > 100
+
+
+def test_a_preempted_requests_readmission_is_no_prefix_cache_query() -> None:
+    """vLLM counts the prefix-cache lookups of a preempted request's re-admission apart and exports them nowhere: its
+    queries and hits are its prompts' first admissions, the hits the cached prompt tokens (as its HELP says)."""
+    shared = [dataclasses.replace(r, prefix_id=r.prompt_tokens % 4, prefix_tokens=512) if r.prompt_tokens > 600 else r
+              for r in random_requests(400, 40, 4, prompt=1500, output=300)]
+    engine = Engine(get_profile("llama3-8b-l4"), EngineConfig(max_num_seqs=48, enable_prefix_caching=True), seed=0)
+    for request in shared:
+        engine.submit(request)
+    engine.advance(math.inf)
+    counters = engine.snapshot().counters
+    assert counters["num_preemptions"] > 0 and counters["request_success"] == len(shared)
+    assert counters["prefix_cache_queries"] == counters["prompt_tokens"]
+    assert counters["prefix_cache_hits"] == counters["prompt_tokens_cached"] > 0
 
 
 def test_submit_rejects_what_vllm_rejects() -> None:

@@ -104,7 +104,8 @@ def mix_moved(before: ObservedTraffic | None, observation: Observation) -> bool:
     vLLM counts a request's prompt tokens when its prefill ends and its
     lengths (the means) when it finishes, so while the mix changes the prompt
     tokens per finished request part from the mean prompt of the finished
-    ones: new requests are still running. That shows a change in its first
+    ones (refused requests left out: vLLM prefills none): new requests are
+    still running. That shows a change in its first
     window, before the finished requests (and the regime's name) do. The
     window's means are compared with the last window's as well. The
     allowance is MIX_SHIFT plus MIX_NOISE over the square root of the
@@ -112,13 +113,15 @@ def mix_moved(before: ObservedTraffic | None, observation: Observation) -> bool:
     counts: load moves within a regime all the time (bursts), and the model
     prices it.
     """
-    requests, rate = observation.requests, observation.request_rate
+    requests = observation.requests
     if not requests:
         return False
     allowed = MIX_SHIFT + MIX_NOISE / math.sqrt(requests)
     pairs = []
-    if rate and observation.prompt_tokens_rate is not None:
-        pairs.append((observation.prompt_tokens_rate / rate, observation.mean_prompt_tokens))
+    # requests refused at admission are in the rate, and never prefilled
+    admitted = (observation.request_rate or 0.0) - (observation.refused_rate or 0.0)
+    if admitted > 0 and observation.prompt_tokens_rate is not None:
+        pairs.append((observation.prompt_tokens_rate / admitted, observation.mean_prompt_tokens))
     if before is not None:
         pairs.append((before.mean_prompt_tokens, observation.mean_prompt_tokens))
         pairs.append((before.mean_generation_tokens, observation.mean_generation_tokens))

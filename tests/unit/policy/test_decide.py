@@ -909,7 +909,9 @@ def test_requests_refused_at_admission_are_misses_that_no_change_is_expected_to_
     state = warmed(state=status(tokens=4096, seqs=256))
     served = {"itl_seconds": 0.04, "itl_within_slo": 0.999, "step_tokens_quantile": 3900.0}
     alone = decide(SPEC, state, long_prompt_window(state, SPEC, **served), T0)
-    refused = decide(SPEC, state, long_prompt_window(state, SPEC, refused_rate=0.2 * 13.0, **served), T0)
+    # vLLM prefills none of the refused fifth: the prompt tokens are the admitted requests'
+    refused = decide(SPEC, state, long_prompt_window(state, SPEC, refused_rate=0.2 * 13.0,
+                                                     prompt_tokens_rate=0.8 * 13.0 * 4000, **served), T0)
     measured, without = refused.state.measurements[-1], alone.state.measurements[-1]
     assert measured.refused_share == pytest.approx(0.2) and without.refused_share is None
     assert measured.attainment == pytest.approx(0.8 * without.attainment)
@@ -926,7 +928,8 @@ def test_a_change_after_which_vllm_refuses_most_requests_is_a_regression():
 def test_a_window_with_refused_requests_still_gets_its_itl_fix_predicted_with_their_share_kept():
     state = warmed()
     alone = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
-    refused = decide(SPEC, state, long_prompt_window(state, SPEC, refused_rate=0.2 * 13.0), T0)
+    refused = decide(SPEC, state, long_prompt_window(state, SPEC, refused_rate=0.2 * 13.0,
+                                                     prompt_tokens_rate=0.8 * 13.0 * 4000), T0)
     assert refused.action == alone.action == DecisionAction.CHANGE and refused.knobs == alone.knobs
     predicted = [int(re.search(r"ITL \d+ms, attainment (\d+)%", d.reason.split("predicted")[1])[1]) / 100
                  for d in (alone, refused)]

@@ -721,6 +721,12 @@ def _verify(
     before = rollout.baseline_request_rate
     if before is not None and base.request_rate > COMPARABLE_LOAD * before:
         return state  # more traffic than before the change: attainment lost to it is no evidence against the config
+    # the judged window is what the config does now: it takes the place of the memory that chose it (an older,
+    # better window, or one of another SLO), which would choose it again after the cooldown, and again roll back
+    known = next((m for m in state.measurements if (m.regime, m.knobs) == (base.regime, base.knobs)), None)
+    judged = base.model_copy(update={"abandoned": (known.abandoned if known else 0) + 1})
+    state = state.model_copy(update={
+        "measurements": [judged, *(m for m in state.measurements if m is not known)][:MEASUREMENT_LIMIT]})
     reason = (
         f"regression: attainment {base.attainment:.0%} under {rollout.to_knobs} against "
         f"{rollout.baseline_attainment:.0%} under {rollout.from_knobs} before the change "

@@ -384,6 +384,22 @@ def test_a_regression_is_rolled_back_once_the_queue_has_drained_for_a_window():
     assert len(decision.state.rollout_times) == 2
 
 
+def test_a_config_rolled_back_for_a_regression_is_remembered_by_the_window_that_judged_it():
+    """Chosen by a prediction (or an older, better window), rolled back: the judged window takes the memory's place,
+    or the same prediction would choose the config again after the cooldown, and roll it back again, all day."""
+    rolled_back = _judged_after({"itl_within_slo": 0.3, "itl_seconds": 0.3}, (7, 12), 17)
+    judged = next(m for m in rolled_back.state.measurements if m.knobs == knobs(1024, 1024))
+    assert judged.abandoned == 1 and judged.itl_seconds == 0.3
+    state = succeed(rolled_back, T0 + timedelta(minutes=25))
+    for minute in range(26, 90):  # past the cooldown, the breach the first change answered
+        at = T0 + timedelta(minutes=minute)
+        decision = decide(SPEC, state, long_prompt_window(state, SPEC, now=at), at)
+        state = decision.state
+        if decision.action != DecisionAction.HOLD:
+            break
+    assert decision.action == DecisionAction.CHANGE and decision.knobs != knobs(1024, 1024), decision.reason
+
+
 def test_a_regression_is_rolled_back_in_a_change_freeze():
     # the freeze opens at 12:10 UTC, after the change of 12:00 is complete; the regression is judged at 12:21
     freeze = {"name": "peak", "start": "10 12 * * *", "end": "0 18 * * *"}

@@ -69,6 +69,9 @@ PREEMPTED_WINDOW = 0.01
 SATURATED = 0.98
 #: Quantile steps count as full when they use this share of the budget.
 FULL_STEP = 0.8
+#: Reach of ``request_itl_share``'s sum around the mean count of slow gaps: standard deviations, plus gaps (a small
+#: mean's long right tail).
+BINOMIAL_SPAN, BINOMIAL_SLACK = 12.0, 40.0
 #: Ratio of a quantile prompt to the mean prompt, for prefill time at the TTFT quantile.
 PROMPT_TAIL = 2.0
 #: Tokens whose compute takes a step as long as reading the weights: a GPU's ridge point (peak bf16 FLOP/s over
@@ -167,6 +170,12 @@ def request_itl_share(quantile: float, token_share: float, generation_tokens: fl
     few stalls per stream are tolerated, a steady share above ``1 - quantile``
     fails almost every stream, which the share of gaps within target alone
     (or a request's mean gap) would hide.
+
+    The sum runs over the counts of slow gaps within BINOMIAL_SPAN standard
+    deviations and BINOMIAL_SLACK gaps of the mean (Bennett's inequality
+    puts the terms beyond below 1e-18 of it, a float's resolution of the
+    sum): a window's absurd mean length (a counter reset) costs a few
+    thousand terms a candidate, not one per gap.
     """
     gaps = max(round(generation_tokens) - 1, 0)
     slow = min(max(1.0 - token_share, 0.0), 1.0)
@@ -174,11 +183,17 @@ def request_itl_share(quantile: float, token_share: float, generation_tokens: fl
         return 1.0
     if slow == 1.0:
         return 0.0
-    allowed = int(slow_gaps_allowed(quantile, gaps))
-    log_term = gaps * math.log1p(-slow)  # log P(no slow gap)
+    mean, spread = gaps * slow, BINOMIAL_SPAN * math.sqrt(gaps * slow * (1 - slow)) + BINOMIAL_SLACK
+    first = max(0, math.floor(mean - spread))
+    last = min(int(slow_gaps_allowed(quantile, gaps)), math.ceil(mean + spread))  # allowed < gaps
+    if first > last:
+        return 0.0
+    # log P(first slow gaps): 0 + gaps * log(1 - slow) from none
+    log_term = (math.lgamma(gaps + 1) - math.lgamma(first + 1) - math.lgamma(gaps - first + 1)
+                + first * math.log(slow) + (gaps - first) * math.log1p(-slow))
     ratio = math.log(slow) - math.log1p(-slow)
     total = 0.0
-    for k in range(allowed + 1):  # allowed < gaps
+    for k in range(first, last + 1):
         total += math.exp(log_term)
         log_term += math.log(gaps - k) - math.log(k + 1) + ratio
     return min(total, 1.0)

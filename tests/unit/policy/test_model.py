@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -108,6 +109,26 @@ def test_request_itl_share_matches_streams_counted_one_by_one():
         counts = rng.binomial(tokens - 1, slow, 200_000)
         counted = float(np.mean(counts <= model.slow_gaps_allowed(0.95, np.full(counts.size, tokens - 1))))
         assert model.request_itl_share(0.95, 1 - slow, tokens) == pytest.approx(counted, abs=0.005)
+
+
+def test_request_itl_share_of_an_absurd_mean_length_sums_only_the_terms_that_count(monkeypatch):
+    """A counter reset can make a window's mean output ten million tokens: the binomial's terms near its mean are
+    summed (a few thousand), not one per gap, and the sum is still the normal law's at that size."""
+    terms = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(math, name)
+
+        def exp(self, x):
+            terms.append(x)
+            return math.exp(x)
+
+    monkeypatch.setattr(model, "math", Counting())
+    share = model.request_itl_share(0.95, 1 - 0.0499, 1e7 + 1)  # 1e7 gaps, 499,999 of them may be slow
+    mean, sd = 1e7 * 0.0499, math.sqrt(1e7 * 0.0499 * 0.9501)
+    assert share == pytest.approx(NormalDist(mean, sd).cdf(499_999.5), rel=1e-3)
+    assert len(terms) < 20_000
 
 
 @given(st.floats(0.5, 0.999), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(1.0, 4000.0))

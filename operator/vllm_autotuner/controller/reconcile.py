@@ -339,13 +339,15 @@ class Reconciler:
                    "-p '{\"status\":null}').")
         report = Report(namespace, name, VllmTuningStatus(), generation, now)
         report.condition(ConditionType.READY, False, events.STATUS_UNREADABLE, message)
-        ready = next((c for c in (body.get("status") or {}).get("conditions") or []
-                      if isinstance(c, dict) and c.get("type") == ConditionType.READY), {})
+        written = [c for c in (body.get("status") or {}).get("conditions") or [] if isinstance(c, dict)]
+        ready = next((c for c in written if c.get("type") == ConditionType.READY), {})
         if write and ready.get("reason") != events.STATUS_UNREADABLE:
             report.event(events.STATUS_UNREADABLE, message, warning=True)
             await self._send_events(meta, report, None)
             try:
-                conditions = report.state.model_dump(by_alias=True, mode="json")["conditions"]
+                # a merge patch replaces the whole list: the newer operator's other conditions are written back
+                conditions = [*(c for c in written if c.get("type") != ConditionType.READY),
+                              *report.state.model_dump(by_alias=True, mode="json")["conditions"]]
                 await self._call(self.kube.patch_tuning_status, namespace, name, {"conditions": conditions})
             except ApiException as failed:
                 log.warning("reporting the unreadable status of %s/%s failed: %s", namespace, name, failed.reason)

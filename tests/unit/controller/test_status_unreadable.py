@@ -56,6 +56,17 @@ def test_an_unreadable_status_holds_and_only_its_ready_condition_is_written() ->
     assert report.decision is None
 
 
+def test_the_newer_operators_other_conditions_are_kept_beside_the_ready_condition() -> None:
+    degraded = {"type": "Degraded", "status": "True", "reason": "RolloutFailed", "message": "tokens=8192 crashed",
+                "lastTransitionTime": "2026-12-03T09:00:00Z"}
+    stale_ready = {"type": "Ready", "status": "True", "reason": "Tuning", "message": "",
+                   "lastTransitionTime": "2026-12-03T09:00:00Z"}
+    _, kube = evaluate({**NEWER, "conditions": [stale_ready, degraded]})
+    _, _, written = kube.calls[1][1]
+    assert [(c["type"], c["reason"]) for c in written["conditions"]] == [
+        ("Degraded", "RolloutFailed"), ("Ready", events.STATUS_UNREADABLE)]
+
+
 def test_once_reported_an_unreadable_status_is_not_written_again() -> None:
     report, _ = evaluate(NEWER)
     conditions = report.state.model_dump(by_alias=True, mode="json")["conditions"]

@@ -39,6 +39,8 @@ def windows(draw, state, the_spec, now, nan=True):
         return st.one_of(strategy, st.none(), *([st.just(math.nan)] if nan else []))
 
     rate = draw(st.floats(0.5, 200.0))
+    # the lengths the counters and the histograms show agree, or the mix would be moving (a young regime holds)
+    prompt, output = draw(st.floats(8, 16000)), draw(st.floats(1, 4000))
     return Observation(
         window_start=now - timedelta(minutes=5),
         window_end=now,
@@ -48,8 +50,8 @@ def windows(draw, state, the_spec, now, nan=True):
         data_age_seconds=draw(st.floats(0, 30)),
         requests=rate * 300,
         request_rate=rate,
-        prompt_tokens_rate=rate * draw(st.floats(8, 16000)),
-        generation_tokens_rate=rate * draw(st.floats(1, 4000)),
+        prompt_tokens_rate=rate * prompt,
+        generation_tokens_rate=rate * output,
         ttft_seconds=draw(LATENCY),
         itl_seconds=draw(st.floats(0.001, 2.0)),
         e2e_seconds=draw(maybe(LATENCY)),
@@ -61,8 +63,8 @@ def windows(draw, state, the_spec, now, nan=True):
         waiting=draw(maybe(st.floats(0, 5000))),
         kv_cache_usage=draw(maybe(SHARE)),
         preemption_rate=draw(maybe(st.floats(0, 100))),
-        mean_prompt_tokens=draw(st.floats(8, 16000)),
-        mean_generation_tokens=draw(st.floats(1, 4000)),
+        mean_prompt_tokens=prompt,
+        mean_generation_tokens=output,
         step_tokens_mean=draw(maybe(st.floats(1, 65536))),
         step_tokens_quantile=draw(maybe(st.floats(1, 65536))),
         steps_per_second=draw(maybe(POSITIVE)),
@@ -106,7 +108,10 @@ def setups(draw):
         )
         if s <= t
     ]
-    state = status(tokens=tokens, seqs=seqs, failed_configs=failed, observed_generation=1)
+    # under Tiers, its one tier matched long ago: the first window that matches it may change the knobs at once
+    matched = {"regime": "t", "regime_since": utc_timestamp(T0 - timedelta(days=1))}
+    state = status(tokens=tokens, seqs=seqs, failed_configs=failed, observed_generation=1,
+                   **(matched if the_spec.traffic.strategy == "Tiers" else {}))
     return the_spec, state
 
 
@@ -132,15 +137,17 @@ def check(change, the_spec, state, measured):
 def test_no_change_ever_leaves_the_bounds_breaks_a_rule_or_retries_a_failure(setup, data):
     the_spec, state = setup
     earlier = T0 - timedelta(minutes=10)
-    state = decide(the_spec, state, data.draw(windows(state, the_spec, earlier)), earlier).state
-    measured = {m.knobs for m in state.measurements}
-    decision = decide(the_spec, state, data.draw(windows(state, the_spec, T0)), T0)
-    assert decision.reason
-    if decision.changes:
-        check(decision, the_spec, state, measured)
-    else:
-        assert decision.hold is not None
-        assert decision.knobs is None or decision.state.history[0].hold == decision.hold  # `kubectl get` shows it
+    # windows without NaN, which holds every decision (``test_no_change_starts_blind...``): nearly all would hold
+    for now in (earlier, T0):
+        measured = {m.knobs for m in state.measurements}
+        decision = decide(the_spec, state, data.draw(windows(state, the_spec, now, nan=False)), now)
+        assert decision.reason
+        if decision.changes:
+            check(decision, the_spec, state, measured)
+        else:
+            assert decision.hold is not None
+            assert decision.knobs is None or decision.state.history[0].hold == decision.hold  # `kubectl get` shows it
+        state = decision.state
 
 
 #: What decide is told from outside the tuning that holds a change, by the hold it gives.
@@ -262,7 +269,6 @@ def test_a_day_of_random_traffic_respects_cooldown_budget_and_failures(
             assert sum(1 for s in starts if now - s < timedelta(hours=24)) <= the_spec.rollout.max_rollouts_per_day
         state = decision.state
         now += timedelta(minutes=2)
-    assert decision.action in (DecisionAction.HOLD, DecisionAction.CHANGE, DecisionAction.ROLLBACK)
 
 
 def test_a_step_goes_down_to_what_the_traffic_runs_and_at_most_the_factor_past_it():

@@ -74,8 +74,8 @@ def test_completion_answers_when_the_engine_finished_the_request() -> None:
                     json={"model": MODEL, "prompt": list(range(1000)), "max_tokens": 200, "ignore_eos": True},
                 )
             )
+            await until(lambda: served.in_flight == 1, "it is in flight")
             served.tick()
-            await asyncio.sleep(0.05)
             assert not post.done()  # no simulated time has passed
             await run_until(served, clock, post)
             response = await post
@@ -245,7 +245,7 @@ def test_metrics_models_health_and_shutdown() -> None:
             assert success.value == 1 and success.labels["model_name"] == MODEL
 
             pending = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "x", "max_tokens": 99}))
-            await asyncio.sleep(0.05)
+            await until(lambda: served.in_flight == 1, "it is in flight")
             served.abort_all()
             assert (await pending).status == 503
 

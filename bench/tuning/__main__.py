@@ -35,9 +35,11 @@ from multiprocessing import Pool
 from pathlib import Path
 
 from vllm_autotuner.api import Knobs
+from vllm_autotuner.api import spec as api_spec
+from vllm_autotuner.knobs import defaults, feasibility
 from vllm_autotuner.observe import quantile
 from vllm_autotuner.policy import schedule
-from vllm_autotuner.policy.decide import settings_at
+from vllm_autotuner.policy.decide import effective_slo, settings_at
 from vllm_autotuner.policy.model import slow_gaps_allowed
 from vllm_autotuner.sim import capacity, engine, metricstate, profiles, startup, workload
 from vllm_autotuner.sim.profiles import get_profile
@@ -70,13 +72,14 @@ def grid(scenario: BenchScenario, tokens: Sequence[int], seqs: Sequence[float]) 
 
 
 CACHE = Path(".cache/bench-tuning")
-#: The code a static run executes: the simulator's engine and what it is built from, the benchmark's fleet and runner
-#: (the scenario itself, traffic and spec, is in the key by value), and the decision core's rules the runner scores
-#: with: a request within the ITL target, and the SLO in force at each minute (a schedule window's, or the spec's).
-#: The rest of the decision core is not in the key, nor is ``bench.tuning.observe``: a static run builds no
-#: Observation.
-_SOURCES = (engine, metricstate, profiles, startup, workload, capacity, quantile, fleet, runner, schedule)
-_SCORING = (slow_gaps_allowed, settings_at)
+#: The code a static run executes: the simulator's engine and what it is built from, vLLM's defaults and start-up
+#: rules, the benchmark's fleet and runner (the scenario itself, traffic and spec, is in the key by value), and the
+#: decision core's rules the runner scores with: a request within the ITL target, and the SLO in force at each minute
+#: (a schedule window's over the spec's). The rest of the decision core is not in the key, nor is
+#: ``bench.tuning.observe``: a static run builds no Observation (``test_bench_tuning`` traces a run to check this).
+_SOURCES = (engine, metricstate, profiles, startup, workload, capacity, defaults, feasibility, api_spec, quantile,
+            fleet, runner, schedule)
+_SCORING = (slow_gaps_allowed, settings_at, effective_slo)
 
 
 def _code(source: str) -> bytes:

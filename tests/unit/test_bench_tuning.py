@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
 from bench.tuning import calibration, scenarios
-from bench.tuning.__main__ import _cache_key, _code, run
+from bench.tuning.__main__ import _SCORING, _SOURCES, _cache_key, _code, run
 from bench.tuning.hindsight import plan, run_hindsight
 from bench.tuning.report import POLICIES
 from bench.tuning.runner import default_config, run_static
@@ -121,6 +124,30 @@ def test_the_static_run_cache_is_keyed_on_code_not_on_its_wording():
     assert _code(source) == _code('def f(x):\n    # reworded\n    """x, twice."""\n    return 2 * x\n')
     assert _code(source) != _code('def f(x):\n    """Twice x."""\n    return 3 * x\n')
     assert _code(source) != _code('def f(x, cap=None):\n    """Twice x."""\n    return 2 * x\n')
+
+
+def test_the_static_run_cache_is_keyed_on_all_the_code_a_static_run_executes():
+    """A cached static run served after a change of code it runs would be a stale result: every function of the
+    project a toy static run calls is in a module of the key or is one of its functions (the scenario is in it by
+    value)."""
+    root = Path(__file__).resolve().parents[2]
+    called: set[tuple[str, str]] = set()
+
+    def record(frame, event, arg):  # noqa: ANN001, ANN202
+        path = frame.f_code.co_filename
+        if event == "call" and path.startswith(str(root)) and "/.venv/" not in path and "/tests/" not in path:
+            called.add((path, frame.f_code.co_name))
+
+    scenario = toy()
+    sys.setprofile(record)
+    try:
+        run_static(scenario, default_config(scenario))
+    finally:
+        sys.setprofile(None)
+    modules = {str(Path(module.__file__).resolve()) for module in _SOURCES} | {str(root / "bench/tuning/scenarios.py")}
+    functions = {(str(Path(inspect.getsourcefile(f)).resolve()), f.__name__) for f in _SCORING}
+    assert len(called) > 50
+    assert sorted(c for c in called if c[0] not in modules and c not in functions) == []
 
 
 def test_a_hindsight_run_is_cached_by_its_changes_apart_from_the_static_run_of_its_config():

@@ -630,12 +630,18 @@ def _restart_loss(
 
     Counted from the start of a rollout until it is verified, on whatever the
     windows show (they are not usable for decisions meanwhile), each
-    evaluation adding its window's shortfall times the evaluation interval.
+    evaluation adding its window's shortfall times the evaluation interval;
+    at most for as long as ``_verify`` waits for the restart's queue to drain
+    (windows too few to judge, a quiet night, would otherwise add their
+    noise to the price of every later change for as long as they last).
     """
     rollout = state.last_rollout
     if rollout is None or rollout.baseline_attainment is None or rollout.verified_at is not None:
         return state
     if rollout.phase not in (RolloutPhase.IN_PROGRESS, RolloutPhase.SUCCEEDED) or observation is None:
+        return state
+    if rollout.phase == RolloutPhase.SUCCEEDED and state.current is not None and observation.window_start >= (
+            datetime.fromisoformat(state.current.since) + timedelta(seconds=_patience_seconds(spec))):
         return state
     ttft, itl, tokens = observation.ttft_seconds, observation.itl_seconds, observation.mean_generation_tokens
     shares = (observation.ttft_within_slo, observation.itl_within_slo)
@@ -646,6 +652,13 @@ def _restart_loss(
     shortfall = max(0.0, rollout.baseline_attainment - attainment(slo, ttft, itl, *shares, tokens))
     lost = rollout.lost_seconds + shortfall * duration_seconds(spec.traffic.evaluation_interval)
     return state.model_copy(update={"last_rollout": rollout.model_copy(update={"lost_seconds": lost})})
+
+
+def _patience_seconds(spec: VllmTuningSpec) -> float:
+    """The longest ``_verify`` waits, after a rollout's config went live, to judge it: the settle time, a window,
+    and the windows a restart's draining queue is given."""
+    window = duration_seconds(spec.traffic.window)
+    return duration_seconds(spec.rollout.settle_time) + window * (1 + DRAIN_PATIENCE * REGRESSION_PATIENCE)
 
 
 def _drained(slo: SLO, base: Measurement) -> bool:
@@ -702,9 +715,8 @@ def _verify(
     if base.attainment < floor and window_start < since + timedelta(seconds=grace + REGRESSION_PATIENCE * window):
         if not _drained(slo, base) or window_start < since + timedelta(seconds=grace + window):
             return state
-    patience = grace + DRAIN_PATIENCE * REGRESSION_PATIENCE * window
     if base.attainment < floor and _draining(slo, base, waiting_before) and window_start < since + timedelta(
-        seconds=patience
+        seconds=_patience_seconds(spec)
     ):
         return state
     update: dict[str, object] = {"last_rollout": rollout.model_copy(update={"verified_at": utc_timestamp(now)})}

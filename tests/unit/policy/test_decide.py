@@ -375,6 +375,26 @@ def _judged_after(worse, minutes_held, minute_rolled_back, the_spec=SPEC, **slot
     return decide(the_spec, state, long_prompt_window(state, the_spec, now=at, **worse), at, **slots)
 
 
+def test_a_rollout_left_unjudged_by_windows_too_small_to_judge_stops_adding_to_its_price():
+    """A quiet night after a change: no window has requests enough to judge it, each one's shortfall is noise. The
+    restart's price (lostSeconds) takes them for as long as a judgement could wait, not all night."""
+    state = warmed()
+    done = T0 + timedelta(minutes=4)
+    state = succeed(decide(SPEC, state, long_prompt_window(state, SPEC), T0), done)
+    lost = []
+    for minute in range(1, 8 * 60):
+        at = done + timedelta(minutes=minute)
+        window = long_prompt_window(state, SPEC, now=at, requests=20.0, ttft_within_slo=0.5)
+        decision = decide(SPEC, state, window, at)
+        assert decision.hold in (HoldReason.NOT_SETTLED, HoldReason.TOO_FEW_SAMPLES), decision.reason
+        state = decision.state
+        lost.append(state.last_rollout.lost_seconds)
+    assert state.last_rollout.verified_at is None
+    patience = 2 + 5 * (1 + 3 * 6)  # minutes: settle 2m, the window 5m, 18 more windows of a draining queue
+    last = patience + 5 - 1  # the 5-minute window evaluated at minute patience + 5 starts at it: the one before adds
+    assert lost[-1] == lost[last - 1] > lost[last - 2] > 0  # lost[i] is minute i + 1's
+
+
 def test_a_regression_is_rolled_back_once_the_queue_has_drained_for_a_window():
     # settle 2m + one window 5m; then a drained queue (p95 0.1s) for one more window 5m
     decision = _judged_after({"itl_within_slo": 0.3, "itl_seconds": 0.3}, (7, 12), 17)

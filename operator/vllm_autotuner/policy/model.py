@@ -188,7 +188,7 @@ def request_itl_share(quantile: float, token_share: float, generation_tokens: fl
     last = min(int(slow_gaps_allowed(quantile, gaps)), math.ceil(mean + spread))  # allowed < gaps
     if first > last:
         return 0.0
-    # log P(first slow gaps): 0 + gaps * log(1 - slow) from none
+    # the log of the binomial term at ``first`` slow gaps (at none: gaps * log(1 - slow))
     log_term = (math.lgamma(gaps + 1) - math.lgamma(first + 1) - math.lgamma(gaps - first + 1)
                 + first * math.log(slow) + (gaps - first) * math.log1p(-slow))
     ratio = math.log(slow) - math.log1p(-slow)

@@ -35,8 +35,8 @@ class Kube(harness.Kube):
 def test_events_that_time_out_leave_the_status_written_and_a_status_that_times_out_is_written_next_time() -> None:
     kube = Kube(failing=1)
     cache = harness.cache()  # our rollout in progress: its evaluation sends Events
-    reconciler = Reconciler(kube, cache, harness.Windows(harness.window((harness.OLD, harness.NEW))),  # type: ignore[arg-type]
-                            OperatorMetrics(), OperatorSettings())
+    windows = harness.Windows(harness.window((harness.OLD, harness.NEW)))
+    reconciler = Reconciler(kube, cache, windows, OperatorMetrics(), OperatorSettings())  # type: ignore[arg-type]
     cache.deployment("llm", "llama")["status"].update(updatedReplicas=2, availableReplicas=2)  # type: ignore[index]
     first = asyncio.run(reconciler.evaluate(("llm", "llama"), harness.NOW.timestamp()))
     assert first is not None and first.events and kube.statuses == []

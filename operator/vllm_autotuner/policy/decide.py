@@ -28,7 +28,7 @@ make and holds.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -269,6 +269,17 @@ def _unjudged(state: VllmTuningStatus) -> bool:
     return last is not None and last.phase == RolloutPhase.SUCCEEDED and last.verified_at is None
 
 
+def _in_place_of_known(
+    state: VllmTuningStatus, m: Measurement, carried: Callable[[Measurement], dict[str, int]]
+) -> tuple[Measurement, list[Measurement]]:
+    """``m``, with what it carries over (``carried``) from the measurement of its regime and config already known,
+    and the measurements with it first in that one's place (the newest MEASUREMENT_LIMIT)."""
+    known = next((x for x in state.measurements if (x.regime, x.knobs) == (m.regime, m.knobs)), None)
+    if known is not None:
+        m = m.model_copy(update=carried(known))
+    return m, [m, *(x for x in state.measurements if x is not known)][:MEASUREMENT_LIMIT]
+
+
 def _remember(state: VllmTuningStatus, observation: Observation, m: Measurement) -> VllmTuningStatus:
     """The status with the measurement remembered, and the regime's learned optimum updated.
 
@@ -283,10 +294,8 @@ def _remember(state: VllmTuningStatus, observation: Observation, m: Measurement)
     if observation.window_start < datetime.fromisoformat(state.regime_since) or _unjudged(state):
         return state
     regime = m.regime
-    before = next((x for x in state.measurements if x.regime == regime and x.knobs == m.knobs), None)
-    if before is not None:
-        m = m.model_copy(update={"windows": before.windows + 1, "abandoned": before.abandoned})
-    measurements = [m, *(x for x in state.measurements if x is not before)][:MEASUREMENT_LIMIT]
+    m, measurements = _in_place_of_known(state, m, lambda before: {"windows": before.windows + 1,
+                                                                    "abandoned": before.abandoned})
     learned = list(state.learned)
     best = next((x for x in learned if x.regime == regime), None)
     same = best is not None and (best.max_num_batched_tokens, best.max_num_seqs) == (
@@ -735,10 +744,9 @@ def _verify(
         return state  # more traffic than before the change: attainment lost to it is no evidence against the config
     # the judged window is what the config does now: it takes the place of the memory that chose it (an older,
     # better window, or one of another SLO), which would choose it again after the cooldown, and again roll back
-    known = next((m for m in state.measurements if (m.regime, m.knobs) == (base.regime, base.knobs)), None)
-    judged = base.model_copy(update={"abandoned": (known.abandoned if known else 0) + 1})
-    state = state.model_copy(update={
-        "measurements": [judged, *(m for m in state.measurements if m is not known)][:MEASUREMENT_LIMIT]})
+    judged = base.model_copy(update={"abandoned": 1})
+    _, measurements = _in_place_of_known(state, judged, lambda known: {"abandoned": known.abandoned + 1})
+    state = state.model_copy(update={"measurements": measurements})
     reason = (
         f"regression: attainment {base.attainment:.0%} under {rollout.to_knobs} against "
         f"{rollout.baseline_attainment:.0%} under {rollout.from_knobs} before the change "

@@ -275,8 +275,8 @@ def blind(observation: Observation | None, problem: tuple[HoldReason, str] | Non
     Prometheus did not answer or had no fresh series of them (no observation), their newest samples are stale,
     or its numbers are NaN, negative or shares above 1. Then no change starts, not even a schedule's, which
     needs no traffic data: a rolling restart made blind could not be judged (no regression measured, no engine
-    seen asleep), so it waits for a fresh window. A quiet window (too few requests, none at all, a Deployment scaled to zero)
-    is not blind: a nightly batch window still opens on time."""
+    seen asleep), so it waits for a fresh window. A quiet window (too few requests, none at all, a Deployment
+    scaled to zero) is not blind: a nightly batch window still opens on time."""
     if problem is None or not (observation is None or problem[0] in (HoldReason.STALE, HoldReason.INVALID)):
         return None
     return problem

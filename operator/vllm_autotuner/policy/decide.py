@@ -47,7 +47,7 @@ from vllm_autotuner.api import (
     VllmTuningSpec,
     VllmTuningStatus,
 )
-from vllm_autotuner.api.status import LEARNED_LIMIT, MEASUREMENT_LIMIT, RolloutPhase
+from vllm_autotuner.api.status import FAILED_LIMIT, LEARNED_LIMIT, MEASUREMENT_LIMIT, RolloutPhase
 from vllm_autotuner.api.types import duration_seconds, utc_timestamp
 from vllm_autotuner.policy import adaptive
 from vllm_autotuner.policy.adaptive import ATTAINMENT_FLOOR, COMPARABLE_LOAD
@@ -391,7 +391,9 @@ def _apply(
 ) -> Decision:
     """Guardrails every change passes, then the mode: Auto applies, Recommend reports, Paused holds.
 
-    A config that failed to start is not retried, and once another writer
+    A config that failed to start is not retried, nor, once as many have
+    failed as the status keeps (``FAILED_LIMIT``), is any other: the next
+    failure would push the oldest out of memory. Once another writer
     has put our changes back twice in a day (``changes_reverted``) every
     change is only recommended. The cooldown holds traffic changes, and
     every change while the knobs are a person's (schedules respect them
@@ -409,10 +411,16 @@ def _apply(
     wall-clock time of the last day's, across a daylight-saving change).
     """
     assert state.current is not None
-    if change.knobs in failed_configs(state):
+    failed = failed_configs(state)
+    if change.knobs in failed:
         return _hold(
             state, now, HoldReason.NO_BETTER_CONFIG, f"{change.knobs} failed to start before: not retried", settings
         )
+    if len(failed) >= FAILED_LIMIT:  # the status holds no more: one more failure would forget the oldest
+        reason = (f"{len(failed)} configs failed to start under this spec, as many as the status remembers: no other "
+                  f"is tried, or the oldest could be again. Find why (kubectl get events --field-selector "
+                  f"reason=RolloutFailed), fix it, then edit the spec to start over ({change.knobs} recommended)")
+        return _hold(state, now, HoldReason.NO_BETTER_CONFIG, reason, settings, change.knobs, change.gain)
     if changes_reverted(state):
         reason = f"{change.knobs} only recommended ({change.reason}): {reverted_advice(state.reverted_by)}"
         return _hold(state, now, HoldReason.REVERTED, reason, settings, change.knobs, change.gain)

@@ -713,10 +713,12 @@ class Reconciler:
             patched = await self._call(apply_knobs, self.kube, target.deployment, target.container.get("name"),
                                        decision.knobs, decision.reason, report.name, str(decision.source),
                                        report.now, during_rollout, previous, verdict)
-        except (RolloutBusy, ApiException, CommandLineError) as exc:
+        except (RolloutBusy, ApiException, CommandLineError, HTTPError) as exc:
             report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
                                                      "conditions": report.state.conditions})
-            detail = api_error(exc) if isinstance(exc, ApiException) else str(exc)
+            detail = (api_error(exc) if isinstance(exc, ApiException)
+                      else f"{exc} (a patch that timed out may still land: the next evaluation finds it in the template "
+                           f"and follows it as the operator's)" if isinstance(exc, HTTPError) else str(exc))
             if again:
                 log.warning("%s again: not applying %s: %s", events.PATCH_FAILED, decision.knobs, detail,
                             extra={"namespace": report.namespace, "tuning": report.name,

@@ -23,6 +23,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from tests.unit.policy.helpers import T0, knobs, spec, status
+from urllib3.exceptions import ReadTimeoutError
 from tests.unit.test_rollout_pure import merge, wrote
 
 from vllm_autotuner.api import ConditionType, Knobs, KnobSource, RolloutPhase, VllmTuningStatus
@@ -466,6 +467,31 @@ def test_a_rollback_that_cannot_be_written_is_retried_and_the_failure_said_once(
     failed = metrics.rollouts.labels("default", TUNING, "Failed")._value.get()
     assert failed == 1  # one failed rollout, judged three times
 
+
+
+class TimingOutKube(RefusingKube):
+    """Its first patch times out (an apiserver too slow to answer), as urllib3 says."""
+
+    def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        if self.refusals:
+            self.refusals -= 1
+            raise ReadTimeoutError(None, f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}", "read timed out")
+        return super().patch_deployment(namespace, name, patch)
+
+
+def test_a_patch_that_times_out_is_said_and_retried_like_a_refused_one():
+    """Not an evaluation that fails with a traceback, its status unwritten: the verdict and a PatchFailed Event
+    that says the patch may still land, and the rollback written at the next evaluation."""
+    state, written = unverified_at_zero()
+    up = T0 + timedelta(hours=3)
+    kube = TimingOutKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], refusals=1)
+    pods = scaled(written, 1, 1, 0)
+    metrics = OperatorMetrics()
+    first = track(state, pods, up + timedelta(minutes=2), kube, metrics)
+    assert [reason for reason, _, _ in first.events] == [events.ROLLOUT_FAILED, events.PATCH_FAILED]
+    assert "read timed out" in first.events[1][1] and "may still land" in first.events[1][1]
+    second = track(first.state, pods, up + timedelta(minutes=3), kube, metrics)
+    assert [reason for reason, _, _ in second.events] == [events.ROLLED_BACK]
 
 def test_a_spec_changed_while_a_rollback_is_refused_records_the_failed_config_under_the_new_spec():
     state, written = unverified_at_zero()

@@ -717,8 +717,8 @@ class Reconciler:
             report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
                                                      "conditions": report.state.conditions})
             detail = (api_error(exc) if isinstance(exc, ApiException)
-                      else f"{exc} (a patch that timed out may still land: the next evaluation finds it in the template "
-                           f"and follows it as the operator's)" if isinstance(exc, HTTPError) else str(exc))
+                      else f"{exc} (a patch that timed out may still land: the next evaluation finds it in the "
+                           f"template and follows it as the operator's)" if isinstance(exc, HTTPError) else str(exc))
             if again:
                 log.warning("%s again: not applying %s: %s", events.PATCH_FAILED, decision.knobs, detail,
                             extra={"namespace": report.namespace, "tuning": report.name,

@@ -823,8 +823,8 @@ def _decide(
     state = _restart_loss(spec, settings.slo, state, observation)
     if state.current is None:
         return _hold(state, now, HoldReason.UNKNOWN_CONFIG, "the target's current knobs are not known yet", settings)
-    if rollout_active(state, observation):
-        return _hold(state, now, HoldReason.ROLLOUT_IN_PROGRESS, "a rollout of the target is in progress", settings)
+    if (rollout := rollout_active(state, observation)) is not None:
+        return _hold(state, now, HoldReason.ROLLOUT_IN_PROGRESS, rollout, settings)
     if (asleep := engines_asleep(observation)) is not None:
         return _hold(state, now, HoldReason.ASLEEP, asleep, settings)
     problem = hold_reason(spec, settings.slo, state, observation, now)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_autotuner.observe.quantile import histogram_fraction_below, histogram_quantile
+from vllm_autotuner.observe.quantile import histogram_fraction_below, histogram_quantile, step_tokens_quantile
 
 BOUNDS = [0.1, 0.5, 1.0, math.inf]
 
@@ -92,3 +93,40 @@ def test_fraction_below_edges():
     assert histogram_fraction_below(0.05, BOUNDS, [10, 20, 30, 40]) == pytest.approx(0.125)
     assert histogram_fraction_below(5.0, BOUNDS, [10, 20, 30, 40]) == pytest.approx(0.75)
     assert math.isnan(histogram_fraction_below(1.0, BOUNDS, [0, 0, 0, 0]))
+
+
+#: vLLM's vllm:iteration_tokens_total buckets.
+STEP_BOUNDS = [1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, math.inf]
+
+
+@given(st.lists(st.integers(0, 50), min_size=14, max_size=14), st.floats(0, 1),
+       st.sampled_from([512.0, 1000.0, 2048.0, 8192.0, 32768.0]))
+def test_step_tokens_without_observations_past_the_budget_is_the_capped_quantile(increments, q, budget):
+    """Where no step shows more than its budget (prompts that fit a step), nothing is hidden to put back."""
+    below = [lower < budget for lower in [0.0, *STEP_BOUNDS[:-1]]]
+    counts = list(accumulate(float(n) if ok else 0.0 for n, ok in zip(increments, below, strict=True)))
+    expected = histogram_quantile(q, STEP_BOUNDS, counts, budget)
+    got = step_tokens_quantile(q, STEP_BOUNDS, counts, budget)
+    assert got == expected or math.isnan(got) and math.isnan(expected)
+
+
+def _vllm_steps(decodes: int, steps: int, prompts: int, prompt: int, budget: int) -> tuple[list[float], int]:
+    """vllm:iteration_tokens_total's cumulative buckets as vLLM fills them, and the steps that computed the whole
+    budget: ``steps`` steps of ``decodes`` decodes each (one token apiece), among them ``prompts`` prompts of
+    ``prompt`` tokens, each in chunks of what the decodes leave of the budget. vLLM observes every step that samples
+    a token: a chunk's step shows its decodes alone, the step of a prompt's last chunk shows its whole prompt."""
+    chunks = math.ceil(prompt / (budget - decodes))
+    observed = [float(decodes)] * (steps - prompts) + [float(decodes + prompt + 1)] * prompts
+    return [float(sum(v <= b for v in observed)) for b in STEP_BOUNDS], prompts * (chunks - 1)
+
+
+@pytest.mark.parametrize(("prompt", "budget", "prompts"), [(6000, 2048, 3), (3000, 512, 2), (20000, 8192, 1)])
+def test_step_tokens_quantile_counts_the_chunk_steps_vllm_shows_as_decodes(prompt, budget, prompts):
+    """At the ITL quantile the steps are full (the budget) where vLLM's histogram shows decodes alone: each chunked
+    prompt is one observation of its whole length, and its earlier chunks' steps look like decode-only ones."""
+    counts, full = _vllm_steps(40, 100, prompts, prompt, budget)
+    assert full >= 2 * prompts  # each prompt took three chunks or more: two full steps or more, and its last
+    q = 1 - 2 * prompts / 100 + 0.005  # within two full steps a prompt (the estimate reads them from bucket middles)
+    assert histogram_quantile(q, STEP_BOUNDS, counts, budget) < 64  # read as it is: decode-only steps
+    assert step_tokens_quantile(q, STEP_BOUNDS, counts, budget) == budget
+    assert step_tokens_quantile(1 - (full + prompts + 3) / 100, STEP_BOUNDS, counts, budget) < 64  # the decodes

@@ -72,9 +72,10 @@ class Kube:
         self.metrics = metrics
         self.write_seconds_left: Callable[[], float] | None = None
         """With leader election, how long a write sent now has to land while this replica leads
-        (``LeaderElector.write_seconds_left``): a write is sent only with WRITE_MARGIN of it left, and times out
-        within it, so that a write a stopping leader's thread still makes cannot land after a standby took over
-        (whose own writes, conditional on resourceVersion, then meet it). None: the only replica."""
+        (``LeaderElector.write_seconds_left``): a write is sent only with more than WRITE_MARGIN of it left, and
+        waits no longer, so that a stopping leader's thread sends none once a standby could lead (an apiserver slow
+        to answer may still commit one: a Deployment patch is conditional on resourceVersion, so it and the next
+        leader's do not both land on one revision). None: the only replica."""
 
     def _write_timeout(self, what: str) -> float:
         """The timeout of a write, or NotLeading where too little of the Lease is left to send it."""

@@ -130,3 +130,9 @@ def test_step_tokens_quantile_counts_the_chunk_steps_vllm_shows_as_decodes(promp
     assert histogram_quantile(q, STEP_BOUNDS, counts, budget) < 64  # read as it is: decode-only steps
     assert step_tokens_quantile(q, STEP_BOUNDS, counts, budget) == budget
     assert step_tokens_quantile(1 - (full + prompts + 3) / 100, STEP_BOUNDS, counts, budget) < 64  # the decodes
+
+
+def test_step_tokens_quantile_without_a_budget_to_read_by_is_the_plain_quantile():
+    counts, _ = _vllm_steps(40, 100, 2, 6000, 2048)
+    assert step_tokens_quantile(0.99, STEP_BOUNDS, counts, None) == histogram_quantile(0.99, STEP_BOUNDS, counts)
+    assert step_tokens_quantile(0.99, STEP_BOUNDS, counts, 0) == histogram_quantile(0.99, STEP_BOUNDS, counts, 0)

@@ -76,6 +76,7 @@ from vllm_autotuner.policy import (
     effective_slo,
     last_known_change,
     manual_change_detected,
+    resumed_write,
     reverted_advice,
     rollout_blocked,
     rollout_failed,
@@ -86,7 +87,6 @@ from vllm_autotuner.policy import (
     strategy_seen,
     with_timed_restart,
 )
-from vllm_autotuner.policy.decision import with_rollout
 from vllm_autotuner.policy.guardrails import cut_share, failed_configs, in_flight_seconds
 from vllm_autotuner.policy.observation import stale_after
 from vllm_autotuner.policy.schedule import never_opens
@@ -578,8 +578,8 @@ class Reconciler:
                 # our patch landed but its status write did not (operator restarted in between; an unverified
                 # rollout does not stop the next write); our annotations with an older time are a person's
                 # `kubectl rollout undo`, adopted as Manual below
-                report.state = with_rollout(state, written, template, KnobSource(source or "Traffic"),
-                                            reason or "resumed after an operator restart")
+                report.state = resumed_write(state, spec.schedules, written, template, KnobSource(source or "Traffic"),
+                                             reason or "resumed after an operator restart")
                 report.state = self._with_generation(report.state, target.deployment)
                 return
             writer = command_line_writer(target.deployment, target.container.get("name", ""))

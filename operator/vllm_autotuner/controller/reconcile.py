@@ -720,9 +720,12 @@ class Reconciler:
                 return
             report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
                                                      "conditions": report.state.conditions})
-            detail = (api_error(exc) if isinstance(exc, ApiException)
-                      else f"{exc}; the Deployment read back does not have the change: the next evaluation decides "
-                           f"again" if isinstance(exc, HTTPError) else str(exc))
+            if isinstance(exc, ApiException):
+                detail = api_error(exc)
+            elif isinstance(exc, HTTPError):
+                detail = f"{exc}; the Deployment read back does not have the change: the next evaluation decides again"
+            else:
+                detail = str(exc)
             if again:
                 log.warning("%s again: not applying %s: %s", events.PATCH_FAILED, decision.knobs, detail,
                             extra={"namespace": report.namespace, "tuning": report.name,

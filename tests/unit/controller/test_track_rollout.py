@@ -60,8 +60,8 @@ def args(of: Knobs) -> list[str]:
 def deployment(start: Knobs) -> dict[str, Any]:
     return {
         "metadata": {"name": "llama", "namespace": "default", "uid": "u1", "resourceVersion": "1", "generation": 1},
-        "spec": {"template": {"metadata": {"annotations": {}}, "spec": {"containers": [
-            {"name": "vllm", "image": "vllm/vllm-openai", "args": args(start)}]}}},
+        "spec": {"selector": {"matchLabels": {"app": "llama"}}, "template": {"metadata": {"annotations": {}}, "spec": {
+            "containers": [{"name": "vllm", "image": "vllm/vllm-openai", "args": args(start)}]}}},
     }
 
 
@@ -95,6 +95,11 @@ def undone(deployment: dict[str, Any], to_revision: dict[str, Any]) -> dict[str,
     return out
 
 
+RS_UID = "rs-uid"
+OWNED = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "llama-7f8b", "uid": RS_UID, "controller": True}]
+"""The ownerReferences of the new ReplicaSet's pods."""
+
+
 class Kube:
     """The API calls judging a rollout makes: the new ReplicaSet's pods, and the patch of a rollback."""
 
@@ -116,7 +121,8 @@ def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, ku
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     engine = EngineArgs.from_container(container)
     assert engine.max_num_batched_tokens is not None and engine.max_num_seqs is not None
-    replicaset = {"metadata": {"name": "llama-7f8b", "labels": {"pod-template-hash": "7f8b"}}, "status": {}}
+    replicaset = {"metadata": {"name": "llama-7f8b", "uid": RS_UID, "labels": {"pod-template-hash": "7f8b"}},
+                  "status": {}}
     target = Target(deployment, container, engine, container.get("image"),
                     knobs(engine.max_num_batched_tokens, engine.max_num_seqs),
                     from_defaults=False, defaults_table=None, replicaset=replicaset if kube else None,
@@ -227,7 +233,7 @@ def scaled(deployment: dict[str, Any], replicas: int, updated: int, available: i
 
 def crash_looping(message: str, finished: datetime) -> dict[str, Any]:
     """A pod whose vLLM exited with ``message`` a second time at ``finished``."""
-    return {"metadata": {"name": "llama-7f8b-x2x4q"}, "status": {"containerStatuses": [{
+    return {"metadata": {"name": "llama-7f8b-x2x4q", "ownerReferences": OWNED}, "status": {"containerStatuses": [{
         "name": "vllm", "restartCount": 2, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
         "lastState": {"terminated": {"exitCode": 1, "message": message, "finishedAt": utc_timestamp(finished)}}}]}}
 
@@ -361,7 +367,7 @@ def test_the_last_config_that_ran_failing_after_a_scale_up_is_not_its_fault():
 
 def unschedulable(name: str) -> dict[str, Any]:
     """A new pod kube-scheduler could not place: the node's only GPU is taken."""
-    return {"metadata": {"name": name}, "status": {"phase": "Pending", "conditions": [
+    return {"metadata": {"name": name, "ownerReferences": OWNED}, "status": {"phase": "Pending", "conditions": [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
          "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}]}}
 
@@ -373,6 +379,25 @@ def surge_stuck(to: Knobs) -> tuple[VllmTuningStatus, dict[str, Any]]:
     state, written = write(state, scaled(deployment(A), 2, 2, 2), to, T0)
     written["status"].update({"replicas": 3, "updatedReplicas": 1, "availableReplicas": 2})
     return track(state, written, T0 + timedelta(seconds=30), Kube([unschedulable("llama-7f8b-s1")])).state, written
+
+
+def test_only_the_new_replicasets_own_pods_judge_the_rollout():
+    """A copy of the Deployment (the same pod template, its selector overlapping) has a ReplicaSet of the same
+    pod-template hash: its pods carry our new ReplicaSet's labels, and only their ownerReferences tell them
+    apart. Its crash-looping pod is not our config failing; the same pod owned by our ReplicaSet is."""
+    state, written = surge_stuck(B)
+    theirs = crash_looping("ValueError: not enough KV cache", T0 + timedelta(minutes=4))
+    theirs["metadata"]["ownerReferences"] = [{**OWNED[0], "uid": "copy-rs-uid"}]
+    kube = Kube([theirs])
+
+    report = track(state, written, T0 + timedelta(minutes=5), kube)
+
+    rollout = report.state.last_rollout
+    assert rollout is not None and rollout.phase == RolloutPhase.IN_PROGRESS and rollout.message == ""
+    assert kube.patches == [] and report.state.failed_configs == [] and report.events == []
+    ours = Kube([crash_looping("ValueError: not enough KV cache", T0 + timedelta(minutes=4))])
+    failed = track(state, written, T0 + timedelta(minutes=5), ours)
+    assert [reason for reason, _, _ in failed.events] == [events.ROLLOUT_FAILED, events.ROLLED_BACK]
 
 
 def test_a_rollout_whose_new_pod_finds_no_gpu_is_rolled_back_at_the_deadline_without_blaming_the_config():

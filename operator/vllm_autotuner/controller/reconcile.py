@@ -714,18 +714,16 @@ class Reconciler:
                                        decision.knobs, decision.reason, report.name, str(decision.source),
                                        report.now, during_rollout, previous, verdict)
         except (RolloutBusy, ApiException, CommandLineError, HTTPError) as exc:
-            landed = await self._landed(target, decision, report) if isinstance(exc, HTTPError) else None
-            if landed is not None:  # the write timed out, but the Deployment read back has it
+            unanswered = isinstance(exc, HTTPError) or (isinstance(exc, ApiException) and (exc.status or 0) >= 500)
+            landed = await self._landed(target, decision, report) if unanswered else None
+            if landed is not None:  # the write got no answer, but the Deployment read back has it
                 self._started(target, decision, report, landed)
                 return
             report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
                                                      "conditions": report.state.conditions})
-            if isinstance(exc, ApiException):
-                detail = api_error(exc)
-            elif isinstance(exc, HTTPError):
-                detail = f"{exc}; the Deployment read back does not have the change: the next evaluation decides again"
-            else:
-                detail = str(exc)
+            detail = api_error(exc) if isinstance(exc, ApiException) else str(exc)
+            if unanswered:
+                detail += "; the Deployment read back does not have the change: the next evaluation decides again"
             if again:
                 log.warning("%s again: not applying %s: %s", events.PATCH_FAILED, decision.knobs, detail,
                             extra={"namespace": report.namespace, "tuning": report.name,
@@ -748,9 +746,10 @@ class Reconciler:
             self._warn_if_restarts_lose_requests(target, report, f"rolling the pods to {decision.knobs}")
 
     async def _landed(self, target: Target, decision: Decision, report: Report) -> dict[str, Any] | None:
-        """The Deployment read back after a write that got no answer (a timeout, a reset), when it holds this
-        evaluation's patch (our annotations, its knobs, stamped now): the write landed, and the decision's state
-        (its baseline, the config a window goes back to) stands. None when it does not, or cannot be read."""
+        """The Deployment read back after a write that got no answer (a timeout, a reset) or a server error (500,
+        504: the apiserver's own timeout waiting on etcd, which may commit the write all the same), when it holds
+        this evaluation's patch (our annotations, its knobs, stamped now): the write landed, and the decision's
+        state (its baseline, the config a window goes back to) stands. None when it does not, or cannot be read."""
         assert decision.knobs is not None
         meta = target.deployment["metadata"]
         try:

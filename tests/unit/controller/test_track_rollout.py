@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 from tests.unit.policy.helpers import T0, knobs, spec, status
 from tests.unit.policy.test_decide import NIGHT, quietly
@@ -503,13 +505,27 @@ def test_a_rollback_that_cannot_be_written_is_retried_and_the_failure_said_once(
 
 
 
+def read_timeout(path: str) -> Exception:
+    """urllib3's word for a request that got no answer in time."""
+    return ReadTimeoutError(None, path, "read timed out")
+
+
+def etcd_timeout(path: str) -> Exception:
+    """The apiserver's answer when etcd did not confirm the write in time; it may commit it all the same."""
+    exc = ApiException(status=504, reason="Gateway Timeout")
+    exc.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Timeout", "code": 504,
+                           "message": "Timeout: request did not complete within requested timeout"})
+    return exc
+
+
 class TimingOutKube(RefusingKube):
-    """Its first patch gets no answer in time (an apiserver too slow), as urllib3 says; the Deployment read back
+    """Its first patch gets no answer in time (an apiserver too slow, ``error``); the Deployment read back
     (``live``) has the patch where it ``lands`` all the same."""
 
-    def __init__(self, pods: list[dict[str, Any]], live: dict[str, Any], lands: bool) -> None:
+    def __init__(self, pods: list[dict[str, Any]], live: dict[str, Any], lands: bool,
+                 error: Callable[[str], Exception] = read_timeout) -> None:
         super().__init__(pods, refusals=1)
-        self.live, self.lands = live, lands
+        self.live, self.lands, self.error = live, lands, error
 
     def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         if self.refusals:
@@ -517,35 +533,43 @@ class TimingOutKube(RefusingKube):
             if self.lands:
                 self.live = merge(self.live, patch)
                 self.live["metadata"]["generation"] += 1
-            raise ReadTimeoutError(None, f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}", "read timed out")
+            raise self.error(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
         return super().patch_deployment(namespace, name, patch)
 
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
         return self.live
 
 
-def test_a_patch_that_times_out_and_did_not_land_is_said_and_retried_like_a_refused_one():
+@pytest.mark.parametrize("error, said", [(read_timeout, "read timed out"), (etcd_timeout, "Gateway Timeout")])
+def test_a_patch_that_times_out_and_did_not_land_is_said_and_retried_like_a_refused_one(
+    error: Callable[[str], Exception], said: str
+) -> None:
     """Not an evaluation that fails with a traceback, its status unwritten: the verdict and a PatchFailed Event
     that says the Deployment read back does not have the change, and the rollback written at the next evaluation."""
     state, written = unverified_at_zero()
     up = T0 + timedelta(hours=3)
     pods = scaled(written, 1, 1, 0)
-    kube = TimingOutKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], pods, False)
+    kube = TimingOutKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], pods, False,
+                         error)
     metrics = OperatorMetrics()
     first = track(state, pods, up + timedelta(minutes=2), kube, metrics)
     assert [reason for reason, _, _ in first.events] == [events.ROLLOUT_FAILED, events.PATCH_FAILED]
-    assert "read timed out" in first.events[1][1] and "read back does not have" in first.events[1][1]
+    assert said in first.events[1][1] and "read back does not have" in first.events[1][1]
     second = track(first.state, pods, up + timedelta(minutes=3), kube, metrics)
     assert [reason for reason, _, _ in second.events] == [events.ROLLED_BACK]
 
 
-def test_a_patch_that_times_out_but_landed_stands_with_what_its_decision_recorded():
+@pytest.mark.parametrize("error", [read_timeout, etcd_timeout])
+def test_a_patch_that_times_out_but_landed_stands_with_what_its_decision_recorded(
+    error: Callable[[str], Exception]
+) -> None:
     """The Deployment read back has the rollback: it is followed as written, at once, not failed and then found in
     the template as a write of unknown purpose."""
     state, written = unverified_at_zero()
     up = T0 + timedelta(hours=3)
     pods = scaled(written, 1, 1, 0)
-    kube = TimingOutKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], pods, True)
+    kube = TimingOutKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], pods, True,
+                         error)
     report = track(state, pods, up + timedelta(minutes=2), kube)
     assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_FAILED, events.ROLLED_BACK]
     rollout = report.state.last_rollout

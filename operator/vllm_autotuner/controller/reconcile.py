@@ -714,16 +714,16 @@ class Reconciler:
                                        decision.knobs, decision.reason, report.name, str(decision.source),
                                        report.now, during_rollout, previous, verdict)
         except (RolloutBusy, ApiException, CommandLineError, HTTPError) as exc:
-            unanswered = isinstance(exc, HTTPError) or (isinstance(exc, ApiException) and (exc.status or 0) >= 500)
-            landed = await self._landed(target, decision, report) if unanswered else None
-            if landed is not None:  # the write got no answer, but the Deployment read back has it
-                self._started(target, decision, report, landed)
-                return
+            detail = api_error(exc) if isinstance(exc, ApiException) else str(exc)
+            if isinstance(exc, HTTPError) or (isinstance(exc, ApiException) and (exc.status or 0) >= 500):
+                landed, found = await self._landed(target, decision, report)
+                if landed is not None:  # the write got no answer, but the Deployment read back has it
+                    self._started(target, decision, report, landed)
+                    return
+                detail += (f"; {found}: the next evaluation decides again (or follows the change, should the "
+                           "apiserver commit it late)")
             report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
                                                      "conditions": report.state.conditions})
-            detail = api_error(exc) if isinstance(exc, ApiException) else str(exc)
-            if unanswered:
-                detail += "; the Deployment read back does not have the change: the next evaluation decides again"
             if again:
                 log.warning("%s again: not applying %s: %s", events.PATCH_FAILED, decision.knobs, detail,
                             extra={"namespace": report.namespace, "tuning": report.name,
@@ -745,19 +745,23 @@ class Reconciler:
         if not rollback:
             self._warn_if_restarts_lose_requests(target, report, f"rolling the pods to {decision.knobs}")
 
-    async def _landed(self, target: Target, decision: Decision, report: Report) -> dict[str, Any] | None:
+    async def _landed(
+        self, target: Target, decision: Decision, report: Report
+    ) -> tuple[dict[str, Any] | None, str]:
         """The Deployment read back after a write that got no answer (a timeout, a reset) or a server error (500,
         504: the apiserver's own timeout waiting on etcd, which may commit the write all the same), when it holds
         this evaluation's patch (our annotations, its knobs, stamped now): the write landed, and the decision's
-        state (its baseline, the config a window goes back to) stands. None when it does not, or cannot be read."""
+        state (its baseline, the config a window goes back to) stands. Else None, and what the read found."""
         assert decision.knobs is not None
         meta = target.deployment["metadata"]
         try:
             read = await self._call(self.kube.read_deployment, meta["namespace"], meta["name"])
-        except (ApiException, HTTPError):
-            return None
-        stamped = unrecorded_write(read, decision.knobs, report.name, report.now - timedelta(seconds=1))
-        return read if stamped is not None else None
+        except (ApiException, HTTPError) as exc:
+            why = api_error(exc) if isinstance(exc, ApiException) else str(exc)
+            return None, f"the Deployment could not be read back ({why})"
+        if unrecorded_write(read, decision.knobs, report.name, report.now - timedelta(seconds=1)) is None:
+            return None, "the Deployment read back does not have the change"
+        return read, ""
 
     @staticmethod
     def _warn_if_restarts_lose_requests(target: Target, report: Report, change: str) -> None:
@@ -921,6 +925,8 @@ class Reconciler:
         ``term``), kept by their ownerReferences. Labels alone also match the pods of another Deployment whose
         selector overlaps this one's, and a copy of a Deployment (the same template) shares its pod-template
         hash: its crash-looping pods would fail our rollout, its node would stand for our GPU."""
+        if not owners:
+            return []
         selector = ",".join(filter(None, (label_selector(deployment["spec"]["selector"]), term)))
         listed = await self._call(self.kube.list_pods, deployment["metadata"]["namespace"], selector)
         return [pod for pod in listed

@@ -540,23 +540,45 @@ class TimingOutKube(RefusingKube):
         return self.live
 
 
+def rollback_unanswered(
+    lands: bool, error: Callable[[str], Exception], kube_type: type[TimingOutKube] = TimingOutKube,
+    metrics: OperatorMetrics | None = None,
+) -> tuple[Report, TimingOutKube, dict[str, Any], datetime]:
+    """An unverified config found crash-looping at a scale-up, the patch of its rollback answered with ``error``
+    (it ``lands`` all the same, or not): the evaluation, its API calls, the Deployment and the scale-up's time."""
+    state, written = unverified_at_zero()
+    up = T0 + timedelta(hours=3)
+    pods = scaled(written, 1, 1, 0)
+    kube = kube_type([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], pods, lands, error)
+    return track(state, pods, up + timedelta(minutes=2), kube, metrics), kube, pods, up
+
+
 @pytest.mark.parametrize("error, said", [(read_timeout, "read timed out"), (etcd_timeout, "Gateway Timeout")])
 def test_a_patch_that_times_out_and_did_not_land_is_said_and_retried_like_a_refused_one(
     error: Callable[[str], Exception], said: str
 ) -> None:
     """Not an evaluation that fails with a traceback, its status unwritten: the verdict and a PatchFailed Event
     that says the Deployment read back does not have the change, and the rollback written at the next evaluation."""
-    state, written = unverified_at_zero()
-    up = T0 + timedelta(hours=3)
-    pods = scaled(written, 1, 1, 0)
-    kube = TimingOutKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], pods, False,
-                         error)
     metrics = OperatorMetrics()
-    first = track(state, pods, up + timedelta(minutes=2), kube, metrics)
+    first, kube, pods, up = rollback_unanswered(False, error, metrics=metrics)
     assert [reason for reason, _, _ in first.events] == [events.ROLLOUT_FAILED, events.PATCH_FAILED]
     assert said in first.events[1][1] and "read back does not have" in first.events[1][1]
     second = track(first.state, pods, up + timedelta(minutes=3), kube, metrics)
     assert [reason for reason, _, _ in second.events] == [events.ROLLED_BACK]
+
+
+def test_a_patch_that_times_out_and_cannot_be_read_back_says_so():
+    """An apiserver that answers neither the patch nor the read: the Event says the read failed, not that the
+    Deployment lacks the change (it may have it)."""
+    class Unreadable(TimingOutKube):
+        def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
+            raise ApiException(status=503, reason="Service Unavailable")
+
+    report, *_ = rollback_unanswered(False, etcd_timeout, Unreadable)
+    assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_FAILED, events.PATCH_FAILED]
+    message = report.events[1][1]
+    assert "Gateway Timeout" in message and "could not be read back (" in message and "Service Unavailable" in message
+    assert "does not have the change" not in message
 
 
 @pytest.mark.parametrize("error", [read_timeout, etcd_timeout])
@@ -565,12 +587,7 @@ def test_a_patch_that_times_out_but_landed_stands_with_what_its_decision_recorde
 ) -> None:
     """The Deployment read back has the rollback: it is followed as written, at once, not failed and then found in
     the template as a write of unknown purpose."""
-    state, written = unverified_at_zero()
-    up = T0 + timedelta(hours=3)
-    pods = scaled(written, 1, 1, 0)
-    kube = TimingOutKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], pods, True,
-                         error)
-    report = track(state, pods, up + timedelta(minutes=2), kube)
+    report, kube, *_ = rollback_unanswered(True, error)
     assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_FAILED, events.ROLLED_BACK]
     rollout = report.state.last_rollout
     assert rollout is not None and rollout.source == KnobSource.ROLLBACK and awaiting_verdict(report.state)

@@ -307,6 +307,9 @@ class Engine:
         self._jitter_sigma = profile.step_jitter
         self._jitter: list[float] = []
         self._jitter_at = 0
+        self._carried: float | None = None
+        """The noise factor of a decode span that ``advance``'s end cut short: the next call goes on with it, so that
+        the noise, like the steps, does not depend on how a run is cut into calls."""
 
         self._bs = self.config.block_size
         self._budget = self.config.max_num_batched_tokens
@@ -345,6 +348,9 @@ class Engine:
         # Work done so far, for vLLM's estimated FLOPs / bytes counters.
         self._attention_units = 0.0
         self._kv_read = 0.0
+        self._first_prompts = 0
+        self._scheduled_tokens = 0
+        self._steps = 0
 
     # ------------------------------------------------------------------ API
 
@@ -420,12 +426,11 @@ class Engine:
                 break
             if now >= until:
                 break
-            if self._jitter_at == len(self._jitter):
-                self._refill_jitter()
-            jitter = self._jitter[self._jitter_at]
-            self._jitter_at += 1
-            if self._partial is None and self._running and not self._head_admissible():
-                steps = self._span_length(until, jitter)
+            span = self._partial is None and self._running and not self._head_admissible()
+            jitter = self._carried if span and self._carried is not None else self._draw_jitter()
+            self._carried = None
+            if span:
+                steps, self._carried = self._span_length(until, jitter)
                 if steps > 1:
                     self._span(steps, jitter)
                     continue
@@ -448,18 +453,18 @@ class Engine:
             waiting_lora_adapters=tuple(dict.fromkeys(s.req.lora for s in waiting if s.req.lora)) if loras else (),
         )
         snap = snapshot(self.metrics, self._now, gauges)
-        # vLLM's MFU counters, from the work done (kept as totals, not per step)
+        # vLLM's MFU counters, from the work done (kept as totals, not per step); 0 unless --enable-mfu-metrics
         cost, counters = self.cost, snap.counters
-        tokens = snap.histograms["vllm:iteration_tokens_total"]
-        counters["estimated_flops_per_gpu"] = (
-            cost.flops_per_token * tokens.sum
+        on = self.config.enable_mfu_metrics
+        counters["estimated_flops_per_gpu"] = on * (
+            cost.flops_per_token * self._scheduled_tokens
             + cost.flops_per_sample * counters["generation_tokens"]
             + cost.flops_per_attention_unit * self._attention_units
         )
-        counters["estimated_read_bytes_per_gpu"] = (
-            cost.weight_bytes * tokens.count + cost.kv_bytes_per_token * self._kv_read
+        counters["estimated_read_bytes_per_gpu"] = on * (
+            cost.weight_bytes * self._steps + cost.kv_bytes_per_token * self._kv_read
         )
-        counters["estimated_write_bytes_per_gpu"] = cost.kv_bytes_per_token * tokens.sum
+        counters["estimated_write_bytes_per_gpu"] = on * cost.kv_bytes_per_token * self._scheduled_tokens
         return snap
 
     def tokens_generated(self, rid: int) -> int | None:
@@ -499,10 +504,13 @@ class Engine:
 
     # ------------------------------------------------------------ internals
 
-    def _refill_jitter(self) -> None:
-        """Draw the next batch of per-segment step-time noise factors."""
-        self._jitter = self._rng.lognormal(0.0, self._jitter_sigma, _JITTER_BATCH).tolist()
-        self._jitter_at = 0
+    def _draw_jitter(self) -> float:
+        """The next segment's step-time noise factor (drawn in batches)."""
+        if self._jitter_at == len(self._jitter):
+            self._jitter = self._rng.lognormal(0.0, self._jitter_sigma, _JITTER_BATCH).tolist()
+            self._jitter_at = 0
+        self._jitter_at += 1
+        return self._jitter[self._jitter_at - 1]
 
     def _admission(self, seq: _Seq, budget: int) -> tuple[int, int, int, int] | None:
         """What admitting ``seq`` with ``budget`` tokens left would take:
@@ -548,8 +556,9 @@ class Engine:
         cost = self._admission(seq, budget)
         return cost is not None and cost[3] <= self.num_gpu_blocks - self._used
 
-    def _span_length(self, until: float, jitter: float) -> int:
-        """How many decode-only steps can run before the next event."""
+    def _span_length(self, until: float, jitter: float) -> tuple[int, float | None]:
+        """How many decode-only steps can run before the next event, and ``jitter`` where ``until`` cut them short
+        (else None)."""
         heap, running = self._fin_heap, self._running
         while heap and getattr(running.get(heap[0][1]), "fin", None) != heap[0][0]:
             heapq.heappop(heap)  # stale: preempted (and maybe readmitted with a new finish step)
@@ -559,7 +568,7 @@ class Engine:
         if n * (steps // self._bs + 1) > free:
             steps = min(steps, self._steps_before_block_shortage(free))
         if steps <= 1:
-            return steps
+            return steps, None
         bound = until
         deadlines = self._deadlines
         while deadlines and (deadlines[0][2].generated or deadlines[0][2].aborted):
@@ -575,11 +584,12 @@ class Engine:
         ):
             bound = self._pending[0].arrival  # an arrival would be admitted at the next step start
         if bound == math.inf:
-            return steps
+            return steps, None
         cost = self.cost
         first = (cost.decode_fixed(n) + cost.per_decode_context * (self._sum_base + n * g)) * jitter
         growth = cost.per_decode_context * n * jitter
-        return min(steps, _steps_starting_before(bound - self._now, first, growth))
+        before = _steps_starting_before(bound - self._now, first, growth)
+        return (steps, None) if before >= steps else (before, jitter if bound == until else None)
 
     def _steps_before_block_shortage(self, free: int) -> int:
         """Decode steps the free blocks cover, starting at the current step."""
@@ -616,6 +626,8 @@ class Engine:
         for i, threshold in enumerate(self._slow_at):
             slow[i] += _steps_longer_than(threshold, first, growth, steps)
         metrics.iteration_tokens.observe_weighted(n, steps)
+        self._scheduled_tokens += n * steps
+        self._steps += steps
         metrics.counters["generation_tokens"] += n * steps
         context_sum = steps * context + n * steps * (steps - 1) / 2
         self._attention_units += context_sum
@@ -687,7 +699,9 @@ class Engine:
         self._kv_read += kv_read
 
         metrics = self.metrics
-        metrics.iteration_tokens.values.append(tokens)
+        self._first_prompts = 0
+        self._scheduled_tokens += tokens
+        self._steps += 1
         if n:
             metrics.itl.weighted_values.append(seconds)
             metrics.itl.weights.append(n)
@@ -707,6 +721,8 @@ class Engine:
                 if seq is self._partial:
                     self._partial = None
                 self._prefill_done(seq, g, now)
+        if sampled:  # vLLM observes an output batch: prompts that got their first token plus the tokens sampled
+            metrics.iteration_tokens.values.append(self._first_prompts + sampled)
         if self._fin_heap and self._fin_heap[0][0] <= g:
             self._finish_decodes(g)
         self._g = g + 1
@@ -767,6 +783,7 @@ class Engine:
             metrics.ttft.observe(now - seq.arrival)
             counters = metrics.counters
             counters["prompt_tokens"] += seq.prompt
+            self._first_prompts += seq.prompt
             counters["prompt_tokens_cached"] += seq.cached
         else:  # readmitted after a preemption: its token gap includes the wait
             gap = now - seq.last_token_at

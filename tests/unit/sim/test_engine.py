@@ -10,6 +10,7 @@ import pytest
 
 from tests.unit.sim.helpers import noiseless, random_requests
 from vllm_autotuner.sim.engine import Engine, EngineConfig, FinishedRequest, Request
+from vllm_autotuner.sim.metricstate import MetricsSnapshot
 from vllm_autotuner.sim.profiles import get_profile
 from vllm_autotuner.sim.workload import LengthDist, Mix, RequestClass, steady
 
@@ -52,19 +53,48 @@ def test_prefix_cache_under_memory_pressure_stays_within_the_cache() -> None:
     assert snap.counters["request_success"] > 100
 
 
-def test_a_preempted_requests_readmission_is_no_prefix_cache_query() -> None:
-    """vLLM counts the prefix-cache lookups of a preempted request's re-admission apart and exports them nowhere: its
-    queries and hits are its prompts' first admissions, the hits the cached prompt tokens (as its HELP says)."""
+def _preempting_shared_prefixes() -> tuple[int, MetricsSnapshot]:
+    """Requests, many with one of four shared prefixes, on a GPU short of KV cache: how many, and the metrics after
+    all of them."""
     shared = [dataclasses.replace(r, prefix_id=r.prompt_tokens % 4, prefix_tokens=512) if r.prompt_tokens > 600 else r
               for r in random_requests(400, 40, 4, prompt=1500, output=300)]
     engine = Engine(get_profile("llama3-8b-l4"), EngineConfig(max_num_seqs=48, enable_prefix_caching=True), seed=0)
     for request in shared:
         engine.submit(request)
     engine.advance(math.inf)
-    counters = engine.snapshot().counters
-    assert counters["num_preemptions"] > 0 and counters["request_success"] == len(shared)
+    return len(shared), engine.snapshot()
+
+
+def test_a_preempted_requests_readmission_is_no_prefix_cache_query() -> None:
+    """vLLM counts the prefix-cache lookups of a preempted request's re-admission apart and exports them nowhere: its
+    queries and hits are its prompts' first admissions, the hits the cached prompt tokens (as its HELP says)."""
+    count, snap = _preempting_shared_prefixes()
+    counters = snap.counters
+    assert counters["num_preemptions"] > 0 and counters["request_success"] == count
     assert counters["prefix_cache_queries"] == counters["prompt_tokens"]
     assert counters["prefix_cache_hits"] == counters["prompt_tokens_cached"] > 0
+
+
+def test_iteration_tokens_counts_a_chunked_prompt_once_with_its_first_token() -> None:
+    """vLLM observes ``vllm:iteration_tokens_total`` once per step that outputs a token: the whole prompt of each
+    request whose first token it is, plus the tokens sampled. The chunks before that output nothing and are not
+    observed: a 6000-token prompt at a 2048-token budget is one observation of 6001, then one per decode."""
+    engine = Engine(noiseless("llama3-8b-h100"), EngineConfig(max_num_batched_tokens=2048, max_num_seqs=8), seed=0)
+    engine.submit(Request(0.0, 6000, 10))
+    engine.advance(math.inf)
+    tokens = engine.snapshot().histograms["vllm:iteration_tokens_total"]
+    assert tokens.count == 10 and tokens.sum == 6000 + 10
+    assert tokens.count - tokens.cumulative[tokens.bounds.index(4096.0)] == 1  # the prompt's step, above 4096
+
+
+def test_iteration_tokens_sum_is_prompt_and_generation_tokens_under_preemption_and_prefix_caching() -> None:
+    """As in vLLM (and the reference scrape: 1787 = 416 + 1371), the histogram's sum is the prompt tokens (cached ones
+    included, a preempted request's recomputation not) plus the generation tokens."""
+    _, snap = _preempting_shared_prefixes()
+    counters = snap.counters
+    assert counters["num_preemptions"] > 0 and counters["prompt_tokens_cached"] > 0
+    tokens = snap.histograms["vllm:iteration_tokens_total"]
+    assert tokens.sum == counters["prompt_tokens"] + counters["generation_tokens"]
 
 
 def test_submit_rejects_what_vllm_rejects() -> None:
@@ -99,6 +129,31 @@ def test_steps_are_atomic_at_window_edges() -> None:
     for edge in (0.5, 1.0, 1.5, 2.0):
         engine.advance(edge)
         assert edge <= engine.now < edge + 0.5  # at most one step past the edge
+
+
+def _finish_times(window: float) -> dict[int, float]:
+    """A noisy engine fed as the benchmark's fleet feeds it: each window's arrivals submitted, then run to its end."""
+    engine = Engine(get_profile("llama3-8b-a100"), EngineConfig(max_num_batched_tokens=512, max_num_seqs=64), seed=1)
+    requests = random_requests(600, 8, 3, prompt=800, output=200)
+    done: dict[int, float] = {}
+    t, i = 0.0, 0
+    while len(done) < len(requests):
+        t += window
+        while i < len(requests) and requests[i].arrival < t:
+            engine.submit(requests[i])
+            i += 1
+        done.update((f.rid, f.finish_time) for f in engine.advance(t))
+    return done
+
+
+def test_step_noise_does_not_depend_on_the_windows() -> None:
+    """A decode span cut by a window's end goes on with its noise draw: a static run in 300 s windows and a run that
+    restarts pods in 15 s windows see the same engine (they differed by up to 0.27% of goodput)."""
+    coarse = _finish_times(300.0)
+    for window in (15.0, 0.37):
+        fine = _finish_times(window)
+        assert fine.keys() == coarse.keys()
+        assert max(abs(fine[rid] - coarse[rid]) for rid in coarse) < 1e-9
 
 
 def test_unfinished_lists_what_a_shutdown_drops() -> None:

@@ -1,6 +1,7 @@
 """The ``Observation`` the operator builds from PromQL, over a window of the benchmark's fleet.
 
-Quantiles with Prometheus's own ``histogram_quantile``, shares within target
+Quantiles with Prometheus's own ``histogram_quantile`` (the step tokens' as
+the operator reads them, ``step_tokens_quantile``), shares within target
 with ``histogram_fraction_below``, gauges averaged over the scrapes in the
 window, rates over its length. It is a module of its own because static
 runs never build an Observation (their timelines take three numbers of a
@@ -17,7 +18,7 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from vllm_autotuner.api import SLO
-from vllm_autotuner.observe.quantile import histogram_fraction_below, histogram_quantile
+from vllm_autotuner.observe.quantile import histogram_fraction_below, step_tokens_quantile
 from vllm_autotuner.observe.queries import completed_requests
 from vllm_autotuner.policy import Observation
 from vllm_autotuner.sim.metricstate import HistogramSnapshot
@@ -71,7 +72,7 @@ def observe(fleet: Fleet, start: float, end: float, slo: SLO, t0: datetime) -> O
         mean_prompt_tokens=_mean(histograms["vllm:request_prompt_tokens"]),
         mean_generation_tokens=_mean(histograms["vllm:request_generation_tokens"]),
         step_tokens_mean=_mean(steps),
-        step_tokens_quantile=histogram_quantile(slo.itl.quantile, steps.bounds, steps.cumulative, budget)
+        step_tokens_quantile=step_tokens_quantile(slo.itl.quantile, steps.bounds, steps.cumulative, budget)
         if steps.count else None,
         steps_per_second=steps.count / seconds,
     )

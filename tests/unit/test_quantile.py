@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_autotuner.observe.quantile import histogram_fraction_below, histogram_quantile
+from tests.unit.sim.helpers import noiseless, random_requests
+from tests.unit.sim.reference import run_reference
+from vllm_autotuner.observe.quantile import histogram_fraction_below, histogram_quantile, step_tokens_quantile
+from vllm_autotuner.sim.engine import Engine, EngineConfig
 
 BOUNDS = [0.1, 0.5, 1.0, math.inf]
 
@@ -92,3 +96,44 @@ def test_fraction_below_edges():
     assert histogram_fraction_below(0.05, BOUNDS, [10, 20, 30, 40]) == pytest.approx(0.125)
     assert histogram_fraction_below(5.0, BOUNDS, [10, 20, 30, 40]) == pytest.approx(0.75)
     assert math.isnan(histogram_fraction_below(1.0, BOUNDS, [0, 0, 0, 0]))
+
+
+#: vLLM's vllm:iteration_tokens_total buckets.
+STEP_BOUNDS = [1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, math.inf]
+
+
+@given(st.lists(st.integers(0, 50), min_size=14, max_size=14), st.floats(0, 1),
+       st.sampled_from([512.0, 1000.0, 2048.0, 8192.0, 32768.0]))
+def test_step_tokens_without_observations_past_the_budget_is_the_capped_quantile(increments, q, budget):
+    """Where no step shows more than its budget (prompts that fit a step), nothing is hidden to put back."""
+    below = [lower < budget for lower in [0.0, *STEP_BOUNDS[:-1]]]
+    counts = list(accumulate(float(n) if ok else 0.0 for n, ok in zip(increments, below, strict=True)))
+    expected = histogram_quantile(q, STEP_BOUNDS, counts, budget)
+    got = step_tokens_quantile(q, STEP_BOUNDS, counts, budget)
+    assert got == expected or math.isnan(got) and math.isnan(expected)
+
+
+@pytest.mark.parametrize(
+    ("profile", "budget", "rate", "prompt", "q"),
+    [
+        ("llama3-8b-a100", 512, 2, 3000, 0.9),  # prompts in six chunks
+        ("llama3-8b-a100", 1024, 3, 6000, 0.9),
+        ("llama3-8b-a100", 2048, 20, 500, 0.95),  # chat: prompts that fit a step, a few in two chunks
+    ],
+)
+def test_step_tokens_quantile_reads_vllms_histogram_as_the_steps_computed(profile, budget, rate, prompt, q):
+    """vLLM's histogram shows a chunked prompt once, whole, and the steps of its earlier chunks as their decodes: at
+    the ITL quantile the steps are full where it shows decodes alone. The quantile read from it is the steps' own
+    (the literal scheduler's), within 15%."""
+    config = EngineConfig(max_num_batched_tokens=budget, max_num_seqs=64 if budget < 1024 else 256)
+    engine = Engine(noiseless(profile), config, seed=0)
+    requests = random_requests(400, rate, 1, prompt=prompt, output=200 if prompt < 6000 else 100)
+    for request in requests:
+        engine.submit(request)
+    engine.advance(math.inf)
+    tokens = engine.snapshot().histograms["vllm:iteration_tokens_total"]
+    ref = run_reference(engine.cost, requests, budget=budget, max_seqs=config.max_num_seqs,
+                        num_blocks=engine.num_gpu_blocks, chunked=True)
+    computed = sorted(ref.step_tokens)[math.ceil(q * len(ref.step_tokens)) - 1]
+    got = step_tokens_quantile(q, tokens.bounds, tokens.cumulative, budget)
+    assert got == pytest.approx(computed, rel=0.15)

@@ -10,12 +10,14 @@ that holds the rank, the +Inf bucket answered with the highest finite bound,
 non-monotonic cumulative counts repaired by carrying the maximum forward.
 That bound is only the least the quantile can be: a caller that knows more
 (an engine step never computes more tokens than its budget, which may lie
-past vLLM's last bucket) passes a ``cap``.
+past vLLM's last bucket) passes a ``cap``. One histogram does not observe
+what its name says: ``step_tokens_quantile`` reads vLLM's tokens per step.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -87,3 +89,40 @@ def histogram_fraction_below(value: float, upper_bounds: Sequence[float], cumula
             return (previous_count + (count - previous_count) * max(0.0, fraction)) / total
         previous_bound, previous_count = bound, count
     return 1.0
+
+
+def step_tokens_quantile(q: float, upper_bounds: Sequence[float], cumulative_counts: Sequence[float],
+                         budget: float | None) -> float:
+    """The q-quantile of the tokens engine steps compute, at most ``budget``, from ``vllm:iteration_tokens_total``.
+
+    vLLM observes that histogram once per step that outputs a token, with the
+    whole prompt of each request whose first token it is plus the tokens
+    sampled (its sum is the prompt tokens plus the generation tokens), not
+    the tokens the step computed. A prompt longer than a step has room for is
+    computed in chunks: the steps before its last show only the decodes
+    beside them (or nothing), the last shows the whole prompt. So an
+    observation of ``v`` past the budget stands for about ``v / budget`` full
+    steps, all but one of them counted among the observations below the
+    budget. Those are moved, in proportion from the observations below the
+    budget, to full steps (the +Inf bucket, which answers ``budget``) before
+    the quantile is taken. With no observation past the budget (prompts that
+    fit a step), this is ``histogram_quantile`` capped at the budget. Values
+    in a bucket are taken at its middle (at its lower bound in +Inf). Without
+    a budget (a window across configs), ``histogram_quantile`` as it is.
+    """
+    shape_ok = len(upper_bounds) >= 2 and upper_bounds[-1] == math.inf and len(upper_bounds) == len(cumulative_counts)
+    if budget is None or not shape_ok or any(math.isnan(c) for c in cumulative_counts):
+        return histogram_quantile(q, upper_bounds, cumulative_counts, budget)
+    counts = list(itertools.accumulate(cumulative_counts, max))
+    lower = [0.0, *upper_bounds[:-1]]
+    full = hidden = 0.0
+    for lo, hi, count, before in zip(lower, upper_bounds, counts, [0.0, *counts[:-1]], strict=True):
+        if lo >= budget and count > before:
+            full += count - before
+            hidden += (count - before) * ((lo if math.isinf(hi) else (lo + hi) / 2) / budget - 1)
+    small = counts[-1] - full
+    if not hidden or not small:
+        return histogram_quantile(q, upper_bounds, counts, budget)
+    scale = max(small - hidden, 0.0) / small
+    rebuilt = [c * scale if lo < budget else small * scale for lo, c in zip(lower, counts[:-1], strict=False)]
+    return histogram_quantile(q, upper_bounds, [*rebuilt, counts[-1]], budget)

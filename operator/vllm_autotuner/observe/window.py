@@ -33,11 +33,13 @@ call. So does the number of pods whose engine slept in some of the window
 (vLLM's sleep mode: the awake state of ``vllm:engine_sleep_state`` below 1
 on average), which no change may wake; a window where some pods have that
 gauge and others none is refused, as whether those slept is unknown. A
-step's tokens at the ITL quantile are capped at the token budget, which no
-step computes more than (vLLM counts a chunked prompt whole in the step
-that finishes it), and are the budget where the quantile lies past the last
-bucket: vLLM's end at 16384, below budgets that go to 32768, and there
-Prometheus answers 16384, which would make full steps look half full.
+step's tokens at the ITL quantile are read as the tokens steps compute
+(``quantile.step_tokens_quantile``: vLLM counts a chunked prompt whole in
+the step that finishes it, and the steps of its earlier chunks as decodes
+alone), capped at the token budget, which no step computes more than, and
+are the budget where the quantile lies past the last bucket: vLLM's end at
+16384, below budgets that go to 32768, and there Prometheus answers 16384,
+which would make full steps look half full.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from datetime import UTC, datetime
 
 from vllm_autotuner.api import SLO, Knobs
 from vllm_autotuner.observe.client import PrometheusClient
-from vllm_autotuner.observe.quantile import histogram_fraction_below, histogram_quantile
+from vllm_autotuner.observe.quantile import histogram_fraction_below, histogram_quantile, step_tokens_quantile
 from vllm_autotuner.observe.queries import FAMILIES, Kind, Matcher, PodMatch, Selector, family_query
 from vllm_autotuner.policy import Observation
 
@@ -102,8 +104,13 @@ class _Histogram:
     bounds: list[float]
     counts: list[float]
 
-    def quantile(self, q: float, cap: float | None = None) -> float | None:
-        value = histogram_quantile(q, self.bounds, self.counts, cap)
+    def quantile(self, q: float) -> float | None:
+        value = histogram_quantile(q, self.bounds, self.counts)
+        return None if math.isnan(value) else value
+
+    def step_tokens_quantile(self, q: float, budget: float | None) -> float | None:
+        """``vllm:iteration_tokens_total``'s quantile as the tokens steps compute (``quantile.step_tokens_quantile``)."""
+        value = step_tokens_quantile(q, self.bounds, self.counts, budget)
         return None if math.isnan(value) else value
 
     def within(self, target: float) -> float | None:
@@ -245,7 +252,7 @@ def observe_target(
         mean_prompt_tokens=_ratio(rates["prompt_len_sum"], rates["prompt_len_count"]),
         mean_generation_tokens=_ratio(rates["output_len_sum"], rates["output_len_count"]),
         step_tokens_mean=_ratio(rates["step_tokens_sum"], rates["steps"]),
-        step_tokens_quantile=steps.quantile(slo.itl.quantile, budget) if steps else None,
+        step_tokens_quantile=steps.step_tokens_quantile(slo.itl.quantile, budget) if steps else None,
         steps_per_second=rates["steps"],
     )
     return observation, None

@@ -47,6 +47,8 @@ class ReferenceResult:
     preemptions: dict[int, int] = field(default_factory=dict)
     max_gap: dict[int, float] = field(default_factory=dict)
     gaps: dict[int, list[float]] = field(default_factory=dict)
+    step_tokens: list[int] = field(default_factory=list)
+    """The tokens each step computed."""
     iteration_tokens: list[int] = field(default_factory=list)
     """What vLLM observes in ``vllm:iteration_tokens_total``, once per step that outputs a token: the prompts of
     the requests that get their first token in it, plus the tokens sampled. A step that only advances a chunked
@@ -174,6 +176,7 @@ def run_reference(
             if r.computed + new == r.num_tokens:
                 sampled += 1
         now += cost.seconds(tokens, len(scheduled), sampled, units, kv_read)
+        out.step_tokens.append(tokens)
         first_prompts = 0
         for r, new in scheduled:
             r.computed += new

@@ -109,7 +109,7 @@ class _Histogram:
         return None if math.isnan(value) else value
 
     def step_tokens_quantile(self, q: float, budget: float | None) -> float | None:
-        """``vllm:iteration_tokens_total``'s quantile as the tokens steps compute (``quantile.step_tokens_quantile``)."""
+        """``vllm:iteration_tokens_total``'s quantile as the tokens steps compute (``step_tokens_quantile``)."""
         value = step_tokens_quantile(q, self.bounds, self.counts, budget)
         return None if math.isnan(value) else value
 

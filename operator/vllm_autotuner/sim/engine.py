@@ -414,6 +414,8 @@ class Engine:
         pending, waiting, deadlines = self._pending, self._waiting, self._deadlines
         while True:
             now = self._now
+            if self._carried is not None and self._event_bound() <= now:
+                self._carried = None  # the span cut at the last call's end would have ended at this event
             while pending and pending[0].arrival <= now:
                 waiting.append(pending.popleft())
             if deadlines and deadlines[0][0] <= now:
@@ -493,6 +495,7 @@ class Engine:
             if seq is None:
                 return False
         self._drop(seq)
+        self._carried = None  # another batch: the cut span does not go on
         return True
 
     def unfinished(self) -> list[Request]:
@@ -569,27 +572,34 @@ class Engine:
             steps = min(steps, self._steps_before_block_shortage(free))
         if steps <= 1:
             return steps, None
-        bound = until
-        deadlines = self._deadlines
-        while deadlines and (deadlines[0][2].generated or deadlines[0][2].aborted):
-            heapq.heappop(deadlines)  # it has its first token (its client waits on), or it is gone
-        if deadlines and deadlines[0][0] < bound:
-            bound = deadlines[0][0]  # a waiting request is aborted, and the next in line may be admissible
-        if (
-            self._pending
-            and self._candidate() is None
-            and len(running) < self._max_seqs
-            and self._budget > n
-            and self._pending[0].arrival < bound
-        ):
-            bound = self._pending[0].arrival  # an arrival would be admitted at the next step start
+        event = self._event_bound()
+        bound = min(until, event)
         if bound == math.inf:
             return steps, None
         cost = self.cost
         first = (cost.decode_fixed(n) + cost.per_decode_context * (self._sum_base + n * g)) * jitter
         growth = cost.per_decode_context * n * jitter
         before = _steps_starting_before(bound - self._now, first, growth)
-        return (steps, None) if before >= steps else (before, jitter if bound == until else None)
+        return (steps, None) if before >= steps else (before, jitter if until < event else None)
+
+    def _event_bound(self) -> float:
+        """When the next event falls that ends a decode span: a waiting request's first-token deadline (it is
+        aborted, and the next in line may be admissible), or an arrival that would be admitted at the next step
+        start; inf when none is known."""
+        bound = math.inf
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][2].generated or deadlines[0][2].aborted):
+            heapq.heappop(deadlines)  # it has its first token (its client waits on), or it is gone
+        if deadlines:
+            bound = deadlines[0][0]
+        if (
+            self._pending
+            and self._candidate() is None
+            and len(self._running) < self._max_seqs
+            and self._budget > self._n_dec
+        ):
+            bound = min(bound, self._pending[0].arrival)
+        return bound
 
     def _steps_before_block_shortage(self, free: int) -> int:
         """Decode steps the free blocks cover, starting at the current step."""

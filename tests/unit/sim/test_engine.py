@@ -131,10 +131,21 @@ def test_steps_are_atomic_at_window_edges() -> None:
         assert edge <= engine.now < edge + 0.5  # at most one step past the edge
 
 
-def _finish_times(window: float) -> dict[int, float]:
-    """A noisy engine fed as the benchmark's fleet feeds it: each window's arrivals submitted, then run to its end."""
-    engine = Engine(get_profile("llama3-8b-a100"), EngineConfig(max_num_batched_tokens=512, max_num_seqs=64), seed=1)
-    requests = random_requests(600, 8, 3, prompt=800, output=200)
+#: Engines and traffic whose decode spans meet every kind of event: (profile, config, requests).
+NOISY_RUNS = [
+    ("llama3-8b-a100", EngineConfig(max_num_batched_tokens=512, max_num_seqs=64),
+     random_requests(600, 8, 3, prompt=800, output=200)),
+    ("llama3-8b-l4", EngineConfig(max_num_batched_tokens=2048, max_num_seqs=128),  # first-token deadlines, preemption
+     random_requests(500, 6, 7, prompt=800, output=400, timeout=3.0)),
+    ("llama3-8b-h100", EngineConfig(max_num_batched_tokens=512, max_num_seqs=64, max_loras=1),  # deferred arrivals
+     random_requests(400, 30, 11, adapters=3)),
+]  # fmt: skip
+
+
+def _outcomes(window: float, profile: str, config: EngineConfig, requests: list[Request]) -> dict[int, float]:
+    """A noisy engine fed as the benchmark's fleet feeds it: each window's arrivals submitted, then run to its end;
+    when each request finished (-1: its client gave up)."""
+    engine = Engine(get_profile(profile), config, seed=1)
     done: dict[int, float] = {}
     t, i = 0.0, 0
     while len(done) < len(requests):
@@ -143,17 +154,44 @@ def _finish_times(window: float) -> dict[int, float]:
             engine.submit(requests[i])
             i += 1
         done.update((f.rid, f.finish_time) for f in engine.advance(t))
+        done.update((rid, -1.0) for rid in engine.timed_out)
     return done
 
 
-def test_step_noise_does_not_depend_on_the_windows() -> None:
-    """A decode span cut by a window's end goes on with its noise draw: a static run in 300 s windows and a run that
-    restarts pods in 15 s windows see the same engine (they differed by up to 0.27% of goodput)."""
-    coarse = _finish_times(300.0)
+@pytest.mark.parametrize(("profile", "config", "requests"), NOISY_RUNS)
+def test_step_noise_does_not_depend_on_the_windows(profile, config, requests) -> None:
+    """A decode span cut by a window's end goes on with its noise draw, unless an event in the step across the end
+    (a deadline, an admissible arrival) would have ended it: a static run in 300 s windows and a run that restarts
+    pods in 15 s windows see the same engine (they differed by up to 0.27% of goodput)."""
+    coarse = _outcomes(300.0, profile, config, requests)
     for window in (15.0, 0.37):
-        fine = _finish_times(window)
+        fine = _outcomes(window, profile, config, requests)
         assert fine.keys() == coarse.keys()
         assert max(abs(fine[rid] - coarse[rid]) for rid in coarse) < 1e-9
+
+
+@pytest.mark.parametrize(("config", "late"), [
+    (EngineConfig(max_num_batched_tokens=2048, max_num_seqs=4), Request(0.0, 500, 5, first_token_timeout=5.0)),
+    (EngineConfig(max_num_batched_tokens=2048, max_num_seqs=64, max_loras=1), Request(5.0, 500, 5, lora="b")),
+])  # fmt: skip
+def test_a_span_cut_just_before_an_event_draws_afresh_after_it(config, late) -> None:
+    """A call that ends within a decode step during which a deadline passes (a request waiting for a slot gives up)
+    or a request arrives that then waits (for its LoRA adapter): a single call's span ends at that event and the
+    next draws anew, so the continued span must too."""
+    early = [Request(0.0, 500, 2000, lora="a" if config.max_loras else None) for _ in range(4)]
+
+    def finish_times(cut: float | None) -> dict[int, float]:
+        engine = Engine(get_profile("llama3-8b-a100"), config, seed=3)
+        for request in early + ([late] if late.arrival == 0 else []):
+            engine.submit(request)
+        done = {f.rid: f.finish_time for f in engine.advance(cut)} if cut is not None else {}
+        if late.arrival > 0:
+            engine.submit(late)
+        done.update((f.rid, f.finish_time) for f in engine.advance(1000.0))
+        return done
+
+    whole, cut = finish_times(None), finish_times(5.0 - 1e-9)
+    assert whole.keys() == cut.keys() and max(abs(whole[rid] - cut[rid]) for rid in whole) < 1e-9
 
 
 def test_unfinished_lists_what_a_shutdown_drops() -> None:

@@ -118,9 +118,13 @@ def test_the_operator_deployment_is_hardened_and_leader_elected(helm: Helm) -> N
     assert pod["serviceAccountName"] == "rel-vllm-autotuner"
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert labels["app.kubernetes.io/name"] == "vllm-autotuner" and labels["app.kubernetes.io/instance"] == "rel"
+    (spread,) = pod["topologySpreadConstraints"]  # a node that fails takes the leader or its standby, not both
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert spread["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
 
     single = _operator(helm.template("rel", str(CHART), *SINGLE))
     assert single["spec"]["replicas"] == 1 and "--no-leader-election" in single["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "topologySpreadConstraints" not in single["spec"]["template"]["spec"]
 
 
 def test_a_digest_pins_the_image_and_overrides_the_tag(helm: Helm) -> None:

@@ -113,6 +113,34 @@ def test_step_tokens_without_observations_past_the_budget_is_the_capped_quantile
     assert got == expected or math.isnan(got) and math.isnan(expected)
 
 
+def _vllm_steps(decodes: int, steps: int, prompts: int, prompt: int, budget: int) -> tuple[list[float], int]:
+    """vllm:iteration_tokens_total's cumulative buckets as vLLM fills them, and the steps that computed the whole
+    budget: ``steps`` steps of ``decodes`` decodes each (one token apiece), among them ``prompts`` prompts of
+    ``prompt`` tokens, each in chunks of what the decodes leave of the budget. vLLM observes every step that samples
+    a token: a chunk's step shows its decodes alone, the step of a prompt's last chunk shows its whole prompt."""
+    chunks = math.ceil(prompt / (budget - decodes))
+    observed = [float(decodes)] * (steps - prompts) + [float(decodes + prompt + 1)] * prompts
+    return [float(sum(v <= b for v in observed)) for b in STEP_BOUNDS], prompts * (chunks - 1)
+
+
+@pytest.mark.parametrize(("prompt", "budget", "prompts"), [(6000, 2048, 3), (3000, 512, 2), (20000, 8192, 1)])
+def test_step_tokens_quantile_counts_the_chunk_steps_vllm_shows_as_decodes(prompt, budget, prompts):
+    """At the ITL quantile the steps are full (the budget) where vLLM's histogram shows decodes alone: each chunked
+    prompt is one observation of its whole length, and its earlier chunks' steps look like decode-only ones."""
+    counts, full = _vllm_steps(40, 100, prompts, prompt, budget)
+    assert full >= 2 * prompts  # each prompt took three chunks or more: two full steps or more, and its last
+    q = 1 - 2 * prompts / 100 + 0.005  # within two full steps a prompt (the estimate reads them from bucket middles)
+    assert histogram_quantile(q, STEP_BOUNDS, counts, budget) < 64  # read as it is: decode-only steps
+    assert step_tokens_quantile(q, STEP_BOUNDS, counts, budget) == budget
+    assert step_tokens_quantile(1 - (full + prompts + 3) / 100, STEP_BOUNDS, counts, budget) < 64  # the decodes
+
+
+def test_step_tokens_quantile_without_a_budget_to_read_by_is_the_plain_quantile():
+    counts, _ = _vllm_steps(40, 100, 2, 6000, 2048)
+    assert step_tokens_quantile(0.99, STEP_BOUNDS, counts, None) == histogram_quantile(0.99, STEP_BOUNDS, counts)
+    assert step_tokens_quantile(0.99, STEP_BOUNDS, counts, 0) == histogram_quantile(0.99, STEP_BOUNDS, counts, 0)
+
+
 @pytest.mark.parametrize(
     ("profile", "budget", "rate", "prompt", "q"),
     [

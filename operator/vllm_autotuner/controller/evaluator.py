@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from vllm_autotuner.api.types import duration_seconds
 from vllm_autotuner.controller.cache import ClusterCache, Key
+from vllm_autotuner.controller.kube import NotLeading
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import Reconciler
 
@@ -73,6 +74,8 @@ class Evaluator:
                 return  # stopping: the evaluations in flight finish, no other starts (``operator.wind_down``)
             try:
                 await self.reconciler.evaluate(key, at)
+            except NotLeading as exc:  # the Lease is running out: this replica stops, the next leader evaluates
+                log.warning("evaluating %s/%s stopped: %s", *key, exc)
             except Exception:  # noqa: BLE001 - one tuning's bug must not stop the others; retried next interval
                 log.exception("evaluating %s/%s failed; retrying at its next interval", *key)
 

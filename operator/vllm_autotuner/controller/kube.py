@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubernetes import client
@@ -25,6 +25,8 @@ from vllm_autotuner.api import GROUP, PLURAL, VERSION
 from vllm_autotuner.controller.metrics import OperatorMetrics
 
 TIMEOUT = 15.0
+#: Seconds of the Lease a write must have left to be sent (``Kube.write_seconds_left``).
+WRITE_MARGIN = 1.0
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 
@@ -55,6 +57,10 @@ def label_selector(selector: dict[str, Any]) -> str:
     return ",".join(terms)
 
 
+class NotLeading(Exception):
+    """A write not sent: it could land after another replica took the Lease over."""
+
+
 class Kube:
     """Blocking API calls (run them with ``asyncio.to_thread``)."""
 
@@ -64,6 +70,22 @@ class Kube:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.metrics = metrics
+        self.write_seconds_left: Callable[[], float] | None = None
+        """With leader election, how long a write sent now has to land while this replica leads
+        (``LeaderElector.write_seconds_left``): a write is sent only with more than WRITE_MARGIN of it left, and
+        waits no longer, so that a stopping leader's thread sends none once a standby could lead (an apiserver slow
+        to answer may still commit one: a Deployment patch is conditional on resourceVersion, so it and the next
+        leader's do not both land on one revision). None: the only replica."""
+
+    def _write_timeout(self, what: str) -> float:
+        """The timeout of a write, or NotLeading where too little of the Lease is left to send it."""
+        if self.write_seconds_left is None:
+            return TIMEOUT
+        left = self.write_seconds_left()
+        if left <= WRITE_MARGIN:
+            raise NotLeading(f"{what} not sent: this replica's Lease may pass to another within {max(left, 0):.1f}s "
+                             f"(its renewals fail): it stops leading, and the leader after it evaluates again")
+        return min(TIMEOUT, left - WRITE_MARGIN)
 
     @contextlib.contextmanager
     def _call(self, verb: str, resource: str) -> Iterator[None]:
@@ -101,10 +123,11 @@ class Kube:
 
     def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """Strategic-merge patch; a ``metadata.resourceVersion`` in it makes the write conditional (409 on change)."""
+        timeout = self._write_timeout(f"the patch of Deployment {namespace}/{name}")
         with self._call("patch", "deployments"):
             return self._served(self.apps.patch_namespaced_deployment(
                 name, namespace, patch, _content_type=STRATEGIC_MERGE, _preload_content=False,
-                _request_timeout=TIMEOUT))
+                _request_timeout=timeout))
 
     def read_replicaset(self, namespace: str, name: str) -> dict[str, Any]:
         """The ReplicaSet whose pod template a rollback puts back."""
@@ -137,11 +160,13 @@ class Kube:
 
     def patch_tuning_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge-patch the status subresource; ``None`` values remove fields."""
+        timeout = self._write_timeout(f"the status of VllmTuning {namespace}/{name}")
         with self._call("patch", "vllmtunings/status"):
             self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _content_type=MERGE,
-                _request_timeout=TIMEOUT)
+                _request_timeout=timeout)
 
     def create_event(self, body: dict[str, Any]) -> None:
+        timeout = self._write_timeout(f"the Event {body['reason']} of {body['involvedObject']['name']}")
         with self._call("create", "events"):
-            self.core.create_namespaced_event(body["metadata"]["namespace"], body, _request_timeout=TIMEOUT)
+            self.core.create_namespaced_event(body["metadata"]["namespace"], body, _request_timeout=timeout)

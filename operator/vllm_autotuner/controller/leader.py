@@ -11,7 +11,10 @@ the lease duration, stops acting (the process exits and Kubernetes restarts
 it as a candidate), as controller-runtime does: it has stopped before any
 standby can take over. So that a hung connection cannot hold it past that
 point, every API call has a timeout and every round is cut off at the
-deadline.
+deadline. Its writes (a Deployment patch, a status, an Event) run in worker
+threads that stopping does not interrupt, so each is sent only with time
+left before any standby could lead, and may take no longer than that time
+(``write_seconds_left``).
 """
 
 from __future__ import annotations
@@ -173,6 +176,14 @@ class LeaderElector:
             pause = cfg.renew_seconds if await self._round(left) else cfg.retry_seconds
         self.is_leader = False
         log.error("lost leadership: lease not renewed for %.1fs", cfg.renew_deadline_seconds)
+
+    def write_seconds_left(self) -> float:
+        """How long a write sent now has to land before a standby could take the Lease over, by this replica's clock:
+        the lease duration from the start of the last successful round (a standby counts it from later, when it read
+        that round's record); 0 when not leading. ``kube.Kube`` sends no write with too little of it left."""
+        if not self.is_leader:
+            return 0.0
+        return self._renewed_at + self.config.lease_seconds - self._monotonic()
 
     def release(self) -> None:
         """Give the lease up on clean shutdown so a standby takes over at once."""

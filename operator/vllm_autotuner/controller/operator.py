@@ -248,6 +248,7 @@ async def run(options: RunOptions) -> int:
         identity = options.identity or f"{socket.gethostname()}-{os.getpid()}"
         elector = LeaderElector(client.CoordinationV1Api(api_client),
                                 LeaseConfig(options.lease_namespace, options.lease_name, identity))
+        kube.write_seconds_left = elector.write_seconds_left
         if not await _unless_stopped(elector.acquire(), stop):
             log.info("stopped while standing by")
             await http.stop()

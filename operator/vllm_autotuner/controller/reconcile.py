@@ -713,10 +713,16 @@ class Reconciler:
             patched = await self._call(apply_knobs, self.kube, target.deployment, target.container.get("name"),
                                        decision.knobs, decision.reason, report.name, str(decision.source),
                                        report.now, during_rollout, previous, verdict)
-        except (RolloutBusy, ApiException, CommandLineError) as exc:
+        except (RolloutBusy, ApiException, CommandLineError, HTTPError) as exc:
+            landed = await self._landed(target, decision, report) if isinstance(exc, HTTPError) else None
+            if landed is not None:  # the write timed out, but the Deployment read back has it
+                self._started(target, decision, report, landed)
+                return
             report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
                                                      "conditions": report.state.conditions})
-            detail = api_error(exc) if isinstance(exc, ApiException) else str(exc)
+            detail = (api_error(exc) if isinstance(exc, ApiException)
+                      else f"{exc}; the Deployment read back does not have the change: the next evaluation decides "
+                           f"again" if isinstance(exc, HTTPError) else str(exc))
             if again:
                 log.warning("%s again: not applying %s: %s", events.PATCH_FAILED, decision.knobs, detail,
                             extra={"namespace": report.namespace, "tuning": report.name,
@@ -725,12 +731,31 @@ class Reconciler:
                 report.event(events.PATCH_FAILED, f"not applying {decision.knobs}: {detail}",
                              warning=not isinstance(exc, RolloutBusy))
             return
+        self._started(target, decision, report, patched)
+
+    def _started(self, target: Target, decision: Decision, report: Report, patched: dict[str, Any]) -> None:
+        """The decision's rollout (or rollback) is in the Deployment ``patched``: the decision's state stands, said
+        in Events."""
+        rollback = decision.action == DecisionAction.ROLLBACK
         report.state = self._with_generation(report.state, patched)
         report.event(events.ROLLED_BACK if rollback else events.ROLLOUT_STARTED, f"{decision.knobs}: {decision.reason}")
         report.target_event(events.KNOBS_ROLLED_BACK if rollback else events.KNOBS_CHANGED,
                             f"{decision.knobs} by VllmTuning {report.name}: {decision.reason}")
         if not rollback:
             self._warn_if_restarts_lose_requests(target, report, f"rolling the pods to {decision.knobs}")
+
+    async def _landed(self, target: Target, decision: Decision, report: Report) -> dict[str, Any] | None:
+        """The Deployment read back after a write that got no answer (a timeout, a reset), when it holds this
+        evaluation's patch (our annotations, its knobs, stamped now): the write landed, and the decision's state
+        (its baseline, the config a window goes back to) stands. None when it does not, or cannot be read."""
+        assert decision.knobs is not None
+        meta = target.deployment["metadata"]
+        try:
+            read = await self._call(self.kube.read_deployment, meta["namespace"], meta["name"])
+        except (ApiException, HTTPError):
+            return None
+        stamped = unrecorded_write(read, decision.knobs, report.name, report.now - timedelta(seconds=1))
+        return read if stamped is not None else None
 
     @staticmethod
     def _warn_if_restarts_lose_requests(target: Target, report: Report, change: str) -> None:

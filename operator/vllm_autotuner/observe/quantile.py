@@ -107,11 +107,14 @@ def step_tokens_quantile(q: float, upper_bounds: Sequence[float], cumulative_cou
     budget, to full steps (the +Inf bucket, which answers ``budget``) before
     the quantile is taken. With no observation past the budget (prompts that
     fit a step), this is ``histogram_quantile`` capped at the budget. Values
-    in a bucket are taken at its middle (at its lower bound in +Inf). Without
-    a budget (a window across configs), ``histogram_quantile`` as it is.
+    in a bucket are taken at its middle (at its lower bound in +Inf). Only
+    buckets wholly past the budget count: a budget within a bucket (768 in
+    vLLM's (512, 1024]) cannot tell the prompts just past it from the steps
+    that fit, so those few are read as steps that fit. Without a budget (a
+    window across configs), ``histogram_quantile`` as it is.
     """
     shape_ok = len(upper_bounds) >= 2 and upper_bounds[-1] == math.inf and len(upper_bounds) == len(cumulative_counts)
-    if budget is None or not shape_ok or any(math.isnan(c) for c in cumulative_counts):
+    if budget is None or budget <= 0 or not shape_ok or any(math.isnan(c) for c in cumulative_counts):
         return histogram_quantile(q, upper_bounds, cumulative_counts, budget)
     counts = list(itertools.accumulate(cumulative_counts, max))
     lower = [0.0, *upper_bounds[:-1]]

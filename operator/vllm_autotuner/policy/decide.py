@@ -47,7 +47,7 @@ from vllm_autotuner.api import (
     VllmTuningSpec,
     VllmTuningStatus,
 )
-from vllm_autotuner.api.status import LEARNED_LIMIT, MEASUREMENT_LIMIT, RolloutPhase
+from vllm_autotuner.api.status import FAILED_LIMIT, LEARNED_LIMIT, MEASUREMENT_LIMIT, RolloutPhase
 from vllm_autotuner.api.types import duration_seconds, utc_timestamp
 from vllm_autotuner.policy import adaptive
 from vllm_autotuner.policy.adaptive import ATTAINMENT_FLOOR, COMPARABLE_LOAD
@@ -391,7 +391,10 @@ def _apply(
 ) -> Decision:
     """Guardrails every change passes, then the mode: Auto applies, Recommend reports, Paused holds.
 
-    A config that failed to start is not retried, and once another writer
+    A config that failed to start is not retried, nor, once as many have
+    failed as the status keeps (``FAILED_LIMIT``), does the traffic policy
+    try any other: the next failure would push the oldest out of memory.
+    Once another writer
     has put our changes back twice in a day (``changes_reverted``) every
     change is only recommended. The cooldown holds traffic changes, and
     every change while the knobs are a person's (schedules respect them
@@ -409,10 +412,18 @@ def _apply(
     wall-clock time of the last day's, across a daylight-saving change).
     """
     assert state.current is not None
-    if change.knobs in failed_configs(state):
+    failed = failed_configs(state)
+    if change.knobs in failed:
         return _hold(
             state, now, HoldReason.NO_BETTER_CONFIG, f"{change.knobs} failed to start before: not retried", settings
         )
+    if len(failed) >= FAILED_LIMIT and change.source == KnobSource.TRAFFIC:
+        # the status holds no more: one more failure would forget the oldest (a schedule's preset, and its return
+        # to the config that ran before, go on)
+        reason = (f"{len(failed)} configs failed to start under this spec, as many as the status remembers: the "
+                  f"traffic policy tries no other, or the oldest could be tried again. Find why in "
+                  f"status.failedConfigs, fix it, then edit the spec to start over ({change.knobs} recommended)")
+        return _hold(state, now, HoldReason.NO_BETTER_CONFIG, reason, settings, change.knobs, change.gain)
     if changes_reverted(state):
         reason = f"{change.knobs} only recommended ({change.reason}): {reverted_advice(state.reverted_by)}"
         return _hold(state, now, HoldReason.REVERTED, reason, settings, change.knobs, change.gain)
@@ -815,8 +826,8 @@ def _decide(
     state = _restart_loss(spec, settings.slo, state, observation)
     if state.current is None:
         return _hold(state, now, HoldReason.UNKNOWN_CONFIG, "the target's current knobs are not known yet", settings)
-    if rollout_active(state, observation):
-        return _hold(state, now, HoldReason.ROLLOUT_IN_PROGRESS, "a rollout of the target is in progress", settings)
+    if (rollout := rollout_active(state, observation)) is not None:
+        return _hold(state, now, HoldReason.ROLLOUT_IN_PROGRESS, rollout, settings)
     if (asleep := engines_asleep(observation)) is not None:
         return _hold(state, now, HoldReason.ASLEEP, asleep, settings)
     problem = hold_reason(spec, settings.slo, state, observation, now)

@@ -9,7 +9,7 @@ failed, the rollback, the cooldown a person's change earns) is decided once.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import EllipsisType
 
 from vllm_autotuner.api import CurrentKnobs, DecisionAction, FailedConfig, Knobs, KnobSource, VllmTuningStatus
@@ -288,14 +288,16 @@ def defaults_resolved(state: VllmTuningStatus, knobs: Knobs, table: str | None) 
 
 
 def last_known_change(state: VllmTuningStatus) -> datetime:
-    """When the status last learned of a change of the knobs: the latest rollout's start, or its config going
-    live (which is also when a person's change was adopted or the target first seen). A change of ours found in
-    the template, written after this, is one whose status write was lost; one written before it is an old
-    template put back (``rollout.patch.unrecorded_write``)."""
+    """When the status last learned of a change of the knobs: the latest rollout's start, or a second before its
+    config went live (which is also when a person's change was adopted or the target first seen). A change of
+    ours found in the template, written after this, is one whose status write was lost; one written before it is
+    an old template put back (``rollout.patch.unrecorded_write``). Stamps are whole seconds, and the evaluation
+    that saw a rollout complete may write the next change in the same second: written then, it is ours."""
     if state.current is None:
         raise ValueError("no current knobs: the target is not adopted yet")
-    times = [state.current.since] + ([state.last_rollout.started_at] if state.last_rollout is not None else [])
-    return max(datetime.fromisoformat(t) for t in times)
+    live = datetime.fromisoformat(state.current.since) - timedelta(seconds=1)
+    started = [datetime.fromisoformat(state.last_rollout.started_at)] if state.last_rollout is not None else []
+    return max([live, *started])
 
 
 def _puts_back_ours(state: VllmTuningStatus, knobs: Knobs) -> bool:

@@ -180,9 +180,18 @@ def rolling_out(state: VllmTuningStatus) -> bool:
     return state.last_rollout is not None and state.last_rollout.phase == RolloutPhase.IN_PROGRESS
 
 
-def rollout_active(state: VllmTuningStatus, observation: Observation | None) -> bool:
-    """Whether a rollout (ours, by the status, or anyone's, by the Deployment) is under way."""
-    return rolling_out(state) or (observation is not None and observation.rollout_in_progress)
+def rollout_active(state: VllmTuningStatus, observation: Observation | None) -> str | None:
+    """Why no change may start while a rollout is under way, naming whose (ours, by the status, or anyone's, by the
+    Deployment), or None when none is."""
+    if rolling_out(state):
+        rollout = state.last_rollout
+        assert rollout is not None
+        return (f"the operator's rollout to {rollout.to_knobs} ({rollout.source.lower()} change at "
+                f"{rollout.started_at}) is in progress: it is judged before any other change")
+    if observation is not None and observation.rollout_in_progress:
+        return ("a rollout of the Deployment the operator did not start is in progress (a person's change, an image "
+                "update, a restart): no change until it completes")
+    return None
 
 
 def engines_asleep(observation: Observation | None) -> str | None:
@@ -217,8 +226,8 @@ def hold_reason(
     if observation is None:
         return HoldReason.NO_DATA, ("no window: Prometheus did not answer, or had no fresh series of the target's "
                                     "pods (the MetricsAvailable condition says which)")
-    if rollout_active(state, observation):
-        return HoldReason.ROLLOUT_IN_PROGRESS, "a rollout of the target is in progress"
+    if (rollout := rollout_active(state, observation)) is not None:
+        return HoldReason.ROLLOUT_IN_PROGRESS, rollout
     age = (now - observation.window_end).total_seconds() + (observation.data_age_seconds or 0.0)
     if math.isnan(age) or age > stale_after(spec):
         return HoldReason.STALE, f"the pods' newest samples are {age:.0f}s old (limit {stale_after(spec):.0f}s)"

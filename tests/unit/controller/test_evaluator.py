@@ -8,6 +8,7 @@ from typing import Any
 
 from vllm_autotuner.controller.cache import ClusterCache
 from vllm_autotuner.controller.evaluator import Evaluator
+from vllm_autotuner.controller.kube import NotLeading
 from vllm_autotuner.controller.metrics import ROLLOUT_OUTCOMES, OperatorMetrics
 
 
@@ -77,3 +78,19 @@ def test_a_tunings_rollout_counts_are_exported_at_zero_from_its_first_evaluation
     asyncio.run(clock.tick(asyncio.Event()))
 
     assert rollout_counts(clock.metrics) == {(name, o): 0.0 for name in "ac" for o in ROLLOUT_OUTCOMES}
+
+
+def test_a_write_refused_for_the_running_out_lease_is_a_warning_and_the_other_tunings_go_on(caplog) -> None:
+    """Not a failure with a traceback: the replica is about to stop leading, and says so once per tuning."""
+
+    class Refusing(Reconciler):
+        async def evaluate(self, key: Any, at: float) -> None:
+            await super().evaluate(key, at)
+            raise NotLeading("the status of VllmTuning llm/a not sent: this replica's Lease may pass to another")
+
+    reconciler = Refusing()
+    stop = asyncio.Event()
+    asyncio.run(evaluator(reconciler, lambda: 1000.0).tick(stop))
+    assert len(reconciler.evaluated) == 3
+    stopped = [r for r in caplog.records if "stopped" in r.getMessage()]
+    assert len(stopped) == 3 and all(r.levelname == "WARNING" and r.exc_info is None for r in stopped)

@@ -11,6 +11,7 @@ import asyncio
 import copy
 import threading
 import time
+import types
 from datetime import datetime
 
 import pytest
@@ -18,7 +19,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
+from vllm_autotuner.controller import kube as kube_module
+from vllm_autotuner.controller.kube import Kube, NotLeading
 from vllm_autotuner.controller.leader import LeaderElector, LeaseConfig
+from vllm_autotuner.controller.metrics import OperatorMetrics
 
 LEASE, DEADLINE = 1.0, 0.5
 
@@ -197,5 +201,56 @@ def test_a_leader_that_starts_holding_late_renews_before_its_deadline():
         finally:
             holding.cancel()
         assert a.is_leader and len(store.commit_times("a")) >= 3
+
+    asyncio.run(main())
+
+
+class Deployments:
+    """A Kube's AppsV1Api that records when each patch was sent and how long it was let take."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, float]] = []  # (monotonic time, timeout)
+
+    def patch_namespaced_deployment(self, name, namespace, body, **kwargs):
+        self.sent.append((time.monotonic(), kwargs["_request_timeout"]))
+        return types.SimpleNamespace(data=b"{}")
+
+
+def test_a_leader_that_cannot_renew_sends_no_write_that_could_land_after_a_standby_takes_over(monkeypatch):
+    """Its writes run in threads that stopping does not interrupt: each is sent only with time left before a standby
+    could lead, and may take no longer than that; then none is sent at all."""
+    monkeypatch.setattr(kube_module, "WRITE_MARGIN", 0.1)
+    store = Store()
+    api_a, a = replica(store, "a")
+    _, b = replica(store, "b")
+    kube = Kube(client.ApiClient(), OperatorMetrics())
+    kube.apps = deployments = Deployments()  # type: ignore[assignment]
+    kube.write_seconds_left = a.write_seconds_left
+    refused: list[float] = []
+
+    async def writes() -> None:
+        while True:
+            try:
+                await asyncio.to_thread(kube.patch_deployment, "ns", "llm", {})
+            except NotLeading:
+                refused.append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    async def main() -> None:
+        assert a.write_seconds_left() == 0.0  # not leading yet
+        await asyncio.wait_for(a.acquire(), 5)
+        holding = asyncio.create_task(a.hold())
+        writing = asyncio.create_task(writes())
+        await until(lambda: len(store.commit_times("a")) >= 3)
+        api_a.fault = "error"
+        try:
+            await asyncio.wait_for(b.acquire(), 2 * LEASE + 1)
+        finally:
+            writing.cancel()
+            holding.cancel()
+        took_over = store.commit_times("b")[0]
+        assert deployments.sent and refused and refused[0] < took_over
+        assert max(at + timeout for at, timeout in deployments.sent) < took_over
+        assert min(timeout for _, timeout in deployments.sent) > 0
 
     asyncio.run(main())

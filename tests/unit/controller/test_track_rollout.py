@@ -24,6 +24,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from tests.unit.policy.helpers import T0, knobs, spec, status
 from tests.unit.test_rollout_pure import merge, wrote
+from urllib3.exceptions import ReadTimeoutError
 
 from vllm_autotuner.api import ConditionType, Knobs, KnobSource, RolloutPhase, VllmTuningStatus
 from vllm_autotuner.api.types import utc_timestamp
@@ -465,6 +466,70 @@ def test_a_rollback_that_cannot_be_written_is_retried_and_the_failure_said_once(
     assert len(kube.patches) == 1
     failed = metrics.rollouts.labels("default", TUNING, "Failed")._value.get()
     assert failed == 1  # one failed rollout, judged three times
+
+
+
+class TimingOutKube(RefusingKube):
+    """Its first patch gets no answer in time (an apiserver too slow), as urllib3 says; the Deployment read back
+    (``live``) has the patch where it ``lands`` all the same."""
+
+    def __init__(self, pods: list[dict[str, Any]], live: dict[str, Any], lands: bool) -> None:
+        super().__init__(pods, refusals=1)
+        self.live, self.lands = live, lands
+
+    def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        if self.refusals:
+            self.refusals -= 1
+            if self.lands:
+                self.live = merge(self.live, patch)
+                self.live["metadata"]["generation"] += 1
+            raise ReadTimeoutError(None, f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}", "read timed out")
+        return super().patch_deployment(namespace, name, patch)
+
+    def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.live
+
+
+def test_a_patch_that_times_out_and_did_not_land_is_said_and_retried_like_a_refused_one():
+    """Not an evaluation that fails with a traceback, its status unwritten: the verdict and a PatchFailed Event
+    that says the Deployment read back does not have the change, and the rollback written at the next evaluation."""
+    state, written = unverified_at_zero()
+    up = T0 + timedelta(hours=3)
+    pods = scaled(written, 1, 1, 0)
+    kube = TimingOutKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], pods, False)
+    metrics = OperatorMetrics()
+    first = track(state, pods, up + timedelta(minutes=2), kube, metrics)
+    assert [reason for reason, _, _ in first.events] == [events.ROLLOUT_FAILED, events.PATCH_FAILED]
+    assert "read timed out" in first.events[1][1] and "read back does not have" in first.events[1][1]
+    second = track(first.state, pods, up + timedelta(minutes=3), kube, metrics)
+    assert [reason for reason, _, _ in second.events] == [events.ROLLED_BACK]
+
+
+def test_a_patch_that_times_out_but_landed_stands_with_what_its_decision_recorded():
+    """The Deployment read back has the rollback: it is followed as written, at once, not failed and then found in
+    the template as a write of unknown purpose."""
+    state, written = unverified_at_zero()
+    up = T0 + timedelta(hours=3)
+    pods = scaled(written, 1, 1, 0)
+    kube = TimingOutKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], pods, True)
+    report = track(state, pods, up + timedelta(minutes=2), kube)
+    assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_FAILED, events.ROLLED_BACK]
+    rollout = report.state.last_rollout
+    assert rollout is not None and rollout.source == KnobSource.ROLLBACK and awaiting_verdict(report.state)
+    assert rollout.deployment_generation == kube.live["metadata"]["generation"]
+
+
+def test_our_write_in_the_second_a_rollout_was_seen_complete_is_ours_when_its_status_write_was_lost():
+    """Stamps are whole seconds: the evaluation that saw B's rollout complete also rolled out the next config; found
+    in the template with the status of before it (the status write lost), it is resumed, not adopted as Manual."""
+    started, now = T0, T0 + timedelta(minutes=4)
+    before = rollout_succeeded(with_rollout(status(A.max_num_batched_tokens, A.max_num_seqs), started, B,
+                                            KnobSource.TRAFFIC, f"to {B}"), now)
+    live = patched(patched(deployment(A), B, started), C, now, KnobSource.SCHEDULE)
+    report = track(before, live, now + timedelta(seconds=30))
+    assert events.MANUAL_CHANGE not in [reason for reason, _, _ in report.events]
+    assert report.state.last_rollout is not None and report.state.last_rollout.to_knobs == C
+    assert report.state.last_rollout.phase == RolloutPhase.IN_PROGRESS
 
 
 def test_a_spec_changed_while_a_rollback_is_refused_records_the_failed_config_under_the_new_spec():

@@ -19,7 +19,7 @@ from vllm_autotuner.api import (
     TierMatch,
     VllmTuningStatus,
 )
-from vllm_autotuner.api.status import RolloutPhase
+from vllm_autotuner.api.status import FAILED_LIMIT, FailedConfig, RolloutPhase
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.policy import (
     HoldReason,
@@ -570,6 +570,37 @@ def test_failed_start_is_rolled_back_and_never_retried_under_this_generation():
     again = decide(SPEC, back, long_prompt_window(back, SPEC, now=at), at)
     assert again.knobs != knobs(1024, 1024)
     assert adopt_generation(back, 4).failed_configs == []
+
+
+def test_once_as_many_configs_failed_as_the_status_keeps_no_other_is_tried():
+    """One more failure would push the oldest out of the status, and it could then be tried again: the changes are
+    only recommended, with what to do, until the spec changes."""
+    state = adopt_generation(warmed(), 3)
+    failed = [FailedConfig(max_num_batched_tokens=16384 + 64 * i, max_num_seqs=8, reason="CUDA out of memory",
+                           at="2024-05-01T11:00:00Z", generation=3) for i in range(FAILED_LIMIT)]
+    for count, held in ((FAILED_LIMIT - 1, False), (FAILED_LIMIT, True)):
+        tried = state.model_copy(update={"failed_configs": failed[:count]})
+        decision = decide(SPEC, tried, long_prompt_window(tried, SPEC), T0)
+        assert (decision.action == DecisionAction.HOLD) == held, decision.reason
+        if held:
+            assert decision.hold == HoldReason.NO_BETTER_CONFIG and "edit the spec" in decision.reason
+            assert decision.recommendation is not None
+    fresh = adopt_generation(state.model_copy(update={"failed_configs": failed}), 4)
+    assert decide(SPEC, fresh, long_prompt_window(fresh, SPEC), T0).action == DecisionAction.CHANGE
+
+
+def test_once_as_many_configs_failed_as_the_status_keeps_a_preset_window_still_opens_and_goes_back():
+    """The limit stops the traffic policy's search, not the schedule: a night preset is rolled out, and the config
+    that ran before it comes back when the window closes."""
+    the_spec = spec(schedules=[NIGHT])
+    failed = [FailedConfig(max_num_batched_tokens=2048 + 64 * i, max_num_seqs=8, reason="CUDA out of memory",
+                           at="2024-05-01T11:00:00Z", generation=3) for i in range(FAILED_LIMIT)]
+    state = adopt_generation(status(), 3).model_copy(update={"failed_configs": failed})
+    opens = T0.replace(hour=20)  # 22:00 in Berlin (CEST)
+    pre = quietly(the_spec, state, opens - timedelta(minutes=5))
+    assert pre.action == DecisionAction.CHANGE and pre.knobs == knobs(16384, 512)
+    after = quietly(the_spec, succeed(pre, opens - timedelta(minutes=1)), opens + timedelta(hours=8))
+    assert after.action == DecisionAction.CHANGE and after.knobs == knobs(8192, 1024), after.reason
 
 
 def test_a_rollback_that_fails_too_makes_its_config_current_and_is_not_retried():

@@ -34,8 +34,11 @@ def test_no_observation():
     assert reason_of(None) == HoldReason.NO_DATA
 
 
-def test_rollout_in_the_deployment_or_in_the_status():
-    assert reason_of(long_prompt_window(STATE, SPEC, rollout_in_progress=True)) == HoldReason.ROLLOUT_IN_PROGRESS
+def test_rollout_in_the_deployment_or_in_the_status_and_the_hold_says_whose():
+    theirs = long_prompt_window(STATE, SPEC, rollout_in_progress=True)
+    assert hold_reason(SPEC, SPEC.slo, STATE, theirs, T0) == (
+        HoldReason.ROLLOUT_IN_PROGRESS, "a rollout of the Deployment the operator did not start is in progress (a "
+        "person's change, an image update, a restart): no change until it completes")
     rolling = STATE.model_copy(
         update={
             "last_rollout": Rollout(
@@ -48,7 +51,9 @@ def test_rollout_in_the_deployment_or_in_the_status():
             )
         }
     )
-    assert reason_of(long_prompt_window(rolling, SPEC), state=rolling) == HoldReason.ROLLOUT_IN_PROGRESS
+    assert hold_reason(SPEC, SPEC.slo, rolling, long_prompt_window(rolling, SPEC), T0) == (
+        HoldReason.ROLLOUT_IN_PROGRESS, "the operator's rollout to tokens=4096 seqs=1024 (traffic change at "
+        "2024-05-01T12:00:00Z) is in progress: it is judged before any other change")
 
 
 @pytest.mark.parametrize(("late", "age"), [(100, 0), (0, 100), (60, 31)])

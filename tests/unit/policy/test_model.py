@@ -133,10 +133,12 @@ def test_request_itl_share_of_an_absurd_mean_length_sums_only_the_terms_that_cou
 
 @given(st.floats(0.5, 0.999), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.floats(1.0, 4000.0))
 def test_request_itl_share_is_a_probability_that_rises_with_the_token_share(quantile, a, b, tokens):
+    """Up to the sum's rounding: it stops where the terms left are below its float resolution, which moves it by
+    about 1e-11 at most (8e-12 the most it fell in 300,000 random pairs)."""
     low, high = sorted((a, b))
     s_low = model.request_itl_share(quantile, low, tokens)
     s_high = model.request_itl_share(quantile, high, tokens)
-    assert 0 <= s_low <= s_high + 1e-12 <= 1 + 1e-12
+    assert 0 <= s_low <= s_high + 1e-10 <= 1 + 1e-10
 
 
 SLO_CHAT = SLO(ttft=LatencyTarget(quantile=0.95, seconds=2.0), itl=LatencyTarget(quantile=0.95, seconds=0.1))

@@ -76,6 +76,7 @@ from vllm_autotuner.policy import (
     effective_slo,
     last_known_change,
     manual_change_detected,
+    resumed_write,
     reverted_advice,
     rollout_blocked,
     rollout_failed,
@@ -86,7 +87,6 @@ from vllm_autotuner.policy import (
     strategy_seen,
     with_timed_restart,
 )
-from vllm_autotuner.policy.decision import with_rollout
 from vllm_autotuner.policy.guardrails import cut_share, failed_configs, in_flight_seconds
 from vllm_autotuner.policy.observation import stale_after
 from vllm_autotuner.policy.schedule import never_opens
@@ -578,8 +578,8 @@ class Reconciler:
                 # our patch landed but its status write did not (operator restarted in between; an unverified
                 # rollout does not stop the next write); our annotations with an older time are a person's
                 # `kubectl rollout undo`, adopted as Manual below
-                report.state = with_rollout(state, written, template, KnobSource(source or "Traffic"),
-                                            reason or "resumed after an operator restart")
+                report.state = resumed_write(state, spec.schedules, written, template, KnobSource(source or "Traffic"),
+                                             reason or "resumed after an operator restart")
                 report.state = self._with_generation(report.state, target.deployment)
                 return
             writer = command_line_writer(target.deployment, target.container.get("name", ""))
@@ -720,9 +720,12 @@ class Reconciler:
                 return
             report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
                                                      "conditions": report.state.conditions})
-            detail = (api_error(exc) if isinstance(exc, ApiException)
-                      else f"{exc}; the Deployment read back does not have the change: the next evaluation decides "
-                           f"again" if isinstance(exc, HTTPError) else str(exc))
+            if isinstance(exc, ApiException):
+                detail = api_error(exc)
+            elif isinstance(exc, HTTPError):
+                detail = f"{exc}; the Deployment read back does not have the change: the next evaluation decides again"
+            else:
+                detail = str(exc)
             if again:
                 log.warning("%s again: not applying %s: %s", events.PATCH_FAILED, decision.knobs, detail,
                             extra={"namespace": report.namespace, "tuning": report.name,

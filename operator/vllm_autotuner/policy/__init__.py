@@ -88,6 +88,9 @@ Rollout lifecycle (the operator calls these when the Deployment tells it):
     ``writer``, a field manager) changed the args;
     ``last_known_change(state)`` the latest change of the knobs the status
     knows of (a write of ours after it had its status write lost);
+    ``resumed_write(state, schedules, written, knobs, source, reason)`` such
+    a write, followed as the rollout it is (a window's preset remembering the
+    config to go back to);
     ``defaults_resolved(state, knobs, table)`` the args still leave a knob to
     vLLM, whose default for the pods' GPU is now known better;
     ``adopt_generation(state, generation)`` the spec changed (failed configs
@@ -147,6 +150,7 @@ from vllm_autotuner.policy.lifecycle import (
     last_known_change,
     manual_change_detected,
     regression_measured,
+    resumed_write,
     rollout_blocked,
     rollout_failed,
     rollout_progressed,
@@ -179,6 +183,7 @@ __all__ = [
     "regression_measured",
     "manual_change_detected",
     "last_known_change",
+    "resumed_write",
     "adopt_generation",
     "defaults_resolved",
     "with_timed_restart",

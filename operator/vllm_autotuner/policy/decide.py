@@ -392,9 +392,9 @@ def _apply(
     """Guardrails every change passes, then the mode: Auto applies, Recommend reports, Paused holds.
 
     A config that failed to start is not retried, nor, once as many have
-    failed as the status keeps (``FAILED_LIMIT``), does the traffic policy
-    try any other: the next failure would push the oldest out of memory.
-    Once another writer
+    failed as the status keeps (``FAILED_LIMIT``), is any other but a
+    window's return to the config that ran before it: the next failure would
+    push the oldest out of memory. Once another writer
     has put our changes back twice in a day (``changes_reverted``) every
     change is only recommended. The cooldown holds traffic changes, and
     every change while the knobs are a person's (schedules respect them
@@ -417,12 +417,13 @@ def _apply(
         return _hold(
             state, now, HoldReason.NO_BETTER_CONFIG, f"{change.knobs} failed to start before: not retried", settings
         )
-    if len(failed) >= FAILED_LIMIT and change.source == KnobSource.TRAFFIC:
-        # the status holds no more: one more failure would forget the oldest (a schedule's preset, and its return
-        # to the config that ran before, go on)
-        reason = (f"{len(failed)} configs failed to start under this spec, as many as the status remembers: the "
-                  f"traffic policy tries no other, or the oldest could be tried again. Find why in "
-                  f"status.failedConfigs, fix it, then edit the spec to start over ({change.knobs} recommended)")
+    going_back = change.source == KnobSource.SCHEDULE and change.knobs == state.resume_knobs
+    if len(failed) >= FAILED_LIMIT and not going_back:
+        # the status holds no more: one more failure would forget the oldest, which could then be tried again (a
+        # window's return to the config that ran before it goes on)
+        reason = (f"{len(failed)} configs failed to start under this spec, as many as the status remembers: no "
+                  f"other is tried, or the oldest could be again. Find why in status.failedConfigs, fix it, then "
+                  f"edit the spec to start over ({change.knobs} recommended)")
         return _hold(state, now, HoldReason.NO_BETTER_CONFIG, reason, settings, change.knobs, change.gain)
     if changes_reverted(state):
         reason = f"{change.knobs} only recommended ({change.reason}): {reverted_advice(state.reverted_by)}"

@@ -9,14 +9,24 @@ failed, the rollback, the cooldown a person's change earns) is decided once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from types import EllipsisType
 
-from vllm_autotuner.api import CurrentKnobs, DecisionAction, FailedConfig, Knobs, KnobSource, VllmTuningStatus
+from vllm_autotuner.api import (
+    CurrentKnobs,
+    DecisionAction,
+    FailedConfig,
+    Knobs,
+    KnobSource,
+    Schedule,
+    VllmTuningStatus,
+)
 from vllm_autotuner.api.status import FAILED_LIMIT, REVERT_LIMIT, Rollout, RolloutPhase
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.policy.decision import Decision, with_history, with_rollout
 from vllm_autotuner.policy.observation import rolling_out
+from vllm_autotuner.policy.schedule import preset_in_force, windows_in_force
 
 
 def awaiting_verdict(state: VllmTuningStatus) -> bool:
@@ -298,6 +308,22 @@ def last_known_change(state: VllmTuningStatus) -> datetime:
     live = datetime.fromisoformat(state.current.since) - timedelta(seconds=1)
     started = [datetime.fromisoformat(state.last_rollout.started_at)] if state.last_rollout is not None else []
     return max([live, *started])
+
+
+def resumed_write(state: VllmTuningStatus, schedules: Sequence[Schedule], written: datetime, knobs: Knobs,
+                  source: KnobSource, reason: str) -> VllmTuningStatus:
+    """The status once a write of ours to ``knobs`` is found in the template, stamped ``written``, its status write
+    lost (``rollout.patch.unrecorded_write``): a rollout in progress, recorded as ``decide`` records it where the
+    template tells. A schedule's write while a window's preset was in force is that preset: it keeps the config it
+    replaced to go back to when the window closes (``resume_knobs``); any other schedule write (the way back, a
+    window's bounds) keeps none. The baseline ``decide`` measured for the regression check is not in the template."""
+    state = with_rollout(state, written, knobs, source, reason)
+    if source != KnobSource.SCHEDULE:
+        return state
+    assert state.current is not None
+    windows, _ = windows_in_force(schedules, state, written)
+    preset = preset_in_force(windows, written, state.current.knobs) is not None
+    return state.model_copy(update={"resume_knobs": (state.resume_knobs or state.current.knobs) if preset else None})
 
 
 def _puts_back_ours(state: VllmTuningStatus, knobs: Knobs) -> bool:

@@ -23,10 +23,19 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from tests.unit.policy.helpers import T0, knobs, spec, status
+from tests.unit.policy.test_decide import NIGHT, quietly
 from tests.unit.test_rollout_pure import merge, wrote
 from urllib3.exceptions import ReadTimeoutError
 
-from vllm_autotuner.api import ConditionType, Knobs, KnobSource, RolloutPhase, VllmTuningStatus
+from vllm_autotuner.api import (
+    ConditionType,
+    DecisionAction,
+    Knobs,
+    KnobSource,
+    RolloutPhase,
+    VllmTuningSpec,
+    VllmTuningStatus,
+)
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.controller import events
 from vllm_autotuner.controller.cache import deployment_index
@@ -102,7 +111,7 @@ class Kube:
 
 
 def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, kube: Kube | None = None,
-          metrics: OperatorMetrics | None = None, generation: int = 1) -> Report:
+          metrics: OperatorMetrics | None = None, generation: int = 1, the_spec: VllmTuningSpec = SPEC) -> Report:
     """One evaluation's look at the target, by an operator that knows only ``state``."""
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     engine = EngineArgs.from_container(container)
@@ -115,7 +124,7 @@ def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, ku
     report = Report("default", TUNING, state, generation, now)
     reconciler = Reconciler(kube=kube, cache=None, observations=None,  # type: ignore[arg-type]
                             metrics=metrics or OperatorMetrics(), settings=OperatorSettings())
-    asyncio.run(reconciler._track_rollout(SPEC, target, report))
+    asyncio.run(reconciler._track_rollout(the_spec, target, report))
     return report
 
 
@@ -530,6 +539,25 @@ def test_our_write_in_the_second_a_rollout_was_seen_complete_is_ours_when_its_st
     assert events.MANUAL_CHANGE not in [reason for reason, _, _ in report.events]
     assert report.state.last_rollout is not None and report.state.last_rollout.to_knobs == C
     assert report.state.last_rollout.phase == RolloutPhase.IN_PROGRESS
+
+
+def test_a_window_preset_found_with_its_status_write_lost_goes_back_when_the_window_closes():
+    """The write is followed as decide recorded it: the night preset remembers the config it replaced, so the
+    window's close still goes back to it (not the preset left in force through the day)."""
+    the_spec = spec(schedules=[NIGHT])
+    opens = T0.replace(hour=20)  # 22:00 in Berlin (CEST)
+    at = opens - timedelta(minutes=5)
+    state = status(A.max_num_batched_tokens, A.max_num_seqs, since=T0 - timedelta(hours=2))
+    preset = knobs(16384, 512)
+    found = track(state, patched(deployment(A), preset, at, KnobSource.SCHEDULE), at + timedelta(seconds=30),
+                  the_spec=the_spec)
+    assert found.state.last_rollout is not None and found.state.last_rollout.to_knobs == preset
+    assert found.state.resume_knobs == A
+    closes = opens + timedelta(hours=8)
+    after = quietly(the_spec, rollout_succeeded(found.state, opens), closes)
+    assert after.action == DecisionAction.CHANGE and after.knobs == A, after.reason
+    traffic = track(state, patched(deployment(A), B, at), at + timedelta(seconds=30), the_spec=the_spec)
+    assert traffic.state.last_rollout.to_knobs == B and traffic.state.resume_knobs is None
 
 
 def test_a_spec_changed_while_a_rollback_is_refused_records_the_failed_config_under_the_new_spec():

@@ -92,7 +92,7 @@ from vllm_autotuner.policy.observation import stale_after
 from vllm_autotuner.policy.schedule import never_opens
 from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
 from vllm_autotuner.rollout.drain import drain_advice, drain_seconds
-from vllm_autotuner.rollout.patch import command_line_writer, unrecorded_write, written_reason
+from vllm_autotuner.rollout.patch import TEMPLATE_HASH_LABEL, command_line_writer, unrecorded_write, written_reason
 from vllm_autotuner.rollout.progress import (
     Progress,
     progress_mark,
@@ -501,8 +501,8 @@ class Reconciler:
         labels = dict(deployment["spec"]["template"]["spec"].get("nodeSelector") or {})
         if GPU_MEMORY_LABEL not in labels and spec.engine.gpu_memory_gib is None and gpus:
             try:
-                pods = await self._call(self.kube.list_pods, deployment["metadata"]["namespace"],
-                                        label_selector(deployment["spec"]["selector"]))
+                owners = {rs["metadata"]["uid"] for rs in self.cache.replicasets(deployment)}
+                pods = await self._owned_pods(deployment, owners)
                 node = next((p["spec"].get("nodeName") for p in pods if p["spec"].get("nodeName")), None)
                 if node:
                     labels.update(await self._call(self.kube.node_labels, node))
@@ -592,10 +592,10 @@ class Reconciler:
             return
         pods: list[dict[str, Any]] = []
         if target.replicaset is not None and target.replicas > 0:
-            hash_ = (target.replicaset["metadata"].get("labels") or {}).get("pod-template-hash")
+            hash_ = (target.replicaset["metadata"].get("labels") or {}).get(TEMPLATE_HASH_LABEL)
             if hash_:
-                pods = await self._call(self.kube.list_pods, target.deployment["metadata"]["namespace"],
-                                        f"pod-template-hash={hash_}")
+                pods = await self._owned_pods(target.deployment, {target.replicaset["metadata"]["uid"]},
+                                              f"{TEMPLATE_HASH_LABEL}={hash_}")
         generation = rollout.deployment_generation or 0
         report.state = state = rollout_progressed(
             state, report.now, progress_mark(target.deployment, target.replicaset, generation),
@@ -714,18 +714,16 @@ class Reconciler:
                                        decision.knobs, decision.reason, report.name, str(decision.source),
                                        report.now, during_rollout, previous, verdict)
         except (RolloutBusy, ApiException, CommandLineError, HTTPError) as exc:
-            landed = await self._landed(target, decision, report) if isinstance(exc, HTTPError) else None
-            if landed is not None:  # the write timed out, but the Deployment read back has it
+            unanswered = isinstance(exc, HTTPError) or (isinstance(exc, ApiException) and (exc.status or 0) >= 500)
+            landed = await self._landed(target, decision, report) if unanswered else None
+            if landed is not None:  # the write got no answer, but the Deployment read back has it
                 self._started(target, decision, report, landed)
                 return
             report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
                                                      "conditions": report.state.conditions})
-            if isinstance(exc, ApiException):
-                detail = api_error(exc)
-            elif isinstance(exc, HTTPError):
-                detail = f"{exc}; the Deployment read back does not have the change: the next evaluation decides again"
-            else:
-                detail = str(exc)
+            detail = api_error(exc) if isinstance(exc, ApiException) else str(exc)
+            if unanswered:
+                detail += "; the Deployment read back does not have the change: the next evaluation decides again"
             if again:
                 log.warning("%s again: not applying %s: %s", events.PATCH_FAILED, decision.knobs, detail,
                             extra={"namespace": report.namespace, "tuning": report.name,
@@ -748,9 +746,10 @@ class Reconciler:
             self._warn_if_restarts_lose_requests(target, report, f"rolling the pods to {decision.knobs}")
 
     async def _landed(self, target: Target, decision: Decision, report: Report) -> dict[str, Any] | None:
-        """The Deployment read back after a write that got no answer (a timeout, a reset), when it holds this
-        evaluation's patch (our annotations, its knobs, stamped now): the write landed, and the decision's state
-        (its baseline, the config a window goes back to) stands. None when it does not, or cannot be read."""
+        """The Deployment read back after a write that got no answer (a timeout, a reset) or a server error (500,
+        504: the apiserver's own timeout waiting on etcd, which may commit the write all the same), when it holds
+        this evaluation's patch (our annotations, its knobs, stamped now): the write landed, and the decision's
+        state (its baseline, the config a window goes back to) stands. None when it does not, or cannot be read."""
         assert decision.knobs is not None
         meta = target.deployment["metadata"]
         try:
@@ -914,11 +913,18 @@ class Reconciler:
                 cut.add(rs["metadata"]["uid"])
         if not cut:
             return PodMatch(tuple(sorted(prefixes)))
-        listed = await self._call(self.kube.list_pods, target.deployment["metadata"]["namespace"],
-                                  label_selector(target.deployment["spec"]["selector"]))
-        names = [pod["metadata"]["name"] for pod in listed
-                 if cut & {ref.get("uid") for ref in pod["metadata"].get("ownerReferences") or []}]
+        names = [pod["metadata"]["name"] for pod in await self._owned_pods(target.deployment, cut)]
         return PodMatch(tuple(sorted(prefixes)), tuple(sorted(names)))
+
+    async def _owned_pods(self, deployment: dict[str, Any], owners: set[str], term: str = "") -> list[dict[str, Any]]:
+        """The pods of the ReplicaSets whose uids are ``owners``: listed by the Deployment's selector (and
+        ``term``), kept by their ownerReferences. Labels alone also match the pods of another Deployment whose
+        selector overlaps this one's, and a copy of a Deployment (the same template) shares its pod-template
+        hash: its crash-looping pods would fail our rollout, its node would stand for our GPU."""
+        selector = ",".join(filter(None, (label_selector(deployment["spec"]["selector"]), term)))
+        listed = await self._call(self.kube.list_pods, deployment["metadata"]["namespace"], selector)
+        return [pod for pod in listed
+                if owners & {ref.get("uid") for ref in pod["metadata"].get("ownerReferences") or []}]
 
     # --- report ---------------------------------------------------------------------------------
 

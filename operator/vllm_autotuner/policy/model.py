@@ -13,9 +13,13 @@ and numbers Prometheus gives:
   (attention and overhead depend on context length and concurrency)
   cancels; the median over windows resists windows that mix two
   regimes. The ITL quantile of a candidate token budget
-  then moves by ``b`` times the change of the step tokens at that quantile:
-  when the quantile steps are full (prefill backlog), they are as big as the
-  budget; when not, a larger budget does not change them.
+  then moves by ``b`` times the change of the step tokens at that quantile
+  when those steps are not full, which a larger budget does not change.
+  When they are full (a prefill backlog), they are as big as the budget and
+  compute-bound: their time is in proportion to their tokens, the chunk's
+  attention over the prompt before it included, which ``b``, fitted
+  against the decodes beside them, does not see (on long prompts it comes
+  out a tenth short, and a smaller budget looked too slow to pay).
 * **Queueing follows utilisation**: a pod serves at most ``min(B / a,
   1 / b)`` tokens per second (the roofline: a budget too small to hide the
   step's fixed cost loses capacity, a larger one gains none), and at most
@@ -34,7 +38,11 @@ and numbers Prometheus gives:
 * **SLO attainment**: the share of requests within the TTFT target and
   within the ITL target at its quantile. The shares of TTFT samples and of
   inter-token gaps within target are each a log-normal through the measured
-  quantile and the measured share, shifted to the predicted quantile; a
+  quantile and the measured share, shifted to the predicted quantile (where
+  the quantile steps are full and the budget moves them, the gaps above the
+  target are those steps and the ones below decodes alone: two populations,
+  whose spread is not the full steps'; those are taken at the assumed
+  spread); a
   request is within the ITL target when few enough of its own gaps are
   slow, taken as binomial at the gaps' share (``request_itl_share``).
   Requests vLLM refused at admission (a queue limit) are misses, and their
@@ -304,17 +312,24 @@ class Traffic:
             slots = min(slots, max(cache + self.freed_kv_tokens(knobs), self.context) / self.context)
         return max(tokens / capacity, decoding / slots)
 
+    @cached_property
+    def quantile_tokens(self) -> float:
+        """Tokens of a step at the ITL quantile measured (without the histogram: from the mean step's)."""
+        base = self.base
+        if base.step_tokens_quantile is not None:
+            return base.step_tokens_quantile
+        mean = base.step_tokens_mean or 0.0
+        return float(base.max_num_batched_tokens) if mean > 0.5 * base.max_num_batched_tokens else 2 * mean
+
+    @cached_property
+    def full_steps(self) -> bool:
+        """Whether the steps at the ITL quantile fill the budget (a prefill backlog): they grow with it."""
+        return self.quantile_tokens >= FULL_STEP * self.base.max_num_batched_tokens
+
     def quantile_step_tokens(self, knobs: Knobs) -> float:
         """Tokens of a step at the ITL quantile under these knobs."""
-        base = self.base
-        budget = base.max_num_batched_tokens
-        measured = base.step_tokens_quantile
-        if measured is None:
-            measured = (
-                float(budget) if (base.step_tokens_mean or 0) > 0.5 * budget else 2 * (base.step_tokens_mean or 0)
-            )
-        full = measured >= FULL_STEP * budget
-        tokens = float(knobs.max_num_batched_tokens) if full else min(float(knobs.max_num_batched_tokens), measured)
+        budget = float(knobs.max_num_batched_tokens)
+        tokens = budget if self.full_steps else min(budget, self.quantile_tokens)
         fewer_decodes = max(0.0, self.running - knobs.max_num_seqs)
         return max(tokens - fewer_decodes, 1.0)
 
@@ -369,10 +384,11 @@ class Traffic:
 
     def predict(self, knobs: Knobs) -> Prediction:
         base, old = self.base, self.old
-        itl = max(
-            base.itl_seconds + self.slope * (self.quantile_step_tokens(knobs) - self.quantile_step_tokens(old)),
-            self.intercept,
-        )
+        tokens, tokens_old = self.quantile_step_tokens(knobs), self.quantile_step_tokens(old)
+        if self.full_steps:  # compute-bound: in proportion to the tokens, their attention included
+            itl = max(base.itl_seconds * tokens / tokens_old, self.intercept)
+        else:
+            itl = max(base.itl_seconds + self.slope * (tokens - tokens_old), self.intercept)
         rho_old, rho_new = min(self.utilisation(old), SATURATED), self.utilisation(knobs)
         queue = base.queue_seconds if base.queue_seconds is not None else 0.0
         saturated = rho_new >= SATURATED
@@ -384,7 +400,9 @@ class Traffic:
             base.ttft_seconds + self.prefill_seconds(knobs) - self.prefill_seconds(old) + queue_new - queue, 1e-3
         )
         share_ttft = share_within(self.slo.ttft, base.ttft_seconds, base.ttft_within_slo, ttft, "ttft")
-        share_gaps = share_within(self.slo.itl, base.itl_seconds, base.itl_within_slo, itl, "itl")
+        # full quantile steps that move: the share within target counts the decodes, not the full steps' spread
+        gaps_within = None if self.full_steps and tokens != tokens_old else base.itl_within_slo
+        share_gaps = share_within(self.slo.itl, base.itl_seconds, gaps_within, itl, "itl")
         within = share_ttft * request_itl_share(self.slo.itl.quantile, share_gaps, base.mean_generation_tokens)
         # requests no longer preempted are no longer stalled by their recomputation
         within += max(self.preempted_share(old) - self.preempted_share(knobs), 0.0) * (1 - within)

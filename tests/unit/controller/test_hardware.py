@@ -1,8 +1,10 @@
-"""The GPU a Deployment runs on is read from the node of one of its own pods, found by its whole selector.
+"""The GPU a Deployment runs on is read from the node of one of its own pods, found by its whole selector and
+its ReplicaSets' ownership.
 
 A selector may hold matchExpressions only; listing by its matchLabels alone
 would then list every pod in the namespace, and the GPU labels could come
-from another workload's node (and with them vLLM's default knobs).
+from another workload's node (and with them vLLM's default knobs). Another
+Deployment's selector may overlap this one's: its pods match the labels too.
 """
 
 from __future__ import annotations
@@ -17,29 +19,35 @@ from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
 
 
+def pod(node: str, owner: str) -> dict[str, Any]:
+    return {"metadata": {"ownerReferences": [{"kind": "ReplicaSet", "uid": owner}]}, "spec": {"nodeName": node}}
+
+
 class Kube:
-    """Pods by selector: the vLLM pod runs on an H100 node, another workload's pod on an L4 node."""
+    """Pods by selector: the vLLM pod runs on an H100 node; another workload's pod, and the pod of a second
+    Deployment labelled as this one's (its selector overlaps), on L4 nodes."""
 
     def __init__(self) -> None:
         self.selectors: list[str] = []
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         self.selectors.append(selector)
-        vllm = {"spec": {"nodeName": "h100-node"}}
-        return [vllm] if selector == "app in (llama)" else [{"spec": {"nodeName": "l4-node"}}, vllm]
+        vllm, copy = pod("h100-node", "rs-uid"), pod("l4-node", "copy-rs-uid")
+        return [copy, vllm] if selector == "app in (llama)" else [pod("l4-node", "other-rs-uid"), copy, vllm]
 
     def node_labels(self, name: str) -> dict[str, str]:
         memory = {"h100-node": "81559", "l4-node": "23034"}[name]
         return {"nvidia.com/gpu.memory": memory, "nvidia.com/gpu.product": name.removesuffix("-node").upper()}
 
 
-def test_the_gpu_is_read_from_a_pod_the_deployments_selector_lists() -> None:
+def test_the_gpu_is_read_from_a_pod_of_the_deployment_listed_by_its_selector() -> None:
     selector = {"matchExpressions": [{"key": "app", "operator": "In", "values": ["llama"]}]}
     container = {"name": "vllm", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
     deployment = {"metadata": {"name": "llama", "namespace": "llm", "uid": "u1"},
                   "spec": {"selector": selector, "template": {"spec": {"containers": [container]}}}}
-    kube = Kube()
-    reconciler = Reconciler(kube, ClusterCache(), observations=None, metrics=OperatorMetrics(),  # type: ignore[arg-type]
+    kube, cache = Kube(), ClusterCache()
+    cache.bind({}, {("llm", "u1"): [{"metadata": {"name": "llama-7f8b", "uid": "rs-uid"}}]})
+    reconciler = Reconciler(kube, cache, observations=None, metrics=OperatorMetrics(),  # type: ignore[arg-type]
                             settings=OperatorSettings())
     spec = VllmTuningSpec.model_validate({"targetRef": {"name": "llama"}})
     hardware = asyncio.run(reconciler._hardware(deployment, container, spec))

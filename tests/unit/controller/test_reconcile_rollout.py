@@ -57,7 +57,7 @@ class Windows:
 
 
 def replicaset(name: str, revision: str, ready: int) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "llm", "ownerReferences": [{"uid": "d-uid"}],
+    return {"metadata": {"name": name, "namespace": "llm", "uid": f"{name}-uid", "ownerReferences": [{"uid": "d-uid"}],
                          "labels": {"pod-template-hash": name.rsplit("-", 1)[1]},
                          "annotations": {"deployment.kubernetes.io/revision": revision}},
             "status": {"replicas": ready, "readyReplicas": ready, "availableReplicas": ready}}
@@ -70,7 +70,7 @@ def cache(finished: timedelta | None = None, settle: str | None = None) -> Clust
     deployment = {
         "metadata": {"name": "llama", "namespace": "llm", "uid": "d-uid", "generation": 2,
                      "annotations": {"deployment.kubernetes.io/revision": "2"}},
-        "spec": {"replicas": 2, "template": {"spec": {"containers": [
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "llama"}}, "template": {"spec": {"containers": [
             {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "args": args,
              "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}},
         "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2 if finished else 1,
@@ -200,7 +200,8 @@ def test_a_deployment_watched_before_our_own_write_lands_is_not_judged() -> None
 def test_a_second_tuning_of_the_target_stops_changes_but_not_the_rollback_of_our_crash_looping_rollout() -> None:
     """A copy of the tuning (a GitOps duplicate) appears while our rollout's new pod crash-loops: neither tuning may
     change the Deployment, but the rollout already made is still judged and rolled back (the config was ours)."""
-    crashing = {"metadata": {"name": NEW[1]}, "status": {"containerStatuses": [{
+    owner = [{"kind": "ReplicaSet", "uid": "llama-7f8b-uid"}]
+    crashing = {"metadata": {"name": NEW[1], "ownerReferences": owner}, "status": {"containerStatuses": [{
         "name": "vllm", "restartCount": 3, "ready": False, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
         "lastState": {"terminated": {"reason": "Error", "exitCode": 1, "message": "not enough KV cache",
                                      "finishedAt": utc_timestamp(NOW - timedelta(seconds=30))}}}]}}

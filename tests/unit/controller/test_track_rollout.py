@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 from tests.unit.policy.helpers import T0, knobs, spec, status
 from tests.unit.policy.test_decide import NIGHT, quietly
@@ -60,8 +62,8 @@ def args(of: Knobs) -> list[str]:
 def deployment(start: Knobs) -> dict[str, Any]:
     return {
         "metadata": {"name": "llama", "namespace": "default", "uid": "u1", "resourceVersion": "1", "generation": 1},
-        "spec": {"template": {"metadata": {"annotations": {}}, "spec": {"containers": [
-            {"name": "vllm", "image": "vllm/vllm-openai", "args": args(start)}]}}},
+        "spec": {"selector": {"matchLabels": {"app": "llama"}}, "template": {"metadata": {"annotations": {}}, "spec": {
+            "containers": [{"name": "vllm", "image": "vllm/vllm-openai", "args": args(start)}]}}},
     }
 
 
@@ -95,6 +97,11 @@ def undone(deployment: dict[str, Any], to_revision: dict[str, Any]) -> dict[str,
     return out
 
 
+RS_UID = "rs-uid"
+OWNED = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "llama-7f8b", "uid": RS_UID, "controller": True}]
+"""The ownerReferences of the new ReplicaSet's pods."""
+
+
 class Kube:
     """The API calls judging a rollout makes: the new ReplicaSet's pods, and the patch of a rollback."""
 
@@ -116,7 +123,8 @@ def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, ku
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     engine = EngineArgs.from_container(container)
     assert engine.max_num_batched_tokens is not None and engine.max_num_seqs is not None
-    replicaset = {"metadata": {"name": "llama-7f8b", "labels": {"pod-template-hash": "7f8b"}}, "status": {}}
+    replicaset = {"metadata": {"name": "llama-7f8b", "uid": RS_UID, "labels": {"pod-template-hash": "7f8b"}},
+                  "status": {}}
     target = Target(deployment, container, engine, container.get("image"),
                     knobs(engine.max_num_batched_tokens, engine.max_num_seqs),
                     from_defaults=False, defaults_table=None, replicaset=replicaset if kube else None,
@@ -227,7 +235,7 @@ def scaled(deployment: dict[str, Any], replicas: int, updated: int, available: i
 
 def crash_looping(message: str, finished: datetime) -> dict[str, Any]:
     """A pod whose vLLM exited with ``message`` a second time at ``finished``."""
-    return {"metadata": {"name": "llama-7f8b-x2x4q"}, "status": {"containerStatuses": [{
+    return {"metadata": {"name": "llama-7f8b-x2x4q", "ownerReferences": OWNED}, "status": {"containerStatuses": [{
         "name": "vllm", "restartCount": 2, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
         "lastState": {"terminated": {"exitCode": 1, "message": message, "finishedAt": utc_timestamp(finished)}}}]}}
 
@@ -361,7 +369,7 @@ def test_the_last_config_that_ran_failing_after_a_scale_up_is_not_its_fault():
 
 def unschedulable(name: str) -> dict[str, Any]:
     """A new pod kube-scheduler could not place: the node's only GPU is taken."""
-    return {"metadata": {"name": name}, "status": {"phase": "Pending", "conditions": [
+    return {"metadata": {"name": name, "ownerReferences": OWNED}, "status": {"phase": "Pending", "conditions": [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
          "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}]}}
 
@@ -373,6 +381,25 @@ def surge_stuck(to: Knobs) -> tuple[VllmTuningStatus, dict[str, Any]]:
     state, written = write(state, scaled(deployment(A), 2, 2, 2), to, T0)
     written["status"].update({"replicas": 3, "updatedReplicas": 1, "availableReplicas": 2})
     return track(state, written, T0 + timedelta(seconds=30), Kube([unschedulable("llama-7f8b-s1")])).state, written
+
+
+def test_only_the_new_replicasets_own_pods_judge_the_rollout():
+    """A copy of the Deployment (the same pod template, its selector overlapping) has a ReplicaSet of the same
+    pod-template hash: its pods carry our new ReplicaSet's labels, and only their ownerReferences tell them
+    apart. Its crash-looping pod is not our config failing; the same pod owned by our ReplicaSet is."""
+    state, written = surge_stuck(B)
+    theirs = crash_looping("ValueError: not enough KV cache", T0 + timedelta(minutes=4))
+    theirs["metadata"]["ownerReferences"] = [{**OWNED[0], "uid": "copy-rs-uid"}]
+    kube = Kube([theirs])
+
+    report = track(state, written, T0 + timedelta(minutes=5), kube)
+
+    rollout = report.state.last_rollout
+    assert rollout is not None and rollout.phase == RolloutPhase.IN_PROGRESS and rollout.message == ""
+    assert kube.patches == [] and report.state.failed_configs == [] and report.events == []
+    ours = Kube([crash_looping("ValueError: not enough KV cache", T0 + timedelta(minutes=4))])
+    failed = track(state, written, T0 + timedelta(minutes=5), ours)
+    assert [reason for reason, _, _ in failed.events] == [events.ROLLOUT_FAILED, events.ROLLED_BACK]
 
 
 def test_a_rollout_whose_new_pod_finds_no_gpu_is_rolled_back_at_the_deadline_without_blaming_the_config():
@@ -478,13 +505,27 @@ def test_a_rollback_that_cannot_be_written_is_retried_and_the_failure_said_once(
 
 
 
+def read_timeout(path: str) -> Exception:
+    """urllib3's word for a request that got no answer in time."""
+    return ReadTimeoutError(None, path, "read timed out")
+
+
+def etcd_timeout(path: str) -> Exception:
+    """The apiserver's answer when etcd did not confirm the write in time; it may commit it all the same."""
+    exc = ApiException(status=504, reason="Gateway Timeout")
+    exc.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Timeout", "code": 504,
+                           "message": "Timeout: request did not complete within requested timeout"})
+    return exc
+
+
 class TimingOutKube(RefusingKube):
-    """Its first patch gets no answer in time (an apiserver too slow), as urllib3 says; the Deployment read back
+    """Its first patch gets no answer in time (an apiserver too slow, ``error``); the Deployment read back
     (``live``) has the patch where it ``lands`` all the same."""
 
-    def __init__(self, pods: list[dict[str, Any]], live: dict[str, Any], lands: bool) -> None:
+    def __init__(self, pods: list[dict[str, Any]], live: dict[str, Any], lands: bool,
+                 error: Callable[[str], Exception] = read_timeout) -> None:
         super().__init__(pods, refusals=1)
-        self.live, self.lands = live, lands
+        self.live, self.lands, self.error = live, lands, error
 
     def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         if self.refusals:
@@ -492,35 +533,43 @@ class TimingOutKube(RefusingKube):
             if self.lands:
                 self.live = merge(self.live, patch)
                 self.live["metadata"]["generation"] += 1
-            raise ReadTimeoutError(None, f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}", "read timed out")
+            raise self.error(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
         return super().patch_deployment(namespace, name, patch)
 
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
         return self.live
 
 
-def test_a_patch_that_times_out_and_did_not_land_is_said_and_retried_like_a_refused_one():
+@pytest.mark.parametrize("error, said", [(read_timeout, "read timed out"), (etcd_timeout, "Gateway Timeout")])
+def test_a_patch_that_times_out_and_did_not_land_is_said_and_retried_like_a_refused_one(
+    error: Callable[[str], Exception], said: str
+) -> None:
     """Not an evaluation that fails with a traceback, its status unwritten: the verdict and a PatchFailed Event
     that says the Deployment read back does not have the change, and the rollback written at the next evaluation."""
     state, written = unverified_at_zero()
     up = T0 + timedelta(hours=3)
     pods = scaled(written, 1, 1, 0)
-    kube = TimingOutKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], pods, False)
+    kube = TimingOutKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], pods, False,
+                         error)
     metrics = OperatorMetrics()
     first = track(state, pods, up + timedelta(minutes=2), kube, metrics)
     assert [reason for reason, _, _ in first.events] == [events.ROLLOUT_FAILED, events.PATCH_FAILED]
-    assert "read timed out" in first.events[1][1] and "read back does not have" in first.events[1][1]
+    assert said in first.events[1][1] and "read back does not have" in first.events[1][1]
     second = track(first.state, pods, up + timedelta(minutes=3), kube, metrics)
     assert [reason for reason, _, _ in second.events] == [events.ROLLED_BACK]
 
 
-def test_a_patch_that_times_out_but_landed_stands_with_what_its_decision_recorded():
+@pytest.mark.parametrize("error", [read_timeout, etcd_timeout])
+def test_a_patch_that_times_out_but_landed_stands_with_what_its_decision_recorded(
+    error: Callable[[str], Exception]
+) -> None:
     """The Deployment read back has the rollback: it is followed as written, at once, not failed and then found in
     the template as a write of unknown purpose."""
     state, written = unverified_at_zero()
     up = T0 + timedelta(hours=3)
     pods = scaled(written, 1, 1, 0)
-    kube = TimingOutKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], pods, True)
+    kube = TimingOutKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], pods, True,
+                         error)
     report = track(state, pods, up + timedelta(minutes=2), kube)
     assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_FAILED, events.ROLLED_BACK]
     rollout = report.state.last_rollout

@@ -70,18 +70,18 @@ def test_itl_breach_on_long_prompts_lowers_the_budget_to_the_goal_in_one_rollout
     decision = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
     assert decision.action == DecisionAction.CHANGE and decision.source == KnobSource.TRAFFIC
     # 20 requests run at once: every budget down to 10 tokens is within maxStepFactor 2 of what the window ran
-    assert decision.knobs == knobs(1024, 1024)
+    assert decision.knobs == knobs(2048, 1024)
     assert decision.expected_gain_percent >= SPEC.rollout.min_improvement_percent
-    assert "ITL p95 190ms" in decision.reason and "tokens=1024" in decision.reason
+    assert "ITL p95 190ms" in decision.reason and "tokens=2048" in decision.reason
     rollout = decision.state.last_rollout
-    assert rollout.phase == RolloutPhase.IN_PROGRESS and rollout.to_knobs == knobs(1024, 1024)
+    assert rollout.phase == RolloutPhase.IN_PROGRESS and rollout.to_knobs == knobs(2048, 1024)
     assert rollout.baseline_attainment is not None and decision.state.rollout_times == ["2024-05-01T12:00:00Z"]
     assert decision.state.history[0].action == DecisionAction.CHANGE
 
 
 def test_a_new_regime_must_last_one_window():
     decision = decide(SPEC, status(), long_prompt_window(status(), SPEC), T0)
-    assert decision.hold == HoldReason.DWELL and "tokens=1024" in decision.reason
+    assert decision.hold == HoldReason.DWELL and "tokens=2048" in decision.reason
 
 
 def test_a_window_whose_length_mix_moved_within_its_regime_neither_decides_nor_is_remembered():
@@ -127,15 +127,15 @@ def test_recommend_mode_reports_without_a_rollout():
     the_spec = spec(mode="Recommend")
     state = warmed(the_spec)
     decision = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
-    assert decision.hold == HoldReason.RECOMMEND_ONLY and decision.recommendation == knobs(1024, 1024)
-    assert decision.state.last_rollout is None and decision.state.recommendation.max_num_batched_tokens == 1024
+    assert decision.hold == HoldReason.RECOMMEND_ONLY and decision.recommendation == knobs(2048, 1024)
+    assert decision.state.last_rollout is None and decision.state.recommendation.max_num_batched_tokens == 2048
 
 
 def test_a_target_another_object_controls_gets_recommendations_and_no_change():
     state = warmed()
     window = long_prompt_window(state, SPEC)
     held = decide(SPEC, state, window, T0, controlled_by="InferenceService llm/llama")
-    assert held.hold == HoldReason.CONTROLLED and held.recommendation == knobs(1024, 1024)
+    assert held.hold == HoldReason.CONTROLLED and held.recommendation == knobs(2048, 1024)
     assert "controlled by InferenceService llm/llama" in held.reason and "ignoreController" in held.reason
     assert held.state.last_rollout is None and not held.changes
     assert decide(SPEC, state, window, T0).action == DecisionAction.CHANGE  # the same window, not controlled
@@ -286,14 +286,14 @@ def test_a_change_freeze_holds_traffic_changes_and_recommends_them_until_it_ends
     the_spec = spec(rollout={"freezes": [PEAK]})
     state = warmed(the_spec)
     held = decide(the_spec, state, long_prompt_window(state, the_spec), T0)  # Wednesday 14:00 in Berlin
-    assert held.hold == HoldReason.FREEZE and held.recommendation == knobs(1024, 1024)
+    assert held.hold == HoldReason.FREEZE and held.recommendation == knobs(2048, 1024)
     assert held.state.history[0].hold == "ChangeFreeze"
     assert "change freeze peak until 2024-05-01T13:00:00Z" in held.reason and "ITL p95 190ms" in held.reason
-    assert held.state.last_rollout is None and held.state.recommendation.max_num_batched_tokens == 1024
+    assert held.state.last_rollout is None and held.state.recommendation.max_num_batched_tokens == 2048
     after = T0 + timedelta(hours=1)
     state = held.state
     done = decide(the_spec, state, long_prompt_window(state, the_spec, now=after), after)
-    assert done.action == DecisionAction.CHANGE and done.knobs == knobs(1024, 1024), done.reason
+    assert done.action == DecisionAction.CHANGE and done.knobs == knobs(2048, 1024), done.reason
 
 
 def test_no_change_starts_so_shortly_before_a_freeze_that_it_would_still_be_rolling_then():
@@ -408,7 +408,7 @@ def test_a_config_rolled_back_for_a_regression_is_remembered_by_the_window_that_
     """Chosen by a prediction (or an older, better window), rolled back: the judged window takes the memory's place,
     or the same prediction would choose the config again after the cooldown, and roll it back again, all day."""
     rolled_back = _judged_after({"itl_within_slo": 0.3, "itl_seconds": 0.3}, (7, 12), 17)
-    judged = next(m for m in rolled_back.state.measurements if m.knobs == knobs(1024, 1024))
+    judged = next(m for m in rolled_back.state.measurements if m.knobs == knobs(2048, 1024))
     assert judged.abandoned == 1 and judged.itl_seconds == 0.3
     state = succeed(rolled_back, T0 + timedelta(minutes=25))
     for minute in range(26, 90):  # past the cooldown, the breach the first change answered
@@ -417,7 +417,7 @@ def test_a_config_rolled_back_for_a_regression_is_remembered_by_the_window_that_
         state = decision.state
         if decision.action != DecisionAction.HOLD:
             break
-    assert decision.action == DecisionAction.CHANGE and decision.knobs != knobs(1024, 1024), decision.reason
+    assert decision.action == DecisionAction.CHANGE and decision.knobs != knobs(2048, 1024), decision.reason
 
 
 def test_a_regression_is_rolled_back_in_a_change_freeze():
@@ -433,9 +433,9 @@ def test_a_change_waits_for_a_rollout_slot_and_a_rollback_does_not():
     window = long_prompt_window(state, SPEC)
     holders = ("a/chat (rolling out)", "b/rag (waiting since 2024-05-01T11:50:00Z)")
     full = decide(SPEC, state, window, T0, slot_holders=holders, max_concurrent_rollouts=2)
-    assert full.hold == HoldReason.NO_SLOT and full.recommendation == knobs(1024, 1024)
+    assert full.hold == HoldReason.NO_SLOT and full.recommendation == knobs(2048, 1024)
     assert ("waiting for a rollout slot, all 2 of --max-concurrent-rollouts held by a/chat (rolling out), b/rag "
-            "(waiting since 2024-05-01T11:50:00Z): tokens=1024 seqs=1024 waits") in full.reason
+            "(waiting since 2024-05-01T11:50:00Z): tokens=2048 seqs=1024 waits") in full.reason
     assert full.state.last_rollout is None
     many = decide(SPEC, state, window, T0, slot_holders=[f"n/t{i} (rolling out)" for i in range(8)],
                   max_concurrent_rollouts=8)
@@ -563,12 +563,12 @@ def test_failed_start_is_rolled_back_and_never_retried_under_this_generation():
     change = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
     failed = rollout_failed(change.state, T0 + timedelta(minutes=10), "CUDA out of memory", generation=3)
     assert failed.action == DecisionAction.ROLLBACK and failed.knobs == knobs(8192, 1024)
-    assert failed.state.failed_configs[0].max_num_batched_tokens == 1024
+    assert failed.state.failed_configs[0].max_num_batched_tokens == 2048
     back = rollout_succeeded(failed.state, T0 + timedelta(minutes=14))
     assert back.current.knobs == knobs(8192, 1024) and back.current.source == KnobSource.ROLLBACK
     at = T0 + timedelta(minutes=40)
     again = decide(SPEC, back, long_prompt_window(back, SPEC, now=at), at)
-    assert again.knobs != knobs(1024, 1024)
+    assert again.knobs != knobs(2048, 1024)
     assert adopt_generation(back, 4).failed_configs == []
 
 
@@ -733,11 +733,11 @@ def test_only_steady_windows_become_measurements():
     state = succeed(change, later + timedelta(minutes=4))
     at = later + timedelta(minutes=11, seconds=1)
     draining = decide(SPEC, state, long_prompt_window(state, SPEC, now=at), at).state
-    assert knobs(1024, 1024) not in [m.knobs for m in draining.measurements]
+    assert knobs(2048, 1024) not in [m.knobs for m in draining.measurements]
     at = later + timedelta(minutes=16)
     judged = decide(SPEC, draining, long_prompt_window(state, SPEC, now=at, itl_within_slo=0.96), at).state
     assert judged.last_rollout.verified_at is not None
-    assert knobs(1024, 1024) in [m.knobs for m in judged.measurements]
+    assert knobs(2048, 1024) in [m.knobs for m in judged.measurements]
     assert next(m for m in judged.measurements if m.knobs == knobs(8192, 1024)).abandoned == 1
 
 

@@ -13,13 +13,16 @@ and numbers Prometheus gives:
   (attention and overhead depend on context length and concurrency)
   cancels; the median over windows resists windows that mix two
   regimes. The ITL quantile of a candidate token budget
-  then moves by ``b`` times the change of the step tokens at that quantile
-  when those steps are not full, which a larger budget does not change.
-  When they are full (a prefill backlog), they are as big as the budget and
-  compute-bound: their time is in proportion to their tokens, the chunk's
-  attention over the prompt before it included, which ``b``, fitted
-  against the decodes beside them, does not see (on long prompts it comes
-  out a tenth short, and a smaller budget looked too slow to pay).
+  then moves by ``b`` times the change of the step tokens at that quantile:
+  when the quantile steps are full (prefill backlog), they are as big as the
+  budget; when not, a larger budget does not change them. A budget that
+  shrinks full steps may take their time down in proportion to their
+  tokens, to the intercept: their chunks' attention over the prompts before
+  them shrinks with them, which ``b``, fitted against the decodes beside
+  them, does not see (on long prompts it comes out a tenth short, and a
+  smaller budget looked too slow to pay). Not so for a budget that grows
+  them: from a small full step, in proportion would price the weights'
+  read, which does not grow, as compute.
 * **Queueing follows utilisation**: a pod serves at most ``min(B / a,
   1 / b)`` tokens per second (the roofline: a budget too small to hide the
   step's fixed cost loses capacity, a larger one gains none), and at most
@@ -39,10 +42,10 @@ and numbers Prometheus gives:
   within the ITL target at its quantile. The shares of TTFT samples and of
   inter-token gaps within target are each a log-normal through the measured
   quantile and the measured share, shifted to the predicted quantile (where
-  the quantile steps are full and the budget moves them, the gaps above the
-  target are those steps and the ones below decodes alone: two populations,
-  whose spread is not the full steps'; those are taken at the assumed
-  spread); a
+  the quantile steps are full and another budget moves them, the gaps above
+  the target are those steps and the ones below decodes alone: two
+  populations, whose spread is not the full steps'; those are taken at the
+  assumed spread); a
   request is within the ITL target when few enough of its own gaps are
   slow, taken as binomial at the gaps' share (``request_itl_share``).
   Requests vLLM refused at admission (a queue limit) are misses, and their
@@ -385,10 +388,10 @@ class Traffic:
     def predict(self, knobs: Knobs) -> Prediction:
         base, old = self.base, self.old
         tokens, tokens_old = self.quantile_step_tokens(knobs), self.quantile_step_tokens(old)
-        if self.full_steps:  # compute-bound: in proportion to the tokens, their attention included
-            itl = max(base.itl_seconds * tokens / tokens_old, self.intercept)
-        else:
-            itl = max(base.itl_seconds + self.slope * (tokens - tokens_old), self.intercept)
+        itl = base.itl_seconds + self.slope * (tokens - tokens_old)
+        if self.full_steps and tokens < tokens_old:  # their chunks' attention shrinks with them too
+            itl = min(itl, base.itl_seconds * tokens / tokens_old)
+        itl = max(itl, self.intercept)
         rho_old, rho_new = min(self.utilisation(old), SATURATED), self.utilisation(knobs)
         queue = base.queue_seconds if base.queue_seconds is not None else 0.0
         saturated = rho_new >= SATURATED
@@ -400,8 +403,9 @@ class Traffic:
             base.ttft_seconds + self.prefill_seconds(knobs) - self.prefill_seconds(old) + queue_new - queue, 1e-3
         )
         share_ttft = share_within(self.slo.ttft, base.ttft_seconds, base.ttft_within_slo, ttft, "ttft")
-        # full quantile steps that move: the share within target counts the decodes, not the full steps' spread
-        gaps_within = None if self.full_steps and tokens != tokens_old else base.itl_within_slo
+        # full quantile steps another budget moves: the share within target is the decodes', not their spread
+        moved = self.full_steps and knobs.max_num_batched_tokens != old.max_num_batched_tokens
+        gaps_within = None if moved else base.itl_within_slo
         share_gaps = share_within(self.slo.itl, base.itl_seconds, gaps_within, itl, "itl")
         within = share_ttft * request_itl_share(self.slo.itl.quantile, share_gaps, base.mean_generation_tokens)
         # requests no longer preempted are no longer stalled by their recomputation

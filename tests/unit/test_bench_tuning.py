@@ -12,8 +12,8 @@ import pytest
 from bench.tuning import calibration, scenarios
 from bench.tuning.__main__ import _SCORING, _SOURCES, _cache_key, _code, run
 from bench.tuning.hindsight import plan, run_hindsight
-from bench.tuning.report import POLICIES
-from bench.tuning.runner import default_config, run_static
+from bench.tuning.report import POLICIES, phase_best, score_scenario
+from bench.tuning.runner import PhaseScore, RunResult, default_config, run_static
 from bench.tuning.scenarios import CHAT_SLO, RAG_SLO, BenchScenario, _spec
 from vllm_autotuner.api import Knobs
 from vllm_autotuner.sim.workload import CHAT, HOUR, RAG, Phase, Poisson, Scenario, Stream
@@ -157,3 +157,19 @@ def test_a_hindsight_run_is_cached_by_its_changes_apart_from_the_static_run_of_i
                                                                              max_num_seqs=256))])
     assert _cache_key(scenario, changes) != _cache_key(scenario, knobs)
     assert _cache_key(scenario, changes) != _cache_key(scenario, [(1200.0, knobs)])
+
+
+def test_equal_goodputs_choose_the_same_configs_whatever_order_the_runs_finished_in():
+    """Where several grid configs serve a phase equally (every request met), phase_oracle and best_static take the
+    smallest budget among them, not whichever run a process finished first (the pool's order)."""
+    scenario = toy()
+    names = [p.name for p in scenario.traffic.phases]
+    runs = [RunResult(scenario.key, "static", Knobs(max_num_batched_tokens=t, max_num_seqs=s),
+                      phases={name: PhaseScore(100, 100, 5000.0) for name in names})
+            for t, s in ((2048, 64), (512, 256), (512, 64), (8192, 64))]  # fmt: skip
+    default = runs[0]
+    for order in (runs, runs[::-1], runs[1:] + runs[:1]):
+        tops = phase_best(scenario, order)
+        assert {str(r.knobs) for r in tops.values()} == {"tokens=512 seqs=64"}
+        scores = score_scenario(scenario, default, order, default, default, 1.0)
+        assert scores["best_static"].config == "tokens=512 seqs=64"

@@ -9,7 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.unit.sim.helpers import noiseless, random_requests
+from tests.unit.sim.reference import run_reference
 from vllm_autotuner.observe.quantile import histogram_fraction_below, histogram_quantile, step_tokens_quantile
+from vllm_autotuner.sim.engine import Engine, EngineConfig
 
 BOUNDS = [0.1, 0.5, 1.0, math.inf]
 
@@ -136,3 +139,29 @@ def test_step_tokens_quantile_without_a_budget_to_read_by_is_the_plain_quantile(
     counts, _ = _vllm_steps(40, 100, 2, 6000, 2048)
     assert step_tokens_quantile(0.99, STEP_BOUNDS, counts, None) == histogram_quantile(0.99, STEP_BOUNDS, counts)
     assert step_tokens_quantile(0.99, STEP_BOUNDS, counts, 0) == histogram_quantile(0.99, STEP_BOUNDS, counts, 0)
+
+
+@pytest.mark.parametrize(
+    ("profile", "budget", "rate", "prompt", "q"),
+    [
+        ("llama3-8b-a100", 512, 2, 3000, 0.9),  # prompts in six chunks
+        ("llama3-8b-a100", 1024, 3, 6000, 0.9),
+        ("llama3-8b-a100", 2048, 20, 500, 0.95),  # chat: prompts that fit a step, a few in two chunks
+    ],
+)
+def test_step_tokens_quantile_reads_vllms_histogram_as_the_steps_computed(profile, budget, rate, prompt, q):
+    """vLLM's histogram shows a chunked prompt once, whole, and the steps of its earlier chunks as their decodes: at
+    the ITL quantile the steps are full where it shows decodes alone. The quantile read from it is the steps' own
+    (the literal scheduler's), within 15%."""
+    config = EngineConfig(max_num_batched_tokens=budget, max_num_seqs=64 if budget < 1024 else 256)
+    engine = Engine(noiseless(profile), config, seed=0)
+    requests = random_requests(400, rate, 1, prompt=prompt, output=200 if prompt < 6000 else 100)
+    for request in requests:
+        engine.submit(request)
+    engine.advance(math.inf)
+    tokens = engine.snapshot().histograms["vllm:iteration_tokens_total"]
+    ref = run_reference(engine.cost, requests, budget=budget, max_seqs=config.max_num_seqs,
+                        num_blocks=engine.num_gpu_blocks, chunked=True)
+    computed = sorted(ref.step_tokens)[math.ceil(q * len(ref.step_tokens)) - 1]
+    got = step_tokens_quantile(q, tokens.bounds, tokens.cumulative, budget)
+    assert got == pytest.approx(computed, rel=0.15)

@@ -307,6 +307,9 @@ class Engine:
         self._jitter_sigma = profile.step_jitter
         self._jitter: list[float] = []
         self._jitter_at = 0
+        self._carried: float | None = None
+        """The noise factor of a decode span that ``advance``'s end cut short: the next call goes on with it, so that
+        the noise, like the steps, does not depend on how a run is cut into calls."""
 
         self._bs = self.config.block_size
         self._budget = self.config.max_num_batched_tokens
@@ -345,6 +348,9 @@ class Engine:
         # Work done so far, for vLLM's estimated FLOPs / bytes counters.
         self._attention_units = 0.0
         self._kv_read = 0.0
+        self._first_prompts = 0
+        self._scheduled_tokens = 0
+        self._steps = 0
 
     # ------------------------------------------------------------------ API
 
@@ -408,6 +414,8 @@ class Engine:
         pending, waiting, deadlines = self._pending, self._waiting, self._deadlines
         while True:
             now = self._now
+            if self._carried is not None and self._event_bound() <= now:
+                self._carried = None  # the span cut at the last call's end would have ended at this event
             while pending and pending[0].arrival <= now:
                 waiting.append(pending.popleft())
             if deadlines and deadlines[0][0] <= now:
@@ -420,12 +428,11 @@ class Engine:
                 break
             if now >= until:
                 break
-            if self._jitter_at == len(self._jitter):
-                self._refill_jitter()
-            jitter = self._jitter[self._jitter_at]
-            self._jitter_at += 1
-            if self._partial is None and self._running and not self._head_admissible():
-                steps = self._span_length(until, jitter)
+            span = self._partial is None and self._running and not self._head_admissible()
+            jitter = self._carried if span and self._carried is not None else self._draw_jitter()
+            self._carried = None
+            if span:
+                steps, self._carried = self._span_length(until, jitter)
                 if steps > 1:
                     self._span(steps, jitter)
                     continue
@@ -448,18 +455,18 @@ class Engine:
             waiting_lora_adapters=tuple(dict.fromkeys(s.req.lora for s in waiting if s.req.lora)) if loras else (),
         )
         snap = snapshot(self.metrics, self._now, gauges)
-        # vLLM's MFU counters, from the work done (kept as totals, not per step)
+        # vLLM's MFU counters, from the work done (kept as totals, not per step); 0 unless --enable-mfu-metrics
         cost, counters = self.cost, snap.counters
-        tokens = snap.histograms["vllm:iteration_tokens_total"]
-        counters["estimated_flops_per_gpu"] = (
-            cost.flops_per_token * tokens.sum
+        on = self.config.enable_mfu_metrics
+        counters["estimated_flops_per_gpu"] = on * (
+            cost.flops_per_token * self._scheduled_tokens
             + cost.flops_per_sample * counters["generation_tokens"]
             + cost.flops_per_attention_unit * self._attention_units
         )
-        counters["estimated_read_bytes_per_gpu"] = (
-            cost.weight_bytes * tokens.count + cost.kv_bytes_per_token * self._kv_read
+        counters["estimated_read_bytes_per_gpu"] = on * (
+            cost.weight_bytes * self._steps + cost.kv_bytes_per_token * self._kv_read
         )
-        counters["estimated_write_bytes_per_gpu"] = cost.kv_bytes_per_token * tokens.sum
+        counters["estimated_write_bytes_per_gpu"] = on * cost.kv_bytes_per_token * self._scheduled_tokens
         return snap
 
     def tokens_generated(self, rid: int) -> int | None:
@@ -488,6 +495,7 @@ class Engine:
             if seq is None:
                 return False
         self._drop(seq)
+        self._carried = None  # another batch: the cut span does not go on
         return True
 
     def unfinished(self) -> list[Request]:
@@ -499,10 +507,13 @@ class Engine:
 
     # ------------------------------------------------------------ internals
 
-    def _refill_jitter(self) -> None:
-        """Draw the next batch of per-segment step-time noise factors."""
-        self._jitter = self._rng.lognormal(0.0, self._jitter_sigma, _JITTER_BATCH).tolist()
-        self._jitter_at = 0
+    def _draw_jitter(self) -> float:
+        """The next segment's step-time noise factor (drawn in batches)."""
+        if self._jitter_at == len(self._jitter):
+            self._jitter = self._rng.lognormal(0.0, self._jitter_sigma, _JITTER_BATCH).tolist()
+            self._jitter_at = 0
+        self._jitter_at += 1
+        return self._jitter[self._jitter_at - 1]
 
     def _admission(self, seq: _Seq, budget: int) -> tuple[int, int, int, int] | None:
         """What admitting ``seq`` with ``budget`` tokens left would take:
@@ -548,8 +559,9 @@ class Engine:
         cost = self._admission(seq, budget)
         return cost is not None and cost[3] <= self.num_gpu_blocks - self._used
 
-    def _span_length(self, until: float, jitter: float) -> int:
-        """How many decode-only steps can run before the next event."""
+    def _span_length(self, until: float, jitter: float) -> tuple[int, float | None]:
+        """How many decode-only steps can run before the next event, and ``jitter`` where ``until`` cut them short
+        (else None)."""
         heap, running = self._fin_heap, self._running
         while heap and getattr(running.get(heap[0][1]), "fin", None) != heap[0][0]:
             heapq.heappop(heap)  # stale: preempted (and maybe readmitted with a new finish step)
@@ -559,27 +571,35 @@ class Engine:
         if n * (steps // self._bs + 1) > free:
             steps = min(steps, self._steps_before_block_shortage(free))
         if steps <= 1:
-            return steps
-        bound = until
-        deadlines = self._deadlines
-        while deadlines and (deadlines[0][2].generated or deadlines[0][2].aborted):
-            heapq.heappop(deadlines)  # it has its first token (its client waits on), or it is gone
-        if deadlines and deadlines[0][0] < bound:
-            bound = deadlines[0][0]  # a waiting request is aborted, and the next in line may be admissible
-        if (
-            self._pending
-            and self._candidate() is None
-            and len(running) < self._max_seqs
-            and self._budget > n
-            and self._pending[0].arrival < bound
-        ):
-            bound = self._pending[0].arrival  # an arrival would be admitted at the next step start
+            return steps, None
+        event = self._event_bound()
+        bound = min(until, event)
         if bound == math.inf:
-            return steps
+            return steps, None
         cost = self.cost
         first = (cost.decode_fixed(n) + cost.per_decode_context * (self._sum_base + n * g)) * jitter
         growth = cost.per_decode_context * n * jitter
-        return min(steps, _steps_starting_before(bound - self._now, first, growth))
+        before = _steps_starting_before(bound - self._now, first, growth)
+        return (steps, None) if before >= steps else (before, jitter if until < event else None)
+
+    def _event_bound(self) -> float:
+        """When the next event falls that ends a decode span: a waiting request's first-token deadline (it is
+        aborted, and the next in line may be admissible), or an arrival that would be admitted at the next step
+        start; inf when none is known."""
+        bound = math.inf
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][2].generated or deadlines[0][2].aborted):
+            heapq.heappop(deadlines)  # it has its first token (its client waits on), or it is gone
+        if deadlines:
+            bound = deadlines[0][0]
+        if (
+            self._pending
+            and self._candidate() is None
+            and len(self._running) < self._max_seqs
+            and self._budget > self._n_dec
+        ):
+            bound = min(bound, self._pending[0].arrival)
+        return bound
 
     def _steps_before_block_shortage(self, free: int) -> int:
         """Decode steps the free blocks cover, starting at the current step."""
@@ -616,6 +636,8 @@ class Engine:
         for i, threshold in enumerate(self._slow_at):
             slow[i] += _steps_longer_than(threshold, first, growth, steps)
         metrics.iteration_tokens.observe_weighted(n, steps)
+        self._scheduled_tokens += n * steps
+        self._steps += steps
         metrics.counters["generation_tokens"] += n * steps
         context_sum = steps * context + n * steps * (steps - 1) / 2
         self._attention_units += context_sum
@@ -687,7 +709,9 @@ class Engine:
         self._kv_read += kv_read
 
         metrics = self.metrics
-        metrics.iteration_tokens.values.append(tokens)
+        self._first_prompts = 0
+        self._scheduled_tokens += tokens
+        self._steps += 1
         if n:
             metrics.itl.weighted_values.append(seconds)
             metrics.itl.weights.append(n)
@@ -707,6 +731,8 @@ class Engine:
                 if seq is self._partial:
                     self._partial = None
                 self._prefill_done(seq, g, now)
+        if sampled:  # vLLM observes an output batch: prompts that got their first token plus the tokens sampled
+            metrics.iteration_tokens.values.append(self._first_prompts + sampled)
         if self._fin_heap and self._fin_heap[0][0] <= g:
             self._finish_decodes(g)
         self._g = g + 1
@@ -767,6 +793,7 @@ class Engine:
             metrics.ttft.observe(now - seq.arrival)
             counters = metrics.counters
             counters["prompt_tokens"] += seq.prompt
+            self._first_prompts += seq.prompt
             counters["prompt_tokens_cached"] += seq.cached
         else:  # readmitted after a preemption: its token gap includes the wait
             gap = now - seq.last_token_at

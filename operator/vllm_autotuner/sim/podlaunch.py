@@ -137,6 +137,7 @@ def vllm_launch(container: dict[str, Any], profile: Profile) -> VllmLaunch:
         "block_size": _int(cmd, "block-size"),
         "performance_mode": mode.value if mode is not None else None,
         "max_loras": (_int(cmd, "max-loras") or 1) if cmd.get_bool("enable-lora") else None,
+        "enable_mfu_metrics": cmd.get_bool("enable-mfu-metrics"),
     }
     config = EngineConfig(**{k: v for k, v in present.items() if v is not None})  # absent: vLLM's default
     served = cmd.get("served-model-name")

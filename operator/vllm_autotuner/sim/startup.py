@@ -51,6 +51,9 @@ class EngineConfig:
     max_loras: int | None = None
     """LoRA adapters in a batch at once (``--max-loras``, 1 by default with ``--enable-lora``); None: LoRA off.
     The adapters' weights are not in the memory model or the step time: only the scheduling rule is."""
+    enable_mfu_metrics: bool = False
+    """``--enable-mfu-metrics``: vLLM counts its estimated FLOPs and bytes (``vllm:estimated_*_per_gpu_total``) only
+    when asked, and serves them at 0 otherwise (as in the reference scrape)."""
 
     def resolve(self, profile: Profile) -> ResolvedConfig:
         """The effective values vLLM would run with on ``profile``.
@@ -73,6 +76,7 @@ class EngineConfig:
             enable_prefix_caching=self.enable_prefix_caching,
             block_size=self.block_size,
             max_loras=self.max_loras,
+            enable_mfu_metrics=self.enable_mfu_metrics,
         )
 
 
@@ -88,6 +92,7 @@ class ResolvedConfig:
     enable_prefix_caching: bool
     block_size: int
     max_loras: int | None = None
+    enable_mfu_metrics: bool = False
 
 
 @dataclass(frozen=True, slots=True)

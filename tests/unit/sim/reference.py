@@ -47,8 +47,12 @@ class ReferenceResult:
     preemptions: dict[int, int] = field(default_factory=dict)
     max_gap: dict[int, float] = field(default_factory=dict)
     gaps: dict[int, list[float]] = field(default_factory=dict)
-    steps: int = 0
     step_tokens: list[int] = field(default_factory=list)
+    """The tokens each step computed."""
+    iteration_tokens: list[int] = field(default_factory=list)
+    """What vLLM observes in ``vllm:iteration_tokens_total``, once per step that outputs a token: the prompts of
+    the requests that get their first token in it, plus the tokens sampled. A step that only advances a chunked
+    prefill is not observed."""
     preempted: int = 0
     """Preemptions of every request, the aborted included."""
     timed_out: list[int] = field(default_factory=list)
@@ -172,14 +176,15 @@ def run_reference(
             if r.computed + new == r.num_tokens:
                 sampled += 1
         now += cost.seconds(tokens, len(scheduled), sampled, units, kv_read)
-        out.steps += 1
         out.step_tokens.append(tokens)
+        first_prompts = 0
         for r, new in scheduled:
             r.computed += new
             if r.computed < r.num_tokens:
                 continue
             if r.generated == 0:
                 r.first_token = now
+                first_prompts += r.req.prompt_tokens
             else:
                 r.max_gap = max(r.max_gap, now - r.last_token)
                 r.gaps.append(now - r.last_token)
@@ -195,4 +200,6 @@ def run_reference(
                 out.gaps[r.rid] = r.gaps
             else:
                 r.num_tokens += 1
+        if sampled:
+            out.iteration_tokens.append(first_prompts + sampled)
     return out

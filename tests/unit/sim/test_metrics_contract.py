@@ -40,10 +40,10 @@ def _families(text: str) -> dict[str, dict[str, object]]:
     return out
 
 
-def _served(old_names: bool = False) -> str:
+def _served(old_names: bool = False, mfu: bool = False) -> str:
     engine = Engine(
         get_profile("llama3-8b-h100"),
-        EngineConfig(max_model_len=256, max_num_batched_tokens=512, max_num_seqs=8),
+        EngineConfig(max_model_len=256, max_num_batched_tokens=512, max_num_seqs=8, enable_mfu_metrics=mfu),
         seed=3,
     )
     for request in random_requests(50, 20, 1, prompt=100, output=60, max_prompt=120, max_output=120):
@@ -108,16 +108,26 @@ def test_a_pods_series_differ_in_no_label_of_a_real_server_but_those_the_operato
     assert len(unknown) > len(summed) // 2 and {m: u for m, u in unknown.items() if u} == {}
 
 
+def _samples(text: str) -> dict[tuple[str, str], float]:
+    return {(s.name, s.labels.get("finished_reason", "")): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 def test_served_values_follow_the_engine() -> None:
-    samples = {
-        (s.name, s.labels.get("finished_reason", "")): s.value
-        for family in text_string_to_metric_families(_served())
-        for s in family.samples
-    }
+    samples = _samples(_served())
     finished = samples[("vllm:request_success_total", "length")]
     assert finished > 0
     assert all(samples[("vllm:request_success_total", r)] == 0 for r in ("stop", "abort", "error", "repetition"))
     assert samples[("vllm:e2e_request_latency_seconds_count", "")] == finished
     assert samples[("vllm:generation_tokens_total", "")] >= samples[("vllm:request_generation_tokens_sum", "")]
-    assert samples[("vllm:estimated_flops_per_gpu_total", "")] > 0
     assert samples[("vllm:request_params_n_count", "")] == finished
+
+
+def test_mfu_counters_count_only_when_asked() -> None:
+    """vLLM serves its estimated FLOPs and bytes at 0 unless started with --enable-mfu-metrics (the reference
+    scrape's are 0)."""
+    mfu = ("vllm:estimated_flops_per_gpu_total", "vllm:estimated_read_bytes_per_gpu_total",
+           "vllm:estimated_write_bytes_per_gpu_total")
+    off, on = _samples(_served()), _samples(_served(mfu=True))
+    assert [off[(name, "")] for name in mfu] == [0, 0, 0]
+    assert all(on[(name, "")] > 0 for name in mfu)

@@ -60,6 +60,7 @@ def container(**fields):
             {"args": ["m", "--performance-mode", "throughput", "--max-num-seqs", "100"]},  # doubles only the defaults
             EngineConfig(max_num_seqs=100, performance_mode="throughput"),
         ),
+        ({"args": ["m", "--enable-mfu-metrics"]}, EngineConfig(enable_mfu_metrics=True)),
     ],
 )
 def test_engine_config_from_the_command_line(fields, expected):

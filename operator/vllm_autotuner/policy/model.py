@@ -15,14 +15,15 @@ and numbers Prometheus gives:
   regimes. The ITL quantile of a candidate token budget
   then moves by ``b`` times the change of the step tokens at that quantile:
   when the quantile steps are full (prefill backlog), they are as big as the
-  budget; when not, a larger budget does not change them. A budget that
-  shrinks full steps may take their time down in proportion to their
-  tokens, to the intercept: their chunks' attention over the prompts before
-  them shrinks with them, which ``b``, fitted against the decodes beside
-  them, does not see (on long prompts it comes out a tenth short, and a
-  smaller budget looked too slow to pay). Not so for a budget that grows
-  them: from a small full step, in proportion would price the weights'
-  read, which does not grow, as compute.
+  budget; when not, a larger budget does not change them. A smaller budget
+  may take full steps that are compute-bound (their tokens' compute, ``b``
+  times them, at least the intercept) down in proportion to their tokens,
+  to the intercept: their chunks' attention over the prompts before them
+  shrinks with them, which ``b``, fitted against the decodes beside them,
+  does not see (on long prompts it comes out a tenth short, and a smaller
+  budget looked too slow to pay). Not so for a larger budget, nor for small
+  full steps: most of their time is the weights' read, which does not
+  change with their tokens.
 * **Queueing follows utilisation**: a pod serves at most ``min(B / a,
   1 / b)`` tokens per second (the roofline: a budget too small to hide the
   step's fixed cost loses capacity, a larger one gains none), and at most
@@ -389,7 +390,8 @@ class Traffic:
         base, old = self.base, self.old
         tokens, tokens_old = self.quantile_step_tokens(knobs), self.quantile_step_tokens(old)
         itl = base.itl_seconds + self.slope * (tokens - tokens_old)
-        if self.full_steps and tokens < tokens_old:  # their chunks' attention shrinks with them too
+        shrunk = self.full_steps and knobs.max_num_batched_tokens < old.max_num_batched_tokens
+        if shrunk and self.slope * tokens_old >= self.intercept:  # compute-bound: their chunks' attention shrinks too
             itl = min(itl, base.itl_seconds * tokens / tokens_old)
         itl = max(itl, self.intercept)
         rho_old, rho_new = min(self.utilisation(old), SATURATED), self.utilisation(knobs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from itertools import accumulate
 
 import pytest
@@ -165,3 +166,32 @@ def test_step_tokens_quantile_reads_vllms_histogram_as_the_steps_computed(profil
     computed = sorted(ref.step_tokens)[math.ceil(q * len(ref.step_tokens)) - 1]
     got = step_tokens_quantile(q, tokens.bounds, tokens.cumulative, budget)
     assert got == pytest.approx(computed, rel=0.15)
+
+
+@pytest.mark.parametrize(
+    ("budget", "rate", "prompt", "q"),
+    [(1024, 4, 400, 0.97), (2048, 8, 400, 0.95), (512, 3, 300, 0.97), (1024, 3, 700, 0.98), (2048, 6, 1200, 0.97),
+     (1024, 6, 600, 0.97)],
+)
+def test_step_tokens_quantile_reads_prompts_behind_a_cached_prefix_as_the_tokens_computed(budget, rate, prompt, q):
+    """A prompt behind a cached 2560-token system prompt shows whole in vLLM's histogram, past the budget, but its
+    step computes only what follows the prefix: with the cached share of the prompt tokens (vLLM's
+    ``prompt_tokens_cached`` over ``prompt_tokens``), the quantile is that step's (the literal scheduler's on the
+    prompts without their prefix), not a full one. Within half: vLLM's buckets double, and a value is interpolated
+    inside one."""
+    config = EngineConfig(max_num_batched_tokens=budget, max_num_seqs=64)
+    engine = Engine(noiseless("llama3-8b-a100"), config, seed=0)
+    computed = [replace(r, prompt_tokens=prompt) for r in random_requests(400, rate, 1, output=200)]
+    for request in computed:
+        engine.submit(replace(request, prompt_tokens=prompt + 2560, prefix_id=1, prefix_tokens=2560))
+    engine.advance(math.inf)
+    snapshot = engine.snapshot()
+    tokens = snapshot.histograms["vllm:iteration_tokens_total"]
+    cached = snapshot.counters["prompt_tokens_cached"] / snapshot.counters["prompt_tokens"]
+    ref = run_reference(engine.cost, computed, budget=budget, max_seqs=64, num_blocks=engine.num_gpu_blocks,
+                        chunked=True)
+    steps = sorted(ref.step_tokens)
+    expected = steps[math.ceil(q * len(steps)) - 1]
+    assert expected < 0.7 * budget  # the steps do not fill the budget
+    assert step_tokens_quantile(q, tokens.bounds, tokens.cumulative, budget) == budget  # read as whole prompts
+    assert step_tokens_quantile(q, tokens.bounds, tokens.cumulative, budget, cached) == pytest.approx(expected, rel=0.5)

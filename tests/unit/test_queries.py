@@ -37,7 +37,7 @@ def test_requests_are_grouped_by_finished_reason_in_the_same_query_with_those_re
                  ' or (label_replace(sum by (namespace, pod) (avg by (namespace, pod, engine, model_name, reason) '
                  '(rate(vllm:admission_rejections_total{cluster="prod"}[300s]))), "finished_reason", "refused", '
                  '"", ""))')
-    assert len(FAMILIES) == 23  # the query count per period the README states
+    assert len(FAMILIES) == 24  # the query count per period the README states
 
 
 def test_the_engines_sleep_state_is_the_share_of_the_window_each_pod_was_awake():

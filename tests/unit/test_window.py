@@ -101,6 +101,23 @@ def test_step_tokens_quantile_is_at_most_the_budget_and_the_budget_past_the_last
     assert obs is not None and obs.step_tokens_quantile == pytest.approx(expected)
 
 
+def test_prompt_tokens_served_from_the_prefix_cache_are_no_tokens_a_step_computes():
+    """vLLM counts a prompt whole in its step's tokens, the share the prefix cache served too: with
+    vllm:prompt_tokens_cached_total, the mean step is less those tokens, and a prompt past the budget whose computed
+    part fits is one step of that part, not full ones."""
+    data = window()
+    steps = {float(b): 8.0 * (b >= 64) + 2.0 * (b >= 4096) for b in STEP_BOUNDS}
+    data.buckets["step_tokens"] = {pod: steps for pod in (A, B)}  # per pod: 8 decode steps, 2 prompts of 2048-4096
+    obs, _ = observe_target(data, "llm", PodMatch(("llama-abc-",)), 2, KNOBS, SLO_, False)
+    assert obs is not None and obs.cached_prompt_tokens_rate is None
+    assert obs.step_tokens_mean == 100.0 and obs.step_tokens_quantile == 2048.0  # the prompts taken as computed
+    data.values["cached_prompt_tokens"] = {pod: 750.0 for pod in (A, B)}  # of 1000 prompt tokens a second
+    obs, _ = observe_target(data, "llm", PodMatch(("llama-abc-",)), 2, KNOBS, SLO_, False)
+    assert obs is not None and obs.cached_prompt_tokens_rate == 1500.0
+    assert obs.step_tokens_mean == 75.0  # (3000 - 750) / 30
+    assert obs.step_tokens_quantile == pytest.approx(768.0)  # a quarter of the prompts' 3072, in (512, 1024]
+
+
 def test_without_a_config_the_step_tokens_quantile_is_prometheus_s():
     data = window()
     data.buckets["step_tokens"] = {pod: steps_of(32768) for pod in (A, B)}

@@ -284,6 +284,8 @@ class Measurement(StatusModel):
     """Generated tokens per second per pod."""
     prompt_tokens_per_second: float = Field(ge=0)
     """Prefill tokens per second per pod."""
+    cached_prompt_tokens_per_second: float | None = Field(default=None, ge=0)
+    """Of those, the tokens per second not computed: served from the prefix cache or sent by another instance."""
     mean_prompt_tokens: float = Field(ge=0)
     """Mean prompt length."""
     mean_generation_tokens: float = Field(ge=0)

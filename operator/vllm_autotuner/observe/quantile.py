@@ -92,7 +92,7 @@ def histogram_fraction_below(value: float, upper_bounds: Sequence[float], cumula
 
 
 def step_tokens_quantile(q: float, upper_bounds: Sequence[float], cumulative_counts: Sequence[float],
-                         budget: float | None) -> float:
+                         budget: float | None, cached: float = 0.0) -> float:
     """The q-quantile of the tokens engine steps compute, at most ``budget``, from ``vllm:iteration_tokens_total``.
 
     vLLM observes that histogram once per step that outputs a token, with the
@@ -105,24 +105,41 @@ def step_tokens_quantile(q: float, upper_bounds: Sequence[float], cumulative_cou
     steps, all but one of them counted among the observations below the
     budget. Those are moved, in proportion from the observations below the
     budget, to full steps (the +Inf bucket, which answers ``budget``) before
-    the quantile is taken. With no observation past the budget (prompts that
-    fit a step), this is ``histogram_quantile`` capped at the budget. Values
-    in a bucket are taken at its middle (at its lower bound in +Inf). Only
-    buckets wholly past the budget count: a budget within a bucket (768 in
-    vLLM's (512, 1024]) cannot tell the prompts just past it from the steps
-    that fit, so those few are read as steps that fit. Without a budget (a
-    window across configs), ``histogram_quantile`` as it is.
+    the quantile is taken. ``cached`` is the share of the prompt tokens that
+    were not computed, served from the prefix cache or sent by another
+    instance (``vllm:prompt_tokens_cached_total`` over
+    ``vllm:prompt_tokens_total``): an observation past the budget computed
+    about ``v * (1 - cached)``, so it stands for that over the budget full
+    steps, or, where that fits the budget, for one step of that many tokens
+    (a long prompt behind a cached system prompt). With no observation past
+    the budget (prompts that fit a step), this is ``histogram_quantile``
+    capped at the budget (the cached share of a prompt that fits a step is
+    not told apart from the decodes beside it: those steps read high, at
+    most the budget). Values in a bucket are taken at its middle (at its
+    lower bound in +Inf). Only buckets wholly past the budget count: a
+    budget within a bucket (768 in vLLM's (512, 1024]) cannot tell the
+    prompts just past it from the steps that fit, so those few are read as
+    steps that fit. Without a budget (a window across configs),
+    ``histogram_quantile`` as it is.
     """
     shape_ok = len(upper_bounds) >= 2 and upper_bounds[-1] == math.inf and len(upper_bounds) == len(cumulative_counts)
     if budget is None or budget <= 0 or not shape_ok or any(math.isnan(c) for c in cumulative_counts):
         return histogram_quantile(q, upper_bounds, cumulative_counts, budget)
     counts = list(itertools.accumulate(cumulative_counts, max))
     lower = [0.0, *upper_bounds[:-1]]
+    added = [count - before for count, before in zip(counts, [0.0, *counts[:-1]], strict=True)]
     full = hidden = 0.0
-    for lo, hi, count, before in zip(lower, upper_bounds, counts, [0.0, *counts[:-1]], strict=True):
-        if lo >= budget and count > before:
-            full += count - before
-            hidden += (count - before) * ((lo if math.isinf(hi) else (lo + hi) / 2) / budget - 1)
+    for i, (lo, hi) in enumerate(zip(lower, upper_bounds, strict=True)):
+        if lo < budget or not added[i]:
+            continue
+        computed = (lo if math.isinf(hi) else (lo + hi) / 2) * (1.0 - cached)
+        if computed > budget:
+            full += added[i]
+            hidden += added[i] * (computed / budget - 1)
+        else:  # one step computed what the cache left of the prompt, beside the decodes
+            added[bisect.bisect_left(upper_bounds, computed)] += added[i]
+            added[i] = 0.0
+    counts = list(itertools.accumulate(added))
     small = counts[-1] - full
     if not hidden or not small:
         return histogram_quantile(q, upper_bounds, counts, budget)

@@ -36,7 +36,9 @@ gauge and others none is refused, as whether those slept is unknown. A
 step's tokens at the ITL quantile are read as the tokens steps compute
 (``quantile.step_tokens_quantile``: vLLM counts a chunked prompt whole in
 the step that finishes it, and the steps of its earlier chunks as decodes
-alone), capped at the token budget, which no step computes more than, and
+alone; it counts the tokens the prefix cache served with the prompt, which
+the window's share of cached prompt tokens takes out, as it does from the
+mean step), capped at the token budget, which no step computes more than, and
 are the budget where the quantile lies past the last bucket: vLLM's end at
 16384, below budgets that go to 32768, and there Prometheus answers 16384,
 which would make full steps look half full.
@@ -108,9 +110,9 @@ class _Histogram:
         value = histogram_quantile(q, self.bounds, self.counts)
         return None if math.isnan(value) else value
 
-    def step_tokens_quantile(self, q: float, budget: float | None) -> float | None:
+    def step_tokens_quantile(self, q: float, budget: float | None, cached: float) -> float | None:
         """``vllm:iteration_tokens_total``'s quantile as the tokens steps compute (``step_tokens_quantile``)."""
-        value = step_tokens_quantile(q, self.bounds, self.counts, budget)
+        value = step_tokens_quantile(q, self.bounds, self.counts, budget, cached)
         return None if math.isnan(value) else value
 
     def within(self, target: float) -> float | None:
@@ -210,8 +212,8 @@ def observe_target(
     if (why := _sleep_unknown(awake, pods)) is not None:
         return None, why
     rates = {key: _sum(v.get(key, {}), pods) for key in (
-        "requests", "completed", "refused", "prompt_tokens", "generation_tokens", "preemptions", "prompt_len_sum",
-        "prompt_len_count", "output_len_sum", "output_len_count", "step_tokens_sum", "steps", "itl_sum", "itl_count",
+        "requests", "completed", "refused", "prompt_tokens", "cached_prompt_tokens", "generation_tokens", "preemptions",
+        "prompt_len_sum", "prompt_len_count", "output_len_sum", "output_len_count", "step_tokens_sum", "steps", "itl_sum", "itl_count",
         "running", "waiting", "kv_usage")}
     hist = {key: _summed_histogram(data.buckets.get(key, {}), pods)
             for key in ("ttft", "itl", "e2e", "queue", "step_tokens")}
@@ -222,6 +224,10 @@ def observe_target(
     starts = [started[p] for p in pods if p in started and math.isfinite(started[p])]
     ttft, itl, steps = hist["ttft"], hist["itl"], hist["step_tokens"]
     budget = None if config is None else float(config.max_num_batched_tokens)
+    cached = rates["cached_prompt_tokens"]
+    prompt = rates["prompt_tokens"]
+    cached_share = min(cached / prompt, 1.0) if cached is not None and prompt else 0.0
+    computed = None if rates["step_tokens_sum"] is None else max(rates["step_tokens_sum"] - (cached or 0.0), 0.0)
     end = datetime.fromtimestamp(data.at, UTC)
     observation = Observation(
         window_start=datetime.fromtimestamp(data.at - data.window_seconds, UTC),
@@ -236,7 +242,8 @@ def observe_target(
         requests=None if rates["completed"] is None else rates["completed"] * data.window_seconds,
         request_rate=rates["requests"],
         refused_rate=rates["refused"],
-        prompt_tokens_rate=rates["prompt_tokens"],
+        prompt_tokens_rate=prompt,
+        cached_prompt_tokens_rate=cached,
         generation_tokens_rate=rates["generation_tokens"],
         ttft_seconds=ttft.quantile(slo.ttft.quantile) if ttft else None,
         itl_seconds=itl.quantile(slo.itl.quantile) if itl else None,
@@ -251,8 +258,8 @@ def observe_target(
         preemption_rate=rates["preemptions"],
         mean_prompt_tokens=_ratio(rates["prompt_len_sum"], rates["prompt_len_count"]),
         mean_generation_tokens=_ratio(rates["output_len_sum"], rates["output_len_count"]),
-        step_tokens_mean=_ratio(rates["step_tokens_sum"], rates["steps"]),
-        step_tokens_quantile=steps.step_tokens_quantile(slo.itl.quantile, budget) if steps else None,
+        step_tokens_mean=_ratio(computed, rates["steps"]),
+        step_tokens_quantile=steps.step_tokens_quantile(slo.itl.quantile, budget, cached_share) if steps else None,
         steps_per_second=rates["steps"],
     )
     return observation, None

@@ -186,6 +186,9 @@ def _measurement(observation: Observation, regime: str, slo: SLO) -> Measurement
         refused_share=refused,
         generation_tokens_per_second=per_pod(observation.generation_tokens_rate),
         prompt_tokens_per_second=per_pod(observation.prompt_tokens_rate),
+        cached_prompt_tokens_per_second=(
+            None if observation.cached_prompt_tokens_rate is None else per_pod(observation.cached_prompt_tokens_rate)
+        ),
         mean_prompt_tokens=observation.mean_prompt_tokens or 0.0,
         mean_generation_tokens=observation.mean_generation_tokens or 0.0,
         attainment=min(max(share, 0.0), 1.0),

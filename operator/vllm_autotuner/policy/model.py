@@ -284,11 +284,20 @@ class Traffic:
     def step_seconds(self, tokens: float) -> float:
         return self.intercept + self.slope * tokens
 
+    @cached_property
+    def computed_prompt_share(self) -> float:
+        """Share of the prompt tokens the pod computes: those the prefix cache (or another instance) did not
+        serve."""
+        base = self.base
+        if not base.cached_prompt_tokens_per_second or base.prompt_tokens_per_second <= 0:
+            return 1.0
+        return max(1.0 - base.cached_prompt_tokens_per_second / base.prompt_tokens_per_second, 0.0)
+
     def token_demand(self, knobs: Knobs) -> float:
         """Tokens per second the pod must compute: the measured rate, less the recomputation of preempted
         requests that these knobs avoid (or plus what they add)."""
         base = self.base
-        measured = base.prompt_tokens_per_second + base.generation_tokens_per_second
+        measured = base.prompt_tokens_per_second * self.computed_prompt_share + base.generation_tokens_per_second
         per_preemption = self.context * base.request_rate
         return max(measured + per_preemption * (self.preempted_share(knobs) - self.preempted_share(self.old)), 1.0)
 
@@ -338,8 +347,9 @@ class Traffic:
         return max(tokens - fewer_decodes, 1.0)
 
     def prefill_seconds(self, knobs: Knobs) -> float:
-        """Time to prefill a prompt at the TTFT quantile in chunks of what the decodes leave of the budget."""
-        prompt = PROMPT_TAIL * self.base.mean_prompt_tokens
+        """Time to prefill a prompt at the TTFT quantile in chunks of what the decodes leave of the budget (its
+        share the cache served not computed)."""
+        prompt = PROMPT_TAIL * self.base.mean_prompt_tokens * self.computed_prompt_share
         decodes = min(self.running, knobs.max_num_seqs)
         chunk = max(knobs.max_num_batched_tokens - decodes, 16.0)
         steps = math.ceil(prompt / chunk)

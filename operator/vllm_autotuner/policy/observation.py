@@ -74,6 +74,10 @@ class Observation:
     ``request_rate``, in no latency field. The decision core counts them as misses of both targets."""
     prompt_tokens_rate: float | None = None
     """Prefill tokens per second (vllm:prompt_tokens_total)."""
+    cached_prompt_tokens_rate: float | None = None
+    """Of those, the tokens per second not computed: served from the prefix cache or sent by another instance
+    (vllm:prompt_tokens_cached_total; from a vLLM before it, vllm:prefix_cache_hits_total). None: unknown, taken as
+    none."""
     generation_tokens_rate: float | None = None
     """Generated tokens per second (vllm:generation_tokens_total)."""
 
@@ -106,10 +110,13 @@ class Observation:
     mean_generation_tokens: float | None = None
     """Mean output length of completed requests (vllm:request_generation_tokens sum over count)."""
     step_tokens_mean: float | None = None
-    """Mean tokens per engine step (vllm:iteration_tokens_total sum over count)."""
+    """Mean tokens per engine step computed (vllm:iteration_tokens_total sum, less the cached prompt tokens, over
+    count)."""
     step_tokens_quantile: float | None = None
     """Tokens per engine step at the SLO's ITL quantile (vllm:iteration_tokens_total), at most the token budget;
-    the budget (full steps) where the quantile lies past the histogram's last bucket (16384 in vLLM)."""
+    the budget (full steps) where the quantile lies past the histogram's last bucket (16384 in vLLM). As the tokens
+    steps compute: a chunked prompt's earlier chunks, which vLLM shows as decodes, and its cached share, which it
+    counts with the prompt, taken into account (``observe.quantile.step_tokens_quantile``)."""
     steps_per_second: float | None = None
     """Engine steps per second, all pods (vllm:iteration_tokens_total count rate)."""
 

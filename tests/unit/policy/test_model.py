@@ -233,6 +233,21 @@ def test_larger_budget_cuts_queueing_when_a_small_one_cannot_hide_the_step_overh
     assert t.predict(knobs(1024, 256)).ttft_seconds < 3.5
 
 
+def test_prompt_tokens_the_prefix_cache_served_are_no_work_for_the_pod():
+    """Prompts behind a cached system prompt (three quarters of their tokens served from the cache): the pod
+    computes the rest alone, so it has room where the whole prompts would overload it, and a prompt's prefill takes
+    the steps of its computed part."""
+    fields = dict(tokens=512, seqs=256, request_rate=10.0, prompt_tokens_per_second=40_000, mean_prompt_tokens=4000,
+                  ttft_seconds=3.5, itl_mean_seconds=0.016, step_tokens_mean=300, step_tokens_quantile=512)
+    whole = traffic(measurement(**fields))
+    cached = traffic(measurement(**fields, cached_prompt_tokens_per_second=30_000))
+    k = knobs(512, 256)
+    assert cached.token_demand(k) == pytest.approx(whole.token_demand(k) - 30_000)
+    assert cached.utilisation(k) < 1 < whole.utilisation(k)
+    assert cached.prefill_seconds(k) < whole.prefill_seconds(k) / 3  # a quarter of the chunks, rounded up
+    assert cached.predict(knobs(1024, 256)).ttft_seconds < whole.predict(knobs(1024, 256)).ttft_seconds
+
+
 def test_fewer_seqs_stop_preemptions_when_the_kv_cache_is_full():
     # 4 rps x 256 tokens x 0.1 s per step needs ~102 decoding at once; 150 run, the recomputed ones included
     full = measurement(

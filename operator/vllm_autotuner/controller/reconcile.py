@@ -90,7 +90,7 @@ from vllm_autotuner.policy import (
 from vllm_autotuner.policy.guardrails import cut_share, failed_configs, in_flight_seconds
 from vllm_autotuner.policy.observation import stale_after
 from vllm_autotuner.policy.schedule import never_opens
-from vllm_autotuner.rollout.apply import RolloutBusy, apply_knobs
+from vllm_autotuner.rollout.apply import ConflictUnread, RolloutBusy, apply_knobs
 from vllm_autotuner.rollout.drain import drain_advice, drain_seconds
 from vllm_autotuner.rollout.patch import TEMPLATE_HASH_LABEL, command_line_writer, unrecorded_write, written_reason
 from vllm_autotuner.rollout.progress import (
@@ -713,7 +713,7 @@ class Reconciler:
             patched = await self._call(apply_knobs, self.kube, target.deployment, target.container.get("name"),
                                        decision.knobs, decision.reason, report.name, str(decision.source),
                                        report.now, during_rollout, previous, verdict)
-        except (RolloutBusy, ApiException, CommandLineError, HTTPError) as exc:
+        except (RolloutBusy, ConflictUnread, ApiException, CommandLineError, HTTPError) as exc:
             detail = api_error(exc) if isinstance(exc, ApiException) else str(exc)
             if isinstance(exc, HTTPError) or (isinstance(exc, ApiException) and (exc.status or 0) >= 500):
                 landed, found = await self._landed(target, decision, report)

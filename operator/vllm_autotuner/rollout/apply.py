@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from vllm_autotuner.api import Knobs
 from vllm_autotuner.knobs import CommandLineError, find_vllm_container
@@ -41,6 +42,11 @@ class RolloutBusy(Exception):
     patched."""
 
 
+class ConflictUnread(Exception):
+    """The patch was refused (409: the Deployment changed since it was read) and the Deployment could not be read
+    again to build it anew; nothing was patched (unlike a patch that got no answer, which may have landed)."""
+
+
 def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str | None, knobs: Knobs, reason: str,
                 tuning: str, source: str, at: datetime, during_rollout: bool = False,
                 previous: dict[str, Any] | None = None, verdict: str | None = None) -> dict[str, Any]:
@@ -52,7 +58,8 @@ def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str 
     our change is all that differs (``patch.undo_patch``); ``verdict``, the
     judgement of the rollout it rolls back (RolloutFailed, RolloutBlocked),
     is annotated with it (``patch.VERDICT_ANNOTATION``). Raises
-    RolloutBusy, CommandLineError (args unreadable) or ApiException.
+    RolloutBusy, ConflictUnread, CommandLineError (args unreadable), or
+    ApiException or HTTPError from the patch.
     """
     namespace, name = deployment["metadata"]["namespace"], deployment["metadata"]["name"]
     current = deployment
@@ -69,7 +76,13 @@ def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str 
         except ApiException as exc:
             if exc.status != 409 or attempt == ATTEMPTS - 1:
                 raise
-            current = kube.read_deployment(namespace, name)
+            try:
+                current = kube.read_deployment(namespace, name)
+            except (ApiException, HTTPError) as unread:
+                why = f"{unread.status} {unread.reason}" if isinstance(unread, ApiException) else str(unread)
+                raise ConflictUnread(f"Deployment {namespace}/{name} changed while it was patched (409 Conflict) and "
+                                     f"could not be read again ({why}); nothing was patched: the next evaluation "
+                                     f"reads it and decides again") from unread
     raise AssertionError("unreachable")
 
 

@@ -581,6 +581,22 @@ def test_a_patch_that_times_out_and_cannot_be_read_back_says_so():
     assert "does not have the change" not in message
 
 
+def test_a_patch_refused_whose_deployment_cannot_be_read_again_is_said_refused_not_maybe_landed():
+    """A 409 is a refusal: with the Deployment unreadable after it (no answer in time), the Event says nothing was
+    patched and why, not that the apiserver may still commit a write it refused."""
+    class ConflictThenUnreadable(TimingOutKube):
+        def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
+            raise read_timeout(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
+
+    report, kube, *_ = rollback_unanswered(False, lambda _: ApiException(status=409, reason="Conflict"),
+                                           ConflictThenUnreadable)
+    assert [(reason, warning) for reason, _, warning in report.events] == [
+        (events.ROLLOUT_FAILED, "Warning"), (events.PATCH_FAILED, "Warning")]
+    message = report.events[1][1]
+    assert "409 Conflict" in message and "could not be read again (" in message and "read timed out" in message
+    assert "nothing was patched" in message and "commit it late" not in message and not kube.patches
+
+
 @pytest.mark.parametrize("error", [read_timeout, etcd_timeout])
 def test_a_patch_that_times_out_but_landed_stands_with_what_its_decision_recorded(
     error: Callable[[str], Exception]

@@ -46,6 +46,7 @@ EXAMPLES = DEPLOY / "examples"
 WATCHED_NAMESPACE = {
     (GROUP, "vllmtunings", "list"),  # kopf's watch of VllmTunings: the initial listing...
     (GROUP, "vllmtunings", "watch"),  # ...and the stream
+    (GROUP, "vllmtunings", "get"),  # Kube.read_tuning: the tuning read again before a patch of its target
     (GROUP, "vllmtunings/status", "patch"),  # Kube.patch_tuning_status
     ("apps", "deployments", "get"),  # Kube.read_deployment (re-read on a write conflict)
     ("apps", "deployments", "list"),  # kopf's index of Deployments

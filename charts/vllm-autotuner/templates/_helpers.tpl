@@ -125,10 +125,11 @@ What the operator does in a namespace it watches; a ClusterRole's rules when it
 watches all of them, a Role's in each namespace of watchNamespaces otherwise.
 */}}
 {{- define "vllm-autotuner.watchRules" -}}
-# VllmTunings: kopf lists and watches them into memory; the operator never reads one by name.
+# VllmTunings: kopf lists and watches them into memory; one is read by name before a patch of its target (the
+# watch's copy may be one deleted or edited while the watch was down).
 - apiGroups: [autotuner.vllm-tuning.io]
   resources: [vllmtunings]
-  verbs: [list, watch]
+  verbs: [get, list, watch]
 # Each evaluation's result: merge-patched into the status subresource only (never the spec).
 - apiGroups: [autotuner.vllm-tuning.io]
   resources: [vllmtunings/status]

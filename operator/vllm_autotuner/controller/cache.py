@@ -86,6 +86,13 @@ class ClusterCache:
             self.tunings[key] = _plain(body)
             self._by_target.setdefault(_target_key(body), set()).add(key[1])
 
+    def forget_tuning(self, namespace: str, name: str) -> None:
+        """Drop a tuning found deleted by a read of our own (a re-list after a watch outage brings no DELETED
+        event for it)."""
+        body = self.tunings.get((namespace, name))
+        if body is not None:
+            self.on_tuning_event("DELETED", body)
+
     def tunings_of(self, namespace: str, deployment: str) -> list[str]:
         """Names of the VllmTunings in ``namespace`` whose targetRef names ``deployment``, sorted."""
         return sorted(self._by_target.get((namespace, deployment), ()))

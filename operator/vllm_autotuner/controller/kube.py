@@ -158,6 +158,13 @@ class Kube:
         raw = (secret.data or {}).get(key)
         return base64.b64decode(raw).decode() if raw is not None else None
 
+    def read_tuning(self, namespace: str, name: str) -> dict[str, Any]:
+        """The VllmTuning as the apiserver has it now, read before a patch of its target: the watch's copy may be
+        one deleted or edited while the watch was down."""
+        with self._call("get", "vllmtunings"):
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                                            _request_timeout=TIMEOUT)
+
     def patch_tuning_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge-patch the status subresource; ``None`` values remove fields."""
         timeout = self._write_timeout(f"the status of VllmTuning {namespace}/{name}")

@@ -208,6 +208,8 @@ class Report:
     state: VllmTuningStatus
     generation: int
     now: datetime
+    uid: str = ""
+    """The VllmTuning's metadata.uid as the evaluation read it."""
     decision: Decision | None = None
     events: list[tuple[str, str, str]] = field(default_factory=list)  # on the VllmTuning: reason, message, type
     target_events: list[tuple[str, str, str]] = field(default_factory=list)  # on the Deployment
@@ -287,7 +289,7 @@ class Reconciler:
             state = with_timed_restart(VllmTuningStatus.model_validate(body.get("status") or {}))
         except ValidationError as exc:
             return await self._unreadable_status(body, generation, now, exc, write)
-        report = Report(key[0], key[1], state, generation, now)
+        report = Report(key[0], key[1], state, generation, now, uid=body["metadata"].get("uid", ""))
         try:
             spec = VllmTuningSpec.model_validate(body["spec"])
         except ValidationError as exc:
@@ -708,6 +710,9 @@ class Reconciler:
         """
         assert decision.knobs is not None and decision.source is not None
         rollback = decision.action == DecisionAction.ROLLBACK
+        if (moved := await self._tuning_moved(report, rollback)) is not None:
+            self._not_patched(decision, report, before, *moved, again=again)
+            return
         try:
             previous = await self._replaced_template(target) if rollback else None
             patched = await self._call(apply_knobs, self.kube, target.deployment, target.container.get("name"),
@@ -722,17 +727,51 @@ class Reconciler:
                     return
                 detail += (f"; {found}: the next evaluation decides again (or follows the change, should the "
                            "apiserver commit it late)")
-            report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
-                                                     "conditions": report.state.conditions})
-            if again:
-                log.warning("%s again: not applying %s: %s", events.PATCH_FAILED, decision.knobs, detail,
-                            extra={"namespace": report.namespace, "tuning": report.name,
-                                   "reason": events.PATCH_FAILED})
-            else:
-                report.event(events.PATCH_FAILED, f"not applying {decision.knobs}: {detail}",
-                             warning=not isinstance(exc, RolloutBusy))
+            self._not_patched(decision, report, before, detail, not isinstance(exc, RolloutBusy), again)
             return
         self._started(target, decision, report, patched)
+
+    @staticmethod
+    def _not_patched(decision: Decision, report: Report, before: VllmTuningStatus, detail: str, warning: bool,
+                     again: bool) -> None:
+        """The decision's patch was not written (``detail``: why): the status goes back to ``before`` with the
+        recommendation and this evaluation's conditions, and a PatchFailed Event (a Warning where ``warning``) says
+        why; logged alone when ``again``."""
+        report.state = before.model_copy(update={"recommendation": decision.state.recommendation,
+                                                 "conditions": report.state.conditions})
+        if again:
+            log.warning("%s again: not applying %s: %s", events.PATCH_FAILED, decision.knobs, detail,
+                        extra={"namespace": report.namespace, "tuning": report.name, "reason": events.PATCH_FAILED})
+        else:
+            report.event(events.PATCH_FAILED, f"not applying {decision.knobs}: {detail}", warning=warning)
+
+    async def _tuning_moved(self, report: Report, rollback: bool) -> tuple[str, bool] | None:
+        """Why the VllmTuning, read again from the apiserver just before a patch of its target, is not the one this
+        evaluation decided for, in words, and whether that is to warn of (an apiserver that does not answer); None
+        when it is. The watch's copy may be old: after a watch outage kopf's
+        re-list brings no DELETED event for a tuning deleted meanwhile, and an edit may not have arrived yet. A tuning
+        deleted (or being deleted) is forgotten; one that cannot be read is not acted for either. A spec changed since
+        does not stop a ``rollback``, which no spec setting does (our config failed: the one before goes back)."""
+        what = f"VllmTuning {report.namespace}/{report.name}"
+        try:
+            live = await self._call(self.kube.read_tuning, report.namespace, report.name)
+        except (ApiException, HTTPError) as exc:
+            if isinstance(exc, ApiException) and exc.status == 404:
+                self.cache.forget_tuning(report.namespace, report.name)
+                return f"{what} was deleted (while the watch was down): nothing is done for it any more", False
+            why = api_error(exc) if isinstance(exc, ApiException) else str(exc)
+            return f"{what} could not be read again before the patch ({why}): the next evaluation decides again", True
+        meta = live["metadata"]
+        if meta.get("deletionTimestamp"):
+            self.cache.forget_tuning(report.namespace, report.name)
+            return f"{what} is being deleted: nothing is done for it any more", False
+        if meta.get("uid", "") != report.uid:
+            return f"{what} was deleted and created again since it was read: the next evaluation reads the new one", \
+                False
+        if not rollback and int(meta.get("generation") or 0) != report.generation:
+            return (f"the spec of {what} changed since it was read (generation {report.generation}, now "
+                    f"{meta.get('generation')}): the next evaluation decides under the new one", False)
+        return None
 
     def _started(self, target: Target, decision: Decision, report: Report, patched: dict[str, Any]) -> None:
         """The decision's rollout (or rollback) is in the Deployment ``patched``: the decision's state stands, said
@@ -971,7 +1010,7 @@ class Reconciler:
             if exc.status == 404:
                 # Deleted while the watch was down: a re-list after it brings no DELETED event, and the
                 # tuning would be evaluated, and act, for as long as the operator runs.
-                self.cache.on_tuning_event("DELETED", body)
+                self.cache.forget_tuning(namespace, name)
         except HTTPError as exc:  # a timeout, a reset: written at the next evaluation
             log.warning("writing the status of %s/%s failed: %s", namespace, name, exc)
         self.metrics.evaluation_seconds.observe(time.perf_counter() - started)

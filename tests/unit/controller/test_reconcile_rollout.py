@@ -32,11 +32,19 @@ NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 OLD, NEW = ("llm", "llama-6c9d-x2x4q"), ("llm", "llama-7f8b-k9j2w")
 
 
+#: The tuning's metadata, in the cache as in the apiserver.
+TUNING_META = {"name": "llama", "namespace": "llm", "uid": "t-uid", "generation": 1}
+
+
 class Kube:
-    """The one API call an evaluation of a rollout in progress makes: the new ReplicaSet's pods."""
+    """The API calls an evaluation of a rollout in progress makes: the new ReplicaSet's pods, and the tuning read
+    again before a patch."""
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return []
+
+    def read_tuning(self, namespace: str, name: str) -> dict[str, Any]:
+        return {"metadata": dict(TUNING_META)}
 
 
 class Windows:
@@ -91,7 +99,7 @@ def cache(finished: timedelta | None = None, settle: str | None = None) -> Clust
     if finished is not None:
         rollout.update(phase="Succeeded", finishedAt=utc_timestamp(NOW - finished))
         current.update(maxNumBatchedTokens=4096, maxNumSeqs=64, since=utc_timestamp(NOW - finished), source="Traffic")
-    tuning = {"metadata": {"name": "llama", "namespace": "llm", "generation": 1},
+    tuning = {"metadata": dict(TUNING_META),
               "spec": {"targetRef": {"name": "llama"}, "prometheus": {"url": "http://prometheus:9090"},
                        **({"rollout": {"settleTime": settle}} if settle else {})},
               "status": {"observedGeneration": 1, "lastRollout": rollout, "targetUid": "d-uid", "current": current}}

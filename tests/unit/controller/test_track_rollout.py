@@ -40,7 +40,7 @@ from vllm_autotuner.api import (
 )
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.controller import events
-from vllm_autotuner.controller.cache import deployment_index
+from vllm_autotuner.controller.cache import ClusterCache, deployment_index
 from vllm_autotuner.controller.conditions import condition
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler, Report, Target
@@ -98,6 +98,7 @@ def undone(deployment: dict[str, Any], to_revision: dict[str, Any]) -> dict[str,
 
 
 RS_UID = "rs-uid"
+TUNING_UID = "tuning-uid"
 OWNED = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "llama-7f8b", "uid": RS_UID, "controller": True}]
 """The ownerReferences of the new ReplicaSet's pods."""
 
@@ -112,27 +113,34 @@ class Kube:
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self.pods
 
+    def read_tuning(self, namespace: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": namespace, "uid": TUNING_UID, "generation": 1}}
+
     def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         self.patches.append(patch)
         return {"metadata": {"generation": 99}}
 
 
-def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, kube: Kube | None = None,
-          metrics: OperatorMetrics | None = None, generation: int = 1, the_spec: VllmTuningSpec = SPEC) -> Report:
-    """One evaluation's look at the target, by an operator that knows only ``state``."""
+def target_of(deployment: dict[str, Any], watched: bool) -> Target:
+    """The target as an evaluation finds it; with its new ReplicaSet where ``watched``."""
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     engine = EngineArgs.from_container(container)
     assert engine.max_num_batched_tokens is not None and engine.max_num_seqs is not None
     replicaset = {"metadata": {"name": "llama-7f8b", "uid": RS_UID, "labels": {"pod-template-hash": "7f8b"}},
                   "status": {}}
-    target = Target(deployment, container, engine, container.get("image"),
-                    knobs(engine.max_num_batched_tokens, engine.max_num_seqs),
-                    from_defaults=False, defaults_table=None, replicaset=replicaset if kube else None,
-                    replicasets=[])
-    report = Report("default", TUNING, state, generation, now)
-    reconciler = Reconciler(kube=kube, cache=None, observations=None,  # type: ignore[arg-type]
+    return Target(deployment, container, engine, container.get("image"),
+                  knobs(engine.max_num_batched_tokens, engine.max_num_seqs),
+                  from_defaults=False, defaults_table=None, replicaset=replicaset if watched else None, replicasets=[])
+
+
+def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, kube: Kube | None = None,
+          metrics: OperatorMetrics | None = None, generation: int = 1, the_spec: VllmTuningSpec = SPEC,
+          cache: ClusterCache | None = None) -> Report:
+    """One evaluation's look at the target, by an operator that knows only ``state`` (and what ``cache`` holds)."""
+    report = Report("default", TUNING, state, generation, now, uid=TUNING_UID)
+    reconciler = Reconciler(kube=kube, cache=cache, observations=None,  # type: ignore[arg-type]
                             metrics=metrics or OperatorMetrics(), settings=OperatorSettings())
-    asyncio.run(reconciler._track_rollout(the_spec, target, report))
+    asyncio.run(reconciler._track_rollout(the_spec, target_of(deployment, kube is not None), report))
     return report
 
 

@@ -12,11 +12,13 @@ from vllm_autotuner.rollout.patch import (
     KNOBS_ANNOTATION,
     TUNING_ANNOTATION,
     WRITTEN_AT_ANNOTATION,
+    baseline_annotation,
     command_line_writer,
     knob_patch,
     template_engine_args,
     undo_patch,
     unrecorded_write,
+    written_baseline,
     written_reason,
 )
 from vllm_autotuner.rollout.progress import (
@@ -199,6 +201,24 @@ def test_only_the_rollback_of_a_judged_rollout_carries_its_verdict():
     later = merge(back, knob_patch(back, None, b, "ITL breach", "chat", "Traffic", WRITTEN + timedelta(hours=1)))
 
     assert written_reason(later) == ("Traffic", "ITL breach", "")  # the next change's stamp leaves none behind
+
+
+def test_a_rollback_puts_back_the_baseline_of_the_template_it_restores_and_has_none_of_its_own():
+    """A change's baseline is in the template: a rollback puts back the old template exactly (its ReplicaSet, no new
+    pods), the baseline of the change that wrote it too, and its own stamp (newer, on the Deployment) has none."""
+    a, b = Knobs(max_num_batched_tokens=2048, max_num_seqs=64), Knobs(max_num_batched_tokens=512, max_num_seqs=64)
+    start = deployment(["--max-num-batched-tokens", "8192", "--max-num-seqs", "64"])
+    older = merge(start, knob_patch(start, None, a, "TTFT", "chat", "Traffic", WRITTEN - timedelta(hours=1), None,
+                                    baseline_annotation("chat", 0.9, 1.0)))
+    live = merge(older, knob_patch(older, None, b, "ITL breach", "chat", "Traffic", WRITTEN, None,
+                                   baseline_annotation("chat", 0.8, 2.0)))
+    assert written_baseline(live) == {"regime": "chat", "baseline_attainment": 0.8, "baseline_request_rate": 2.0}
+    patch = undo_patch(live, None, replicaset_template(older), a, "512 failed", "chat", WRITTEN + timedelta(minutes=5),
+                       "RolloutFailed")
+    assert patch is not None
+    undone = merge(live, patch)
+    assert undone["spec"]["template"] == older["spec"]["template"]
+    assert written_baseline(undone) == {}
 
 
 def test_a_rollback_puts_back_nothing_but_our_change():

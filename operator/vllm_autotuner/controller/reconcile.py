@@ -92,7 +92,14 @@ from vllm_autotuner.policy.observation import stale_after
 from vllm_autotuner.policy.schedule import never_opens
 from vllm_autotuner.rollout.apply import ConflictUnread, RolloutBusy, apply_knobs
 from vllm_autotuner.rollout.drain import drain_advice, drain_seconds
-from vllm_autotuner.rollout.patch import TEMPLATE_HASH_LABEL, command_line_writer, unrecorded_write, written_reason
+from vllm_autotuner.rollout.patch import (
+    TEMPLATE_HASH_LABEL,
+    baseline_annotation,
+    command_line_writer,
+    unrecorded_write,
+    written_baseline,
+    written_reason,
+)
 from vllm_autotuner.rollout.progress import (
     Progress,
     progress_mark,
@@ -581,7 +588,8 @@ class Reconciler:
                 # rollout does not stop the next write); our annotations with an older time are a person's
                 # `kubectl rollout undo`, adopted as Manual below
                 report.state = resumed_write(state, spec.schedules, written, template, KnobSource(source or "Traffic"),
-                                             reason or "resumed after an operator restart")
+                                             reason or "resumed after an operator restart",
+                                             **written_baseline(target.deployment))
                 report.state = self._with_generation(report.state, target.deployment)
                 return
             writer = command_line_writer(target.deployment, target.container.get("name", ""))
@@ -713,11 +721,14 @@ class Reconciler:
         if (moved := await self._tuning_moved(report, rollback)) is not None:
             self._not_patched(decision, report, before, *moved, again=again)
             return
+        rollout = decision.state.last_rollout
+        baseline = None if rollback or rollout is None else baseline_annotation(
+            rollout.regime, rollout.baseline_attainment, rollout.baseline_request_rate)
         try:
             previous = await self._replaced_template(target) if rollback else None
             patched = await self._call(apply_knobs, self.kube, target.deployment, target.container.get("name"),
                                        decision.knobs, decision.reason, report.name, str(decision.source),
-                                       report.now, during_rollout, previous, verdict)
+                                       report.now, during_rollout, previous, verdict, baseline)
         except (RolloutBusy, ConflictUnread, ApiException, CommandLineError, HTTPError) as exc:
             detail = api_error(exc) if isinstance(exc, ApiException) else str(exc)
             if isinstance(exc, HTTPError) or (isinstance(exc, ApiException) and (exc.status or 0) >= 500):

@@ -88,9 +88,10 @@ Rollout lifecycle (the operator calls these when the Deployment tells it):
     ``writer``, a field manager) changed the args;
     ``last_known_change(state)`` the latest change of the knobs the status
     knows of (a write of ours after it had its status write lost);
-    ``resumed_write(state, schedules, written, knobs, source, reason)`` such
-    a write, followed as the rollout it is (a window's preset remembering the
-    config to go back to);
+    ``resumed_write(state, schedules, written, knobs, source, reason,
+    regime=None, baseline_attainment=None, baseline_request_rate=None)`` such
+    a write, followed as the rollout it is, against the baseline annotated
+    with it (a window's preset remembering the config to go back to);
     ``defaults_resolved(state, knobs, table)`` the args still leave a knob to
     vLLM, whose default for the pods' GPU is now known better;
     ``adopt_generation(state, generation)`` the spec changed (failed configs

@@ -311,13 +311,15 @@ def last_known_change(state: VllmTuningStatus) -> datetime:
 
 
 def resumed_write(state: VllmTuningStatus, schedules: Sequence[Schedule], written: datetime, knobs: Knobs,
-                  source: KnobSource, reason: str) -> VllmTuningStatus:
+                  source: KnobSource, reason: str, regime: str | None = None, baseline_attainment: float | None = None,
+                  baseline_request_rate: float | None = None) -> VllmTuningStatus:
     """The status once a write of ours to ``knobs`` is found in the template, stamped ``written``, its status write
     lost (``rollout.patch.unrecorded_write``): a rollout in progress, recorded as ``decide`` records it where the
-    template tells. A schedule's write while a window's preset was in force is that preset: it keeps the config it
-    replaced to go back to when the window closes (``resume_knobs``); any other schedule write (the way back, a
-    window's bounds) keeps none. The baseline ``decide`` measured for the regression check is not in the template."""
-    state = with_rollout(state, written, knobs, source, reason)
+    template tells, with the regime and the baseline ``decide`` measured for the regression check
+    (``rollout.patch.written_baseline``; none from an operator before it annotated them). A schedule's write while
+    a window's preset was in force is that preset: it keeps the config it replaced to go back to when the window
+    closes (``resume_knobs``); any other schedule write (the way back, a window's bounds) keeps none."""
+    state = with_rollout(state, written, knobs, source, reason, regime, baseline_attainment, baseline_request_rate)
     if source != KnobSource.SCHEDULE:
         return state
     assert state.current is not None

@@ -49,7 +49,8 @@ class ConflictUnread(Exception):
 
 def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str | None, knobs: Knobs, reason: str,
                 tuning: str, source: str, at: datetime, during_rollout: bool = False,
-                previous: dict[str, Any] | None = None, verdict: str | None = None) -> dict[str, Any]:
+                previous: dict[str, Any] | None = None, verdict: str | None = None,
+                baseline: str | None = None) -> dict[str, Any]:
     """Patch ``deployment`` (as last seen) to ``knobs`` at ``at``; returns the patched Deployment.
 
     ``during_rollout`` is for rolling back our own failed rollout, which is by
@@ -57,7 +58,8 @@ def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str 
     template of the ReplicaSet our change replaced: put back exactly when
     our change is all that differs (``patch.undo_patch``); ``verdict``, the
     judgement of the rollout it rolls back (RolloutFailed, RolloutBlocked),
-    is annotated with it (``patch.VERDICT_ANNOTATION``). Raises
+    is annotated with it (``patch.VERDICT_ANNOTATION``); ``baseline``, a
+    change's regression baseline (``patch.baseline_annotation``), too. Raises
     RolloutBusy, ConflictUnread, CommandLineError (args unreadable), or
     ApiException or HTTPError from the patch.
     """
@@ -71,7 +73,7 @@ def apply_knobs(kube: DeploymentApi, deployment: dict[str, Any], container: str 
                               f"evaluation reads the change")
         try:
             undo = undo_patch(current, container, previous, knobs, reason, tuning, at, verdict) if previous else None
-            patch = undo or knob_patch(current, container, knobs, reason, tuning, source, at, verdict)
+            patch = undo or knob_patch(current, container, knobs, reason, tuning, source, at, verdict, baseline)
             return kube.patch_deployment(namespace, name, patch)
         except ApiException as exc:
             if exc.status != 409 or attempt == ATTEMPTS - 1:

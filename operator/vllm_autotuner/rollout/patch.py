@@ -23,6 +23,7 @@ from typing import Any
 
 import copy
 import json
+import math
 
 from vllm_autotuner import FIELD_MANAGER
 from vllm_autotuner.api import GROUP, Knobs, KnobSource
@@ -41,6 +42,11 @@ WRITTEN_AT_ANNOTATION = f"{GROUP}/written-at"
 #: RolloutBlocked); absent on other writes. A status write lost after the rollback is recovered from it: a config
 #: whose pods found no GPU is not recorded as failed.
 VERDICT_ANNOTATION = f"{GROUP}/verdict"
+#: On a change the decision core measured a baseline for, that baseline, as JSON: the regime, the attainment and
+#: the requests per second per pod of the window before it (``Rollout.regime``, ``baselineAttainment``,
+#: ``baselineRequestRate``). A status write lost after the change (an operator restarted, a write the apiserver
+#: committed after its timeout) is recovered with it, and the rollout checked for a regression all the same.
+BASELINE_ANNOTATION = f"{GROUP}/baseline"
 #: Longest reason kept in the annotation; the full text is in status and Events.
 REASON_LIMIT = 512
 
@@ -50,19 +56,28 @@ def knobs_annotation(knobs: Knobs) -> str:
 
 
 _STAMP = (KNOBS_ANNOTATION, REASON_ANNOTATION, TUNING_ANNOTATION, SOURCE_ANNOTATION, WRITTEN_AT_ANNOTATION,
-          VERDICT_ANNOTATION)
+          VERDICT_ANNOTATION, BASELINE_ANNOTATION)
 #: The fields of the vLLM container a knob change rewrites.
 _COMMAND = ("command", "args")
 #: The label the Deployment controller adds to a ReplicaSet's copy of the pod template.
 TEMPLATE_HASH_LABEL = "pod-template-hash"
 
 
-def _stamp(knobs: Knobs, reason: str, tuning: str, source: str, at: datetime,
-           verdict: str | None) -> dict[str, str | None]:
-    """The annotations of a write of ours: which config, why, by whom, when, and after which verdict (None
-    removes one a write before left)."""
+def _stamp(knobs: Knobs, reason: str, tuning: str, source: str, at: datetime, verdict: str | None,
+           baseline: str | None = None) -> dict[str, str | None]:
+    """The annotations of a write of ours: which config, why, by whom, when, after which verdict and against which
+    baseline (None removes one a write before left)."""
     return dict(zip(_STAMP, (knobs_annotation(knobs), reason[:REASON_LIMIT], tuning, source, utc_timestamp(at),
-                             verdict), strict=True))
+                             verdict, baseline), strict=True))
+
+
+def baseline_annotation(regime: str | None, attainment: float | None, request_rate: float | None) -> str | None:
+    """``BASELINE_ANNOTATION``'s value for a change with this baseline; None without one."""
+    if attainment is None:
+        return None
+    baseline = {"regime": regime, "baselineAttainment": round(attainment, 6),
+                "baselineRequestRate": None if request_rate is None else round(request_rate, 6)}
+    return json.dumps(baseline, separators=(",", ":"))
 
 
 def _patch(deployment: dict[str, Any], container: str, command: dict[str, Any], template_annotations: dict[str, Any],
@@ -77,16 +92,16 @@ def _patch(deployment: dict[str, Any], container: str, command: dict[str, Any], 
 
 
 def knob_patch(deployment: dict[str, Any], container_name: str | None, knobs: Knobs, reason: str, tuning: str,
-               source: str, at: datetime, verdict: str | None = None) -> dict[str, Any]:
+               source: str, at: datetime, verdict: str | None = None, baseline: str | None = None) -> dict[str, Any]:
     """The strategic-merge patch that sets ``knobs`` on the live ``deployment``, written at ``at`` (after
-    ``verdict``, for a rollback of a rollout judged so).
+    ``verdict``, for a rollback of a rollout judged so; against ``baseline``, ``baseline_annotation``'s).
 
     Raises ``knobs.CommandLineError`` when the vLLM container or its flags cannot be read.
     """
     container = find_vllm_container(deployment["spec"]["template"]["spec"], container_name)
     updated = set_knobs(container, knobs)
     command = {key: updated[key] for key in _COMMAND if key in updated}
-    return _patch(deployment, container["name"], command, _stamp(knobs, reason, tuning, source, at, verdict))
+    return _patch(deployment, container["name"], command, _stamp(knobs, reason, tuning, source, at, verdict, baseline))
 
 
 def undo_patch(deployment: dict[str, Any], container_name: str | None, previous: dict[str, Any], knobs: Knobs,
@@ -173,6 +188,26 @@ def unrecorded_write(deployment: dict[str, Any], knobs: Knobs, tuning: str, afte
         return None
     written_at = _written_at(annotations)
     return written_at if written_at is not None and written_at > after else None
+
+
+def written_baseline(deployment: dict[str, Any]) -> dict[str, Any]:
+    """The baseline the operator annotated its last change with, as ``decision.with_rollout``'s keyword arguments
+    (``regime``, ``baseline_attainment``, ``baseline_request_rate``); none where it has none, or one that does not
+    read as such (edited by hand)."""
+    try:
+        found = json.loads(_last_stamp(deployment).get(BASELINE_ANNOTATION) or "null")
+    except ValueError:
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    regime, attainment, rate = found.get("regime"), found.get("baselineAttainment"), found.get("baselineRequestRate")
+    numbers = (attainment,) if rate is None else (attainment, rate)
+    if not all(isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) for n in numbers):
+        return {}
+    if not (regime is None or isinstance(regime, str)) or not 0 <= attainment <= 1 or (rate is not None and rate < 0):
+        return {}
+    return {"regime": regime, "baseline_attainment": float(attainment),
+            "baseline_request_rate": None if rate is None else float(rate)}
 
 
 def written_reason(deployment: dict[str, Any]) -> tuple[str, str, str]:

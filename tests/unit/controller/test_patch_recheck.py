@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 from tests.unit.controller import test_track_rollout as harness
+from tests.unit.test_rollout_pure import merge
 from urllib3.exceptions import ReadTimeoutError
 
 from vllm_autotuner.api import DecisionAction, KnobSource
@@ -19,6 +20,7 @@ from vllm_autotuner.controller.cache import ClusterCache
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler, Report
 from vllm_autotuner.policy.decision import Decision, with_rollout
+from vllm_autotuner.rollout.patch import written_baseline
 
 META = {"name": harness.TUNING, "namespace": "default", "uid": harness.TUNING_UID, "generation": 1}
 
@@ -88,13 +90,16 @@ def test_a_change_decided_under_a_spec_since_edited_waits_for_the_new_spec(gener
     deployment = harness.scaled(harness.deployment(harness.A), 1, 1, 1)  # its last rollout complete
     kube = Kube([], {**META, "generation": generation})
     now = harness.T0
-    decision = Decision(DecisionAction.CHANGE, harness.B, "TTFT", with_rollout(state, now, harness.B,
-                                                                               KnobSource.TRAFFIC, "TTFT"),
-                        KnobSource.TRAFFIC)
+    decided = with_rollout(state, now, harness.B, KnobSource.TRAFFIC, "TTFT", "chat", baseline_attainment=0.93,
+                           baseline_request_rate=2.5)
+    decision = Decision(DecisionAction.CHANGE, harness.B, "TTFT", decided, KnobSource.TRAFFIC)
     report = Report("default", harness.TUNING, decision.state, 1, now, uid=harness.TUNING_UID)
     reconciler = Reconciler(kube, cached(), None, OperatorMetrics(), OperatorSettings())  # type: ignore[arg-type]
     asyncio.run(reconciler._patch(harness.target_of(deployment, True), decision, report, state, during_rollout=False))
     assert bool(kube.patches) is patched
     assert (report.state.last_rollout is not None) is patched
+    if patched:  # the baseline goes into the template with the change: a lost status write is recovered with it
+        written = written_baseline(merge(deployment, kube.patches[0]))
+        assert written == {"regime": "chat", "baseline_attainment": 0.93, "baseline_request_rate": 2.5}
     if not patched:
         assert "changed since it was read (generation 1, now 2)" in patch_failed(report)[0]

@@ -48,7 +48,7 @@ from vllm_autotuner.knobs import EngineArgs
 from vllm_autotuner.policy import adopt_generation, awaiting_verdict, rollout_succeeded
 from vllm_autotuner.policy.guardrails import DEFAULT_RESTART_SECONDS, failed_configs, restart_seconds
 from vllm_autotuner.policy.decision import with_rollout
-from vllm_autotuner.rollout.patch import knob_patch
+from vllm_autotuner.rollout.patch import baseline_annotation, knob_patch
 
 TUNING = "chat"
 SPEC = spec()
@@ -68,10 +68,12 @@ def deployment(start: Knobs) -> dict[str, Any]:
 
 
 def patched(
-    deployment: dict[str, Any], to: Knobs, at: datetime, source: KnobSource = KnobSource.TRAFFIC
+    deployment: dict[str, Any], to: Knobs, at: datetime, source: KnobSource = KnobSource.TRAFFIC,
+    baseline: str | None = None,
 ) -> dict[str, Any]:
-    """The Deployment once the operator's patch to ``to`` at ``at`` is merged in (as the apiserver would)."""
-    patch = knob_patch(deployment, None, to, f"to {to}", TUNING, str(source), at)["spec"]["template"]
+    """The Deployment once the operator's patch to ``to`` at ``at`` (against ``baseline``) is merged in (as the
+    apiserver would)."""
+    patch = knob_patch(deployment, None, to, f"to {to}", TUNING, str(source), at, None, baseline)["spec"]["template"]
     out = copy.deepcopy(deployment)
     template = out["spec"]["template"]
     template["metadata"]["annotations"].update(patch["metadata"]["annotations"])
@@ -198,6 +200,29 @@ def test_a_patch_whose_status_write_was_lost_is_resumed_as_ours():
     assert rollout.started_at == "2024-05-01T14:00:00Z"  # when it was written, not when it was found
     assert report.state.current is not None and report.state.current.source == KnobSource.TRAFFIC
     assert report.events == []
+
+
+@pytest.mark.parametrize(("annotated", "baseline"), [
+    (baseline_annotation("chat-medium", 0.93, 2.5), ("chat-medium", 0.93, 2.5)),
+    (baseline_annotation(None, 0.5, None), (None, 0.5, None)),
+    ('{"regime":"chat","baselineAttainment":1.5}', (None, None, None)),  # edited by hand: no baseline, no failure
+    ('{"regime":"chat","baselineAttainment":NaN}', (None, None, None)),
+    ('{"regime":7,"baselineAttainment":0.9}', (None, None, None)),
+    ('{"baselineAttainment":true}', (None, None, None)),
+    ('{"baselineAttainment":0.9,"baselineRequestRate":-1}', (None, None, None)),
+    ("[0.9]", (None, None, None)),
+    ("0.9 of requests", (None, None, None)),
+])
+def test_a_change_whose_status_write_was_lost_is_resumed_with_the_baseline_annotated_with_it(annotated, baseline):
+    """The regime and baseline ``decide`` measured go into the template with the change: a change found there with
+    its status write lost (an operator restarted; a write the apiserver committed after its timeout) is still
+    checked for a regression. One that does not read as a baseline is none."""
+    state, _, live = two_rollouts()
+    at = T0 + timedelta(hours=2)
+    report = track(state, patched(live, D, at, baseline=annotated), at + timedelta(seconds=30))
+    rollout = report.state.last_rollout
+    assert rollout is not None and (rollout.to_knobs, rollout.phase) == (D, RolloutPhase.IN_PROGRESS)
+    assert (rollout.regime, rollout.baseline_attainment, rollout.baseline_request_rate) == baseline
 
 
 def test_a_lost_write_a_person_overrode_and_then_put_back_is_the_persons():

@@ -92,6 +92,7 @@ def steps_of(tokens: float) -> dict[float, float]:
     (2048, 20000, 2048.0),  # a chunked prompt counted whole in the step that finished it: no step computes more
     (2048, 1500, 1024 + 1024 * 0.9),  # inside the buckets and under the budget: Prometheus's answer
     (1536, 1500, 1536.0),  # interpolated past the budget (1945.6): the budget
+    (16384, 20000, 16384.0),  # past the last bucket at a budget that is its bound: full steps
 ])
 def test_step_tokens_quantile_is_at_most_the_budget_and_the_budget_past_the_last_bucket(budget, tokens, expected):
     data = window()
@@ -116,6 +117,20 @@ def test_prompt_tokens_served_from_the_prefix_cache_are_no_tokens_a_step_compute
     assert obs is not None and obs.cached_prompt_tokens_rate == 1500.0
     assert obs.step_tokens_mean == 75.0  # (3000 - 750) / 30
     assert obs.step_tokens_quantile == pytest.approx(768.0)  # a quarter of the prompts' 3072, in (512, 1024]
+
+
+@pytest.mark.parametrize("cached", [3500.0, math.nan])
+def test_cached_prompt_tokens_past_the_prompt_tokens_or_nan_are_at_most_the_prompt_tokens_or_unknown(cached):
+    """Counted with the prompt tokens, the cached ones are at most them: more (series that disagree) are capped, so
+    the mean step keeps its generated tokens; NaN is no count at all."""
+    data = window()
+    data.values["cached_prompt_tokens"] = {pod: cached for pod in (A, B)}
+    obs, _ = observe_target(data, "llm", PodMatch(("llama-abc-",)), 2, KNOBS, SLO_, False)
+    assert obs is not None
+    if math.isnan(cached):
+        assert obs.cached_prompt_tokens_rate is None and obs.step_tokens_mean == 100.0
+    else:
+        assert obs.cached_prompt_tokens_rate == 2000.0 and obs.step_tokens_mean == pytest.approx(2000 / 30)
 
 
 def test_without_a_config_the_step_tokens_quantile_is_prometheus_s():

@@ -155,7 +155,8 @@ class ObservedTraffic(StatusModel):
     mean_generation_tokens: float | None = None
     """Mean output length of completed requests."""
     step_tokens_mean: float | None = None
-    """Mean tokens per engine step (vllm:iteration_tokens_total): how much of the budget is used."""
+    """Mean tokens per engine step computed (vllm:iteration_tokens_total, less the prompt tokens the prefix cache
+    served): how much of the budget is used."""
 
 
 class RolloutPhase(StrEnum):
@@ -306,7 +307,7 @@ class Measurement(StatusModel):
     itl_mean_seconds: float | None = Field(default=None, ge=0)
     """Mean inter-token latency: about the mean engine step time."""
     step_tokens_mean: float | None = Field(default=None, ge=0)
-    """Mean tokens per engine step."""
+    """Mean tokens per engine step computed (the prompt tokens the prefix cache served not counted)."""
     step_tokens_quantile: float | None = Field(default=None, ge=0)
     """Tokens per engine step at the ITL SLO quantile."""
     running: float | None = Field(default=None, ge=0)

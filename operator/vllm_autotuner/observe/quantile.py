@@ -110,8 +110,8 @@ def step_tokens_quantile(q: float, upper_bounds: Sequence[float], cumulative_cou
     instance (``vllm:prompt_tokens_cached_total`` over
     ``vllm:prompt_tokens_total``): an observation past the budget computed
     about ``v * (1 - cached)``, so it stands for that over the budget full
-    steps, or, where that fits the budget, for one step of that many tokens
-    (a long prompt behind a cached system prompt). With no observation past
+    steps, or, where that falls short of the budget, for one step of that
+    many tokens (a long prompt behind a cached system prompt). With no observation past
     the budget (prompts that fit a step), this is ``histogram_quantile``
     capped at the budget (the cached share of a prompt that fits a step is
     not told apart from the decodes beside it: those steps read high, at
@@ -133,7 +133,7 @@ def step_tokens_quantile(q: float, upper_bounds: Sequence[float], cumulative_cou
         if lo < budget or not added[i]:
             continue
         computed = (lo if math.isinf(hi) else (lo + hi) / 2) * (1.0 - cached)
-        if computed > budget:
+        if computed >= budget:
             full += added[i]
             hidden += added[i] * (computed / budget - 1)
         else:  # one step computed what the cache left of the prompt, beside the decodes

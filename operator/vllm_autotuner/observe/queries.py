@@ -128,10 +128,10 @@ FAMILIES: tuple[Family, ...] = (
            parts=(Part("completed", "finished_reason", completed_requests),
                   Part(REFUSED, "finished_reason", refused_requests, "vllm:admission_rejections_total"))),
     Family("prompt_tokens", Kind.RATE, ("vllm:prompt_tokens_total",)),
-    # of those, the ones not computed: served from the prefix cache or sent by another instance, counted with them;
-    # before that counter, the prefix cache's hits (counted at each admission, a preempted request's again)
-    Family("cached_prompt_tokens", Kind.RATE,
-           ("vllm:prompt_tokens_cached_total", "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")),
+    # of those, the ones not computed: served from the prefix cache or sent by another instance, counted with them
+    # (none from a vLLM before that counter: its prefix cache hits are counted at each lookup, a preempted
+    # request's and its generated tokens' again, which no prompt token count has)
+    Family("cached_prompt_tokens", Kind.RATE, ("vllm:prompt_tokens_cached_total",)),
     Family("generation_tokens", Kind.RATE, ("vllm:generation_tokens_total",)),
     Family("preemptions", Kind.RATE, ("vllm:num_preemptions_total",)),
     Family("prompt_len_sum", Kind.RATE, ("vllm:request_prompt_tokens_sum",)),

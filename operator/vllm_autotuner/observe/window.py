@@ -224,9 +224,12 @@ def observe_target(
     starts = [started[p] for p in pods if p in started and math.isfinite(started[p])]
     ttft, itl, steps = hist["ttft"], hist["itl"], hist["step_tokens"]
     budget = None if config is None else float(config.max_num_batched_tokens)
-    cached = rates["cached_prompt_tokens"]
-    prompt = rates["prompt_tokens"]
-    cached_share = min(cached / prompt, 1.0) if cached is not None and prompt else 0.0
+    prompt, cached = rates["prompt_tokens"], rates["cached_prompt_tokens"]
+    if cached is not None and prompt is not None and math.isfinite(cached) and math.isfinite(prompt):
+        cached = min(max(cached, 0.0), prompt)  # counted with the prompt tokens: at most them
+    else:
+        cached = None
+    cached_share = cached / prompt if cached is not None and prompt else 0.0
     computed = None if rates["step_tokens_sum"] is None else max(rates["step_tokens_sum"] - (cached or 0.0), 0.0)
     end = datetime.fromtimestamp(data.at, UTC)
     observation = Observation(

@@ -287,11 +287,12 @@ class Traffic:
     @cached_property
     def computed_prompt_share(self) -> float:
         """Share of the prompt tokens the pod computes: those the prefix cache (or another instance) did not
-        serve."""
+        serve, and at least a token a prompt (vLLM computes a prompt's last token whatever is cached)."""
         base = self.base
         if not base.cached_prompt_tokens_per_second or base.prompt_tokens_per_second <= 0:
             return 1.0
-        return max(1.0 - base.cached_prompt_tokens_per_second / base.prompt_tokens_per_second, 0.0)
+        served = base.cached_prompt_tokens_per_second / base.prompt_tokens_per_second
+        return min(max(1.0 - served, 1.0 / max(base.mean_prompt_tokens, 1.0)), 1.0)
 
     def token_demand(self, knobs: Knobs) -> float:
         """Tokens per second the pod must compute: the measured rate, less the recomputation of preempted

@@ -76,8 +76,7 @@ class Observation:
     """Prefill tokens per second (vllm:prompt_tokens_total)."""
     cached_prompt_tokens_rate: float | None = None
     """Of those, the tokens per second not computed: served from the prefix cache or sent by another instance
-    (vllm:prompt_tokens_cached_total; from a vLLM before it, vllm:prefix_cache_hits_total). None: unknown, taken as
-    none."""
+    (vllm:prompt_tokens_cached_total). None: unknown (a vLLM before that counter), taken as none."""
     generation_tokens_rate: float | None = None
     """Generated tokens per second (vllm:generation_tokens_total)."""
 

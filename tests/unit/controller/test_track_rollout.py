@@ -140,7 +140,7 @@ def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, ku
           cache: ClusterCache | None = None) -> Report:
     """One evaluation's look at the target, by an operator that knows only ``state`` (and what ``cache`` holds)."""
     report = Report("default", TUNING, state, generation, now, uid=TUNING_UID)
-    reconciler = Reconciler(kube=kube, cache=cache, observations=None,  # type: ignore[arg-type]
+    reconciler = Reconciler(kube=kube, cache=cache or ClusterCache(), observations=None,  # type: ignore[arg-type]
                             metrics=metrics or OperatorMetrics(), settings=OperatorSettings())
     asyncio.run(reconciler._track_rollout(the_spec, target_of(deployment, kube is not None), report))
     return report

@@ -246,6 +246,8 @@ def test_prompt_tokens_the_prefix_cache_served_are_no_work_for_the_pod():
     assert cached.utilisation(k) < 1 < whole.utilisation(k)
     assert cached.prefill_seconds(k) < whole.prefill_seconds(k) / 3  # a quarter of the chunks, rounded up
     assert cached.predict(knobs(1024, 256)).ttft_seconds < whole.predict(knobs(1024, 256)).ttft_seconds
+    every = traffic(measurement(**fields, cached_prompt_tokens_per_second=40_000))  # all but a token a prompt
+    assert every.computed_prompt_share == pytest.approx(1 / 4000) and every.prefill_seconds(k) > 0
 
 
 def test_fewer_seqs_stop_preemptions_when_the_kv_cache_is_full():

@@ -145,6 +145,16 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def cached_prompt_tokens(prompt: float | None, cached: float | None) -> tuple[float | None, float]:
+    """The rate of prompt tokens served from the prefix cache (``vllm:prompt_tokens_cached_total``) as a window
+    reads it, at most the rate of the prompt tokens it is counted with (``prompt``; series that disagree), None where
+    either is unknown or not a number; and its share of the prompt tokens (0 where unknown)."""
+    if cached is None or prompt is None or not math.isfinite(cached) or not math.isfinite(prompt):
+        return None, 0.0
+    cached = min(max(cached, 0.0), prompt)
+    return cached, cached / prompt if prompt else 0.0
+
+
 def _partial(fresh: int, ready_pods: int, stale: dict[PodKey, float], limit: float) -> str:
     """Why a window with fewer pods reporting than are Ready is refused, and what to look at."""
     if not stale:
@@ -224,12 +234,8 @@ def observe_target(
     starts = [started[p] for p in pods if p in started and math.isfinite(started[p])]
     ttft, itl, steps = hist["ttft"], hist["itl"], hist["step_tokens"]
     budget = None if config is None else float(config.max_num_batched_tokens)
-    prompt, cached = rates["prompt_tokens"], rates["cached_prompt_tokens"]
-    if cached is not None and prompt is not None and math.isfinite(cached) and math.isfinite(prompt):
-        cached = min(max(cached, 0.0), prompt)  # counted with the prompt tokens: at most them
-    else:
-        cached = None
-    cached_share = cached / prompt if cached is not None and prompt else 0.0
+    prompt = rates["prompt_tokens"]
+    cached, cached_share = cached_prompt_tokens(prompt, rates["cached_prompt_tokens"])
     computed = None if rates["step_tokens_sum"] is None else max(rates["step_tokens_sum"] - (cached or 0.0), 0.0)
     end = datetime.fromtimestamp(data.at, UTC)
     observation = Observation(

@@ -121,7 +121,7 @@ class Settings:
     window: ActiveWindow | None
     preset_window: ActiveWindow | None
     """The window whose preset is in force (``schedule.preset_in_force``): ``window``, or a preset window beneath
-    it, open or with its preset running, when it only overrides the SLO or bounds."""
+    it, open or in its pre-roll, when it only overrides the SLO or bounds."""
     slo: SLO
     bounds: Bounds
     warnings: tuple[str, ...]
@@ -152,7 +152,7 @@ def settings_at(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) ->
     slo = spec.slo.overlaid(schedule.slo if schedule else None)
     bounds = spec.bounds.overlaid(schedule.bounds if schedule else None)
     return Settings(
-        window=window, preset_window=preset_in_force(windows, now, state.current.knobs if state.current else None),
+        window=window, preset_window=preset_in_force(windows),
         slo=slo, bounds=bounds, warnings=tuple(errors),
     )
 

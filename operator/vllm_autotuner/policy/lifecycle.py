@@ -324,7 +324,7 @@ def resumed_write(state: VllmTuningStatus, schedules: Sequence[Schedule], writte
         return state
     assert state.current is not None
     windows, _ = windows_in_force(schedules, state, written)
-    preset = preset_in_force(windows, written, state.current.knobs) is not None
+    preset = preset_in_force(windows) is not None
     return state.model_copy(update={"resume_knobs": (state.resume_knobs or state.current.knobs) if preset else None})
 
 

@@ -9,12 +9,14 @@ compares two datetimes of one zone by wall clock and would misorder the
 repeated hour. A window is also in force during its *pre-roll*, the time
 before it opens, so that a preset's rolling restart is complete when the
 window starts; once in force, it stays in force until that opening closes,
-even when the pre-roll, recomputed from the preset's own rollout, shrinks.
+even when the pre-roll, recomputed from the preset's own rollout, shrinks
+(and so does a preset window whose preset was written in its pre-roll,
+beneath another window or not).
 A window whose end fires at the very instant it starts (both in the hour a
 spring-forward skips) is empty: never in force. Overlaps go to the highest
 ``priority``, then the earlier entry; but a window that only overrides the
-SLO or bounds says nothing of the knobs, so an open preset window beneath
-it keeps its preset. Windows that do not overlap are not ranked: one that
+SLO or bounds says nothing of the knobs, so a preset window beneath it
+(open, or in its pre-roll) keeps its preset. Windows that do not overlap are not ranked: one that
 closes as (or before) a preset window opens gives way to that one's pre-roll.
 
 Change freezes (``spec.rollout.freezes``) are windows of the same kind, read
@@ -31,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 
 from cronsim import CronSim
 
-from vllm_autotuner.api import Knobs, Schedule, TimeWindow, VllmTuningStatus
+from vllm_autotuner.api import KnobSource, Schedule, TimeWindow, VllmTuningStatus
 from vllm_autotuner.api.types import duration_seconds, parse_cron, time_zone
 
 #: Pre-roll before any rolling restart was timed; then its duration plus a margin.
@@ -167,9 +169,12 @@ def windows_in_force(
 
     The window in force at the last evaluation (``state.active_schedule``)
     keeps its pre-roll up to the opening it was in force for
-    (``state.active_schedule_start``): otherwise the preset's own rollout,
-    shorter than the pre-roll it was started in, would take the window out
-    of force before it opens, and the preset would be undone and redone.
+    (``state.active_schedule_start``), and a preset window whose preset our
+    last rollout wrote in its pre-roll (beneath a window that only
+    overrides the SLO or bounds, say) up to the opening it was written for:
+    otherwise the preset's own rollout, shorter than the pre-roll it was
+    started in, would take the window out of force before it opens, and the
+    preset would be undone and redone.
     """
     found: list[ActiveWindow] = []
     errors = []
@@ -178,6 +183,8 @@ def windows_in_force(
         if schedule.name == state.active_schedule and state.active_schedule_start is not None:
             pre_roll = max(pre_roll, (datetime.fromisoformat(state.active_schedule_start) - now).total_seconds())
         try:
+            if (opening := _pre_rolled_opening(schedule, state)) is not None:
+                pre_roll = max(pre_roll, (opening - now).total_seconds())
             times = window_at(schedule, now, pre_roll)
         except ValueError as exc:
             errors.append(f"schedule {schedule.name} ignored: {exc}")
@@ -191,11 +198,22 @@ def windows_in_force(
     return sorted(ranked, key=lambda w: w.is_open(now) and any(o.start >= w.end for o in pre_rolling)), errors
 
 
-def preset_in_force(windows: Sequence[ActiveWindow], now: datetime,
-                    running: Knobs | None = None) -> ActiveWindow | None:
+def _pre_rolled_opening(schedule: Schedule, state: VllmTuningStatus) -> datetime | None:
+    """The opening of a preset window that our last rollout, its preset written in the window's pre-roll, was
+    made ahead of; None where the last rollout is no such write. Raises ValueError for a cron expression or time
+    zone that cannot be read."""
+    last = state.last_rollout
+    if schedule.knobs is None or last is None or last.source != KnobSource.SCHEDULE or last.to_knobs != schedule.knobs:
+        return None
+    written = datetime.fromisoformat(last.started_at)
+    if window_at(schedule, written, 0.0) is not None:
+        return None  # written while the window was open: no pre-roll to keep
+    return _following(schedule.start, schedule.time_zone, written)
+
+
+def preset_in_force(windows: Sequence[ActiveWindow]) -> ActiveWindow | None:
     """The window whose preset is in force, of ``windows_in_force``'s: the window in force when it has one; under
-    one that only overrides the SLO or bounds, the first preset window beneath it that is open, or whose preset
-    already runs (``running``: the target's knobs).
+    one that only overrides the SLO or bounds, the first preset window beneath it (open, or in its pre-roll).
 
     Such a window says nothing of the knobs, so it does not end a preset:
     an SLO for a report run nested in the night's preset window leaves the
@@ -203,17 +221,16 @@ def preset_in_force(windows: Sequence[ActiveWindow], now: datetime,
     the preset when it closes would cost two rolling restarts for nothing.
     Nor does one whose own pre-roll begins while the preset's runs: a
     weekend SLO from Friday 22:00 over a nightly preset pre-rolled from
-    21:30 would otherwise undo the preset, and the night redo it. A preset
-    window beneath it that is still in its pre-roll does not start its
-    preset: only the window in force keeps its pre-roll when the preset's
-    own rollout shortens it (``state.active_schedule``).
+    21:30 would otherwise undo the preset, and the night redo it. Nor does
+    one open over a preset window's pre-roll keep that preset from rolling
+    out ahead of its opening (the preset window keeps that pre-roll once its
+    preset is written: ``windows_in_force``).
     """
     if not windows:
         return None
     if windows[0].schedule.knobs is not None:
         return windows[0]
-    return next((w for w in windows[1:] if w.schedule.knobs is not None and (
-        w.is_open(now) or w.schedule.knobs == running)), None)
+    return next((w for w in windows[1:] if w.schedule.knobs is not None), None)
 
 
 def scheduled_rollouts(

@@ -769,6 +769,21 @@ def test_a_preset_stays_in_force_when_its_own_quick_rollout_shortens_the_pre_rol
     assert state.rollout_times == ["2024-05-01T21:55:00Z"] and state.active_schedule == "night"
 
 
+def test_a_preset_beneath_an_slo_window_rolls_out_in_its_pre_roll_once():
+    # an SLO window of higher priority is open from 02:00 past the preset window's opening at 03:00: the preset
+    # still rolls out in its pre-roll (5 minutes ahead), and its own 80 s rollout, which makes the pre-roll 140 s,
+    # neither undoes nor redoes it before 03:00
+    early = {"name": "early", "start": "0 3 * * *", "end": "0 6 * * *", "knobs": PRESET}
+    report = {"name": "report", "priority": 5, "start": "0 2 * * *", "end": "30 3 * * *",
+              "slo": {"ttft": {"seconds": 10}}}
+    the_spec = spec(schedules=[early, report])
+    start = T0.replace(hour=1, minute=50)
+    changes, state = _evaluated(the_spec, status(), start, start + timedelta(hours=3), timedelta(minutes=1))
+    assert [(c.knobs, c.state.rollout_times[-1]) for c in changes] == [
+        (knobs(16384, 512), "2024-05-01T02:55:00Z")], [c.reason for c in changes]
+    assert state.active_schedule == "early" and state.current.knobs == knobs(16384, 512)
+
+
 def test_a_window_ending_in_the_repeated_hour_of_fall_back_rolls_out_twice_that_night():
     # 22:00 EDT to 01:30 EDT on 2024-11-03; the clocks then show 01:00-02:00 again (EST), without the window
     night = {"name": "night", "timeZone": "America/New_York", "start": "0 22 * * *", "end": "30 1 * * *",

@@ -239,6 +239,22 @@ def test_a_window_in_force_in_its_pre_roll_stays_in_force_when_the_pre_roll_shri
     assert windows_in_force([window], stale, moment)[0] == []
 
 
+def test_a_preset_window_whose_preset_was_written_in_its_pre_roll_stays_in_force_until_it_opens():
+    """Beneath a window that only overrides the SLO, the preset window is not the window in force that the status
+    names: its preset's own rollout, written in the pre-roll, keeps it in force up to the opening it was written
+    for, and no longer."""
+    window = Schedule(name="w", start="0 22 * * *", end="0 6 * * *", knobs=knobs(4096, 256))  # ``rolled``'s
+    moment = utc(2024, 5, 1, 21, 56, 30)  # the preset written at 21:55 took 80 s: the pre-roll is now 140 s
+    written = rolled(status(), utc(2024, 5, 1, 21, 55), 80 / 60, KnobSource.SCHEDULE)
+    (found,), _ = windows_in_force([window], written, moment)
+    assert found.start == utc(2024, 5, 1, 22) and found.end == utc(2024, 5, 2, 6)
+    # another config's rollout, or the preset written while the window was open, keeps nothing
+    other = rolled(status(), utc(2024, 5, 1, 21, 55), 80 / 60, KnobSource.TRAFFIC)
+    assert windows_in_force([window], other, moment)[0] == []
+    open_write = rolled(status(), utc(2024, 4, 30, 23), 80 / 60, KnobSource.SCHEDULE)
+    assert windows_in_force([window], open_write, moment)[0] == []
+
+
 def test_a_window_with_bounds_keeps_budget_for_its_opening_and_one_with_an_slo_none():
     bounds = Schedule(name="b", start="0 22 * * *", end="0 6 * * *", bounds={"maxNumBatchedTokens": {"max": 4096}})
     slo = Schedule(name="s", start="0 12 * * *", end="0 13 * * *", slo={"ttft": {"seconds": 5}})
@@ -273,17 +289,17 @@ def test_a_window_that_only_overrides_the_slo_or_bounds_keeps_an_open_preset_win
     state = VllmTuningStatus()
     windows, _ = windows_in_force([night, report], state, utc(2024, 5, 2, 2, 30))
     assert [w.schedule.name for w in windows] == ["report", "night"]
-    assert preset_in_force(windows, utc(2024, 5, 2, 2, 30)) is windows[1]
+    assert preset_in_force(windows) is windows[1]
     # a preset window outranking the override is the one in force, as before
     first = night.model_copy(update={"priority": 9})
     windows, _ = windows_in_force([report, first], state, utc(2024, 5, 2, 2, 30))
-    assert preset_in_force(windows, utc(2024, 5, 2, 2, 30)) is windows[0] and windows[0].schedule.name == "night"
-    # a preset window only in its pre-roll beneath an override open past its opening waits for that opening
+    assert preset_in_force(windows) is windows[0] and windows[0].schedule.name == "night"
+    # a preset window only in its pre-roll beneath an override open past its opening rolls its preset out ahead
     early = sched("0 3 * * *", "0 6 * * *", name="early", pre_roll="1h")
     longer = report.model_copy(update={"end": "30 3 * * *"})
     windows, _ = windows_in_force([early, longer], state, utc(2024, 5, 2, 2, 30))
     assert [w.schedule.name for w in windows] == ["report", "early"]
-    assert preset_in_force(windows, utc(2024, 5, 2, 2, 30)) is None
+    assert preset_in_force(windows) is windows[1]
 
 
 def test_a_window_overrides_only_the_bounds_and_slo_fields_it_gives():
@@ -313,10 +329,10 @@ def test_a_window_that_closes_as_the_next_opens_gives_way_to_its_pre_roll(evenin
     at = utc(2024, 5, 1, 21, 40)
     windows, _ = windows_in_force(schedules, VllmTuningStatus(), at)
 
-    preset = preset_in_force(windows, at)
+    preset = preset_in_force(windows)
     assert preset is not None and preset.schedule.name == "night"  # live by 22:00, not rolling out from 22:00
     at = utc(2024, 5, 1, 21, 20)  # before the pre-roll, the evening's preset
-    assert preset_in_force(windows_in_force(schedules, VllmTuningStatus(), at)[0], at).schedule.name == "evening"
+    assert preset_in_force(windows_in_force(schedules, VllmTuningStatus(), at)[0]).schedule.name == "evening"
 
 
 def test_only_the_boundaries_that_open_or_close_the_window_are_kept_in_the_budget():

@@ -49,6 +49,9 @@ VERDICT_ANNOTATION = f"{GROUP}/verdict"
 BASELINE_ANNOTATION = f"{GROUP}/baseline"
 #: Longest reason kept in the annotation; the full text is in status and Events.
 REASON_LIMIT = 512
+#: Longest baseline annotation read back (ours is under 200 characters), and longest regime name in it (a tier's).
+BASELINE_LIMIT = 1024
+REGIME_LIMIT = 63
 
 
 def knobs_annotation(knobs: Knobs) -> str:
@@ -193,21 +196,27 @@ def unrecorded_write(deployment: dict[str, Any], knobs: Knobs, tuning: str, afte
 def written_baseline(deployment: dict[str, Any]) -> dict[str, Any]:
     """The baseline the operator annotated its last change with, as ``decision.with_rollout``'s keyword arguments
     (``regime``, ``baseline_attainment``, ``baseline_request_rate``); none where it has none, or one that does not
-    read as such (edited by hand)."""
+    read as such (edited by hand: longer than ours can be, not JSON, numbers out of range, a regime name longer
+    than a tier's)."""
+    raw = _last_stamp(deployment).get(BASELINE_ANNOTATION) or "null"
+    if len(raw) > BASELINE_LIMIT:
+        return {}
     try:
-        found = json.loads(_last_stamp(deployment).get(BASELINE_ANNOTATION) or "null")
-    except ValueError:
+        found = json.loads(raw)
+        if not isinstance(found, dict):
+            return {}
+        regime, attainment, rate = (found.get(key) for key in ("regime", "baselineAttainment", "baselineRequestRate"))
+        numbers = (attainment,) if rate is None else (attainment, rate)
+        if any(isinstance(n, bool) or not isinstance(n, int | float) for n in numbers):
+            return {}
+        attainment, rate = float(attainment), None if rate is None else float(rate)
+    except (ValueError, RecursionError, OverflowError):
         return {}
-    if not isinstance(found, dict):
+    if not (regime is None or isinstance(regime, str) and len(regime) <= REGIME_LIMIT):
         return {}
-    regime, attainment, rate = found.get("regime"), found.get("baselineAttainment"), found.get("baselineRequestRate")
-    numbers = (attainment,) if rate is None else (attainment, rate)
-    if not all(isinstance(n, int | float) and not isinstance(n, bool) and math.isfinite(n) for n in numbers):
+    if not 0 <= attainment <= 1 or (rate is not None and not 0 <= rate < math.inf):
         return {}
-    if not (regime is None or isinstance(regime, str)) or not 0 <= attainment <= 1 or (rate is not None and rate < 0):
-        return {}
-    return {"regime": regime, "baseline_attainment": float(attainment),
-            "baseline_request_rate": None if rate is None else float(rate)}
+    return {"regime": regime, "baseline_attainment": attainment, "baseline_request_rate": rate}
 
 
 def written_reason(deployment: dict[str, Any]) -> tuple[str, str, str]:

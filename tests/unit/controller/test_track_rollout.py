@@ -212,6 +212,9 @@ def test_a_patch_whose_status_write_was_lost_is_resumed_as_ours():
     ('{"baselineAttainment":0.9,"baselineRequestRate":-1}', (None, None, None)),
     ("[0.9]", (None, None, None)),
     ("0.9 of requests", (None, None, None)),
+    ('{"baselineAttainment":1' + "0" * 400 + "}", (None, None, None)),  # no float holds it
+    ("[" * 1020, (None, None, None)),  # nested past the parser's recursion, within the length read
+    ('{"regime":"' + "r" * 64 + '","baselineAttainment":0.9}', (None, None, None)),  # longer than a tier's name
 ])
 def test_a_change_whose_status_write_was_lost_is_resumed_with_the_baseline_annotated_with_it(annotated, baseline):
     """The regime and baseline ``decide`` measured go into the template with the change: a change found there with

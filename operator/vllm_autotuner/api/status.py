@@ -359,6 +359,10 @@ class VllmTuningStatus(StatusModel):
     """Name of the schedule window in force, if any."""
     active_schedule_start: str | None = None
     """When that window opens or opened (RFC 3339): entered in its pre-roll, it stays in force until this opening closes."""
+    preset_schedule: str | None = None
+    """Name of the window whose preset is in force when that is not the window in force: a preset window beneath one that only overrides the SLO or bounds."""
+    preset_schedule_start: str | None = None
+    """When that window opens or opened (RFC 3339): entered in its pre-roll, it stays in force until this opening closes."""
     regime: str | None = None
     """Traffic regime of the last observation (load level and length mix, or the matching tier)."""
     regime_since: str | None = None

@@ -821,10 +821,13 @@ def _decide(
     spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, observation: Observation | None, now: datetime
 ) -> Decision:
     window = settings.window
+    beneath = settings.preset_window if settings.preset_window is not window else None
     state = state.model_copy(
         update={
             "active_schedule": window.schedule.name if window else None,
             "active_schedule_start": utc_timestamp(window.start) if window else None,
+            "preset_schedule": beneath.schedule.name if beneath else None,
+            "preset_schedule_start": utc_timestamp(beneath.start) if beneath else None,
         }
     )
     state = _restart_loss(spec, settings.slo, state, observation)

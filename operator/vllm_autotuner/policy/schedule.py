@@ -10,8 +10,7 @@ repeated hour. A window is also in force during its *pre-roll*, the time
 before it opens, so that a preset's rolling restart is complete when the
 window starts; once in force, it stays in force until that opening closes,
 even when the pre-roll, recomputed from the preset's own rollout, shrinks
-(and so does a preset window whose preset was written in its pre-roll,
-beneath another window or not).
+(and so does a preset window in force beneath another window).
 A window whose end fires at the very instant it starts (both in the hour a
 spring-forward skips) is empty: never in force. Overlaps go to the highest
 ``priority``, then the earlier entry; but a window that only overrides the
@@ -33,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 
 from cronsim import CronSim
 
-from vllm_autotuner.api import KnobSource, Schedule, TimeWindow, VllmTuningStatus
+from vllm_autotuner.api import Schedule, TimeWindow, VllmTuningStatus
 from vllm_autotuner.api.types import duration_seconds, parse_cron, time_zone
 
 #: Pre-roll before any rolling restart was timed; then its duration plus a margin.
@@ -169,22 +168,22 @@ def windows_in_force(
 
     The window in force at the last evaluation (``state.active_schedule``)
     keeps its pre-roll up to the opening it was in force for
-    (``state.active_schedule_start``), and a preset window whose preset our
-    last rollout wrote in its pre-roll (beneath a window that only
-    overrides the SLO or bounds, say) up to the opening it was written for:
+    (``state.active_schedule_start``), and so does the preset window in
+    force beneath it (``state.preset_schedule``, ``preset_schedule_start``):
     otherwise the preset's own rollout, shorter than the pre-roll it was
     started in, would take the window out of force before it opens, and the
     preset would be undone and redone.
     """
+    kept = {name: datetime.fromisoformat(start) for name, start in (
+        (state.active_schedule, state.active_schedule_start), (state.preset_schedule, state.preset_schedule_start))
+        if name is not None and start is not None}
     found: list[ActiveWindow] = []
     errors = []
     for index, schedule in enumerate(schedules):
         pre_roll = pre_roll_seconds(schedule, state)
-        if schedule.name == state.active_schedule and state.active_schedule_start is not None:
-            pre_roll = max(pre_roll, (datetime.fromisoformat(state.active_schedule_start) - now).total_seconds())
+        if schedule.name in kept:
+            pre_roll = max(pre_roll, (kept[schedule.name] - now).total_seconds())
         try:
-            if (opening := _pre_rolled_opening(schedule, state)) is not None:
-                pre_roll = max(pre_roll, (opening - now).total_seconds())
             times = window_at(schedule, now, pre_roll)
         except ValueError as exc:
             errors.append(f"schedule {schedule.name} ignored: {exc}")
@@ -196,19 +195,6 @@ def windows_in_force(
     # pre-roll, there to have the preset live when that window opens, goes first (both sorts are stable)
     pre_rolling = [w for w in found if w.schedule.knobs is not None and not w.is_open(now)]
     return sorted(ranked, key=lambda w: w.is_open(now) and any(o.start >= w.end for o in pre_rolling)), errors
-
-
-def _pre_rolled_opening(schedule: Schedule, state: VllmTuningStatus) -> datetime | None:
-    """The opening of a preset window that our last rollout, its preset written in the window's pre-roll, was
-    made ahead of; None where the last rollout is no such write. Raises ValueError for a cron expression or time
-    zone that cannot be read."""
-    last = state.last_rollout
-    if schedule.knobs is None or last is None or last.source != KnobSource.SCHEDULE or last.to_knobs != schedule.knobs:
-        return None
-    written = datetime.fromisoformat(last.started_at)
-    if window_at(schedule, written, 0.0) is not None:
-        return None  # written while the window was open: no pre-roll to keep
-    return _following(schedule.start, schedule.time_zone, written)
 
 
 def preset_in_force(windows: Sequence[ActiveWindow]) -> ActiveWindow | None:
@@ -223,8 +209,8 @@ def preset_in_force(windows: Sequence[ActiveWindow]) -> ActiveWindow | None:
     weekend SLO from Friday 22:00 over a nightly preset pre-rolled from
     21:30 would otherwise undo the preset, and the night redo it. Nor does
     one open over a preset window's pre-roll keep that preset from rolling
-    out ahead of its opening (the preset window keeps that pre-roll once its
-    preset is written: ``windows_in_force``).
+    out ahead of its opening (the preset window keeps that pre-roll once in
+    force: ``state.preset_schedule``).
     """
     if not windows:
         return None

@@ -784,6 +784,22 @@ def test_a_preset_beneath_an_slo_window_rolls_out_in_its_pre_roll_once():
     assert state.active_schedule == "early" and state.current.knobs == knobs(16384, 512)
 
 
+def test_a_preset_kept_for_one_window_keeps_no_other_window_of_the_same_preset_in_force():
+    # a morning preset window and a weekend one with the same preset: Wednesday's morning preset goes back at noon,
+    # and comes again on Thursday morning (at 08:00: the 80 s rollouts make the pre-roll 140 s, less than the 5
+    # minutes between evaluations), the weekend window in force only from Saturday
+    morning = {"name": "morning", "start": "0 8 * * *", "end": "0 12 * * *", "knobs": PRESET}
+    weekend = {"name": "weekend", "start": "0 0 * * 6", "end": "0 0 * * 1", "knobs": PRESET}
+    the_spec = spec(schedules=[morning, weekend])
+    start = T0.replace(hour=7)  # Wednesday 1 May 2024
+    changes, state = _evaluated(the_spec, status(), start, start + timedelta(hours=30), timedelta(minutes=5))
+    assert [(c.knobs, c.state.rollout_times[-1]) for c in changes] == [
+        (knobs(16384, 512), "2024-05-01T07:55:00Z"), (knobs(8192, 1024), "2024-05-01T12:00:00Z"),
+        (knobs(16384, 512), "2024-05-02T08:00:00Z"), (knobs(8192, 1024), "2024-05-02T12:00:00Z")], [
+        c.reason for c in changes]
+    assert state.active_schedule is None and state.preset_schedule is None
+
+
 def test_a_window_ending_in_the_repeated_hour_of_fall_back_rolls_out_twice_that_night():
     # 22:00 EDT to 01:30 EDT on 2024-11-03; the clocks then show 01:00-02:00 again (EST), without the window
     night = {"name": "night", "timeZone": "America/New_York", "start": "0 22 * * *", "end": "30 1 * * *",

@@ -239,20 +239,19 @@ def test_a_window_in_force_in_its_pre_roll_stays_in_force_when_the_pre_roll_shri
     assert windows_in_force([window], stale, moment)[0] == []
 
 
-def test_a_preset_window_whose_preset_was_written_in_its_pre_roll_stays_in_force_until_it_opens():
-    """Beneath a window that only overrides the SLO, the preset window is not the window in force that the status
-    names: its preset's own rollout, written in the pre-roll, keeps it in force up to the opening it was written
-    for, and no longer."""
-    window = Schedule(name="w", start="0 22 * * *", end="0 6 * * *", knobs=knobs(4096, 256))  # ``rolled``'s
+def test_a_preset_window_in_force_beneath_another_stays_in_force_when_the_pre_roll_shrinks():
+    """Beneath a window that only overrides the SLO, the preset window in force is not the window in force: the
+    status names it apart (``preset_schedule``), and it keeps its pre-roll up to that opening as the window in force
+    does, and no other window of the same preset does."""
+    window = Schedule(name="w", start="0 22 * * *", end="0 6 * * *", knobs=knobs(16384, 512))
+    twin = window.model_copy(update={"name": "twin", "start": "0 23 * * *"})
     moment = utc(2024, 5, 1, 21, 56, 30)  # the preset written at 21:55 took 80 s: the pre-roll is now 140 s
-    written = rolled(status(), utc(2024, 5, 1, 21, 55), 80 / 60, KnobSource.SCHEDULE)
-    (found,), _ = windows_in_force([window], written, moment)
-    assert found.start == utc(2024, 5, 1, 22) and found.end == utc(2024, 5, 2, 6)
-    # another config's rollout, or the preset written while the window was open, keeps nothing
-    other = rolled(status(), utc(2024, 5, 1, 21, 55), 80 / 60, KnobSource.TRAFFIC)
-    assert windows_in_force([window], other, moment)[0] == []
-    open_write = rolled(status(), utc(2024, 4, 30, 23), 80 / 60, KnobSource.SCHEDULE)
-    assert windows_in_force([window], open_write, moment)[0] == []
+    fresh = rolled(status(), utc(2024, 5, 1, 21, 55), 80 / 60, KnobSource.SCHEDULE)
+    entered = fresh.model_copy(update={"preset_schedule": "w", "preset_schedule_start": "2024-05-01T22:00:00Z"})
+    (found,), _ = windows_in_force([window, twin], entered, moment)
+    assert (found.schedule.name, found.start, found.end) == ("w", utc(2024, 5, 1, 22), utc(2024, 5, 2, 6))
+    stale = entered.model_copy(update={"preset_schedule_start": "2024-04-30T22:00:00Z"})
+    assert windows_in_force([window, twin], stale, moment)[0] == []
 
 
 def test_a_window_with_bounds_keeps_budget_for_its_opening_and_one_with_an_slo_none():

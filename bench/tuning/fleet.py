@@ -27,7 +27,7 @@ from enum import Enum
 import numpy as np
 
 from vllm_autotuner.api import Knobs
-from vllm_autotuner.sim.engine import Engine, EngineConfig, Request
+from vllm_autotuner.sim.engine import Engine, EngineConfig
 from vllm_autotuner.sim.metricstate import HistogramSnapshot, MetricsSnapshot
 from vllm_autotuner.sim.profiles import Profile
 from vllm_autotuner.sim.startup import check_startup
@@ -235,15 +235,11 @@ class Fleet:
         end = int(np.searchsorted(self._arrival, until, side="left"))
         w = self.workload
         if serving:
-            arrival, prompt, output, timeout = w.arrival, w.prompt_tokens, w.output_tokens, w.first_token_timeout
             for index in range(self._next, end):
                 pod = serving[self._rr % len(serving)]
                 self._rr += 1
                 assert pod.engine is not None
-                rid = pod.engine.submit(
-                    Request(float(arrival[index]) - pod.offset, int(prompt[index]), int(output[index]),
-                            first_token_timeout=float(timeout[index]))
-                )  # fmt: skip
+                rid = pod.engine.submit(w.request(index, float(w.arrival[index]) - pod.offset))
                 pod.in_flight[rid] = index
             self._next = end
         outcomes = self.outcomes

@@ -8,9 +8,12 @@ the completion rate is taken once the engine is in its steady state.
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import numpy as np
 
-from vllm_autotuner.sim.engine import Engine, EngineConfig, Request
+from vllm_autotuner.sim.engine import Engine, EngineConfig
 from vllm_autotuner.sim.profiles import Profile
 from vllm_autotuner.sim.workload import Mix, steady
 
@@ -26,8 +29,8 @@ def saturation_rate(
     """
     engine = Engine(profile, config or EngineConfig(), seed=seed)
     work = steady(1.0, mix, hours=requests / 3600 * 1.2 + 0.1).generate(seed, engine.config.max_model_len)
-    for prompt, output in zip(work.prompt_tokens[:requests], work.output_tokens[:requests], strict=True):
-        engine.submit(Request(0.0, int(prompt), int(output)))
+    for index in range(min(requests, len(work))):
+        engine.submit(replace(work.request(index, 0.0), first_token_timeout=math.inf))
     finish = np.sort([f.finish_time for f in engine.advance(float("inf"))])
     lo, hi = int(len(finish) * 0.25), int(len(finish) * 0.75)
     return (hi - lo) / (finish[hi] - finish[lo])

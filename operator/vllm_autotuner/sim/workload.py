@@ -222,19 +222,16 @@ class Workload:
     def requests(self, start: float = -math.inf, end: float = math.inf) -> Iterator[Request]:
         """The requests arriving in ``[start, end)`` as engine requests."""
         lo, hi = np.searchsorted(self.arrival, [start, end], side="left")
-        columns = (
-            self.arrival[lo:hi].tolist(),
-            self.prompt_tokens[lo:hi].tolist(),
-            self.output_tokens[lo:hi].tolist(),
-            self.prefix_id[lo:hi].tolist(),
-            self.prefix_tokens[lo:hi].tolist(),
-            self.first_token_timeout[lo:hi].tolist(),
-        )
-        for arrival, prompt, output, prefix, prefix_tokens, timeout in zip(*columns, strict=True):
-            if prefix < 0:
-                yield Request(arrival, prompt, output, first_token_timeout=timeout)
-            else:
-                yield Request(arrival, prompt, output, prefix, prefix_tokens, timeout)
+        for index in range(int(lo), int(hi)):
+            yield self.request(index)
+
+    def request(self, index: int, arrival: float | None = None) -> Request:
+        """Request ``index`` as an engine request (its shared prefix, if any, included), arriving at ``arrival``
+        (default: its own arrival time)."""
+        prefix = int(self.prefix_id[index])
+        return Request(float(self.arrival[index]) if arrival is None else arrival, int(self.prompt_tokens[index]),
+                       int(self.output_tokens[index]), prefix if prefix >= 0 else None,
+                       int(self.prefix_tokens[index]) if prefix >= 0 else 0, float(self.first_token_timeout[index]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,14 +109,14 @@ class Row:
 
 
 def cases(chosen: Sequence[BenchScenario]) -> list[Case]:
-    """Each (profile, mix) the scenarios run, once, with the first scenario's spec; and the long prompts behind a
-    cached system prompt with the spec of the A100's long prompts."""
+    """Each (profile, mix) the scenarios run, once, with the first scenario's spec; and, where they run the A100's
+    long prompts, those behind a cached system prompt with that scenario's spec."""
     found: dict[tuple[str, str], Case] = {}
     for scenario in chosen:
         for stream in scenario.traffic.streams:
             found.setdefault((scenario.profile, stream.mix.name), Case(scenario.profile, stream.mix, scenario))
-    rag = found[("llama3-8b-a100", RAG.name)]
-    return [*found.values(), Case(rag.profile, CACHED_RAG, rag.scenario)]
+    rag = found.get(("llama3-8b-a100", RAG.name))
+    return [*found.values(), *([Case(rag.profile, CACHED_RAG, rag.scenario)] if rag else [])]
 
 
 def _measured(case: Case, knobs: Knobs, rate: float, spec: VllmTuningSpec) -> Measurement:

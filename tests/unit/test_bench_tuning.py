@@ -127,6 +127,9 @@ def test_calibration_reads_prompts_behind_a_cached_system_prompt_as_the_tokens_t
     row = calibration.measure(case, 0.85, budgets=(384, 2048))
     assert row.attainment[384][0] > 0.9 and row.attainment[2048][0] < 0.1
     assert row.choice == 384 and row.regret == 0
+    # scenarios without the A100's long prompts have no spec for the case: none
+    others = calibration.cases([s for s in scenarios.full() if s.profile != "llama3-8b-a100"])
+    assert others and all(c.mix is not calibration.CACHED_RAG for c in others)
 
 
 def test_the_static_run_cache_is_keyed_on_code_not_on_its_wording():

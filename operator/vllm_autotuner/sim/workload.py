@@ -267,6 +267,7 @@ class Scenario:
         order = np.argsort(merged["arrival"], kind="stable")
         merged = {key: value[order] for key, value in merged.items()}
         merged["prompt_tokens"] = np.minimum(merged["prompt_tokens"], max_model_len - 1)
+        merged["prefix_tokens"] = np.minimum(merged["prefix_tokens"], merged["prompt_tokens"] - 1)  # shorter still
         merged["output_tokens"] = np.minimum(merged["output_tokens"], max_model_len - merged["prompt_tokens"])
         return Workload(**merged)
 

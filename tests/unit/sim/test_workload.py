@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_autotuner.sim.engine import Request
+from vllm_autotuner.sim.engine import Engine, EngineConfig, Request
+from vllm_autotuner.sim.profiles import get_profile
 from vllm_autotuner.sim.workload import (
     CHAT,
     CLIENT_TIMEOUT_S,
@@ -49,6 +50,17 @@ def test_requests_fit_a_smaller_max_model_len() -> None:
     work = steady(5, RAG, hours=1).generate(0, max_model_len=6000)
     assert (work.prompt_tokens + work.output_tokens <= 6000).all()
     assert (work.output_tokens >= 1).all()
+
+
+def test_a_shared_prefix_stays_shorter_than_a_prompt_cut_to_a_smaller_max_model_len() -> None:
+    """A prefix the cut prompt no longer exceeds is cut too: the engine takes every request."""
+    long_prefix = Mix("system", (RequestClass("system", LengthDist(4096, 0.3, 3328, 7680), LengthDist(64, 0.5, 8, 256),
+                                              prefix_tokens=3072, prefix_variants=2),))
+    work = steady(2, long_prefix, hours=0.1).generate(0, max_model_len=3000)
+    assert (work.prefix_id >= 0).all() and (work.prefix_tokens < work.prompt_tokens).all()
+    engine = Engine(get_profile("llama3-8b-a100"), EngineConfig(max_model_len=3000), seed=0)
+    for request in work.requests():
+        engine.submit(request)
 
 
 def test_poisson_rate_and_sorted_arrivals() -> None:

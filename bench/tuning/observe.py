@@ -47,8 +47,9 @@ def observe(fleet: Fleet, start: float, end: float, slo: SLO, t0: datetime) -> O
     config = next(iter(window.knobs)) if len(window.knobs) == 1 else None
     finished = finished_by_reason(counters)  # as the fleet exports vllm:request_success_total
     budget = None if config is None else float(config.max_num_batched_tokens)  # capped as ``observe_target`` does
-    cached, cached_share = cached_prompt_tokens(counters["prompt_tokens"] / seconds,
-                                                counters["prompt_tokens_cached"] / seconds)
+    prompt = counters["prompt_tokens"] / seconds
+    cached, cached_share, computed = cached_prompt_tokens(prompt, counters["prompt_tokens_cached"] / seconds,
+                                                          steps.sum / seconds)
     return Observation(
         window_start=t0 + timedelta(seconds=start),
         window_end=t0 + timedelta(seconds=end),
@@ -59,7 +60,7 @@ def observe(fleet: Fleet, start: float, end: float, slo: SLO, t0: datetime) -> O
         slo=slo,
         requests=completed_requests(finished),  # the operator's sample count: not aborted or failed
         request_rate=math.fsum(finished.values()) / seconds,
-        prompt_tokens_rate=counters["prompt_tokens"] / seconds,
+        prompt_tokens_rate=prompt,
         cached_prompt_tokens_rate=cached,
         generation_tokens_rate=counters["generation_tokens"] / seconds,
         ttft_seconds=window.quantile("vllm:time_to_first_token_seconds", slo.ttft.quantile),
@@ -75,7 +76,7 @@ def observe(fleet: Fleet, start: float, end: float, slo: SLO, t0: datetime) -> O
         preemption_rate=counters["num_preemptions"] / seconds,
         mean_prompt_tokens=_mean(histograms["vllm:request_prompt_tokens"]),
         mean_generation_tokens=_mean(histograms["vllm:request_generation_tokens"]),
-        step_tokens_mean=(steps.sum - (cached or 0.0) * seconds) / steps.count if steps.count else None,
+        step_tokens_mean=computed * seconds / steps.count if steps.count else None,
         step_tokens_quantile=step_tokens_quantile(slo.itl.quantile, steps.bounds, steps.cumulative, budget,
                                                   cached_share) if steps.count else None,
         steps_per_second=steps.count / seconds,

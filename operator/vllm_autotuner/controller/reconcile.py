@@ -759,10 +759,10 @@ class Reconciler:
     async def _tuning_moved(self, report: Report, rollback: bool) -> tuple[str, bool] | None:
         """Why the VllmTuning, read again from the apiserver just before a patch of its target, is not the one this
         evaluation decided for, in words, and whether that is to warn of (an apiserver that does not answer); None
-        when it is. The watch's copy may be old: after a watch outage kopf's
-        re-list brings no DELETED event for a tuning deleted meanwhile, and an edit may not have arrived yet. A tuning
-        deleted (or being deleted) is forgotten; one that cannot be read is not acted for either. A spec changed since
-        does not stop a ``rollback``, which no spec setting does (our config failed: the one before goes back)."""
+        when it is. The watch's copy may be old: after a watch outage kopf's re-list brings no DELETED event for a
+        tuning deleted meanwhile, and an edit may not have arrived yet. A tuning deleted (or being deleted) is
+        forgotten; one that cannot be read is not acted for either. A spec changed since does not stop a
+        ``rollback``, which no spec setting does (our config failed: the one before goes back)."""
         what = f"VllmTuning {report.namespace}/{report.name}"
         try:
             live = await self._call(self.kube.read_tuning, report.namespace, report.name)
@@ -777,8 +777,8 @@ class Reconciler:
             self.cache.forget_tuning(report.namespace, report.name)
             return f"{what} is being deleted: nothing is done for it any more", False
         if meta.get("uid", "") != report.uid:
-            return f"{what} was deleted and created again since it was read: the next evaluation reads the new one", \
-                False
+            return (f"{what} was deleted and created again since it was read: the next evaluation reads the new "
+                    "one", False)
         if not rollback and int(meta.get("generation") or 0) != report.generation:
             return (f"the spec of {what} changed since it was read (generation {report.generation}, now "
                     f"{meta.get('generation')}): the next evaluation decides under the new one", False)

@@ -111,11 +111,11 @@ def step_tokens_quantile(q: float, upper_bounds: Sequence[float], cumulative_cou
     ``vllm:prompt_tokens_total``): an observation past the budget computed
     about ``v * (1 - cached)``, so it stands for that over the budget full
     steps, or, where that falls short of the budget, for one step of that
-    many tokens (a long prompt behind a cached system prompt). With no observation past
-    the budget (prompts that fit a step), this is ``histogram_quantile``
-    capped at the budget (the cached share of a prompt that fits a step is
-    not told apart from the decodes beside it: those steps read high, at
-    most the budget). Values in a bucket are taken at its middle (at its
+    many tokens (a long prompt behind a cached system prompt). With no
+    observation past the budget (prompts that fit a step), this is
+    ``histogram_quantile`` capped at the budget (the cached share of a
+    prompt that fits a step is not told apart from the decodes beside it:
+    those steps read high, at most the budget). Values in a bucket are taken at its middle (at its
     lower bound in +Inf). Only buckets wholly past the budget count: a
     budget within a bucket (768 in vLLM's (512, 1024]) cannot tell the
     prompts just past it from the steps that fit, so those few are read as

@@ -145,14 +145,19 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def cached_prompt_tokens(prompt: float | None, cached: float | None) -> tuple[float | None, float]:
+def cached_prompt_tokens(prompt: float | None, cached: float | None,
+                         step_tokens: float | None) -> tuple[float | None, float, float | None]:
     """The rate of prompt tokens served from the prefix cache (``vllm:prompt_tokens_cached_total``) as a window
     reads it, at most the rate of the prompt tokens it is counted with (``prompt``; series that disagree), None where
-    either is unknown or not a number; and its share of the prompt tokens (0 where unknown)."""
+    either is unknown or not a number; its share of the prompt tokens (0 where unknown); and the rate of
+    ``vllm:iteration_tokens_total``'s sum (``step_tokens``) less it: the tokens steps computed."""
     if cached is None or prompt is None or not math.isfinite(cached) or not math.isfinite(prompt):
-        return None, 0.0
-    cached = min(max(cached, 0.0), prompt)
-    return cached, cached / prompt if prompt else 0.0
+        cached, share = None, 0.0
+    else:
+        cached = min(max(cached, 0.0), prompt)
+        share = cached / prompt if prompt else 0.0
+    computed = None if step_tokens is None else max(step_tokens - (cached or 0.0), 0.0)
+    return cached, share, computed
 
 
 def _partial(fresh: int, ready_pods: int, stale: dict[PodKey, float], limit: float) -> str:
@@ -223,8 +228,8 @@ def observe_target(
         return None, why
     rates = {key: _sum(v.get(key, {}), pods) for key in (
         "requests", "completed", "refused", "prompt_tokens", "cached_prompt_tokens", "generation_tokens", "preemptions",
-        "prompt_len_sum", "prompt_len_count", "output_len_sum", "output_len_count", "step_tokens_sum", "steps", "itl_sum", "itl_count",
-        "running", "waiting", "kv_usage")}
+        "prompt_len_sum", "prompt_len_count", "output_len_sum", "output_len_count", "step_tokens_sum", "steps",
+        "itl_sum", "itl_count", "running", "waiting", "kv_usage")}
     hist = {key: _summed_histogram(data.buckets.get(key, {}), pods)
             for key in ("ttft", "itl", "e2e", "queue", "step_tokens")}
     # the data's age: the ready_pods-th freshest pod's (the freshest's where no pod is counted Ready), by when
@@ -235,8 +240,8 @@ def observe_target(
     ttft, itl, steps = hist["ttft"], hist["itl"], hist["step_tokens"]
     budget = None if config is None else float(config.max_num_batched_tokens)
     prompt = rates["prompt_tokens"]
-    cached, cached_share = cached_prompt_tokens(prompt, rates["cached_prompt_tokens"])
-    computed = None if rates["step_tokens_sum"] is None else max(rates["step_tokens_sum"] - (cached or 0.0), 0.0)
+    cached, cached_share, computed = cached_prompt_tokens(prompt, rates["cached_prompt_tokens"],
+                                                          rates["step_tokens_sum"])
     end = datetime.fromtimestamp(data.at, UTC)
     observation = Observation(
         window_start=datetime.fromtimestamp(data.at - data.window_seconds, UTC),

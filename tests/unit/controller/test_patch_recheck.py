@@ -70,7 +70,8 @@ def test_a_tuning_deleted_while_the_watch_was_down_patches_nothing_and_is_forgot
 @pytest.mark.parametrize(("live", "said"), [
     ({**META, "uid": "another"}, "created again"),
     ({**META, "deletionTimestamp": "2024-05-01T12:00:00Z"}, "is being deleted"),
-    (ReadTimeoutError(None, "/apis", "read timed out"), "could not be read again before the patch (None: read timed out)"),
+    (ReadTimeoutError(None, "/apis", "read timed out"),
+     "could not be read again before the patch (None: read timed out)"),
 ])
 def test_a_tuning_created_anew_being_deleted_or_unreadable_patches_nothing(live: Any, said: str) -> None:
     report, kube, cache = rollback(live)

@@ -15,10 +15,7 @@ over the rate the pod completes under a backlog with that budget
 (``sim.capacity.saturation_rate``); for attainment, what ``decide``
 measures in the last window of the same traffic with that budget running.
 It also scores the budget the model would choose against the best one
-measured. One case no scenario runs is added: the A100's long prompts behind
-a cached system prompt (``CACHED_RAG``), where vLLM counts a prompt whole in
-its step-token histogram while its step computes what follows the cached
-prefix. Outputs (``--out``, default ``bench/results``):
+measured. Outputs (``--out``, default ``bench/results``):
 ``calibration.md`` and ``calibration.json``.
 """
 
@@ -30,7 +27,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -41,7 +38,7 @@ from vllm_autotuner.sim.capacity import saturation_rate
 from vllm_autotuner.sim.engine import StepCost
 from vllm_autotuner.sim.profiles import get_profile
 from vllm_autotuner.sim.startup import check_startup
-from vllm_autotuner.sim.workload import RAG, LengthDist, Mix, Phase, Poisson, Scenario, Stream
+from vllm_autotuner.sim.workload import Mix, Phase, Poisson, Scenario, Stream
 
 from bench.tuning import scenarios
 from bench.tuning.fleet import Fleet, engine_config
@@ -59,13 +56,6 @@ EVALUATE_SECONDS = 30.0
 SCRAPE_SECONDS = 15.0
 BACKLOG = 2000
 """Requests of the backlog a budget's capacity is measured with."""
-CACHED_RAG = Mix("rag-cached-prefix", (replace(
-    RAG.classes[0], name="rag-cached-prefix", prompt=LengthDist(4096, 0.3, 3328, 7680), prefix_tokens=3072,
-    prefix_variants=4),))
-"""Long prompts, each behind one of four 3072-token system prompts the prefix cache keeps: about a thousand
-tokens of each computed."""
-
-
 @dataclass(frozen=True)
 class Case:
     """A GPU profile, a request mix and the spec of the first tuning scenario that runs them."""
@@ -109,14 +99,12 @@ class Row:
 
 
 def cases(chosen: Sequence[BenchScenario]) -> list[Case]:
-    """Each (profile, mix) the scenarios run, once, with the first scenario's spec; and, where they run the A100's
-    long prompts, those behind a cached system prompt with that scenario's spec."""
+    """Each (profile, mix) the scenarios run, once, with the first scenario's spec."""
     found: dict[tuple[str, str], Case] = {}
     for scenario in chosen:
         for stream in scenario.traffic.streams:
             found.setdefault((scenario.profile, stream.mix.name), Case(scenario.profile, stream.mix, scenario))
-    rag = found.get(("llama3-8b-a100", RAG.name))
-    return [*found.values(), *([Case(rag.profile, CACHED_RAG, rag.scenario)] if rag else [])]
+    return list(found.values())
 
 
 def _measured(case: Case, knobs: Knobs, rate: float, spec: VllmTuningSpec) -> Measurement:

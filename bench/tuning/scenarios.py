@@ -46,6 +46,7 @@ from vllm_autotuner.sim.workload import (
     HOUR,
     RAG,
     SUMMARIZATION,
+    LengthDist,
     Mix,
     Phase,
     Poisson,
@@ -65,6 +66,12 @@ BATCH_SLO = {"ttft": {"seconds": 60.0}, "itl": {"seconds": 0.25}}
 L4_SLO = {"ttft": {"seconds": 3.0}, "itl": {"seconds": 0.15}}
 #: ITL target of a 70B model's service: it streams no faster than about 60 ms a token under load.
 BIG_MODEL_ITL = 0.1
+CACHED_RAG = Mix("rag-cached-prefix", (replace(
+    RAG.classes[0], name="rag-cached-prefix", prompt=LengthDist(4096, 0.3, 3328, 7680), prefix_tokens=3072,
+    prefix_variants=4),))
+"""Long prompts, each behind one of four 3072-token system prompts the prefix cache keeps: about a thousand
+tokens of each computed. vLLM counts such a prompt whole in its step-token histogram while its step computes what
+follows the cached prefix."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,14 @@ def overload(profile: str, replicas: int = 4) -> BenchScenario:
     return BenchScenario("overload", profile, replicas, traffic, _spec(profile, CHAT_SLO))
 
 
+def cached_prompts(profile: str, replicas: int = 4) -> BenchScenario:
+    """Long prompts behind cached system prompts (``CACHED_RAG``) at 85 % of capacity all day, RAG's SLO: the
+    prompts look like long-prompt RAG's in vLLM's histograms, and their steps compute a quarter of them."""
+    rate = 0.85 * capacity(profile, CACHED_RAG) * replicas
+    traffic = Scenario("cached-prompts", (Stream(Poisson(rate), CACHED_RAG),), (Phase("steady", 0, DAY),))
+    return BenchScenario("cached-prompts", profile, replicas, traffic, _spec(profile, RAG_SLO))
+
+
 def memory_tight(profile: str = "llama3-8b-l4", replicas: int = 4) -> BenchScenario:
     """Code assistance at 80 % of capacity on a GPU whose memory leaves little room: large budgets fail start-up."""
     rate = 0.8 * capacity(profile, CODE) * replicas
@@ -178,6 +193,7 @@ def full() -> list[BenchScenario]:
         shift("llama3-8b-a100"),
         overload("llama3-8b-a100"),
         memory_tight(),
+        cached_prompts("llama3-8b-a100"),
     ]
 
 

@@ -296,10 +296,13 @@ class Traffic:
 
     def token_demand(self, knobs: Knobs) -> float:
         """Tokens per second the pod must compute: the measured rate, less the recomputation of preempted
-        requests that these knobs avoid (or plus what they add)."""
+        requests that these knobs avoid (or plus what they add). A preempted request computes again what it
+        had computed, half its output on average, but not the prefix the cache served it: other running
+        requests still hold those shared blocks, and vLLM finds them there when it is admitted again."""
         base = self.base
+        prompt = base.mean_prompt_tokens * self.computed_prompt_share
         measured = base.prompt_tokens_per_second * self.computed_prompt_share + base.generation_tokens_per_second
-        per_preemption = self.context * base.request_rate
+        per_preemption = (prompt + base.mean_generation_tokens / 2) * base.request_rate
         return max(measured + per_preemption * (self.preempted_share(knobs) - self.preempted_share(self.old)), 1.0)
 
     def utilisation(self, knobs: Knobs) -> float:

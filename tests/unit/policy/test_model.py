@@ -250,6 +250,20 @@ def test_prompt_tokens_the_prefix_cache_served_are_no_work_for_the_pod():
     assert every.computed_prompt_share == pytest.approx(1 / 4000) and every.prefill_seconds(k) > 0
 
 
+def test_a_preempted_request_recomputes_only_what_the_prefix_cache_did_not_serve():
+    # 0.4 preemptions a second at 4 rps, 3000 of each 4000-token prompt's tokens served by the cache
+    fields = dict(request_rate=4.0, generation_tokens_per_second=4 * 256, prompt_tokens_per_second=4 * 4000,
+                  mean_prompt_tokens=4000, mean_generation_tokens=256, itl_mean_seconds=0.1, running=150,
+                  kv_cache_usage=0.99, preemptions_per_second=0.4, step_tokens_mean=400, step_tokens_quantile=1500)
+    whole = traffic(measurement(**fields))
+    cached = traffic(measurement(**fields, cached_prompt_tokens_per_second=4 * 3000))
+    fewer, more = knobs(8192, 112), knobs(8192, 1024)
+    assert whole.preempted_share(more) - whole.preempted_share(fewer) == pytest.approx(0.1)
+    # the 0.4 recomputations a second that fewer seqs stop: 4000 + 128 tokens each, or 1000 + 128 behind the cache
+    assert whole.token_demand(more) - whole.token_demand(fewer) == pytest.approx(0.4 * 4128)
+    assert cached.token_demand(more) - cached.token_demand(fewer) == pytest.approx(0.4 * 1128)
+
+
 def test_fewer_seqs_stop_preemptions_when_the_kv_cache_is_full():
     # 4 rps x 256 tokens x 0.1 s per step needs ~102 decoding at once; 150 run, the recomputed ones included
     full = measurement(

@@ -6,7 +6,10 @@ knobs matter only near that capacity, where a bad config breaches a latency
 target and a good one does not, so the loads sit at the knee: where static
 configs start to part ways, measured with static configs on two-hour runs
 (chat from 92 %, long prompts from 85 %, the L4's code traffic from 80 %)
-before any scenario was scored. Fleets have four replicas, so one pod out
+before any scenario was scored. The long prompts behind cached system
+prompts, added later, take long prompts' 85 % without a measure of their
+own knee; static configs part ways there too (256 tokens meet both targets
+for 97.8 % of requests, 512 for 36.6 %, vLLM's default for 0.4 %). Fleets have four replicas, so one pod out
 for a restart leaves three quarters of the capacity. SLOs are ones a
 platform team would write:
 interactive chat TTFT p95 1 s and ITL p95 50 ms; long-prompt RAG TTFT 2 s

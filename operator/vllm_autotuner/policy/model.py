@@ -298,7 +298,10 @@ class Traffic:
         """Tokens per second the pod must compute: the measured rate, less the recomputation of preempted
         requests that these knobs avoid (or plus what they add). A preempted request computes again what it
         had computed, half its output on average, but not the prefix the cache served it: other running
-        requests still hold those shared blocks, and vLLM finds them there when it is admitted again."""
+        requests still hold those shared blocks, and vLLM finds them there when it is admitted again. That
+        holds for prefixes many requests share (system prompts, templates); a cached part only the request
+        uses (a conversation's earlier turns) is freed with it, under the memory pressure that preempted it,
+        and may be recomputed too: there the price is a lower bound."""
         base = self.base
         prompt = base.mean_prompt_tokens * self.computed_prompt_share
         measured = base.prompt_tokens_per_second * self.computed_prompt_share + base.generation_tokens_per_second

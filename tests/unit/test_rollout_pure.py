@@ -314,6 +314,75 @@ def test_a_new_pod_that_cannot_be_scheduled_blocks_the_rollout_at_the_deadline_a
     assert rollout_state(surging, 3, [serving], "vllm", 601, 600).progress is Progress.FAILED  # none holds it back
 
 
+def test_a_new_pod_waiting_for_a_draining_pods_gpu_is_not_told_to_stop_old_pods_first():
+    """maxSurge 0 already: the replacement is created as the old pod starts to drain and waits for its GPU."""
+    pending = [pending_pod("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")]
+    status = {"observedGeneration": 3, "replicas": 2, "updatedReplicas": 1, "availableReplicas": 1}
+    for strategy in ({"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}, {"type": "Recreate"},
+                     {"rollingUpdate": {"maxSurge": "10%", "maxUnavailable": "50%"}}):  # 10% of 2 rounds up to 1
+        stopping = deployment([], status=status)
+        stopping["spec"]["strategy"] = strategy
+        blocked = rollout_state(stopping, 3, pending, "vllm", 601, 600)
+        assert blocked.progress is Progress.BLOCKED and "Insufficient nvidia.com/gpu" in blocked.message
+        surges = "10%" in str(strategy)
+        assert ("maxSurge: 0 and maxUnavailable: 1" in blocked.message) is surges, strategy
+        assert ("spec.rollout.progressDeadline above that drain" in blocked.message) is not surges, strategy
+
+
+def test_a_rollout_is_what_the_deployment_controller_rolls_not_a_pod_lost_after_it():
+    """An autoscaler's pod that finds no GPU, or a pod lost with its node, after the rollout completed: the
+    Deployment controller keeps its Progressing condition at NewReplicaSetAvailable, and no tuning waits for it."""
+    def dep(replicas, updated, available, reason=None, observed=3):
+        status = {"observedGeneration": observed, "replicas": replicas, "updatedReplicas": updated,
+                  "availableReplicas": available}
+        if reason:
+            status["conditions"] = [{"type": "Progressing", "status": "True", "reason": reason}]
+        d = deployment([], status=status)
+        d["spec"]["replicas"] = 3
+        return d
+
+    assert not rollout_in_progress(dep(3, 3, 2, "NewReplicaSetAvailable"))  # scaled up to 3, one pod pending
+    assert rollout_in_progress(dep(3, 3, 2, "ReplicaSetUpdated"))  # the last new pod is still loading
+    assert rollout_in_progress(dep(3, 3, 2))  # no condition (a controller that sets none): every replica available
+    assert not rollout_in_progress(dep(3, 3, 3))
+    assert rollout_in_progress(dep(4, 3, 3, "NewReplicaSetAvailable"))  # an old pod is still to be stopped
+    assert rollout_in_progress(dep(3, 2, 3, "NewReplicaSetAvailable"))  # a new one is still to be created
+    assert rollout_in_progress(dep(3, 3, 3, "NewReplicaSetAvailable", observed=2))  # a new template not yet seen
+    # our own rollout is judged by availability: it is complete only once every replica serves the new template
+    assert rollout_state(dep(3, 3, 2, "NewReplicaSetAvailable"), 3, [], "vllm", 10, 600).progress is not (
+        Progress.COMPLETE)
+
+
+def test_a_pod_that_turns_ready_is_progress_while_min_ready_seconds_keeps_it_unavailable():
+    """minReadySeconds 300 as a warm-up and ten minutes of model load: the pod turns Ready at 10 minutes and
+    available at 15. The Deployment controller counts readiness as progress; a 12-minute deadline from creation
+    is not exceeded."""
+    from vllm_autotuner.api import CurrentKnobs, KnobSource, VllmTuningStatus
+    from vllm_autotuner.policy import rollout_progressed
+    from vllm_autotuner.policy.decision import with_rollout
+
+    t0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+    current = CurrentKnobs(max_num_batched_tokens=8192, max_num_seqs=256, since="2024-05-01T10:00:00Z",
+                           source=KnobSource.INITIAL)
+    state = with_rollout(VllmTuningStatus(current=current), t0, Knobs(max_num_batched_tokens=2048, max_num_seqs=256),
+                         KnobSource.TRAFFIC, "ITL breach")
+
+    def judged(at, ready, available):
+        nonlocal state
+        dep = deployment([], generation=4, status={
+            "observedGeneration": 4, "replicas": 2, "updatedReplicas": 1, "availableReplicas": 1 + available})
+        dep["spec"]["minReadySeconds"] = 300
+        state = rollout_progressed(state, at, progress_mark(dep, {"status": {
+            "replicas": 1, "readyReplicas": ready, "availableReplicas": available}}, 4))
+        since = datetime.fromisoformat(state.last_rollout.progressed_at or state.last_rollout.started_at)
+        return rollout_state(dep, 4, [], "vllm", (at - since).total_seconds(), 720).progress
+
+    assert judged(t0, 0, 0) is Progress.IN_PROGRESS  # created
+    assert judged(t0 + timedelta(minutes=10), 1, 0) is Progress.IN_PROGRESS  # Ready
+    assert judged(t0 + timedelta(minutes=12, seconds=1), 1, 0) is Progress.IN_PROGRESS
+    assert judged(t0 + timedelta(minutes=22, seconds=1), 1, 0) is Progress.FAILED  # 12 minutes after it turned Ready
+
+
 def test_new_pods_that_never_started_vllm_block_the_rollout_and_one_that_ran_fails_it():
     surging = deployment(
         [], status={"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1, "availableReplicas": 2}

@@ -90,11 +90,17 @@ def _new_pods_failure(pods: list[dict[str, Any]], container: str | None, since: 
     return None
 
 
-#: What to do about a new pod that finds no free GPU.
+#: What to do about a new pod that finds no free GPU, when the strategy starts new pods before it stops old ones.
 NO_ROOM_ADVICE = (
     "A rolling update starts new pods before it stops old ones (maxSurge; Kubernetes' default of 25% rounds up to "
     "one pod, and maxUnavailable's rounds down to none below four replicas), so each needs a free GPU: without a "
     "spare one, set the Deployment's strategy.rollingUpdate to maxSurge: 0 and maxUnavailable: 1, or add GPU capacity"
+)
+#: The same, when the strategy stops old pods first: the new pod waits for the GPU of one still draining.
+DRAIN_ADVICE = (
+    "The Deployment's strategy starts no pod before it stops one, so a new pod waits for the GPU of an old one until "
+    "that has drained (its terminationGracePeriodSeconds), or for one another workload took: set the VllmTuning's "
+    "spec.rollout.progressDeadline above that drain plus vLLM's load time, or add GPU capacity"
 )
 
 
@@ -113,7 +119,7 @@ def _never_started(deployment: dict[str, Any], pods: list[dict[str, Any]], conta
             continue
         if any(_ran(c) for c in ours):
             return None
-        held = held or _not_started(pod, ours)
+        held = held or _not_started(pod, ours, NO_ROOM_ADVICE if _surge(deployment) else DRAIN_ADVICE)
     return held
 
 
@@ -131,14 +137,14 @@ def _ran(status: dict[str, Any]) -> bool:
     return ended.get("reason") not in _START_FAILURES if ended else bool(status.get("restartCount"))
 
 
-def _not_started(pod: dict[str, Any], containers: list[dict[str, Any]]) -> str:
-    """What holds a pod before its vLLM container starts: the scheduler, or the kubelet (image, volumes, the
-    container runtime)."""
+def _not_started(pod: dict[str, Any], containers: list[dict[str, Any]], no_room: str) -> str:
+    """What holds a pod before its vLLM container starts: the scheduler (``no_room``: what to do when it finds no
+    room), or the kubelet (image, volumes, the container runtime)."""
     name = pod["metadata"]["name"]
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if (condition.get("type"), condition.get("status")) == ("PodScheduled", "False"):
             message = condition.get("message", "").strip()
-            advice = f". {NO_ROOM_ADVICE}" if condition.get("reason") == "Unschedulable" else ""
+            advice = f". {no_room}" if condition.get("reason") == "Unschedulable" else ""
             return f"pod {name} cannot be scheduled: {message}{advice}"
     for status in containers:
         ended = _ended(status)
@@ -154,15 +160,30 @@ def unavailable_at_once(deployment: dict[str, Any]) -> int:
     """Pods a rollout of ``deployment`` takes out of service at once, as the Deployment controller resolves its
     strategy against ``spec.replicas``: all of them under Recreate; under RollingUpdate, maxUnavailable (a
     percentage rounded down, 25 % when unset), and one when it and maxSurge (rounded up) both come to none."""
+    replicas = int(deployment["spec"].get("replicas", 1))
+    strategy = _rolling_update(deployment)
+    if strategy is None:
+        return replicas
+    unavailable, surge = strategy
+    return min(replicas, 1 if unavailable == 0 and surge == 0 else unavailable)
+
+
+def _surge(deployment: dict[str, Any]) -> bool:
+    """Whether a rollout of ``deployment`` starts new pods before it stops old ones (maxSurge, rounded up)."""
+    strategy = _rolling_update(deployment)
+    return strategy is not None and strategy[1] > 0
+
+
+def _rolling_update(deployment: dict[str, Any]) -> tuple[int, int] | None:
+    """maxUnavailable and maxSurge in pods (25 % each when unset), None under the Recreate strategy."""
     spec = deployment["spec"]
     replicas = int(spec.get("replicas", 1))
     strategy = spec.get("strategy") or {}
     if strategy.get("type") == "Recreate":
-        return replicas
+        return None
     rolling = strategy.get("rollingUpdate") or {}
-    unavailable = _scaled(rolling.get("maxUnavailable", "25%"), replicas, up=False)
-    surge = _scaled(rolling.get("maxSurge", "25%"), replicas, up=True)
-    return min(replicas, 1 if unavailable == 0 and surge == 0 else unavailable)
+    return (_scaled(rolling.get("maxUnavailable", "25%"), replicas, up=False),
+            _scaled(rolling.get("maxSurge", "25%"), replicas, up=True))
 
 
 def _scaled(value: int | str, replicas: int, up: bool) -> int:
@@ -175,13 +196,16 @@ def _scaled(value: int | str, replicas: int, up: bool) -> int:
 
 def progress_mark(deployment: dict[str, Any], replicaset: dict[str, Any] | None, target_generation: int) -> int:
     """How far a rollout to ``target_generation`` has got: pods of the newest template created
-    (``updatedReplicas``) plus those of them available (the newest ReplicaSet's). Every step of a rolling update
-    raises it; 0 until the Deployment controller has seen the patch (before, its counts are the old template's)."""
+    (``updatedReplicas``) plus those of them Ready and those available (the newest ReplicaSet's). Every step of a
+    rolling update raises it, as each does the Deployment controller's ``DeploymentProgressing``: a pod that turned
+    Ready is progress while ``minReadySeconds`` keeps it from counting as available. 0 until the Deployment
+    controller has seen the patch (before, its counts are the old template's)."""
     status = deployment.get("status") or {}
     if status.get("observedGeneration", 0) < target_generation:
         return 0
-    available = ((replicaset or {}).get("status") or {}).get("availableReplicas") or 0
-    return int(status.get("updatedReplicas") or 0) + int(available)
+    new = (replicaset or {}).get("status") or {}
+    return int(status.get("updatedReplicas") or 0) + int(new.get("readyReplicas") or 0) + int(
+        new.get("availableReplicas") or 0)
 
 
 def rollout_state(
@@ -238,5 +262,22 @@ def _complete(deployment: dict[str, Any], generation: int = 0) -> bool:
 
 
 def rollout_in_progress(deployment: dict[str, Any]) -> bool:
-    """True while the Deployment controller is still rolling (started by anyone)."""
-    return not _complete(deployment)
+    """True while the Deployment controller rolls out a template (started by anyone): it has not caught up with the
+    spec, a pod of the newest template is still to be created or an old one to be stopped, or, with all of them
+    there, the controller has not yet declared the rollout done (its Progressing condition's reason
+    ``NewReplicaSetAvailable``; without that condition, until every replica is available).
+
+    A pod lost after the rollout completed, or one more that an autoscaler asked for and no GPU can take, is no
+    rollout: the controller keeps ``NewReplicaSetAvailable``, and so does this. Counting one would hold the tuning,
+    and every other tuning of the node pool waiting for a rollout slot, for as long as the pod stays unavailable.
+    """
+    spec_replicas = deployment["spec"].get("replicas", 1)
+    status = deployment.get("status") or {}
+    updated = status.get("updatedReplicas", 0)
+    if (status.get("observedGeneration", 0) < deployment["metadata"].get("generation", 0)
+            or updated < spec_replicas or status.get("replicas", 0) > updated):
+        return True
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "Progressing":
+            return condition.get("reason") != "NewReplicaSetAvailable"
+    return status.get("availableReplicas", 0) < spec_replicas

@@ -24,7 +24,7 @@ from vllm_autotuner.observe.queries import (
 
 def test_batched_counter_groups_by_namespace_and_pod_with_user_matchers():
     q = family_query(FAMILY["prompt_tokens"], Selector(matchers=(("cluster", "prod"),)), 300)
-    assert q == ('(sum by (namespace, pod) (avg by (namespace, pod, engine, model_name, reason) ('
+    assert q == ('(sum by (namespace, pod) (max by (namespace, pod, engine, model_name, reason) ('
                  'rate(vllm:prompt_tokens_total{cluster="prod"}[300s]))))')
 
 
@@ -32,9 +32,9 @@ def test_requests_are_grouped_by_finished_reason_in_the_same_query_with_those_re
     # the load counts every finished request and every refused one, the sample count the completed ones: one query
     # answers all three, the refusals (which have no finished_reason) labelled as such
     q = family_query(FAMILY["requests"], Selector(matchers=(("cluster", "prod"),)), 300)
-    assert q == ('(sum by (namespace, pod, finished_reason) (avg by (namespace, pod, finished_reason, engine, '
+    assert q == ('(sum by (namespace, pod, finished_reason) (max by (namespace, pod, finished_reason, engine, '
                  'model_name, reason) (rate(vllm:request_success_total{cluster="prod"}[300s]))))'
-                 ' or (label_replace(sum by (namespace, pod) (avg by (namespace, pod, engine, model_name, reason) '
+                 ' or (label_replace(sum by (namespace, pod) (max by (namespace, pod, engine, model_name, reason) '
                  '(rate(vllm:admission_rejections_total{cluster="prod"}[300s]))), "finished_reason", "refused", '
                  '"", ""))')
     assert len(FAMILIES) == 24  # the query count per period the README states
@@ -67,13 +67,15 @@ def test_waiting_is_for_room_in_the_batch_and_every_waiting_request_from_an_olde
 def test_each_series_of_a_pod_counts_once_where_a_family_sums():
     # a pod scraped by two jobs (a chart's kubernetes-pods and kubernetes-service-endpoints, overlapping PodMonitors)
     # has each series twice, differing in job and instance alone: summed by pod, every rate and gauge would double
-    # while the quantiles stay the same. The copies' mean goes into each sum, batched and per tuning alike.
+    # while the quantiles stay the same. The copies' largest rate (a copy with a gap has less of the increase) or
+    # their gauges' mean goes into each sum, batched and per tuning alike.
     selector = Selector(namespace_label="kubernetes_namespace", pod_label="kubernetes_pod_name")
     for extra in ((), pod_matchers(selector, "llm", PodMatch(("llama-abc-",)))):
         for family in FAMILIES:
             sums = re.findall(r"sum by \(([^)]*)\) \((\w+ by \([^)]*\))?", family_query(family, selector, 300, extra))
             assert bool(sums) == (family.kind in (Kind.RATE, Kind.BUCKETS, Kind.AVERAGE)), family.key
-            expected = [f"avg by ({by}, engine, model_name, reason)" for by, _ in sums]
+            copies = "avg" if family.kind is Kind.AVERAGE else "max"
+            expected = [f"{copies} by ({by}, engine, model_name, reason)" for by, _ in sums]
             assert [inner for _, inner in sums] == expected, family.key
 
 
@@ -89,9 +91,9 @@ def test_aborted_and_failed_requests_are_no_samples():
 def test_batched_histogram_keeps_le_and_falls_back_to_the_old_name():
     q = family_query(FAMILY["itl"], Selector(namespace_label="kubernetes_namespace", pod_label="pod_name"), 60)
     assert q == (
-        "(sum by (kubernetes_namespace, pod_name, le) (avg by (kubernetes_namespace, pod_name, le, engine, model_name,"
+        "(sum by (kubernetes_namespace, pod_name, le) (max by (kubernetes_namespace, pod_name, le, engine, model_name,"
         " reason) (rate(vllm:inter_token_latency_seconds_bucket[60s]))))"
-        " or (sum by (kubernetes_namespace, pod_name, le) (avg by (kubernetes_namespace, pod_name, le, engine,"
+        " or (sum by (kubernetes_namespace, pod_name, le) (max by (kubernetes_namespace, pod_name, le, engine,"
         " model_name, reason) (rate(vllm:time_per_output_token_seconds_bucket[60s]))))"
     )
 

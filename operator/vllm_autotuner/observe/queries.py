@@ -34,10 +34,15 @@ an HA pair of Prometheus servers behind a querier that does not deduplicate
 them) has every series twice, differing only in the scrape's labels (job,
 instance, endpoint, replica), and a sum by pod would double every rate and
 gauge (a KV-cache usage of 0.7 would read 1.4) while the quantiles stay as
-they are, so nothing would look amiss. The families that sum take the mean
-of such copies first, grouped by the pod and vLLM's own labels, which alone
-tell a pod's series apart (``SERVER_LABELS``); those that take a maximum or
-a minimum (timestamps, starts) are the same over copies.
+they are, so nothing would look amiss. The families that sum count such
+copies once first, grouped by the pod and vLLM's own labels, which alone
+tell a pod's series apart (``SERVER_LABELS``): a counter's rate and a
+histogram's bucket rates take the largest copy, since a copy that missed
+scrapes at an end of the window (its job, or one of the HA pair, down for
+part of it) has only part of the increase and never more, and the largest
+of cumulative buckets is cumulative still; a gauge's mean over the window
+takes the copies' mean, which such a gap leaves unbiased. Those that take a
+maximum or a minimum (timestamps, starts) are the same over copies.
 """
 
 from __future__ import annotations
@@ -212,11 +217,11 @@ def reach(window: float, settle: float = 0.0) -> int:
     return round(window + max(window, settle))
 
 
-def _summed(expr: str, by: str) -> str:
+def _summed(expr: str, by: str, copies: str) -> str:
     """The sum by ``by`` of ``expr``, a function of each series, counting the copies of a series (a pod scraped by
-    several jobs) once: their mean, which is their value where they agree and keeps a histogram's buckets
-    cumulative where they do not (their scrapes' times differ)."""
-    return f"sum by ({by}) (avg by ({by}, {', '.join(SERVER_LABELS)}) ({expr}))"
+    several jobs) once, by the aggregation ``copies``: ``max`` of rates (a copy with a gap has less of the
+    increase), ``avg`` of gauges' means (see the module's docstring)."""
+    return f"sum by ({by}) ({copies} by ({by}, {', '.join(SERVER_LABELS)}) ({expr}))"
 
 
 def _expr(kind: Kind, metric: str, labels: str, targets: str, window: float, back: int, by: str) -> str:
@@ -227,9 +232,9 @@ def _expr(kind: Kind, metric: str, labels: str, targets: str, window: float, bac
     step = _step(window)
     match kind:
         case Kind.RATE | Kind.BUCKETS:
-            return _summed(f"rate({sel}[{w}])", by)
+            return _summed(f"rate({sel}[{w}])", by, "max")
         case Kind.AVERAGE:
-            return _summed(f"avg_over_time({sel}[{w}])", by)
+            return _summed(f"avg_over_time({sel}[{w}])", by, "avg")
         case Kind.LAST_SEEN:
             return f"max by ({by}) (timestamp({sel}))"
         case Kind.FAILING:
@@ -324,6 +329,6 @@ def family_query(family: Family, selector: Selector, window_seconds: float, extr
     for part in family.parts:
         if part.counter is not None:
             # the counter has no such label: given one, its rows join the family's (their label sets differ)
-            rate = _summed(f"rate({part.counter}{labels}[{_window(window_seconds)}])", pods)
+            rate = _summed(f"rate({part.counter}{labels}[{_window(window_seconds)}])", pods, "max")
             exprs.append(f"label_replace({rate}, {quote(part.label)}, {quote(part.key)}, \"\", \"\")")
     return " or ".join(f"({expr})" for expr in exprs)

@@ -1,8 +1,9 @@
 """What the operator's Prometheus client makes of an answer: one that may lack series is an error, never samples.
 
 A Thanos Querier answers a query one of its stores failed with HTTP 200, the other stores' series and a warning,
-unless asked for no partial response. The answers come from a transport adapter on the client's session, as a
-Prometheus or a querier would send them, so no server is needed.
+unless asked for no partial response; an auth proxy in front of Prometheus answers HTTP 200 with its login page.
+The answers come from a transport adapter on the client's session, as a Prometheus, a querier or a proxy would send
+them, so no server is needed.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ def answer(**fields: object) -> dict:
 
 
 class Answers(BaseAdapter):
-    """Answers each request with the next of ``bodies`` (HTTP 200), keeping the requests' parameters."""
+    """Answers each request with the next of ``bodies`` (HTTP 200; a dict as JSON, bytes as they are), keeping the
+    requests' parameters."""
 
-    def __init__(self, *bodies: dict) -> None:
+    def __init__(self, *bodies: dict | bytes) -> None:
         super().__init__()
         self.bodies = list(bodies)
         self.asked: list[dict[str, list[str]]] = []
@@ -42,7 +44,8 @@ class Answers(BaseAdapter):
         self.asked.append(parse_qs(urlsplit(request.url).query))
         response = requests.Response()
         response.status_code, response.url, response.request = 200, request.url, request
-        response.raw = io.BytesIO(json.dumps(self.bodies.pop(0)).encode())
+        body = self.bodies.pop(0)
+        response.raw = io.BytesIO(body if isinstance(body, bytes) else json.dumps(body).encode())
         return response
 
     def close(self) -> None:
@@ -90,3 +93,26 @@ def test_info_annotations_leave_the_answer_whole(fields):
     answers = Answers(answer(**fields))
     assert [sample.value for sample in client_of(answers).query("up", 1000.0)] == [2.0]
     assert len(answers.asked) == 1
+
+
+@pytest.mark.parametrize("body", [
+    b"<html><body>Log in with OpenShift</body></html>",  # an OAuth proxy's login page
+    {"database": "ok", "version": "11.2.0"},  # Grafana's health answer: a URL of Grafana, not of its data source
+    {"status": "success", "data": {"resultType": "scalar", "result": [1000, "1"]}},
+    {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": "1"}]}},
+], ids=["login-page", "other-json", "scalar", "malformed-row"])
+def test_an_answer_that_is_not_the_apis_is_a_query_error_that_says_which_url_to_check(body):
+    answers = Answers(body)
+    with pytest.raises(PrometheusError) as error:
+        client_of(answers).query("up", 1000.0)
+    assert error.value.kind is ErrorKind.QUERY and not error.value.transient
+    assert len(answers.asked) == 1
+    assert str(error.value).startswith(f"{URL} answered HTTP 200 with ")
+    assert str(error.value).endswith(": not a Prometheus HTTP API answer: check spec.prometheus.url's path and any "
+                                     "auth proxy in front of it (or the operator's --prometheus-url)")
+
+
+def test_a_range_query_is_answered_by_a_matrix():
+    with pytest.raises(PrometheusError, match="resultType of 'vector', not 'matrix'") as error:
+        client_of(Answers(answer())).query_range("up", 1000.0, 1060.0, 30.0)
+    assert error.value.kind is ErrorKind.QUERY

@@ -13,7 +13,10 @@ for no partial response (``partial_response=false``, which Prometheus
 ignores), and an answer that carries warnings all the same, whose data
 alone prometheus-api-client would hand on, is a transient error. PromQL's
 info annotations (``infos`` from Prometheus 3, among the warnings from a
-Thanos Querier) say nothing is missing and pass.
+Thanos Querier) say nothing is missing and pass. An answer with HTTP 200
+that is not the Prometheus HTTP API's (an auth proxy's login page, a
+Grafana URL, a result of another type than the query's) is a query error
+that names the URL to check, not a parser's complaint.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from urllib.parse import urlsplit
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
@@ -89,6 +93,11 @@ class Connection:
     timeout_seconds: float = 10.0
 
 
+class _NotAnAnswer(Exception):
+    """An answer with HTTP 200 that is not the Prometheus HTTP API's to the query asked; the message says what it
+    held instead."""
+
+
 class _Warned(Exception):
     """An answer with HTTP 200 that carries warnings: possibly without the series of a store that failed."""
 
@@ -97,13 +106,42 @@ class _Warned(Exception):
         self.warnings = warnings
 
 
-def _refuse_warnings(response: requests.Response, *args: object, **kwargs: object) -> None:
-    """A response hook: raises ``_Warned`` for an answer whose warnings are more than info annotations, which
-    prometheus-api-client would pass on without them. Prometheus and Thanos leave the field out where there are
-    none, so most answers are not parsed a second time."""
-    if response.status_code != 200 or b'"warnings"' not in response.content:
+def _point(value: object) -> bool:
+    """Whether ``value`` is a sample of the API's: its time and its value as text."""
+    return (isinstance(value, list) and len(value) == 2 and isinstance(value[0], int | float)
+            and isinstance(value[1], str))
+
+
+def _row(row: object, points: str) -> bool:
+    """Whether ``row`` is a series of the API's: its labels and its sample (``value``, an instant query's) or
+    samples (``values``, a range query's)."""
+    if not isinstance(row, dict) or not isinstance(row.get("metric"), dict):
+        return False
+    found = row.get(points)
+    return _point(found) if points == "value" else isinstance(found, list) and all(map(_point, found))
+
+
+def _check_answer(response: requests.Response, *args: object, **kwargs: object) -> None:
+    """A response hook on every answer with HTTP 200, which prometheus-api-client would take apart unchecked:
+    raises ``_NotAnAnswer`` for one that is not the API's answer to the query asked (a range query's a matrix,
+    an instant query's a vector, each row a series) and ``_Warned`` for one whose warnings are more than info
+    annotations, which the library would pass on without them."""
+    if response.status_code != 200:
         return
-    warnings = [str(w) for w in response.json().get("warnings") or () if not str(w).startswith(_PROMQL_INFO)]
+    try:
+        body = response.json()
+    except ValueError:
+        raise _NotAnAnswer(f"no JSON ({response.headers.get('Content-Type', 'no Content-Type')})") from None
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, dict) or body.get("status") != "success":
+        raise _NotAnAnswer("JSON without a successful status and data")
+    result_type, points = (("matrix", "values") if urlsplit(response.url).path.endswith("/query_range")
+                           else ("vector", "value"))
+    if data.get("resultType") != result_type:
+        raise _NotAnAnswer(f"a resultType of {str(data.get('resultType'))[:40]!r}, not {result_type!r}")
+    if not isinstance(data.get("result"), list) or not all(_row(row, points) for row in data["result"]):
+        raise _NotAnAnswer(f"a {result_type} whose rows are not series")
+    warnings = [str(w) for w in body.get("warnings") or () if not str(w).startswith(_PROMQL_INFO)]
     if warnings:
         raise _Warned(warnings)
 
@@ -118,6 +156,13 @@ def _classify(exc: Exception, url: str) -> PrometheusError:
             "behind a Thanos Querier a store (a sidecar, a store gateway, a receiver) failed or timed out: check "
             "it on the querier's Stores page, or raise --store.response-timeout",
             transient=True,
+        )
+    if isinstance(exc, _NotAnAnswer):
+        return PrometheusError(
+            ErrorKind.QUERY,
+            f"{url} answered HTTP 200 with {exc}: not a Prometheus HTTP API answer: check spec.prometheus.url's "
+            "path and any auth proxy in front of it (or the operator's --prometheus-url)",
+            transient=False,
         )
     if isinstance(exc, requests.exceptions.SSLError):
         return PrometheusError(
@@ -174,7 +219,7 @@ class PrometheusClient:
             headers["Authorization"] = f"Bearer {connection.bearer_token}"
         if connection.ca_pem:
             session.verify = _ca_file(connection.ca_pem)
-        session.hooks["response"].append(_refuse_warnings)
+        session.hooks["response"].append(_check_answer)
         # No retries inside: prometheus-api-client's default (3 more tries, 1 s backoff) under
         # ours made a refused connection cost 18 s per window instead of one second.
         self._prom = PrometheusConnect(url=connection.url, headers=headers, auth=connection.basic_auth,
@@ -188,7 +233,7 @@ class PrometheusClient:
     def query(self, promql: str, at: float) -> list[Sample]:
         """Evaluate ``promql`` at Unix time ``at``. Raises PrometheusError."""
         rows = self._ask(lambda: self._prom.custom_query(promql, params={"time": f"{at:.3f}", **_WHOLE_ANSWER}))
-        return [Sample(labels=row.get("metric", {}), value=_number(row["value"][1])) for row in rows]
+        return [Sample(labels=row["metric"], value=_number(row["value"][1])) for row in rows]
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> list[Series]:
         """Evaluate ``promql`` at ``start``, ``start + step``, ... up to ``end`` (Unix seconds). Raises PrometheusError."""
@@ -196,7 +241,7 @@ class PrometheusClient:
         params = {"start": f"{start:.3f}", "end": f"{end:.3f}", **_WHOLE_ANSWER}
         rows = self._ask(lambda: self._prom.custom_query_range(
             promql, datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC), f"{step:g}", params=params))
-        return [Series(labels=row.get("metric", {}), times=[float(t) for t, _ in row["values"]],
+        return [Series(labels=row["metric"], times=[float(t) for t, _ in row["values"]],
                        values=[_number(v) for _, v in row["values"]]) for row in rows]
 
     def _ask(self, request: Callable[[], list[dict]]) -> list[dict]:

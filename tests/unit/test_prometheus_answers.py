@@ -1,9 +1,9 @@
 """What the operator's Prometheus client makes of an answer: one that may lack series is an error, never samples.
 
 A Thanos Querier answers a query one of its stores failed with HTTP 200, the other stores' series and a warning,
-unless asked for no partial response; an auth proxy in front of Prometheus answers HTTP 200 with its login page.
-The answers come from a transport adapter on the client's session, as a Prometheus, a querier or a proxy would send
-them, so no server is needed.
+unless asked for no partial response; an auth proxy in front of Prometheus answers HTTP 200 with its login page; a
+query frontend turns queries away with HTTP 429. The answers come from a transport adapter on the client's session,
+as a Prometheus, a querier or a proxy would send them (or as the transport fails), so no server is needed.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ def answer(**fields: object) -> dict:
 
 
 class Answers(BaseAdapter):
-    """Answers each request with the next of ``bodies`` (HTTP 200; a dict as JSON, bytes as they are), keeping the
-    requests' parameters."""
+    """Answers each request with the next of ``bodies`` (HTTP 200, or the status of a (status, body) pair; a dict
+    as JSON, bytes as they are) or raises it (an exception of the transport's), keeping the requests' parameters."""
 
-    def __init__(self, *bodies: dict | bytes) -> None:
+    def __init__(self, *bodies: dict | bytes | tuple[int, dict] | Exception) -> None:
         super().__init__()
         self.bodies = list(bodies)
         self.asked: list[dict[str, list[str]]] = []
@@ -43,8 +43,11 @@ class Answers(BaseAdapter):
     def send(self, request: requests.PreparedRequest, **kwargs: object) -> requests.Response:
         self.asked.append(parse_qs(urlsplit(request.url).query))
         response = requests.Response()
-        response.status_code, response.url, response.request = 200, request.url, request
         body = self.bodies.pop(0)
+        if isinstance(body, Exception):
+            raise body
+        status, body = body if isinstance(body, tuple) else (200, body)
+        response.status_code, response.url, response.request = status, request.url, request
         response.raw = io.BytesIO(body if isinstance(body, bytes) else json.dumps(body).encode())
         return response
 
@@ -116,3 +119,35 @@ def test_a_range_query_is_answered_by_a_matrix():
     with pytest.raises(PrometheusError, match="resultType of 'vector', not 'matrix'") as error:
         client_of(Answers(answer())).query_range("up", 1000.0, 1060.0, 30.0)
     assert error.value.kind is ErrorKind.QUERY
+
+
+@pytest.mark.parametrize(("failure", "said"), [
+    # Thanos's, Mimir's or Cortex's query frontend, past its limit of queries in flight
+    ((429, {"status": "error", "errorType": "too_many_requests", "error": "too many outstanding requests"}),
+     "raise its limit for the tenant"),
+    (requests.exceptions.ChunkedEncodingError("Connection broken: IncompleteRead(40 bytes read, 111 more expected)"),
+     "cut mid-answer"),
+    (requests.exceptions.ContentDecodingError("Received response with content-encoding: gzip, but failed to decode"),
+     "cut mid-answer"),
+], ids=["429", "cut-mid-body", "cut-compressed-body"])
+def test_a_query_turned_away_or_cut_short_is_asked_again(failure, said):
+    answers = Answers(failure, answer())
+    assert [sample.value for sample in client_of(answers).query("up", 1000.0)] == [2.0]
+    assert len(answers.asked) == 2
+    with pytest.raises(PrometheusError) as error:
+        client_of(Answers(*[failure] * PrometheusClient.ATTEMPTS)).query("up", 1000.0)
+    assert error.value.kind is ErrorKind.UNREACHABLE and error.value.transient
+    assert said in str(error.value)
+
+
+def test_a_slow_query_is_told_apart_from_a_prometheus_that_does_not_answer():
+    with pytest.raises(PrometheusError) as slow:
+        client_of(Answers(*[requests.exceptions.ReadTimeout()] * PrometheusClient.ATTEMPTS)).query("up", 1000.0)
+    assert str(slow.value) == (f"Prometheus at {URL} took longer than 10s to answer (ReadTimeout): the query was slow; "
+                               "raise spec.prometheus.timeout, or check Prometheus's load")
+    for unreachable in (requests.exceptions.ConnectTimeout(), requests.exceptions.ConnectionError("refused")):
+        with pytest.raises(PrometheusError) as error:
+            client_of(Answers(*[unreachable] * PrometheusClient.ATTEMPTS)).query("up", 1000.0)
+        assert "does not answer" in str(error.value) and "that Prometheus is running" in str(error.value)
+        assert "spec.prometheus.timeout" not in str(error.value)
+    assert slow.value.transient and error.value.transient

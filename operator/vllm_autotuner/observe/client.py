@@ -2,8 +2,10 @@
 
 Wraps ``prometheus-api-client`` with what a production caller needs: a
 timeout per query, retries with backoff (tenacity) for transient failures
-only, bearer-token and private-CA support, and errors sorted into kinds that
-say what to fix (unreachable, TLS, auth, bad query, partial answer). Callers
+only (no connection, a slow query, HTTP 5xx or a query frontend's 429, an
+answer cut short), bearer-token and private-CA support, and errors sorted
+into kinds that say what to fix (unreachable, TLS, auth, bad query, partial
+answer). Callers
 never see a half-answer: a query either returns its samples or raises
 ``PrometheusError``, which the controller turns into
 ``MetricsAvailable=False`` and a hold. A Thanos Querier (OpenShift's
@@ -146,7 +148,27 @@ def _check_answer(response: requests.Response, *args: object, **kwargs: object) 
         raise _Warned(warnings)
 
 
-def _classify(exc: Exception, url: str) -> PrometheusError:
+#: How the transport fails, the first an exception is an instance of: its kind, the message (of the URL, the
+#: exception's class name and the timeout) and whether it is transient
+_TRANSPORT_FAILURES: tuple[tuple[type[Exception] | tuple[type[Exception], ...], ErrorKind, str, bool], ...] = (
+    (requests.exceptions.SSLError, ErrorKind.TLS,
+     "TLS handshake with {url} failed ({name}); check spec.prometheus.caSecretRef holds the CA that signed the "
+     "server certificate", False),
+    # connected, but no answer in time
+    (requests.exceptions.ReadTimeout, ErrorKind.UNREACHABLE,
+     "Prometheus at {url} took longer than {timeout:g}s to answer ({name}): the query was slow; raise "
+     "spec.prometheus.timeout, or check Prometheus's load", True),
+    ((requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError), ErrorKind.UNREACHABLE,
+     "Prometheus at {url} broke off its answer ({name}): the connection was cut mid-answer; if it persists, check "
+     "the logs of Prometheus and of any proxy or load balancer in front of it", True),
+    ((requests.exceptions.ConnectionError, requests.exceptions.Timeout), ErrorKind.UNREACHABLE,
+     "Prometheus at {url} does not answer ({name}); check spec.prometheus.url or the operator's --prometheus-url, "
+     "and that Prometheus is running", True),
+)
+
+
+def _classify(exc: Exception, connection: Connection) -> PrometheusError:
+    url = connection.url
     if isinstance(exc, PrometheusError):
         return exc
     if isinstance(exc, _Warned):
@@ -164,20 +186,10 @@ def _classify(exc: Exception, url: str) -> PrometheusError:
             "path and any auth proxy in front of it (or the operator's --prometheus-url)",
             transient=False,
         )
-    if isinstance(exc, requests.exceptions.SSLError):
-        return PrometheusError(
-            ErrorKind.TLS,
-            f"TLS handshake with {url} failed ({exc.__class__.__name__}); check spec.prometheus.caSecretRef "
-            "holds the CA that signed the server certificate",
-            transient=False,
-        )
-    if isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout)):
-        return PrometheusError(
-            ErrorKind.UNREACHABLE,
-            f"Prometheus at {url} does not answer ({exc.__class__.__name__}); check spec.prometheus.url or the "
-            "operator's --prometheus-url, and that Prometheus is running",
-            transient=True,
-        )
+    for failures, kind, message, transient in _TRANSPORT_FAILURES:
+        if isinstance(exc, failures):
+            return PrometheusError(kind, message.format(url=url, name=exc.__class__.__name__,
+                                                        timeout=connection.timeout_seconds), transient)
     text = str(exc)
     if isinstance(exc, PrometheusApiClientException) and ("401" in text[:30] or "403" in text[:30]):
         return PrometheusError(
@@ -185,6 +197,13 @@ def _classify(exc: Exception, url: str) -> PrometheusError:
             f"Prometheus at {url} refused the request ({text[:120]}); check spec.prometheus.bearerTokenSecretRef or "
             "basicAuth, and headers for a tenant a multi-tenant store needs (X-Scope-OrgID)",
             transient=False,
+        )
+    if isinstance(exc, PrometheusApiClientException) and "HTTP Status Code 429" in text[:30]:
+        return PrometheusError(
+            ErrorKind.UNREACHABLE,
+            f"Prometheus at {url} turned the query away as too many ({text[:200]}); a query frontend (Thanos, Mimir, "
+            "Cortex) limits the queries in flight: if it persists, raise its limit for the tenant",
+            transient=True,
         )
     if isinstance(exc, PrometheusApiClientException) and "HTTP Status Code 5" in text:
         return PrometheusError(ErrorKind.UNREACHABLE, f"Prometheus at {url} failed: {text[:200]}", transient=True)
@@ -246,7 +265,7 @@ class PrometheusClient:
 
     def _ask(self, request: Callable[[], list[dict]]) -> list[dict]:
         @retry(
-            retry=retry_if_exception(lambda e: _classify(e, self.connection.url).transient),
+            retry=retry_if_exception(lambda e: _classify(e, self.connection).transient),
             stop=stop_after_attempt(self.ATTEMPTS),
             wait=wait_exponential(multiplier=0.2, max=2.0),
             reraise=True,
@@ -258,7 +277,7 @@ class PrometheusClient:
         try:
             return attempt()
         except Exception as exc:  # noqa: BLE001 - every failure becomes a classified PrometheusError
-            raise _classify(exc, self.connection.url) from exc
+            raise _classify(exc, self.connection) from exc
 
 
 def _number(text: str) -> float:

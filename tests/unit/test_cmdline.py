@@ -524,6 +524,23 @@ def test_forms_that_cannot_be_read_with_certainty_are_refused(command, match):
         set_knobs({"command": command}, NEW)
 
 
+@pytest.mark.parametrize(
+    "script",
+    [
+        "vllm serve M --max-num-seqs 64 || vllm serve M --max-num-seqs 64 --enforce-eager",
+        "if [ -n \"$LORA\" ]; then exec vllm serve M --enable-lora --max-num-seqs 16; else exec vllm serve M; fi",
+        "vllm serve M --max-num-seqs 64 & sleep 5; python3 -m vllm.entrypoints.openai.api_server --model N",
+    ],
+)
+def test_a_script_that_runs_vllm_in_several_commands_is_refused(script):
+    # the operator would read and rewrite the first command only, whichever one vLLM runs as
+    container = {"name": "engine", "image": "vllm/vllm-openai:v0.11.0", "command": ["sh", "-c", script]}
+    for read in (EngineArgs.from_container, lambda c: set_knobs(c, NEW)):
+        with pytest.raises(CommandLineError, match="runs vLLM in 2 commands .*start vLLM from a single command"):
+            read(container)
+    assert find_vllm_container({"containers": [container]}) is container  # found, then refused with this message
+
+
 def test_a_dash_c_after_the_command_or_a_shell_given_with_dash_s_is_no_user_switch_script():
     # after --, -c is vLLM's operand, not runuser's option; -s takes a shell, not a script
     args = EngineArgs.from_container({"command": ["runuser", "-u", "vllm", "--", "vllm", "serve", "M", "-c", "x",

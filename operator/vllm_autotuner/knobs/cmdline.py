@@ -38,8 +38,8 @@ A wrong reading is worse than none: flags written where vLLM does not get
 them leave the operator believing in values vLLM never ran with, and a script
 broken by a rewrite crash-loops every pod. So a form that cannot be read with
 certainty (an unknown program in front of the shell, a here-document, a
-script that reshuffles its arguments) raises CommandLineError, and the
-operator changes nothing.
+script that reshuffles its arguments or runs vLLM in several commands)
+raises CommandLineError, and the operator changes nothing.
 """
 
 from __future__ import annotations
@@ -673,9 +673,19 @@ class CommandLine:
         return list(zip([0, *(i + 1 for i in operators)], [*operators, len(self.words)], strict=True))
 
     def _vllm_segment(self) -> tuple[int, int]:
-        """[start, end) word indices of the simple command that runs vLLM (the last one when none shows it)."""
+        """[start, end) word indices of the simple command that runs vLLM (the last one when none shows it).
+        Raises CommandLineError for a script that runs vLLM in several commands (``vllm serve M || vllm serve M
+        --enforce-eager``, one in each branch of an ``if``): the operator would read and rewrite only one of them."""
         commands = self._simple_commands()
-        return next((c for c in commands if any(self._is_vllm_word(j) for j in range(*c))), commands[-1])
+        running = [c for c in commands if any(self._is_vllm_word(j) for j in range(*c))]
+        if len(running) > 1:
+            shown = " and ".join(repr(" ".join(w.text for w in self.words[slice(*c)])) for c in running)
+            raise CommandLineError(
+                f"the shell script runs vLLM in {len(running)} commands ({shown}), and the operator reads and rewrites "
+                f"the flags of one only; start vLLM from a single command in the script (exec vllm serve ...), or "
+                f"start it directly in the container's command and args"
+            )
+        return running[0] if running else commands[-1]
 
     def _segment_argv(self) -> list[str]:
         """The words of the simple command that runs vLLM, from the program it starts (after a script's ``exec``

@@ -515,6 +515,15 @@ def test_arguments_passed_on_as_dollar_at_are_rewritten_where_they_are():
         (["sh", "-c", 'shift; exec vllm serve "$@"', "sh", "x", "M"], "changes its arguments \\(shift\\)"),
         (["sh", "-c", 'set -- "$@" --max-num-seqs 8; exec vllm serve "$@"', "sh", "M"], "changes its arguments"),
         (["sh", "-c", "exec vllm serve $@", "sh", "my model", "--max-num-seqs", "8"], 'write "\\$@"'),
+        # "$@" is what set -- leaves, also where the container passes no args: vLLM gets 8, the last
+        (["sh", "-c", 'set -- --max-num-seqs 8\nexec vllm serve M --max-num-seqs 64 "$@"'],
+         "changes its arguments \\(set\\)"),
+        # within a function "$@" is the function's arguments
+        (["sh", "-c", 'serve() { exec vllm serve M --max-num-seqs 64 "$@"; }\nserve --max-num-seqs 8'],
+         "within function serve"),
+        (["bash", "-c", 'function run { vllm serve "$@"; }; run M --max-num-seqs 8', "sh", "--max-num-seqs", "64"],
+         "within function run"),
+        (["sh", "-c", 'run() (\n exec vllm serve M "$@"\n); run --max-num-seqs 8'], "within function run"),
     ],
 )
 def test_forms_that_cannot_be_read_with_certainty_are_refused(command, match):
@@ -539,6 +548,12 @@ def test_a_script_that_runs_vllm_in_several_commands_is_refused(script):
         with pytest.raises(CommandLineError, match="runs vLLM in 2 commands .*start vLLM from a single command"):
             read(container)
     assert find_vllm_container({"containers": [container]}) is container  # found, then refused with this message
+
+
+def test_a_function_that_does_not_pass_on_its_arguments_leaves_the_script_readable():
+    script = 'banner() { echo starting; }\nbanner; exec vllm serve "$@"'
+    args = EngineArgs.from_container({"command": ["sh", "-c", script, "--", "M", "--max-num-seqs", "64"]})
+    assert args.max_num_seqs == 64
 
 
 def test_a_dash_c_after_the_command_or_a_shell_given_with_dash_s_is_no_user_switch_script():

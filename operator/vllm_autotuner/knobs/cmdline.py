@@ -982,17 +982,30 @@ def _script_words(script: Word, positional: list[Word], unknown: list[tuple[int,
     """The words of a ``-c`` script, those that overlap a span in ``unknown`` (a variable whose value the operator
     cannot read) marked as expansions. A ``"$@"`` word stands for the positional parameters, the argv words after
     ``$0`` (``sh -c 'exec vllm serve "$@"' -- M --max-num-seqs 64``): those reach vLLM as they are, so they are
-    read and rewritten as elements. Raises CommandLineError where the script uses them in another way."""
+    read and rewritten as elements. Raises CommandLineError where the script uses them in another way: reads them
+    one by one (``$1``), changes them (``set --``, ``shift``; also where the container passes none, as the script
+    passes on what it sets), or passes ``"$@"`` within a function's body, where it holds the function's arguments."""
+    shell_words = split_shell(script.text)
+    bodies = _function_bodies(shell_words)
     words: list[Word] = []
-    for text, (lo, hi), operator, expands in split_shell(script.text):
+    passes_on = False  # the script passes its arguments on as "$@"
+    for text, (lo, hi), operator, expands in shell_words:
         if operator or script.text[lo:hi] not in ('"$@"', "$@"):
             expands = expands or any(a < hi and lo < b for a, b in unknown)
             words.append(Word(text, script.field, script.index, (lo, hi), operator, expands))
             continue
+        function = next((name for name, (a, b) in bodies if a <= lo and hi <= b), None)
+        if function is not None:
+            raise CommandLineError(
+                f'the script passes on "$@" within function {function}, where it holds the arguments the function is '
+                f'called with, which the operator does not follow; write the flags in the vLLM command, and run it '
+                f'outside a function (exec vllm serve ... "$@" passes on the container\'s args)'
+            )
         if script.text[lo:hi] == "$@" and any(re.search(r"[\s*?[]", w.text) or not w.text for w in positional):
             raise CommandLineError('unquoted $@ splits and expands its arguments; write "$@"')
         words.extend(positional)
-    if not positional:
+        passes_on = True
+    if not positional and not passes_on:
         return words
     for k, word in enumerate(words):
         if word.span is None:
@@ -1000,8 +1013,40 @@ def _script_words(script: Word, positional: list[Word], unknown: list[tuple[int,
         if re.search(r"\$\{?[1-9@*]", word.text):
             raise CommandLineError(f'the script uses its arguments as {word.text}; pass them to vLLM as "$@"')
         if word.text == "shift" or word.text == "set" and _sets_positionals(words, k):
-            raise CommandLineError(f"the script changes its arguments ({word.text}); pass them to vLLM as \"$@\"")
+            raise CommandLineError(
+                f"the script changes its arguments ({word.text}), which the operator does not follow; write the flags "
+                f'in the vLLM command, and pass the container\'s args to it unchanged as "$@"'
+            )
     return words
+
+
+def _function_bodies(words: list[ShellWord]) -> list[tuple[str, tuple[int, int]]]:
+    """The name and character span of the body of each function a script defines (``name() { ...; }``,
+    ``name() ( ... )``, bash's ``function name { ...; }``): to the word that closes it, or to the end of the script
+    for a body of another kind."""
+    bodies: list[tuple[str, tuple[int, int]]] = []
+    kinds = [(text, operator) for text, _, operator, _ in words]
+    parentheses = [("(", True), (")", True)]
+    for k, (text, operator) in enumerate(kinds):
+        if kinds[k + 1 : k + 3] == parentheses and not operator:
+            name, body = text, k + 3
+        elif (text, operator) == ("function", False) and (k == 0 or kinds[k - 1][1]) and k + 1 < len(words):
+            name, body = words[k + 1][0], k + 2 + 2 * (kinds[k + 2 : k + 4] == parentheses)
+        else:
+            continue
+        while body < len(words) and kinds[body] == ("\n", True):
+            body += 1
+        if body == len(words):
+            continue
+        closer = {("{", False): ("}", False), ("(", True): (")", True)}.get(kinds[body])
+        depth, end = 0, len(words) - 1
+        for j in range(body, len(words) if closer else body):
+            depth += (kinds[j] == kinds[body]) - (kinds[j] == closer)
+            if depth == 0:
+                end = j
+                break
+        bodies.append((name, (words[body][1][0], words[end][1][1])))
+    return bodies
 
 
 def _sets_positionals(words: list[Word], k: int) -> bool:

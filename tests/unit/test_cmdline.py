@@ -576,6 +576,43 @@ def test_a_sidecar_that_names_vllm_and_serve_in_two_commands_does_not_run_vllm()
     assert find_vllm_container({"containers": [watcher, engine]})["name"] == "engine"
 
 
+def test_a_sidecar_that_names_vllm_serve_in_an_argument_does_not_run_vllm():
+    engine = {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "args": ["M", "--max-num-seqs", "64"]}
+    probe = {"name": "probe", "image": "busybox", "command": [
+        "sh", "-c", "until wget -q localhost:8000/health; do echo waiting for vllm serve; sleep 2; done; sleep inf"]}
+    assert find_vllm_container({"containers": [engine, probe]}) is engine
+    # in the vLLM container too, only the command that starts vLLM is read and rewritten
+    script = "echo starting vllm serve; exec vllm serve M --max-num-seqs 64"
+    assert EngineArgs.from_container({"command": ["sh", "-c", script]}).max_num_seqs == 64
+    assert set_knobs({"command": ["sh", "-c", script]}, NEW)["command"][2] == (
+        "echo starting vllm serve; exec vllm serve M --max-num-seqs 96 --max-num-batched-tokens 3072")
+
+
+@pytest.mark.parametrize(
+    "script",
+    ["while true; do vllm serve M; done", "exec python3 -m vllm.entrypoints.openai.api_server --model M",
+     "if [ -f /x ]; then VLLM_X=1 exec numactl -N 0 conda run -n serve vllm serve M; fi"],
+)
+def test_vllm_behind_reserved_words_wrappers_and_launchers_runs(script):
+    container = {"name": "engine", "image": "registry/llm", "command": ["sh", "-c", script]}
+    assert find_vllm_container({"containers": [{"name": "proxy", "image": "envoy"}, container]}) is container
+    assert CommandLine.parse(container).model() == "M"
+
+
+def test_a_container_whose_entrypoint_may_run_vllm_beside_one_that_runs_it_is_no_choice_to_make():
+    entrypoint = {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "args": ["M", "--max-num-seqs", "64"]}
+    embed = {"name": "embed", "image": "vllm/vllm-openai:v0.11.0", "command": ["vllm", "serve", "E", "--port", "8001"]}
+    pod = {"containers": [entrypoint, embed]}
+    with pytest.raises(CommandLineError, match=r"embed \(its command runs vLLM\), vllm \(a vLLM image, whose "
+                                               r"entrypoint may run vLLM\).*set spec.targetRef.container to the one"):
+        find_vllm_container(pod)
+    assert find_vllm_container(pod, "vllm") is entrypoint
+    assert find_vllm_container(pod, "embed") is embed
+    # a vLLM image that runs a command of its own, not vLLM, is no candidate
+    router = {"name": "router", "image": "vllm/vllm-openai:v0.11.0", "command": ["python3", "/router.py"]}
+    assert find_vllm_container({"containers": [router, embed]}) is embed
+
+
 # --- what vLLM gets after kubelet's $(VAR) and the shell's expansions ----------------------------
 
 H100 = vllm_defaults("v0.11.0", Hardware(gpus=1, memory_gib=80, product="NVIDIA-H100-80GB-HBM3"))

@@ -382,6 +382,18 @@ def _is_watcher(word: str) -> bool:
     return word.rsplit("/", 1)[-1] in _WATCHERS
 
 
+def _is_launcher(word: str) -> bool:
+    """Whether the program ``word`` is one of _LAUNCHERS or a Python interpreter (``python3 -m``)."""
+    name = word.rsplit("/", 1)[-1]
+    return name in _LAUNCHERS or re.fullmatch(r"python[0-9.]*", name) is not None
+
+
+def _program_words(texts: list[str]) -> list[str]:
+    """A script's simple command from the program it starts: after the reserved words that open it (``then``,
+    ``do``, ``{``...), ``exec`` and variable assignments."""
+    return list(itertools.dropwhile(lambda t: t in _RESERVED_WORDS or t == "exec" or _ASSIGNMENT.fullmatch(t), texts))
+
+
 def _is_init(word: str) -> bool:
     return word.rsplit("/", 1)[-1] in _INITS
 
@@ -531,6 +543,11 @@ _IMAGE_SH = {
 }
 # Operators that put the command beside them in a child of the shell: a pipeline, the background, a subshell.
 _CHILD_OPERATORS = {"|", "|&", "&", "(", ")"}
+# Programs that start the command or module their arguments name (besides _WRAPPERS, and python's -m): in a script,
+# vLLM behind one of them runs, behind any other program its name is only an argument.
+_LAUNCHERS = {*_HOLDERS, *_WATCHERS, "uv", "pdm", "poetry", "pipenv", "setpriv", "sudo", "eval"}
+# The shell's reserved words that may come before a command's name (``then vllm serve``, ``do vllm serve``).
+_RESERVED_WORDS = {"!", "{", "if", "then", "elif", "else", "while", "until", "do", "time"}
 # A variable assignment before a command's name (``VAR=value vllm serve``).
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
 
@@ -688,13 +705,11 @@ class CommandLine:
         return running[0] if running else commands[-1]
 
     def _segment_argv(self) -> list[str]:
-        """The words of the simple command that runs vLLM, from the program it starts (after a script's ``exec``
-        and variable assignments); all of argv in list form."""
+        """The words of the simple command that runs vLLM, from the program it starts (``_program_words``); all of
+        argv in list form."""
         first, end = self._vllm_segment()
         texts = [w.text for w in self.words[first:end]]
-        if self.shell_script is None:
-            return texts
-        return list(itertools.dropwhile(lambda t: t == "exec" or _ASSIGNMENT.fullmatch(t), texts))
+        return texts if self.shell_script is None else _program_words(texts)
 
     def _traps_term(self) -> bool:
         """Whether the script sets a ``trap`` on SIGTERM: then the shell handles the signal, may pass it to vLLM
@@ -707,13 +722,22 @@ class CommandLine:
         return False
 
     def _is_vllm_word(self, i: int) -> bool:
-        """Whether word ``i`` starts vLLM's server: the api_server module, or ``vllm`` (any path) before ``serve``."""
+        """Whether word ``i`` starts vLLM's server: the api_server module, or ``vllm`` (any path) before ``serve``.
+        In a script, only where its simple command starts it: as the program (``_program_words``, behind any
+        _WRAPPERS) or behind one of _LAUNCHERS (``python3 -m``, ``conda run``), not as another program's argument
+        (``echo waiting for vllm serve``)."""
         if self.words[i].operator:
             return False
         text = self.words[i].text
-        return text in _VLLM_ENTRYPOINTS or (
+        starts = text in _VLLM_ENTRYPOINTS or (
             text.rsplit("/", 1)[-1] == "vllm" and i + 1 < len(self.words) and self.words[i + 1].text == "serve"
         )
+        if not starts or self.shell_script is None:
+            return starts
+        start = next((j + 1 for j in range(i - 1, -1, -1) if self.words[j].operator), 0)
+        before = _program_words([w.text for w in self.words[start:i]])
+        program = _command_start(before)
+        return program == len(before) or _is_launcher(before[program])
 
     def _vllm_arguments(self) -> tuple[int, int]:
         """[start, end) word indices of vLLM's own arguments: those after ``vllm serve`` or the api_server module
@@ -1060,25 +1084,29 @@ def _shell_quote(text: str) -> str:
 
 
 def find_vllm_container(pod_spec: dict[str, Any], name: str | None = None) -> dict[str, Any]:
-    """The container that runs vLLM: the named one, else the one whose command runs vLLM,
-    else the only container whose image is a vLLM image. Raises CommandLineError saying what to set."""
+    """The container that runs vLLM: the named one, else the one whose command runs vLLM, else the only container
+    whose image is a vLLM image. Raises CommandLineError saying what to set where that is not one container, and
+    where one runs vLLM beside a vLLM image with no command, whose entrypoint may run vLLM too."""
     containers = pod_spec.get("containers") or []
+    names = ", ".join(c.get("name", "?") for c in containers) or "none"
     if name is not None:
         for container in containers:
             if container.get("name") == name:
                 return container
-        names = ", ".join(c.get("name", "?") for c in containers) or "none"
         raise CommandLineError(f"no container named {name!r} in the pod template (containers: {names})")
     running = [c for c in containers if _runs_vllm(c)]
-    if len(running) == 1:
-        return running[0]
     by_image = [c for c in containers if "vllm" in str(c.get("image", "")).lower()]
-    candidates = running or by_image
+    entrypoints = [c for c in by_image if not c.get("command") and all(c is not r for r in running)]
+    candidates = [*running, *entrypoints] if running else by_image
     if len(candidates) == 1:
         return candidates[0]
-    names = ", ".join(c.get("name", "?") for c in containers) or "none"
-    why = "several containers run vLLM" if candidates else "no container runs vLLM (vllm serve or the api_server module)"
-    raise CommandLineError(f"{why}; set spec.targetRef.container to one of: {names}")
+    if not candidates:
+        raise CommandLineError(f"no container runs vLLM (vllm serve or the api_server module); set "
+                               f"spec.targetRef.container to one of: {names}")
+    described = [c.get("name", "?") + (" (its command runs vLLM)" if any(c is r for r in running) else
+                                       " (a vLLM image, whose entrypoint may run vLLM)") for c in candidates]
+    raise CommandLineError(f"several containers may run vLLM: {', '.join(described)}; the operator does not choose "
+                           f"between them: set spec.targetRef.container to the one to tune")
 
 
 def _runs_vllm(container: dict[str, Any]) -> bool:

@@ -193,6 +193,23 @@ def test_knobs_left_to_a_config_file_cannot_be_known():
 
 
 @pytest.mark.parametrize(
+    "pooling", [["--runner", "pooling"], ["--convert=embed"], ["--convert", "classify"], ["--task", "embed"],
+                ["--task", "score"]],
+)
+def test_a_pooling_model_must_say_whether_chunked_prefill_is_on(pooling):
+    # vLLM turns chunked prefill off for a pooling model whose pooling does not support it, and then refuses a budget
+    # below max_model_len: left to vLLM, the operator cannot know the budget's floor
+    command = ["vllm", "serve", "BAAI/bge-m3", *pooling, "--max-model-len", "8192"]
+    with pytest.raises(CommandLineError, match="runs a pooling model.*add --enable-chunked-prefill or "
+                                               "--no-enable-chunked-prefill"):
+        EngineArgs.from_container({"command": command})
+    assert EngineArgs.from_container({"command": [*command, "--enable-chunked-prefill"]}).chunked_prefill is True
+    assert EngineArgs.from_container({"command": [*command, "--no-enable-chunked-prefill"]}).chunked_prefill is False
+    for generating in (["--runner", "generate"], ["--convert", "none"], ["--task", "generate"]):
+        assert EngineArgs.from_container({"command": ["vllm", "serve", "M", *generating]}).chunked_prefill is None
+
+
+@pytest.mark.parametrize(
     ("missing", "said"),
     [
         ("--no-enable-chunked-prefill", "--enable-chunked-prefill or --no-enable-chunked-prefill"),

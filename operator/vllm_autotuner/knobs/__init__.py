@@ -38,6 +38,14 @@ CONFIG_FILE_FLAGS = {
     "enable-chunked-prefill": "--enable-chunked-prefill or --no-enable-chunked-prefill",
     "data-parallel-size": "--data-parallel-size",
 }
+#: Flags and values that make vLLM run a pooling model (embedding, classification, scoring, reward): for one, vLLM
+#: leaves chunked prefill on only where the model's pooling supports it, which only vLLM reads (off, it refuses a
+#: budget below max_model_len), so chunked prefill must be on the command line. ``--task`` is older releases' spelling.
+POOLING_FLAGS = {
+    "runner": ("pooling",),
+    "convert": ("embed", "classify", "reward"),
+    "task": ("embed", "embedding", "classify", "score", "reward"),
+}
 
 
 @dataclass(frozen=True)
@@ -47,7 +55,7 @@ class EngineArgs:
     max_num_batched_tokens: int | None
     max_num_seqs: int | None
     max_model_len: int | None  # None also for ``auto``/``-1``: vLLM fits it to the memory left
-    chunked_prefill: bool | None  # None: vLLM's default (always on in the V1 engine)
+    chunked_prefill: bool | None  # None: vLLM's default (on in the V1 engine; a pooling model's is refused)
     performance_mode: str | None
     #: ``--shutdown-timeout``: how long vLLM serves its requests in flight after SIGTERM (``rollout.drain``); 0, its
     #: default (abort them), also for a value it would refuse, which is no reason to refuse tuning the knobs; None
@@ -63,7 +71,8 @@ class EngineArgs:
     def from_container(cls, container: dict[str, Any]) -> EngineArgs:
         """Read a container's command and args. Raises CommandLineError for unreadable values, for a
         data-parallel engine, which the operator cannot tune, for a ``--config`` file that may set what the
-        operator must know, and for chunked prefill off without ``--max-model-len`` (the budget's floor)."""
+        operator must know, for a pooling model (``POOLING_FLAGS``) that does not say whether chunked prefill is on,
+        and for chunked prefill off without ``--max-model-len`` (the budget's floor)."""
         cmd = CommandLine.parse(container)
         for name in DATA_PARALLEL_FLAGS:
             size = cmd.get_int(name)
@@ -87,6 +96,15 @@ class EngineArgs:
             )
         mode = cmd.get("performance-mode")
         chunked_prefill, max_model_len = cmd.get_bool("enable-chunked-prefill"), cmd.get_int("max-model-len")
+        pooling = next((flag for name, values in POOLING_FLAGS.items()
+                        if (flag := cmd.get(name)) is not None and flag.value in values), None)
+        if pooling is not None and chunked_prefill is None:
+            raise CommandLineError(
+                f"{pooling.spelling} {pooling.value} runs a pooling model, for which vLLM turns chunked prefill off "
+                f"unless the model's pooling supports it, and then refuses any budget below max_model_len; the "
+                f"operator cannot read which, so add --enable-chunked-prefill or --no-enable-chunked-prefill (with "
+                f"--max-model-len) to the command line"
+            )
         if chunked_prefill is False and max_model_len is None:
             raise CommandLineError(
                 "chunked prefill is off and --max-model-len is not set: vLLM then refuses any budget below the "

@@ -110,7 +110,8 @@ _READ_FLAGS = (
     "data-parallel-size", "data-parallel-size-local", "performance-mode", "config", "model", "tensor-parallel-size",
     "gpu-memory-utilization", "enable-prefix-caching", "no-enable-prefix-caching", "block-size", "port",
     "served-model-name", "max-num-queued-reqs", "max-num-queued-tokens", "enable-sleep-mode", "enable-lora",
-    "max-loras", "lora-modules", "shutdown-timeout", "enable-mfu-metrics", "no-enable-mfu-metrics",
+    "max-loras", "lora-modules", "shutdown-timeout", "enable-mfu-metrics", "no-enable-mfu-metrics", "runner", "convert",
+    "task",
 )
 # vLLM's parser takes a word that is a prefix of exactly one option for that option, and refuses a prefix of several
 # ("ambiguous option"): so a prefix of one of these (the options read, and the value-less ones, whose abbreviation

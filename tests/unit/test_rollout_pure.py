@@ -26,6 +26,7 @@ from vllm_autotuner.rollout.progress import (
     progress_mark,
     rollout_in_progress,
     rollout_state,
+    template_rolling,
     unavailable_at_once,
 )
 
@@ -331,7 +332,8 @@ def test_a_new_pod_waiting_for_a_draining_pods_gpu_is_not_told_to_stop_old_pods_
 
 def test_a_rollout_is_what_the_deployment_controller_rolls_not_a_pod_lost_after_it():
     """An autoscaler's pod that finds no GPU, or a pod lost with its node, after the rollout completed: the
-    Deployment controller keeps its Progressing condition at NewReplicaSetAvailable, and no tuning waits for it."""
+    Deployment controller keeps its Progressing condition at NewReplicaSetAvailable. Its own tuning holds while
+    the Deployment is short of replicas; no other tuning waits for a rollout slot."""
     def dep(replicas, updated, available, reason=None, observed=3):
         status = {"observedGeneration": observed, "replicas": replicas, "updatedReplicas": updated,
                   "availableReplicas": available}
@@ -341,16 +343,22 @@ def test_a_rollout_is_what_the_deployment_controller_rolls_not_a_pod_lost_after_
         d["spec"]["replicas"] = 3
         return d
 
-    assert not rollout_in_progress(dep(3, 3, 2, "NewReplicaSetAvailable"))  # scaled up to 3, one pod pending
-    assert rollout_in_progress(dep(3, 3, 2, "ReplicaSetUpdated"))  # the last new pod is still loading
-    assert rollout_in_progress(dep(3, 3, 2))  # no condition (a controller that sets none): every replica available
-    assert not rollout_in_progress(dep(3, 3, 3))
-    assert rollout_in_progress(dep(4, 3, 3, "NewReplicaSetAvailable"))  # an old pod is still to be stopped
-    assert rollout_in_progress(dep(3, 2, 3, "NewReplicaSetAvailable"))  # a new one is still to be created
-    assert rollout_in_progress(dep(3, 3, 3, "NewReplicaSetAvailable", observed=2))  # a new template not yet seen
+    short = dep(3, 3, 2, "NewReplicaSetAvailable")  # scaled up to 3, one pod pending
+    assert not template_rolling(short) and rollout_in_progress(short)
+    assert template_rolling(dep(3, 3, 2, "ReplicaSetUpdated"))  # the last new pod is still loading
+    assert template_rolling(dep(3, 3, 2))  # no condition (a controller that sets none): every replica available
+    assert not template_rolling(dep(3, 3, 3)) and not rollout_in_progress(dep(3, 3, 3))
+    assert template_rolling(dep(4, 3, 3, "NewReplicaSetAvailable"))  # an old pod is still to be stopped
+    assert template_rolling(dep(3, 2, 3, "NewReplicaSetAvailable"))  # a new one is still to be created
+    assert template_rolling(dep(3, 3, 3, "NewReplicaSetAvailable", observed=2))  # a new template not yet seen
+    assert template_rolling(dep(3, 3, 3, "ProgressDeadlineExceeded")) and template_rolling(
+        dep(3, 3, 2, "NewReplicaSetCreated"))
+    # paused or just resumed, the condition says nothing of a rollout: every replica available is none
+    for reason in ("DeploymentPaused", "DeploymentResumed"):
+        assert not template_rolling(dep(3, 3, 3, reason)) and template_rolling(dep(3, 3, 2, reason)), reason
+        assert template_rolling(dep(3, 2, 3, reason)), reason  # a template change left unrolled by the pause
     # our own rollout is judged by availability: it is complete only once every replica serves the new template
-    assert rollout_state(dep(3, 3, 2, "NewReplicaSetAvailable"), 3, [], "vllm", 10, 600).progress is not (
-        Progress.COMPLETE)
+    assert rollout_state(short, 3, [], "vllm", 10, 600).progress is not Progress.COMPLETE
 
 
 def test_a_pod_that_turns_ready_is_progress_while_min_ready_seconds_keeps_it_unavailable():

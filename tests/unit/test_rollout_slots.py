@@ -65,6 +65,26 @@ def test_someone_elses_rollout_of_a_tuned_deployment_holds_a_slot_before_its_tun
     assert slots.holders(A, None, everyone, chat_rolls_out) == []
 
 
+def test_a_pod_lost_or_added_after_a_rollout_completed_holds_no_slot():
+    """A pod an autoscaler added that finds no GPU, or one lost with its node: the Deployment controller keeps
+    NewReplicaSetAvailable, and the other tunings of the pool do not wait for it; a paused Deployment neither."""
+    slots = RolloutSlots(1)
+    everyone = {A: {"spec": {"targetRef": {"name": "chat"}}}, B: {"spec": {"targetRef": {"name": "rag"}}}}
+    slots.record(A, rolling=False, waiting_since=None)
+
+    def short(reason):
+        def target(tuning):
+            chat = deployment()
+            if tuning["spec"]["targetRef"]["name"] == "chat":
+                chat["status"].update(availableReplicas=1, conditions=[{"type": "Progressing", "reason": reason}])
+            return chat
+        return target
+
+    assert slots.holders(B, None, everyone, short("NewReplicaSetAvailable")) == []
+    assert slots.holders(B, None, everyone, short("DeploymentPaused")) == ["ns/a (rolling out)"]  # 1 of 2 available
+    assert slots.holders(B, None, everyone, short("ReplicaSetUpdated")) == ["ns/a (rolling out)"]
+
+
 def test_a_change_that_waited_longer_goes_first_whatever_the_order_of_evaluation():
     slots = RolloutSlots(1)
     everyone = tunings(A, B, C)

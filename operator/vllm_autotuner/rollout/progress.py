@@ -262,14 +262,28 @@ def _complete(deployment: dict[str, Any], generation: int = 0) -> bool:
 
 
 def rollout_in_progress(deployment: dict[str, Any]) -> bool:
-    """True while the Deployment controller rolls out a template (started by anyone): it has not caught up with the
+    """True while the Deployment is not settled: the Deployment controller rolls out a template (started by
+    anyone: ``template_rolling``), or fewer replicas than asked for are available (pods an autoscaler added,
+    loading or finding no GPU; a pod lost with its node). The tuning of that Deployment holds its changes
+    meanwhile: a restart while its capacity is short costs more, and a window of it says less."""
+    return not _complete(deployment)
+
+
+#: Reasons of the Progressing condition that say nothing of a rollout: set while the Deployment is paused, and
+#: when it is resumed, until the controller's next sync of it.
+_NO_VERDICT = {"DeploymentPaused", "DeploymentResumed"}
+
+
+def template_rolling(deployment: dict[str, Any]) -> bool:
+    """Whether the Deployment controller rolls out a template (started by anyone): it has not caught up with the
     spec, a pod of the newest template is still to be created or an old one to be stopped, or, with all of them
     there, the controller has not yet declared the rollout done (its Progressing condition's reason
-    ``NewReplicaSetAvailable``; without that condition, until every replica is available).
+    ``NewReplicaSetAvailable``; without a reason that tells, until every replica is available).
 
     A pod lost after the rollout completed, or one more that an autoscaler asked for and no GPU can take, is no
-    rollout: the controller keeps ``NewReplicaSetAvailable``, and so does this. Counting one would hold the tuning,
-    and every other tuning of the node pool waiting for a rollout slot, for as long as the pod stays unavailable.
+    rollout: the controller keeps ``NewReplicaSetAvailable``, and so does this. Such a pod holds no rollout slot
+    from the other tunings of its node pool (``rollout.slots``), which would otherwise wait for as long as it
+    stays unavailable.
     """
     spec_replicas = deployment["spec"].get("replicas", 1)
     status = deployment.get("status") or {}
@@ -278,6 +292,6 @@ def rollout_in_progress(deployment: dict[str, Any]) -> bool:
             or updated < spec_replicas or status.get("replicas", 0) > updated):
         return True
     for condition in status.get("conditions") or []:
-        if condition.get("type") == "Progressing":
+        if condition.get("type") == "Progressing" and condition.get("reason") not in _NO_VERDICT:
             return condition.get("reason") != "NewReplicaSetAvailable"
     return status.get("availableReplicas", 0) < spec_replicas

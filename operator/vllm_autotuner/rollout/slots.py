@@ -36,7 +36,7 @@ from typing import Any
 from vllm_autotuner.api.status import RolloutPhase
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.policy.observation import HoldReason
-from vllm_autotuner.rollout.progress import rollout_in_progress
+from vllm_autotuner.rollout.progress import template_rolling
 
 Key = tuple[str, str]
 Deployment = dict[str, Any]
@@ -101,7 +101,7 @@ class RolloutSlots:
             seen = self._seen.get(other)
             # not evaluated by this process yet: its status says (read raw, for every tuning)
             rolling, queued = seen if seen is not None else _from_status(body.get("status") or {})
-            if rolling or (deployment is not None and rollout_in_progress(deployment)):
+            if rolling or (deployment is not None and template_rolling(deployment)):
                 held.append(f"{other[0]}/{other[1]} (rolling out)")
             elif queued is not None and (place[0] is None or (queued, other) < place):
                 held.append(f"{other[0]}/{other[1]} (waiting since {utc_timestamp(queued)})")

@@ -14,6 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
+import urllib3
 from requests.adapters import BaseAdapter
 
 from vllm_autotuner.observe.client import Connection, ErrorKind, PrometheusClient, PrometheusError
@@ -121,16 +122,25 @@ def test_a_range_query_is_answered_by_a_matrix():
     assert error.value.kind is ErrorKind.QUERY
 
 
+def test_a_query_a_frontend_turns_away_is_not_asked_again_at_once():
+    """Thanos's, Mimir's or Cortex's query frontend, past its limit of queries in flight, sheds load: asking again
+    within the evaluation would triple the queries it turns away. The next evaluation asks again."""
+    answers = Answers((429, {"status": "error", "errorType": "too_many_requests",
+                             "error": "too many outstanding requests"}), answer())
+    with pytest.raises(PrometheusError) as error:
+        client_of(answers).query("up", 1000.0)
+    assert len(answers.asked) == 1
+    assert error.value.kind is ErrorKind.UNREACHABLE and not error.value.transient
+    assert "the next evaluation asks again" in str(error.value) and "raise its limit for the tenant" in str(error.value)
+
+
 @pytest.mark.parametrize(("failure", "said"), [
-    # Thanos's, Mimir's or Cortex's query frontend, past its limit of queries in flight
-    ((429, {"status": "error", "errorType": "too_many_requests", "error": "too many outstanding requests"}),
-     "raise its limit for the tenant"),
     (requests.exceptions.ChunkedEncodingError("Connection broken: IncompleteRead(40 bytes read, 111 more expected)"),
      "cut mid-answer"),
     (requests.exceptions.ContentDecodingError("Received response with content-encoding: gzip, but failed to decode"),
      "cut mid-answer"),
-], ids=["429", "cut-mid-body", "cut-compressed-body"])
-def test_a_query_turned_away_or_cut_short_is_asked_again(failure, said):
+], ids=["cut-mid-body", "cut-compressed-body"])
+def test_a_query_cut_short_is_asked_again(failure, said):
     answers = Answers(failure, answer())
     assert [sample.value for sample in client_of(answers).query("up", 1000.0)] == [2.0]
     assert len(answers.asked) == 2
@@ -145,6 +155,12 @@ def test_a_slow_query_is_told_apart_from_a_prometheus_that_does_not_answer():
         client_of(Answers(*[requests.exceptions.ReadTimeout()] * PrometheusClient.ATTEMPTS)).query("up", 1000.0)
     assert str(slow.value) == (f"Prometheus at {URL} took longer than 10s to answer (ReadTimeout): the query was slow; "
                                "raise spec.prometheus.timeout, or check Prometheus's load")
+    # timed out while reading the body, after the headers: requests raises a ConnectionError around urllib3's
+    mid_answer = requests.exceptions.ConnectionError(urllib3.exceptions.ReadTimeoutError(None, "/api/v1/query",
+                                                                                         "Read timed out."))
+    with pytest.raises(PrometheusError) as late:
+        client_of(Answers(*[mid_answer] * PrometheusClient.ATTEMPTS)).query("up", 1000.0)
+    assert "took longer than 10s to answer" in str(late.value) and late.value.transient
     for unreachable in (requests.exceptions.ConnectTimeout(), requests.exceptions.ConnectionError("refused")):
         with pytest.raises(PrometheusError) as error:
             client_of(Answers(*[unreachable] * PrometheusClient.ATTEMPTS)).query("up", 1000.0)

@@ -2,11 +2,11 @@
 
 Wraps ``prometheus-api-client`` with what a production caller needs: a
 timeout per query, retries with backoff (tenacity) for transient failures
-only (no connection, a slow query, HTTP 5xx or a query frontend's 429, an
-answer cut short), bearer-token and private-CA support, and errors sorted
-into kinds that say what to fix (unreachable, TLS, auth, bad query, partial
-answer). Callers
-never see a half-answer: a query either returns its samples or raises
+only (no connection, a slow query, HTTP 5xx, an answer cut short; not a
+query frontend's 429, which sheds load: the next evaluation asks again),
+bearer-token and private-CA support, and errors sorted into kinds that
+say what to fix (unreachable, TLS, auth, bad query, partial answer).
+Callers never see a half-answer: a query either returns its samples or raises
 ``PrometheusError``, which the controller turns into
 ``MetricsAvailable=False`` and a hold. A Thanos Querier (OpenShift's
 monitoring stack) answers by default what the stores that answered have,
@@ -34,6 +34,7 @@ from enum import StrEnum
 from urllib.parse import urlsplit
 
 import requests
+import urllib3
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 from urllib3.util.retry import Retry
@@ -134,6 +135,7 @@ def _check_answer(response: requests.Response, *args: object, **kwargs: object) 
         body = response.json()
     except ValueError:
         raise _NotAnAnswer(f"no JSON ({response.headers.get('Content-Type', 'no Content-Type')})") from None
+    response.json = lambda **_: body  # prometheus-api-client takes it apart next: one parse, not two
     data = body.get("data") if isinstance(body, dict) else None
     if not isinstance(data, dict) or body.get("status") != "success":
         raise _NotAnAnswer("JSON without a successful status and data")
@@ -186,6 +188,9 @@ def _classify(exc: Exception, connection: Connection) -> PrometheusError:
             "path and any auth proxy in front of it (or the operator's --prometheus-url)",
             transient=False,
         )
+    if isinstance(exc, requests.exceptions.ConnectionError) and exc.args and isinstance(
+            exc.args[0], urllib3.exceptions.ReadTimeoutError):
+        exc = requests.exceptions.ReadTimeout(*exc.args)  # timed out mid-answer: requests calls that a ConnectionError
     for failures, kind, message, transient in _TRANSPORT_FAILURES:
         if isinstance(exc, failures):
             return PrometheusError(kind, message.format(url=url, name=exc.__class__.__name__,
@@ -199,11 +204,13 @@ def _classify(exc: Exception, connection: Connection) -> PrometheusError:
             transient=False,
         )
     if isinstance(exc, PrometheusApiClientException) and "HTTP Status Code 429" in text[:30]:
+        # not asked again at once: a frontend that sheds load would get three times the queries
         return PrometheusError(
             ErrorKind.UNREACHABLE,
             f"Prometheus at {url} turned the query away as too many ({text[:200]}); a query frontend (Thanos, Mimir, "
-            "Cortex) limits the queries in flight: if it persists, raise its limit for the tenant",
-            transient=True,
+            "Cortex) limits the queries in flight, and the next evaluation asks again: if it persists, raise its "
+            "limit for the tenant",
+            transient=False,
         )
     if isinstance(exc, PrometheusApiClientException) and "HTTP Status Code 5" in text:
         return PrometheusError(ErrorKind.UNREACHABLE, f"Prometheus at {url} failed: {text[:200]}", transient=True)

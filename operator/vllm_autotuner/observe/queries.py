@@ -39,8 +39,10 @@ copies once first, grouped by the pod and vLLM's own labels, which alone
 tell a pod's series apart (``SERVER_LABELS``): a counter's rate and a
 histogram's bucket rates take the largest copy, since a copy that missed
 scrapes at an end of the window (its job, or one of the HA pair, down for
-part of it) has only part of the increase and never more, and the largest
-of cumulative buckets is cumulative still; a gauge's mean over the window
+part of it) has only part of the increase (``rate``'s extrapolation to the
+window's ends may add a little to a whole copy's, under a scrape interval's
+worth: the largest reads that much high, where the mean of a gap read a
+third low), and the largest of cumulative buckets is cumulative still; a gauge's mean over the window
 takes the copies' mean, which such a gap leaves unbiased. Those that take a
 maximum or a minimum (timestamps, starts) are the same over copies.
 """

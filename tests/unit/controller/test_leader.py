@@ -24,7 +24,7 @@ from vllm_autotuner.controller.kube import Kube, NotLeading
 from vllm_autotuner.controller.leader import LeaderElector, LeaseConfig
 from vllm_autotuner.controller.metrics import OperatorMetrics
 
-LEASE, DEADLINE = 1.0, 0.5
+LEASE, DEADLINE = 2.0, 1.0
 
 
 class Store:

@@ -17,6 +17,7 @@ from vllm_autotuner.knobs import (
     CommandLineError,
     EngineArgs,
     Hardware,
+    Sigterm,
     find_vllm_container,
     set_knobs,
     vllm_defaults,
@@ -614,6 +615,66 @@ def test_vllm_behind_reserved_words_wrappers_and_launchers_runs(script):
     container = {"name": "engine", "image": "registry/llm", "command": ["sh", "-c", script]}
     assert find_vllm_container({"containers": [{"name": "proxy", "image": "envoy"}, container]}) is container
     assert CommandLine.parse(container).model() == "M"
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        "ddtrace-run vllm serve M --max-num-seqs 64 2>&1 | tee /log/out",
+        "ddtrace-run vllm serve M --max-num-seqs 64 &\nwait",
+        "set -e\nopentelemetry-instrument vllm serve M --max-num-seqs 64\necho exited",
+        "nsys profile -o /t vllm serve M --max-num-seqs 64 | tee x",
+        "exec -a vllm-server vllm serve M --max-num-seqs 64",
+        "command -v vllm && exec command vllm serve M --max-num-seqs 64",
+        "torchrun --nproc-per-node 1 -m vllm.entrypoints.openai.api_server --model M --max-num-seqs 64; echo done",
+        "pkill -f vllm serve || true; echo vllm serve; coverage run -m vllm.entrypoints.api_server --model M "
+        "--max-num-seqs 64",
+    ],
+)
+def test_vllm_behind_a_program_that_does_not_only_name_it_runs(script):
+    # a tracer, a profiler or a launcher in front starts vLLM; flags go to that command, not to the script's last
+    container = {"name": "engine", "image": "registry/llm", "command": ["bash", "-c", script]}
+    assert find_vllm_container({"containers": [{"name": "proxy", "image": "envoy"}, container]}) is container
+    assert CommandLine.parse(container).model() == "M"
+    assert EngineArgs.from_container(container).max_num_seqs == 64
+    assert set_knobs(container, NEW)["command"][2] == script.replace(
+        "--max-num-seqs 64", "--max-num-seqs 96 --max-num-batched-tokens 3072")
+
+
+def test_a_launcher_in_front_of_vllm_reads_the_same_in_list_and_script_form():
+    argv = ["opentelemetry-instrument", "vllm", "serve", "M", "--max-num-seqs", "64"]
+    listed = CommandLine.parse({"command": argv})
+    scripted = CommandLine.parse({"command": ["bash", "-c", "exec " + " ".join(argv)]})
+    for cmd in (listed, scripted):
+        assert (cmd.runs_vllm(), cmd.model(), cmd.get_int("max-num-seqs"), cmd.sigterm()) == (
+            True, "M", 64, Sigterm.REACHES)
+
+
+def test_a_script_of_several_commands_none_of_which_starts_vllm_is_refused():
+    # the image's entrypoint may run vLLM from any one of them: the operator cannot tell which gets the flags
+    container = {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                 "command": ["sh", "-c", "echo starting vllm serve; /opt/start.sh --max-num-seqs 64; echo exited"]}
+    assert find_vllm_container({"containers": [container, {"name": "proxy", "image": "envoy"}]}) is container
+    for read in (EngineArgs.from_container, lambda c: set_knobs(c, NEW)):
+        with pytest.raises(CommandLineError, match="runs 3 commands and none starts vLLM.*exec vllm serve.*"
+                                                   "spec.targetRef.container"):
+            read(container)
+
+
+@pytest.mark.parametrize(
+    ("command", "written"),
+    [
+        (["/opt/start.sh", "--max-num-seqs", "64"],
+         ["/opt/start.sh", "--max-num-seqs", "96", "--max-num-batched-tokens", "3072"]),
+        # a script's one command, not the empty one after its last newline
+        (["sh", "-c", "exec /opt/start.sh --max-num-seqs 64\n"],
+         ["sh", "-c", "exec /opt/start.sh --max-num-seqs 96 --max-num-batched-tokens 3072\n"]),
+    ],
+)
+def test_a_single_command_that_names_no_vllm_is_read_as_the_entrypoints(command, written):
+    container = {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "command": command}
+    assert EngineArgs.from_container(container).max_num_seqs == 64
+    assert set_knobs(container, NEW)["command"] == written
 
 
 def test_a_container_whose_entrypoint_may_run_vllm_beside_one_that_runs_it_is_no_choice_to_make():

@@ -38,8 +38,9 @@ A wrong reading is worse than none: flags written where vLLM does not get
 them leave the operator believing in values vLLM never ran with, and a script
 broken by a rewrite crash-loops every pod. So a form that cannot be read with
 certainty (an unknown program in front of the shell, a here-document, a
-script that reshuffles its arguments or runs vLLM in several commands)
-raises CommandLineError, and the operator changes nothing.
+script that reshuffles its arguments, runs vLLM in several commands, or runs
+several commands none of which starts vLLM) raises CommandLineError, and the
+operator changes nothing.
 """
 
 from __future__ import annotations
@@ -383,16 +384,20 @@ def _is_watcher(word: str) -> bool:
     return word.rsplit("/", 1)[-1] in _WATCHERS
 
 
-def _is_launcher(word: str) -> bool:
-    """Whether the program ``word`` is one of _LAUNCHERS or a Python interpreter (``python3 -m``)."""
-    name = word.rsplit("/", 1)[-1]
-    return name in _LAUNCHERS or re.fullmatch(r"python[0-9.]*", name) is not None
-
-
 def _program_words(texts: list[str]) -> list[str]:
     """A script's simple command from the program it starts: after the reserved words that open it (``then``,
-    ``do``, ``{``...), ``exec`` and variable assignments."""
-    return list(itertools.dropwhile(lambda t: t in _RESERVED_WORDS or t == "exec" or _ASSIGNMENT.fullmatch(t), texts))
+    ``do``, ``{``...), variable assignments, and ``exec`` with its options (bash's ``-a NAME``, ``-c``, ``-l``)."""
+    words = list(itertools.dropwhile(lambda t: t in _RESERVED_WORDS or _ASSIGNMENT.fullmatch(t), texts))
+    if words[:1] != ["exec"]:
+        return words
+    pos = 1
+    while pos < len(words) and words[pos].startswith("-") and words[pos] != "-":
+        option = words[pos]
+        pos += 1
+        if option == "--":
+            break
+        pos += option.endswith("a")  # -a takes the next word (-la NAME); -aNAME holds it
+    return words[pos:]
 
 
 def _is_init(word: str) -> bool:
@@ -544,9 +549,13 @@ _IMAGE_SH = {
 }
 # Operators that put the command beside them in a child of the shell: a pipeline, the background, a subshell.
 _CHILD_OPERATORS = {"|", "|&", "&", "(", ")"}
-# Programs that start the command or module their arguments name (besides _WRAPPERS, and python's -m): in a script,
-# vLLM behind one of them runs, behind any other program its name is only an argument.
-_LAUNCHERS = {*_HOLDERS, *_WATCHERS, "uv", "pdm", "poetry", "pipenv", "setpriv", "sudo", "eval"}
+# Programs and builtins that only name the words after them (print, log, search for, signal, test, fetch or wait
+# for them), never start them: ``vllm serve`` behind one of them is an argument (``echo waiting for vllm serve``,
+# ``pkill -f vllm serve``); behind any other program it is taken to run (``python3 -m``, ``conda run``, a tracer
+# such as ``ddtrace-run`` or ``opentelemetry-instrument``, ``nsys profile``, ``torchrun``, ``command``).
+_NAMERS = {"echo", "printf", "logger", "pkill", "pgrep", "pidof", "killall", "kill", "ps", "grep", "egrep", "fgrep",
+           "test", "[", "[[", "curl", "wget", "cat", "tee", "true", "false", ":", "sleep", "which", "type", "for",
+           "case"}
 # The shell's reserved words that may come before a command's name (``then vllm serve``, ``do vllm serve``).
 _RESERVED_WORDS = {"!", "{", "if", "then", "elif", "else", "while", "until", "do", "time"}
 # A variable assignment before a command's name (``VAR=value vllm serve``).
@@ -691,9 +700,12 @@ class CommandLine:
         return list(zip([0, *(i + 1 for i in operators)], [*operators, len(self.words)], strict=True))
 
     def _vllm_segment(self) -> tuple[int, int]:
-        """[start, end) word indices of the simple command that runs vLLM (the last one when none shows it).
+        """[start, end) word indices of the simple command that runs vLLM; where none shows it, the only command
+        (the image's entrypoint, or a script of its own, may run vLLM: ``exec /start.sh --max-num-seqs 64``).
         Raises CommandLineError for a script that runs vLLM in several commands (``vllm serve M || vllm serve M
-        --enforce-eager``, one in each branch of an ``if``): the operator would read and rewrite only one of them."""
+        --enforce-eager``, one in each branch of an ``if``): the operator would read and rewrite only one of them;
+        and for a script of several commands none of which shows it, where it cannot tell which one gets the
+        flags (su's or runuser's own -c script among them is refused as such, ``_refuse_watcher_script``)."""
         commands = self._simple_commands()
         running = [c for c in commands if any(self._is_vllm_word(j) for j in range(*c))]
         if len(running) > 1:
@@ -703,7 +715,19 @@ class CommandLine:
                 f"the flags of one only; start vLLM from a single command in the script (exec vllm serve ...), or "
                 f"start it directly in the container's command and args"
             )
-        return running[0] if running else commands[-1]
+        if running:
+            return running[0]
+        filled = [c for c in commands if c[0] < c[1]]
+        if len(filled) > 1:
+            for first, end in filled:  # su's own -c script is refused as such, with its own advice
+                _refuse_watcher_script(_program_words([w.text for w in self.words[first:end]]))
+            raise CommandLineError(
+                f"the shell script runs {len(filled)} commands and none starts vLLM (vllm serve or the api_server "
+                f"module), so the operator cannot tell which one would get the flags; start vLLM in the script as "
+                f"exec vllm serve ... (any launcher in front of vllm may stay), or, where another container runs "
+                f"vLLM, name that one in spec.targetRef.container"
+            )
+        return filled[0] if filled else commands[-1]
 
     def _segment_argv(self) -> list[str]:
         """The words of the simple command that runs vLLM, from the program it starts (``_program_words``); all of
@@ -723,22 +747,21 @@ class CommandLine:
         return False
 
     def _is_vllm_word(self, i: int) -> bool:
-        """Whether word ``i`` starts vLLM's server: the api_server module, or ``vllm`` (any path) before ``serve``.
-        In a script, only where its simple command starts it: as the program (``_program_words``, behind any
-        _WRAPPERS) or behind one of _LAUNCHERS (``python3 -m``, ``conda run``), not as another program's argument
-        (``echo waiting for vllm serve``)."""
+        """Whether word ``i`` starts vLLM's server: the api_server module, or ``vllm`` (any path) before ``serve``,
+        in a simple command whose program (in a script from ``_program_words``; behind any _WRAPPERS) is vLLM or
+        any program but one of _NAMERS, which only name it (``echo waiting for vllm serve``)."""
         if self.words[i].operator:
             return False
         text = self.words[i].text
-        starts = text in _VLLM_ENTRYPOINTS or (
-            text.rsplit("/", 1)[-1] == "vllm" and i + 1 < len(self.words) and self.words[i + 1].text == "serve"
-        )
-        if not starts or self.shell_script is None:
-            return starts
+        if text not in _VLLM_ENTRYPOINTS and not (
+                text.rsplit("/", 1)[-1] == "vllm" and i + 1 < len(self.words) and self.words[i + 1].text == "serve"):
+            return False
         start = next((j + 1 for j in range(i - 1, -1, -1) if self.words[j].operator), 0)
-        before = _program_words([w.text for w in self.words[start:i]])
+        before = [w.text for w in self.words[start:i]]
+        if self.shell_script is not None:
+            before = _program_words(before)
         program = _command_start(before)
-        return program == len(before) or _is_launcher(before[program])
+        return program == len(before) or before[program].rsplit("/", 1)[-1] not in _NAMERS
 
     def _vllm_arguments(self) -> tuple[int, int]:
         """[start, end) word indices of vLLM's own arguments: those after ``vllm serve`` or the api_server module

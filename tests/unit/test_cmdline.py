@@ -574,6 +574,17 @@ def test_a_function_that_does_not_pass_on_its_arguments_leaves_the_script_readab
     assert args.max_num_seqs == 64
 
 
+@pytest.mark.parametrize("passed", [[], ["x", "--max-num-seqs", "64"]])
+def test_a_function_of_its_own_that_passes_on_its_arguments_leaves_the_vllm_command_readable(passed):
+    # the logging function's "$@" holds what it is called with; vLLM's command is outside it
+    script = 'log() { echo "$@" >&2; }; log start; exec vllm serve M ' + ('"$@"' if passed else "--max-num-seqs 64")
+    container = {"command": ["bash", "-c", script, *passed]}
+    assert EngineArgs.from_container(container).max_num_seqs == 64
+    assert set_knobs(container, NEW)["command"][2:] == (
+        [script, "x", "--max-num-seqs", "96", "--max-num-batched-tokens", "3072"] if passed else
+        [script.replace("64", "96 --max-num-batched-tokens 3072")])
+
+
 def test_a_dash_c_after_the_command_or_a_shell_given_with_dash_s_is_no_user_switch_script():
     # after --, -c is vLLM's operand, not runuser's option; -s takes a shell, not a script
     args = EngineArgs.from_container({"command": ["runuser", "-u", "vllm", "--", "vllm", "serve", "M", "-c", "x",

@@ -663,6 +663,7 @@ class CommandLine:
         cmd = cls._split(container)
         if cmd.shell_script is not None:  # the script's command that gets the flags
             _refuse_watcher_script(cmd._segment_argv())
+            cmd._refuse_function_arguments()
         cmd.flags()  # refuses now what cannot be read as flags, before anyone acts on the command
         return cmd
 
@@ -735,6 +736,20 @@ class CommandLine:
         first, end = self._vllm_segment()
         texts = [w.text for w in self.words[first:end]]
         return texts if self.shell_script is None else _program_words(texts)
+
+    def _refuse_function_arguments(self) -> None:
+        """Raises CommandLineError where the script's vLLM command passes on ``"$@"`` within a function's body, where
+        it holds the arguments the function is called with (``_script_words`` leaves it as written)."""
+        first, end = self._vllm_segment()
+        passed = next((w.span for w in self.words[first:end] if w.span and w.expands and w.text == "$@"), None)
+        if passed is None:
+            return
+        function = _function_at(_function_bodies(split_shell("".join(p.text for p in self.script_parts))), passed)
+        raise CommandLineError(
+            f'the script passes on "$@" within function {function}, where it holds the arguments the function is '
+            f'called with, which the operator does not follow; write the flags in the vLLM command, and run it '
+            f'outside a function (exec vllm serve ... "$@" passes on the container\'s args)'
+        )
 
     def _traps_term(self) -> bool:
         """Whether the script sets a ``trap`` on SIGTERM: then the shell handles the signal, may pass it to vLLM
@@ -1030,25 +1045,20 @@ def _script_words(script: Word, positional: list[Word], unknown: list[tuple[int,
     """The words of a ``-c`` script, those that overlap a span in ``unknown`` (a variable whose value the operator
     cannot read) marked as expansions. A ``"$@"`` word stands for the positional parameters, the argv words after
     ``$0`` (``sh -c 'exec vllm serve "$@"' -- M --max-num-seqs 64``): those reach vLLM as they are, so they are
-    read and rewritten as elements. Raises CommandLineError where the script uses them in another way: reads them
-    one by one (``$1``), changes them (``set --``, ``shift``; also where the container passes none, as the script
-    passes on what it sets), or passes ``"$@"`` within a function's body, where it holds the function's arguments."""
+    read and rewritten as elements. Within a function's body they are the function's arguments: a ``"$@"`` there is
+    left as written (``CommandLine._refuse_function_arguments`` refuses it in vLLM's command), and its words are not
+    checked. Raises CommandLineError where the script uses them in another way: reads them one by one (``$1``), or
+    changes them (``set --``, ``shift``; also where the container passes none, as the script passes on what it
+    sets)."""
     shell_words = split_shell(script.text)
     bodies = _function_bodies(shell_words)
     words: list[Word] = []
     passes_on = False  # the script passes its arguments on as "$@"
     for text, (lo, hi), operator, expands in shell_words:
-        if operator or script.text[lo:hi] not in ('"$@"', "$@"):
+        if operator or script.text[lo:hi] not in ('"$@"', "$@") or _function_at(bodies, (lo, hi)):
             expands = expands or any(a < hi and lo < b for a, b in unknown)
             words.append(Word(text, script.field, script.index, (lo, hi), operator, expands))
             continue
-        function = next((name for name, (a, b) in bodies if a <= lo and hi <= b), None)
-        if function is not None:
-            raise CommandLineError(
-                f'the script passes on "$@" within function {function}, where it holds the arguments the function is '
-                f'called with, which the operator does not follow; write the flags in the vLLM command, and run it '
-                f'outside a function (exec vllm serve ... "$@" passes on the container\'s args)'
-            )
         if script.text[lo:hi] == "$@" and any(re.search(r"[\s*?[]", w.text) or not w.text for w in positional):
             raise CommandLineError('unquoted $@ splits and expands its arguments; write "$@"')
         words.extend(positional)
@@ -1056,7 +1066,7 @@ def _script_words(script: Word, positional: list[Word], unknown: list[tuple[int,
     if not positional and not passes_on:
         return words
     for k, word in enumerate(words):
-        if word.span is None:
+        if word.span is None or _function_at(bodies, word.span):
             continue
         if re.search(r"\$\{?[1-9@*]", word.text):
             raise CommandLineError(f'the script uses its arguments as {word.text}; pass them to vLLM as "$@"')
@@ -1095,6 +1105,11 @@ def _function_bodies(words: list[ShellWord]) -> list[tuple[str, tuple[int, int]]
                 break
         bodies.append((name, (words[body][1][0], words[end][1][1])))
     return bodies
+
+
+def _function_at(bodies: list[tuple[str, tuple[int, int]]], span: tuple[int, int]) -> str | None:
+    """The name of the function among ``bodies`` (``_function_bodies``) whose body holds ``span``; None if none."""
+    return next((name for name, (a, b) in bodies if a <= span[0] and span[1] <= b), None)
 
 
 def _sets_positionals(words: list[Word], k: int) -> bool:

@@ -664,10 +664,10 @@ def test_a_launcher_in_front_of_vllm_reads_the_same_in_list_and_script_form():
 def test_a_script_of_several_commands_none_of_which_starts_vllm_is_refused():
     # the image's entrypoint may run vLLM from any one of them: the operator cannot tell which gets the flags
     container = {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
-                 "command": ["sh", "-c", "echo starting vllm serve; /opt/start.sh --max-num-seqs 64; echo exited"]}
+                 "command": ["sh", "-c", "echo starting; /opt/fetch.sh; /opt/start.sh --max-num-seqs 64; echo exited"]}
     assert find_vllm_container({"containers": [container, {"name": "proxy", "image": "envoy"}]}) is container
     for read in (EngineArgs.from_container, lambda c: set_knobs(c, NEW)):
-        with pytest.raises(CommandLineError, match="runs 3 commands and none starts vLLM.*exec vllm serve.*"
+        with pytest.raises(CommandLineError, match="runs 2 commands and none starts vLLM.*exec vllm serve.*"
                                                    "spec.targetRef.container"):
             read(container)
 
@@ -680,6 +680,12 @@ def test_a_script_of_several_commands_none_of_which_starts_vllm_is_refused():
         # a script's one command, not the empty one after its last newline
         (["sh", "-c", "exec /opt/start.sh --max-num-seqs 64\n"],
          ["sh", "-c", "exec /opt/start.sh --max-num-seqs 96 --max-num-batched-tokens 3072\n"]),
+        # the one command beside those that only prepare it or say what happens
+        (["sh", "-c", "set -e; cd /app; echo starting; exec ./start.sh --max-num-seqs 64"],
+         ["sh", "-c",
+          "set -e; cd /app; echo starting; exec ./start.sh --max-num-seqs 96 --max-num-batched-tokens 3072"]),
+        (["sh", "-c", "cd /app && python serve.py --max-num-seqs 64"],
+         ["sh", "-c", "cd /app && python serve.py --max-num-seqs 96 --max-num-batched-tokens 3072"]),
     ],
 )
 def test_a_single_command_that_names_no_vllm_is_read_as_the_entrypoints(command, written):

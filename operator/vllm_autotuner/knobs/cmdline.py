@@ -556,6 +556,10 @@ _CHILD_OPERATORS = {"|", "|&", "&", "(", ")"}
 _NAMERS = {"echo", "printf", "logger", "pkill", "pgrep", "pidof", "killall", "kill", "ps", "grep", "egrep", "fgrep",
            "test", "[", "[[", "curl", "wget", "cat", "tee", "true", "false", ":", "sleep", "which", "type", "for",
            "case"}
+# Builtins and programs that prepare what a script runs next and start nothing: a script's command of one of them
+# (``cd /app; exec /start.sh``, ``set -e; ...``) is no candidate for the one the image's entrypoint may run vLLM in.
+_SETUP = {"set", "cd", "export", "source", ".", "trap", "ulimit", "umask", "mkdir", "unset", "shopt", "readonly",
+          "declare", "chmod", "chown", "ln", "cp", "mv", "rm", "touch"}
 # The shell's reserved words that may come before a command's name (``then vllm serve``, ``do vllm serve``).
 _RESERVED_WORDS = {"!", "{", "if", "then", "elif", "else", "while", "until", "do", "time"}
 # A variable assignment before a command's name (``VAR=value vllm serve``).
@@ -719,16 +723,24 @@ class CommandLine:
         if running:
             return running[0]
         filled = [c for c in commands if c[0] < c[1]]
-        if len(filled) > 1:
+        programs = [c for c in filled if not self._prepares(c)]
+        if len(programs) > 1 or (not programs and len(filled) > 1):
             for first, end in filled:  # su's own -c script is refused as such, with its own advice
                 _refuse_watcher_script(_program_words([w.text for w in self.words[first:end]]))
             raise CommandLineError(
-                f"the shell script runs {len(filled)} commands and none starts vLLM (vllm serve or the api_server "
-                f"module), so the operator cannot tell which one would get the flags; start vLLM in the script as "
-                f"exec vllm serve ... (any launcher in front of vllm may stay), or, where another container runs "
-                f"vLLM, name that one in spec.targetRef.container"
+                f"the shell script runs {len(programs) or len(filled)} commands and none starts vLLM (vllm serve or "
+                f"the api_server module), so the operator cannot tell which one would get the flags; start vLLM in "
+                f"the script as exec vllm serve ... (any launcher in front of vllm may stay), or, where another "
+                f"container runs vLLM, name that one in spec.targetRef.container"
             )
-        return filled[0] if filled else commands[-1]
+        return (programs or filled or commands[-1:])[0]
+
+    def _prepares(self, command: tuple[int, int]) -> bool:
+        """Whether a script's simple command starts no program that could run vLLM: a builtin or program that
+        prepares (``cd``, ``set -e``, ``export``: _SETUP), or one that only names what follows (_NAMERS)."""
+        words = _program_words([w.text for w in self.words[slice(*command)]])
+        program = _command_start(words)
+        return program == len(words) or words[program].rsplit("/", 1)[-1] in _SETUP | _NAMERS
 
     def _segment_argv(self) -> list[str]:
         """The words of the simple command that runs vLLM, from the program it starts (``_program_words``); all of

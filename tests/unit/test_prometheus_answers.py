@@ -1,7 +1,8 @@
 """What the operator's Prometheus client makes of an answer: one that may lack series is an error, never samples.
 
 A Thanos Querier answers a query one of its stores failed with HTTP 200, the other stores' series and a warning,
-unless asked for no partial response; an auth proxy in front of Prometheus answers HTTP 200 with its login page; a
+unless asked for no partial response, and a VictoriaMetrics cluster's vmselect one a vmstorage node did not answer,
+marked ``isPartial``; an auth proxy in front of Prometheus answers HTTP 200 with its login page; a
 query frontend turns queries away with HTTP 429. The answers come from a transport adapter on the client's session,
 as a Prometheus, a querier or a proxy would send them (or as the transport fails), so no server is needed.
 """
@@ -68,6 +69,7 @@ def test_every_query_asks_for_no_partial_response():
     assert [sample.value for sample in client.query("up", 1000.0)] == [2.0]
     assert client.query_range("up", 1000.0, 1060.0, 30.0) == []
     assert [asked["partial_response"] for asked in answers.asked] == [["false"], ["false"]]
+    assert [asked["deny_partial_response"] for asked in answers.asked] == [["1"], ["1"]]
 
 
 def test_an_answer_with_warnings_is_a_transient_error_that_names_the_warning():
@@ -79,6 +81,15 @@ def test_an_answer_with_warnings_is_a_transient_error_that_names_the_warning():
     assert message.startswith(f"Prometheus at {URL} answered with a warning, so the answer may lack series: "
                               "receive series from Addr: prometheus-k8s-1")
     assert "--store.response-timeout" in message
+
+
+def test_an_answer_a_victoriametrics_cluster_marks_partial_is_a_transient_error_that_says_where_to_look():
+    client = client_of(Answers(*[answer(isPartial=True)] * PrometheusClient.ATTEMPTS))
+    with pytest.raises(PrometheusError) as error:
+        client.query("up", 1000.0)
+    assert error.value.kind is ErrorKind.PARTIAL and error.value.transient
+    assert "isPartial: true" in str(error.value) and "vmstorage pods" in str(error.value)
+    assert [sample.value for sample in client_of(Answers(answer(isPartial=False))).query("up", 1000.0)] == [2.0]
 
 
 def test_a_whole_answer_after_a_partial_one_is_taken():

@@ -13,7 +13,11 @@ monitoring stack) answers by default what the stores that answered have,
 with HTTP 200 and a warning, when one fails or times out: every query asks
 for no partial response (``partial_response=false``, which Prometheus
 ignores), and an answer that carries warnings all the same, whose data
-alone prometheus-api-client would hand on, is a transient error. PromQL's
+alone prometheus-api-client would hand on, is a transient error. A
+VictoriaMetrics cluster's vmselect does the same when a vmstorage node is
+unavailable, and marks the answer ``"isPartial": true`` rather than warn:
+every query asks it for no partial response too
+(``deny_partial_response=1``), and such an answer is the same error. PromQL's
 info annotations (``infos`` from Prometheus 3, among the warnings from a
 Thanos Querier) say nothing is missing and pass. An answer with HTTP 200
 that is not the Prometheus HTTP API's (an auth proxy's login page, a
@@ -51,11 +55,15 @@ class ErrorKind(StrEnum):
 
 
 #: Asked of every query: Thanos Querier's ``partial_response`` (on by default) answers a query a store failed with
-#: the others' series; off, it fails the query instead. Prometheus ignores a parameter it does not know.
-_WHOLE_ANSWER = {"partial_response": "false"}
+#: the others' series, and VictoriaMetrics' vmselect one a vmstorage node could not answer (unless started with
+#: ``-search.denyPartialResponse``); asked not to, each fails the query instead. Prometheus ignores a parameter it
+#: does not know, and so does each of them the other's.
+_WHOLE_ANSWER = {"partial_response": "false", "deny_partial_response": "1"}
 #: How PromQL's info annotations begin ("PromQL info: metric might not be a counter..."), which a Thanos Querier
 #: returns among its warnings: a possible false positive about the query, not data left out of the answer.
 _PROMQL_INFO = "PromQL info"
+#: What stands for the warning of an answer that says it is partial (a VictoriaMetrics cluster's ``isPartial``)
+_PARTIAL = "isPartial: true (a vmstorage node did not answer)"
 
 
 class PrometheusError(Exception):
@@ -102,7 +110,8 @@ class _NotAnAnswer(Exception):
 
 
 class _Warned(Exception):
-    """An answer with HTTP 200 that carries warnings: possibly without the series of a store that failed."""
+    """An answer with HTTP 200 that may lack the series of a store that failed: it carries warnings (a Thanos
+    Querier's), or says it is partial (a VictoriaMetrics cluster's ``isPartial``)."""
 
     def __init__(self, warnings: list[str]) -> None:
         super().__init__("; ".join(warnings))
@@ -128,7 +137,7 @@ def _check_answer(response: requests.Response, *args: object, **kwargs: object) 
     """A response hook on every answer with HTTP 200, which prometheus-api-client would take apart unchecked:
     raises ``_NotAnAnswer`` for one that is not the API's answer to the query asked (a range query's a matrix,
     an instant query's a vector, each row a series) and ``_Warned`` for one whose warnings are more than info
-    annotations, which the library would pass on without them."""
+    annotations, or that says it is partial, which the library would pass on as whole."""
     if response.status_code != 200:
         return
     try:
@@ -146,6 +155,8 @@ def _check_answer(response: requests.Response, *args: object, **kwargs: object) 
     if not isinstance(data.get("result"), list) or not all(_row(row, points) for row in data["result"]):
         raise _NotAnAnswer(f"a {result_type} whose rows are not series")
     warnings = [str(w) for w in body.get("warnings") or () if not str(w).startswith(_PROMQL_INFO)]
+    if body.get("isPartial") is True:
+        warnings.append(_PARTIAL)
     if warnings:
         raise _Warned(warnings)
 
@@ -177,8 +188,10 @@ def _classify(exc: Exception, connection: Connection) -> PrometheusError:
         return PrometheusError(
             ErrorKind.PARTIAL,
             f"Prometheus at {url} answered with a warning, so the answer may lack series: {exc.warnings[0][:200]}; "
-            "behind a Thanos Querier a store (a sidecar, a store gateway, a receiver) failed or timed out: check "
-            "it on the querier's Stores page, or raise --store.response-timeout",
+            + ("behind a VictoriaMetrics cluster a vmstorage node did not answer: check the vmstorage pods and "
+               "vmselect's -storageNode list" if _PARTIAL in exc.warnings else
+               "behind a Thanos Querier a store (a sidecar, a store gateway, a receiver) failed or timed out: check "
+               "it on the querier's Stores page, or raise --store.response-timeout"),
             transient=True,
         )
     if isinstance(exc, _NotAnAnswer):

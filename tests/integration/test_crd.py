@@ -100,6 +100,23 @@ def test_admission_rejects_bad_specs_naming_the_field(
     assert f"{field}:" in message and reason in message, message
 
 
+def test_the_target_cannot_change_but_the_rest_of_the_spec_can(cluster_with_crd: Cluster, namespace: str) -> None:
+    """What a tuning measured and learned belongs to its Deployment: pointing it at another is refused at
+    admission, saying what to do instead; any other change of the spec, and one that names the same target, pass."""
+    create(cluster_with_crd, namespace, vllm_tuning("moved", target()))
+    api = client.CustomObjectsApi(cluster_with_crd.api)
+    with pytest.raises(ApiException) as refused:
+        api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "moved",
+                                           {"spec": {"targetRef": {"name": "mistral"}}})
+    assert refused.value.status == 422, refused.value.body
+    message = json.loads(refused.value.body)["message"]
+    assert "spec.targetRef.name: Invalid value" in message and "create a VllmTuning for it" in message, message
+    stored = api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "moved", {"spec": {
+        "mode": "Recommend", "targetRef": {"name": "llama", "container": "vllm", "ignoreController": True}}})["spec"]
+    assert stored["mode"] == "Recommend" and stored["targetRef"]["name"] == "llama"
+    assert stored["targetRef"]["container"] == "vllm"
+
+
 def test_unknown_fields_are_pruned_or_rejected_when_strict(cluster_with_crd: Cluster, namespace: str) -> None:
     spec = target(maxNumBatchedTokens=4096, bounds={"maxNumSeqs": {"min": 8, "maximum": 64}})
     message = rejection(cluster_with_crd, namespace, vllm_tuning("strict", spec), field_validation="Strict")

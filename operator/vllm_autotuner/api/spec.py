@@ -202,6 +202,14 @@ class TargetKind(StrEnum):
     DEPLOYMENT = "Deployment"
 
 
+#: A transition rule (on update only): a status' measurements, learned configs, failed configs and rollout in
+#: progress belong to the Deployment they were taken on, and the model fitted on one model or GPU would be applied
+#: to another's. A Deployment re-created under the same name keeps them (the same workload, most likely).
+_SAME_TARGET = cel("self == oldSelf", "targetRef.name cannot change: what this tuning has measured and learned "
+                   "belongs to its Deployment; to tune another Deployment, create a VllmTuning for it (and delete "
+                   "this one)")
+
+
 class TargetRef(SpecModel):
     """The workload that runs vLLM, in the VllmTuning's namespace."""
 
@@ -209,8 +217,9 @@ class TargetRef(SpecModel):
     """API version of the target; apps/v1 for Deployments."""
     kind: TargetKind = TargetKind.DEPLOYMENT
     """Kind of the target. Only Deployment is supported."""
-    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-    """Name of the Deployment."""
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+                      json_schema_extra={"x-kubernetes-validations": [_SAME_TARGET]})
+    """Name of the Deployment. It cannot change: what the tuning has measured, learned and seen fail belongs to this Deployment; to tune another, create a VllmTuning for it."""
     container: str | None = Field(default=None, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     """Container that runs vLLM. Default: the container whose command runs vLLM (vllm serve or the OpenAI api_server module)."""
     ignore_controller: bool = False

@@ -726,7 +726,7 @@ class CommandLine:
         programs = [c for c in filled if not self._prepares(c)]
         if len(programs) > 1 or (not programs and len(filled) > 1):
             for first, end in filled:  # su's own -c script is refused as such, with its own advice
-                _refuse_watcher_script(_program_words([w.text for w in self.words[first:end]]))
+                _refuse_watcher_script(self._argv(first, end))
             raise CommandLineError(
                 f"the shell script runs {len(programs) or len(filled)} commands and none starts vLLM (vllm serve or "
                 f"the api_server module), so the operator cannot tell which one would get the flags; start vLLM in "
@@ -738,16 +738,27 @@ class CommandLine:
     def _prepares(self, command: tuple[int, int]) -> bool:
         """Whether a script's simple command starts no program that could run vLLM: a builtin or program that
         prepares (``cd``, ``set -e``, ``export``: _SETUP), or one that only names what follows (_NAMERS)."""
-        words = _program_words([w.text for w in self.words[slice(*command)]])
-        program = _command_start(words)
-        return program == len(words) or words[program].rsplit("/", 1)[-1] in _SETUP | _NAMERS
+        program = self._program(*command)
+        return program is None or program in _SETUP | _NAMERS
 
     def _segment_argv(self) -> list[str]:
         """The words of the simple command that runs vLLM, from the program it starts (``_program_words``); all of
         argv in list form."""
-        first, end = self._vllm_segment()
+        return self._argv(*self._vllm_segment())
+
+    def _argv(self, first: int, end: int) -> list[str]:
+        """The texts of words[first:end], a simple command: in a script from the program it starts
+        (``_program_words``), in list form all of them."""
         texts = [w.text for w in self.words[first:end]]
         return texts if self.shell_script is None else _program_words(texts)
+
+    def _program(self, first: int, end: int) -> str | None:
+        """The name (no path) of the program that the simple command in words[first:end] starts (``_argv``), behind
+        any _WRAPPERS: one reading for ``_is_vllm_word`` and ``_prepares``, which tell programs apart by it. None where
+        it starts none (``env X=1``, ``VAR=1``)."""
+        argv = self._argv(first, end)
+        start = _command_start(argv)
+        return argv[start].rsplit("/", 1)[-1] if start < len(argv) else None
 
     def _refuse_function_arguments(self) -> None:
         """Raises CommandLineError where the script's vLLM command passes on ``"$@"`` within a function's body, where
@@ -775,8 +786,8 @@ class CommandLine:
 
     def _is_vllm_word(self, i: int) -> bool:
         """Whether word ``i`` starts vLLM's server: the api_server module, or ``vllm`` (any path) before ``serve``,
-        in a simple command whose program (in a script from ``_program_words``; behind any _WRAPPERS) is vLLM or
-        any program but one of _NAMERS, which only name it (``echo waiting for vllm serve``)."""
+        in a simple command whose program (``_program``) is vLLM or any program but one of _NAMERS, which only name
+        it (``echo waiting for vllm serve``)."""
         if self.words[i].operator:
             return False
         text = self.words[i].text
@@ -784,11 +795,7 @@ class CommandLine:
                 text.rsplit("/", 1)[-1] == "vllm" and i + 1 < len(self.words) and self.words[i + 1].text == "serve"):
             return False
         start = next((j + 1 for j in range(i - 1, -1, -1) if self.words[j].operator), 0)
-        before = [w.text for w in self.words[start:i]]
-        if self.shell_script is not None:
-            before = _program_words(before)
-        program = _command_start(before)
-        return program == len(before) or before[program].rsplit("/", 1)[-1] not in _NAMERS
+        return self._program(start, i) not in _NAMERS
 
     def _vllm_arguments(self) -> tuple[int, int]:
         """[start, end) word indices of vLLM's own arguments: those after ``vllm serve`` or the api_server module

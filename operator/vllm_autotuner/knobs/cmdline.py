@@ -704,13 +704,16 @@ class CommandLine:
         operators = [i for i, word in enumerate(self.words) if word.operator]
         return list(zip([0, *(i + 1 for i in operators)], [*operators, len(self.words)], strict=True))
 
+    @functools.cached_property
     def _vllm_segment(self) -> tuple[int, int]:
         """[start, end) word indices of the simple command that runs vLLM; where none shows it, the only command
         (the image's entrypoint, or a script of its own, may run vLLM: ``exec /start.sh --max-num-seqs 64``).
         Raises CommandLineError for a script that runs vLLM in several commands (``vllm serve M || vllm serve M
         --enforce-eager``, one in each branch of an ``if``): the operator would read and rewrite only one of them;
         and for a script of several commands none of which shows it, where it cannot tell which one gets the
-        flags (su's or runuser's own -c script among them is refused as such, ``_refuse_watcher_script``)."""
+        flags (su's or runuser's own -c script among them is refused as such, ``_refuse_watcher_script``).
+        Read once, as ``_flags`` is (the command line is immutable): ``parse`` reads it first, so it raises there,
+        and it is not read again for each flag, ``sigterm`` or ``with_flags``."""
         commands = self._simple_commands()
         running = [c for c in commands if any(self._is_vllm_word(j) for j in range(*c))]
         if len(running) > 1:
@@ -744,7 +747,7 @@ class CommandLine:
     def _segment_argv(self) -> list[str]:
         """The words of the simple command that runs vLLM, from the program it starts (``_program_words``); all of
         argv in list form."""
-        return self._argv(*self._vllm_segment())
+        return self._argv(*self._vllm_segment)
 
     def _argv(self, first: int, end: int) -> list[str]:
         """The texts of words[first:end], a simple command: in a script from the program it starts
@@ -763,7 +766,7 @@ class CommandLine:
     def _refuse_function_arguments(self) -> None:
         """Raises CommandLineError where the script's vLLM command passes on ``"$@"`` within a function's body, where
         it holds the arguments the function is called with (``_script_words`` leaves it as written)."""
-        first, end = self._vllm_segment()
+        first, end = self._vllm_segment
         passed = next((w.span for w in self.words[first:end] if w.span and w.expands and w.text == "$@"), None)
         if passed is None:
             return
@@ -800,7 +803,7 @@ class CommandLine:
     def _vllm_arguments(self) -> tuple[int, int]:
         """[start, end) word indices of vLLM's own arguments: those after ``vllm serve`` or the api_server module
         in the simple command that runs vLLM; all of it when neither is there (the image's entrypoint runs vLLM)."""
-        start, end = self._vllm_segment()
+        start, end = self._vllm_segment
         for i in range(start, end):
             if self._is_vllm_word(i):
                 return i + (1 if self.words[i].text in _VLLM_ENTRYPOINTS else 2), end
@@ -835,7 +838,7 @@ class CommandLine:
         shell of their own and pass no signal on: vLLM under them is IGNORED,
         KILLS behind an init, whatever a shell around them does.
         """
-        first, end = self._vllm_segment()
+        first, end = self._vllm_segment
         vllm = next((i for i in range(first, end) if self._is_vllm_word(i)), None)
         reaches = (Sigterm.CUT_SHORT if vllm is not None and any(_is_watcher(w.text) for w in self.words[first:vllm])
                    else Sigterm.REACHES)
@@ -868,7 +871,7 @@ class CommandLine:
     def _model_index(self) -> int | None:
         """Index of the word vLLM takes as the model: the positional argument of ``vllm serve``, or in args-only
         form (the image's entrypoint is ``vllm serve``) a leading one; None when there is none."""
-        start, end = self._vllm_segment()
+        start, end = self._vllm_segment
         index = next((i + 2 for i in range(start, end - 2)
                       if self.words[i + 1].text == "serve" and self._is_vllm_word(i)), None)
         if index is None and self.shell_script is None and not self.command and self.args:
@@ -1019,7 +1022,7 @@ class CommandLine:
         present = {f.name for f in flags}
         added = [w for name, v in values.items() if name not in present for w in self._new_flag_words(name, str(v))]
         if added:
-            _, end = self._vllm_segment()
+            _, end = self._vllm_segment
             if end == 0 and self.shell_script is not None:
                 raise CommandLineError("the shell's -c script is empty: there is no vLLM command to set flags on")
             last = self.words[end - 1] if end else Word("", "args", -1)  # no command or args: the image runs vLLM

@@ -202,6 +202,7 @@ class Word:
     span: tuple[int, int] | None = None  # character span within a shell script; None for a whole element
     operator: bool = False  # a shell operator that separates commands (;, &&, |, ...), not an argv word
     expands: bool = False  # holds a shell expansion or a variable the operator cannot read: text is not what vLLM gets
+    function: str | None = None  # in a script, the function whose body holds it (``_function_bodies``); None: none
 
 
 @dataclass(frozen=True)
@@ -765,15 +766,15 @@ class CommandLine:
 
     def _refuse_function_arguments(self) -> None:
         """Raises CommandLineError where the script's vLLM command passes on ``"$@"`` within a function's body, where
-        it holds the arguments the function is called with (``_script_words`` leaves it as written)."""
+        it holds the arguments the function is called with (``_script_words`` leaves it as written, the word marked
+        with the function it lies in)."""
         first, end = self._vllm_segment
-        passed = next((w.span for w in self.words[first:end] if w.span and w.expands and w.text == "$@"), None)
+        passed = next((w for w in self.words[first:end] if w.span and w.expands and w.text == "$@"), None)
         if passed is None:
             return
-        function = _function_at(_function_bodies(split_shell("".join(p.text for p in self.script_parts))), passed)
         raise CommandLineError(
-            f'the script passes on "$@" within function {function}, where it holds the arguments the function is '
-            f'called with, which the operator does not follow; write the flags in the vLLM command, and run it '
+            f'the script passes on "$@" within function {passed.function}, where it holds the arguments the function '
+            f'is called with, which the operator does not follow; write the flags in the vLLM command, and run it '
             f'outside a function (exec vllm serve ... "$@" passes on the container\'s args)'
         )
 
@@ -1077,9 +1078,10 @@ def _script_words(script: Word, positional: list[Word], unknown: list[tuple[int,
     words: list[Word] = []
     passes_on = False  # the script passes its arguments on as "$@"
     for text, (lo, hi), operator, expands in shell_words:
-        if operator or script.text[lo:hi] not in ('"$@"', "$@") or _function_at(bodies, (lo, hi)):
+        function = _function_at(bodies, (lo, hi))
+        if operator or script.text[lo:hi] not in ('"$@"', "$@") or function is not None:
             expands = expands or any(a < hi and lo < b for a, b in unknown)
-            words.append(Word(text, script.field, script.index, (lo, hi), operator, expands))
+            words.append(Word(text, script.field, script.index, (lo, hi), operator, expands, function))
             continue
         if script.text[lo:hi] == "$@" and any(re.search(r"[\s*?[]", w.text) or not w.text for w in positional):
             raise CommandLineError('unquoted $@ splits and expands its arguments; write "$@"')
@@ -1088,7 +1090,7 @@ def _script_words(script: Word, positional: list[Word], unknown: list[tuple[int,
     if not positional and not passes_on:
         return words
     for k, word in enumerate(words):
-        if word.span is None or _function_at(bodies, word.span):
+        if word.span is None or word.function is not None:
             continue
         if re.search(r"\$\{?[1-9@*]", word.text):
             raise CommandLineError(f'the script uses its arguments as {word.text}; pass them to vLLM as "$@"')

@@ -661,6 +661,38 @@ def test_a_launcher_in_front_of_vllm_reads_the_same_in_list_and_script_form():
             True, "M", 64, Sigterm.REACHES)
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["xargs", "-a", "/cfg/args", "vllm", "serve", "M"],
+        ["tini", "--", "/usr/bin/xargs", "-0", "python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "M"],
+        ["sh", "-c", "cat /a | xargs vllm serve M"],
+        ["bash", "-c", "set -e; exec xargs -a /cfg/args vllm serve M --max-num-seqs 64"],
+        ["sh", "-c", "find /models -maxdepth 1 -name 'llama*' | xargs vllm serve --max-num-seqs 64"],
+    ],
+)
+def test_vllm_started_by_xargs_is_refused(command):
+    # xargs appends what it reads to vLLM's command: flags the operator cannot see, the knobs among them
+    container = {"name": "engine", "image": "registry/llm", "command": command}
+    sidecar = {"name": "feed", "image": "busybox", "command": ["sh", "-c", "echo x | xargs"]}
+    assert find_vllm_container({"containers": [sidecar, container]}) is container  # found, then refused
+    for read in (EngineArgs.from_container, lambda c: set_knobs(c, NEW)):
+        with pytest.raises(CommandLineError, match="started by xargs, which appends the words it reads.*write the "
+                                                   "flags in the vLLM command, and start vLLM without xargs"):
+            read(container)
+
+
+def test_xargs_in_a_command_that_does_not_start_vllm_is_no_refusal():
+    # a sidecar's xargs, or one that prepares the vLLM container, starts no vLLM
+    sidecar = {"name": "feed", "image": "vllm/vllm-openai:v0.11.0", "command": ["sh", "-c", "echo x | xargs"]}
+    script = "find /tmp -name '*.lock' | xargs rm -f; exec vllm serve M --max-num-seqs 64"
+    engine = {"name": "engine", "image": "registry/llm", "command": ["sh", "-c", script]}
+    assert find_vllm_container({"containers": [sidecar, engine]}) is engine
+    assert EngineArgs.from_container(engine).max_num_seqs == 64
+    assert set_knobs(engine, NEW)["command"][2] == script.replace(
+        "--max-num-seqs 64", "--max-num-seqs 96 --max-num-batched-tokens 3072")
+
+
 def test_a_script_of_several_commands_none_of_which_starts_vllm_is_refused():
     # the image's entrypoint may run vLLM from any one of them: the operator cannot tell which gets the flags
     container = {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",

@@ -39,8 +39,9 @@ them leave the operator believing in values vLLM never ran with, and a script
 broken by a rewrite crash-loops every pod. So a form that cannot be read with
 certainty (an unknown program in front of the shell, a here-document, a
 script that reshuffles its arguments, runs vLLM in several commands, or runs
-several commands none of which starts vLLM) raises CommandLineError, and the
-operator changes nothing.
+several commands none of which starts vLLM, vLLM started by xargs, which
+appends flags read as it runs) raises CommandLineError, and the operator
+changes nothing.
 """
 
 from __future__ import annotations
@@ -557,6 +558,9 @@ _CHILD_OPERATORS = {"|", "|&", "&", "(", ")"}
 _NAMERS = {"echo", "printf", "logger", "pkill", "pgrep", "pidof", "killall", "kill", "ps", "grep", "egrep", "fgrep",
            "test", "[", "[[", "curl", "wget", "cat", "tee", "true", "false", ":", "sleep", "which", "type", "for",
            "case"}
+# Programs that start the command in their argv with words they read as they run appended to it (from their input,
+# or xargs' -a file): vLLM started by one (``cat /args | xargs vllm serve M``) gets flags the operator cannot see.
+_APPENDERS = {"xargs"}
 # Builtins and programs that prepare what a script runs next and start nothing: a script's command of one of them
 # (``cd /app; exec /start.sh``, ``set -e; ...``) is no candidate for the one the image's entrypoint may run vLLM in.
 _SETUP = {"set", "cd", "export", "source", ".", "trap", "ulimit", "umask", "mkdir", "unset", "shopt", "readonly",
@@ -712,7 +716,8 @@ class CommandLine:
         Raises CommandLineError for a script that runs vLLM in several commands (``vllm serve M || vllm serve M
         --enforce-eager``, one in each branch of an ``if``): the operator would read and rewrite only one of them;
         and for a script of several commands none of which shows it, where it cannot tell which one gets the
-        flags (su's or runuser's own -c script among them is refused as such, ``_refuse_watcher_script``).
+        flags (su's or runuser's own -c script among them is refused as such, ``_refuse_watcher_script``); and
+        for vLLM started by xargs (_APPENDERS), which appends to it flags the operator cannot see.
         Read once, as ``_flags`` is (the command line is immutable): ``parse`` reads it first, so it raises there,
         and it is not read again for each flag, ``sigterm`` or ``with_flags``."""
         commands = self._simple_commands()
@@ -725,6 +730,12 @@ class CommandLine:
                 f"start it directly in the container's command and args"
             )
         if running:
+            if (program := self._program(*running[0])) in _APPENDERS:
+                raise CommandLineError(
+                    f"vLLM is started by {program}, which appends the words it reads (its input, or the file of -a) "
+                    f"to vLLM's command: flags the operator cannot see, which may set the knobs again; write the "
+                    f"flags in the vLLM command, and start vLLM without {program}"
+                )
             return running[0]
         filled = [c for c in commands if c[0] < c[1]]
         programs = [c for c in filled if not self._prepares(c)]

@@ -233,7 +233,7 @@ def _observed(observation: Observation) -> ObservedTraffic:
 
 def _regime_name(spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, observation: Observation) -> str:
     if spec.traffic.strategy == Strategy.TIERS:
-        tier = matching_tier(spec.traffic.tiers, observation)
+        tier = matching_tier(spec.traffic.tiers, observation, state.regime)
         return tier.name if tier else NO_TIER
     pods = observation.pods or 1
     return classify(

@@ -128,26 +128,37 @@ def mix_moved(before: ObservedTraffic | None, observation: Observation) -> bool:
     return any(old and new and max(old / new, new / old) - 1 > allowed for old, new in pairs)
 
 
-def _within(value: float | None, low: float | None, high: float | None) -> bool:
+def _within(value: float | None, low: float | None, high: float | None, margin: float) -> bool:
     if low is None and high is None:
         return True
     if value is None:
         return False
-    return (low is None or value >= low) and (high is None or value < high)
+    return (low is None or value >= low / margin) and (high is None or value < high * margin)
 
 
-def tier_matches(match: TierMatch, observation: Observation) -> bool:
-    """Whether every condition of a tier holds for the window (a missing number fails a condition that needs it)."""
+def tier_matches(match: TierMatch, observation: Observation, margin: float = 1.0) -> bool:
+    """Whether every condition of a tier holds for the window, each bound widened by the factor ``margin`` (a
+    missing number fails a condition that needs it)."""
     concurrency = None
     if observation.running is not None and observation.waiting is not None:
         concurrency = observation.running + observation.waiting
     return (
-        _within(observation.request_rate, match.min_request_rate, match.max_request_rate)
-        and _within(concurrency, match.min_concurrency, match.max_concurrency)
-        and _within(observation.mean_prompt_tokens, match.min_prompt_tokens, match.max_prompt_tokens)
+        _within(observation.request_rate, match.min_request_rate, match.max_request_rate, margin)
+        and _within(concurrency, match.min_concurrency, match.max_concurrency, margin)
+        and _within(observation.mean_prompt_tokens, match.min_prompt_tokens, match.max_prompt_tokens, margin)
     )
 
 
-def matching_tier(tiers: list[Tier], observation: Observation) -> Tier | None:
-    """The first tier whose conditions hold."""
+def matching_tier(tiers: list[Tier], observation: Observation, previous: str | None) -> Tier | None:
+    """The tier in force (``previous``, the last window's) while the window is not clearly out of it, else the
+    first tier whose conditions hold.
+
+    Clearly out means HYSTERESIS powers of two (a factor 1.19) past a bound,
+    as a regime's bin is left: traffic that hovers at a boundary between two
+    tiers would otherwise swap their knobs, a rolling restart each, every
+    cooldown.
+    """
+    kept = next((tier for tier in tiers if tier.name == previous), None)
+    if kept is not None and tier_matches(kept.match, observation, 2.0**HYSTERESIS):
+        return kept
     return next((tier for tier in tiers if tier_matches(tier.match, observation)), None)

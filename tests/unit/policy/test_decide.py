@@ -693,6 +693,28 @@ def test_tiers_map_the_traffic_to_the_users_knobs():
     assert decide(the_spec, state, short, T0).hold == HoldReason.NO_TIER
 
 
+def test_a_tier_in_force_holds_while_the_traffic_hovers_at_its_boundary():
+    """Traffic at 10 requests per second, a little over or under, keeps the tier it matched first: a tier swap is a
+    rolling restart, and swapping with every wobble spends the day's budget."""
+    tiers = [
+        Tier(name="low", match=TierMatch(max_request_rate=10), knobs=knobs(8192, 256)).model_dump(by_alias=True),
+        Tier(name="high", match=TierMatch(min_request_rate=10), knobs=knobs(4096, 512)).model_dump(by_alias=True),
+    ]
+    the_spec = spec(traffic={"strategy": "Tiers", "tiers": tiers})
+    start = T0 - timedelta(minutes=10)
+    state = status(since=start - timedelta(hours=2))
+    state = decide(the_spec, state, long_prompt_window(state, the_spec, now=start, request_rate=9.8), start).state
+    assert state.regime == "low"
+    for minutes, rate in ((0, 10.2), (30, 9.9), (60, 10.3)):
+        at = T0 + timedelta(minutes=minutes)
+        decision = decide(the_spec, state, long_prompt_window(state, the_spec, now=at, request_rate=rate), at)
+        assert decision.action == DecisionAction.HOLD and decision.state.regime == "low", decision.reason
+        state = decision.state
+    at = T0 + timedelta(minutes=90)
+    clearly = decide(the_spec, state, long_prompt_window(state, the_spec, now=at, request_rate=12.0), at)
+    assert clearly.state.regime == "high"
+
+
 def test_same_inputs_same_decision():
     state = warmed()
     window = long_prompt_window(state, SPEC)

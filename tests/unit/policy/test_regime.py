@@ -7,7 +7,7 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 from vllm_autotuner.api import ObservedTraffic, Tier, TierMatch
-from vllm_autotuner.policy.regime import MIX_NOISE, MIX_SHIFT, Regime, classify, matching_tier, mix_moved
+from vllm_autotuner.policy.regime import HYSTERESIS, MIX_NOISE, MIX_SHIFT, Regime, classify, matching_tier, mix_moved
 
 from .helpers import knobs, long_prompt_window, spec, status
 
@@ -73,8 +73,29 @@ def test_tiers_first_match_wins_and_missing_numbers_fail_conditions_that_need_th
         Tier(name="long", match=TierMatch(min_prompt_tokens=2000), knobs=knobs(2048, 256)),
         Tier(name="any", knobs=knobs(4096, 256)),
     ]
-    assert matching_tier(tiers, window).name == "long"
+    assert matching_tier(tiers, window, None).name == "long"
     crowded = [Tier(name="crowded", match=TierMatch(min_concurrency=10), knobs=knobs(2048, 256)), tiers[2]]
-    assert matching_tier(crowded, window).name == "crowded"
-    assert matching_tier(crowded, dataclasses.replace(window, waiting=None)).name == "any"
-    assert matching_tier(tiers[:2], dataclasses.replace(window, mean_prompt_tokens=500.0)) is None
+    assert matching_tier(crowded, window, None).name == "crowded"
+    assert matching_tier(crowded, dataclasses.replace(window, waiting=None), None).name == "any"
+    assert matching_tier(tiers[:2], dataclasses.replace(window, mean_prompt_tokens=500.0), None) is None
+
+
+def test_the_tier_in_force_holds_until_the_traffic_is_clearly_out_of_it():
+    """Traffic hovering at the boundary between two tiers keeps the tier in force (else their knobs swap, a
+    rolling restart each, every cooldown); HYSTERESIS powers of two past the boundary it goes."""
+    window = long_prompt_window(status(), spec())  # 13 rps, 20.5 running plus waiting
+    tiers = [
+        Tier(name="low", match=TierMatch(max_request_rate=10, max_concurrency=20), knobs=knobs(8192, 256)),
+        Tier(name="high", match=TierMatch(min_request_rate=10), knobs=knobs(4096, 512)),
+    ]
+    margin = 2.0**HYSTERESIS
+    at = dataclasses.replace(window, request_rate=10.3, running=10.0, waiting=0.0)
+    assert matching_tier(tiers, at, None).name == "high"
+    assert matching_tier(tiers, at, "low").name == "low"
+    assert matching_tier(tiers, dataclasses.replace(at, request_rate=10 * margin * 0.99), "low").name == "low"
+    assert matching_tier(tiers, dataclasses.replace(at, request_rate=10 * margin), "low").name == "high"
+    assert matching_tier(tiers, dataclasses.replace(at, waiting=20 * margin - 10), "low").name == "high"
+    below = dataclasses.replace(at, request_rate=9.7)
+    assert matching_tier(tiers, below, "high").name == "high"
+    assert matching_tier(tiers, dataclasses.replace(below, request_rate=10 / margin * 0.99), "high").name == "low"
+    assert matching_tier(tiers, below, "(no tier)").name == "low"

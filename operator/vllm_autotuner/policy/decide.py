@@ -18,8 +18,9 @@ The order of the questions is the order of precedence:
 5. Otherwise the traffic policy (Tiers or Adaptive), which needs a usable
    window, a regime that has lasted one window, the last change judged,
    the cooldown, rollout budget beyond what the day's schedule windows
-   and a rollback of the change will need, and, for Adaptive, an expected
-   gain that pays for the restarts.
+   and a rollback of the change will need, a rollout that ends before the
+   next schedule window's pre-roll begins, and, for Adaptive, an expected
+   gain that pays for the restarts before the regime or that pre-roll ends.
 
 ``Paused`` stops after learning; ``Recommend`` reports the change it would
 make and holds.
@@ -82,7 +83,9 @@ from vllm_autotuner.policy.regime import classify, matching_tier, mix_moved
 from vllm_autotuner.policy.schedule import (
     ActiveWindow,
     freeze_in_force,
+    next_pre_roll,
     preset_in_force,
+    rollout_lead_seconds,
     scheduled_rollouts,
     windows_in_force,
 )
@@ -403,7 +406,10 @@ def _apply(
     every change while the knobs are a person's (schedules respect them
     too) or after a rollout that could not start its pods. In Auto, no
     change starts in a change freeze or so shortly before one that it would
-    still be rolling then (``schedule.freeze_in_force``), nor while the
+    still be rolling then (``schedule.freeze_in_force``), no traffic change
+    so shortly before a schedule window's pre-roll that it would still be
+    rolling when the window's change must start (``schedule.next_pre_roll``:
+    the preset would be late for the opening), nor while the
     operator's limit of rollouts at once is reached (``Settings.no_slot``),
     and a change that passed all of these is only recommended while another
     object controls the target (``Settings.controlled_by``).
@@ -470,6 +476,12 @@ def _apply(
                     f"{utc_timestamp(times[1])}")
         reason = f"change freeze {freeze.name} {when}: {change.knobs} waits ({change.reason})"
         return _hold(state, now, HoldReason.FREEZE, reason, settings, change.knobs, change.gain)
+    traffic = change.source == KnobSource.TRAFFIC
+    if traffic and (following := next_pre_roll(spec.schedules, state, now, rollout_lead_seconds(state))):
+        schedule, begins = following
+        reason = (f"schedule {schedule.name}'s pre-roll begins at {utc_timestamp(begins)}, before a rollout started "
+                  f"now would finish: {change.knobs} waits for the schedule's change ({change.reason})")
+        return _hold(state, now, HoldReason.SCHEDULE, reason, settings, change.knobs, change.gain)
     if settings.blind is not None:
         hold, why = settings.blind
         reason = (f"{why}: {change.knobs} waits for a fresh window, since blind neither a regression nor a sleeping "
@@ -481,7 +493,7 @@ def _apply(
     if settings.controlled_by is not None:
         reason = f"{change.knobs} only recommended ({change.reason}): {controlled_advice(settings.controlled_by)}"
         return _hold(state, now, HoldReason.CONTROLLED, reason, settings, change.knobs, change.gain)
-    if change.source == KnobSource.TRAFFIC:
+    if traffic:
         state = _abandon(state, change.regime, state.current.knobs)
     base = change.baseline
     state = with_rollout(
@@ -609,15 +621,16 @@ def _traffic_change(
         return HoldReason.NO_BETTER_CONFIG, f"{summary}; no config expected to do better than {current.knobs}"
     basis = "measured" if goal.measured else f"predicted ({proposal.model.slope * 1e6:.1f}us per batched token)"
     in_flight = in_flight_seconds(state.observed)
+    life, until = _config_life(spec, state, now)
     cost = proposal.rollouts * restart_cost_percent(
-        state, _pods(state), here.utilisation, settings.slo.ttft.seconds, now, in_flight
+        state, _pods(state), here.utilisation, settings.slo.ttft.seconds, life, in_flight
     )
-    cut = 100.0 * proposal.rollouts * cut_seconds(state, in_flight) / regime_life_seconds(state, now)
+    cut = 100.0 * proposal.rollouts * cut_seconds(state, in_flight) / life
     net = proposal.gain_percent - cost
     way = "" if step is goal else f", {proposal.rollouts} rollouts away: first {step.knobs if step else 'nothing'}"
     reason = (
         f"{summary}; {goal.knobs} {basis}: TTFT {goal.ttft_seconds:.2f}s, ITL {goal.itl_seconds * 1000:.0f}ms, "
-        f"attainment {goal.attainment:.0%}{way}; gain {proposal.gain_percent:+.1f}% minus restarts {cost:.1f}%"
+        f"attainment {goal.attainment:.0%}{way}; gain {proposal.gain_percent:+.1f}% minus restarts {cost:.1f}%{until}"
     )
     if cut >= 0.005:
         reason += (f" ({cut:.2f}% of it the requests in flight that stopping pods cut: "
@@ -637,6 +650,23 @@ def _traffic_change(
     if young > 0:
         return HoldReason.DWELL, f"{reason}; regime and length mix must hold {young:.0f}s more"
     return _Change(step.knobs, KnobSource.TRAFFIC, reason, gain=net, regime=base.regime, baseline=base)
+
+
+def _config_life(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) -> tuple[float, str]:
+    """Seconds a traffic change's config is expected to serve, and a note for the reason when a schedule cuts it.
+
+    The regime's expected life (``regime_life_seconds``), but no longer than
+    until the next schedule window's pre-roll begins: its change replaces the
+    config then, however long the traffic lasts, and the restart must pay
+    for itself before.
+    """
+    life = regime_life_seconds(state, now)
+    following = next_pre_roll(spec.schedules, state, now, life)
+    if following is None:
+        return life, ""
+    schedule, begins = following
+    left = (begins - now).total_seconds()
+    return left, f" over the {left:.0f}s until schedule {schedule.name}'s pre-roll"
 
 
 def _pct(quantile: float) -> str:

@@ -311,8 +311,10 @@ def cut_seconds(state: VllmTuningStatus, in_flight: float) -> float:
 
 
 def restart_cost_percent(
-    state: VllmTuningStatus, pods: int, utilisation: float, ttft_target: float, now: datetime, in_flight: float = 0.0
+    state: VllmTuningStatus, pods: int, utilisation: float, ttft_target: float, life_seconds: float,
+    in_flight: float = 0.0,
 ) -> float:
-    """One rolling restart's cost in percent of the SLO goodput the regime is expected to bring."""
+    """One rolling restart's cost in percent of the SLO goodput the config is expected to bring in the
+    ``life_seconds`` it serves."""
     cost = restart_cost_seconds(state, pods, utilisation, ttft_target, in_flight)
-    return 100.0 * cost / regime_life_seconds(state, now)
+    return 100.0 * cost / life_seconds

@@ -159,6 +159,32 @@ def freeze_in_force(
     return None
 
 
+def next_pre_roll(
+    schedules: Sequence[Schedule], state: VllmTuningStatus, now: datetime, within_seconds: float
+) -> tuple[Schedule, datetime] | None:
+    """The schedule window whose pre-roll begins first after ``now`` and within ``within_seconds``, and when it
+    begins; only windows whose opening may force a rollout count (a preset's, a window's bounds: the knobs may lie
+    outside them), as in ``scheduled_rollouts``. An unreadable schedule is left out (``windows_in_force`` reports
+    it). A traffic change started then would still be rolling, or its config barely live, when the window's change
+    must start: held from the rollout lead before it, as a freeze is (``freeze_in_force``)."""
+    found = []
+    for schedule in schedules:
+        if schedule.knobs is None and schedule.bounds is None:
+            continue
+        pre_roll = pre_roll_seconds(schedule, state)
+        try:
+            times = window_at(schedule, now, pre_roll + within_seconds)
+        except ValueError:
+            continue
+        begins = times[0] - timedelta(seconds=pre_roll) if times is not None else now
+        if begins > now:  # not open, nor in its pre-roll: then its change is the schedule's to make now
+            found.append((begins, schedule))
+    if not found:
+        return None
+    begins, schedule = min(found, key=lambda pair: pair[0])
+    return schedule, begins
+
+
 def windows_in_force(
     schedules: Sequence[Schedule], state: VllmTuningStatus, now: datetime
 ) -> tuple[list[ActiveWindow], list[str]]:

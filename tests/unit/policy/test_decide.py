@@ -308,6 +308,44 @@ def test_no_change_starts_so_shortly_before_a_freeze_that_it_would_still_be_roll
     assert decide(later, state, long_prompt_window(state, later), T0).action == DecisionAction.CHANGE
 
 
+@pytest.mark.parametrize("strategy", ["Adaptive", "Tiers"])
+def test_no_traffic_change_starts_so_shortly_before_a_preset_windows_pre_roll_that_it_would_still_be_rolling(
+    strategy,
+):
+    """A traffic change at 12:00 would still be rolling (5 minutes, none measured yet) when the preset's pre-roll
+    begins at 12:05: the preset would start late and be live after the window opens. It waits; the preset goes out
+    on time."""
+    tiers = [{"name": "long", "match": {"minPromptTokens": 2000}, "knobs": {"maxNumBatchedTokens": 2048,
+                                                                           "maxNumSeqs": 256}}]
+    traffic = {"strategy": "Tiers", "tiers": tiers} if strategy == "Tiers" else {}
+    batch = {"name": "batch", "start": "10 12 * * *", "end": "0 18 * * *", "preRoll": "5m", "knobs": PRESET}
+    the_spec = spec(traffic=traffic, schedules=[batch])
+    state = warmed(the_spec)
+    held = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
+    assert held.hold == HoldReason.SCHEDULE and held.recommendation is not None
+    assert "batch's pre-roll begins at 2024-05-01T12:05:00Z, before a rollout started now would finish" in held.reason
+    at = T0 + timedelta(minutes=5)
+    preset = decide(the_spec, held.state, long_prompt_window(held.state, the_spec, now=at), at)
+    assert preset.action == DecisionAction.CHANGE and preset.source == KnobSource.SCHEDULE
+    assert preset.knobs == knobs(16384, 512)
+    later = spec(traffic=traffic, schedules=[{**batch, "start": "11 12 * * *"}])
+    assert decide(later, state, long_prompt_window(state, later), T0).source == KnobSource.TRAFFIC
+
+
+def test_a_traffic_changes_restarts_are_paid_for_by_the_time_until_the_next_preset_windows_pre_roll():
+    """A config that serves 15 minutes before a preset replaces it must earn its restart in them, not over the
+    regime's expected life (half an hour at least)."""
+    batch = {"name": "batch", "start": "20 12 * * *", "end": "0 18 * * *", "preRoll": "5m", "knobs": PRESET}
+    state = warmed()
+    free = decide(SPEC, state, long_prompt_window(state, SPEC), T0)
+    assert free.action == DecisionAction.CHANGE and "until schedule" not in free.reason
+    the_spec = spec(schedules=[batch])
+    soon = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
+    assert soon.action == DecisionAction.CHANGE and "over the 900s until schedule batch's pre-roll" in soon.reason
+    cost = re.compile(r"minus restarts ([0-9.]+)%")
+    assert float(cost.search(soon.reason)[1]) > 2 * float(cost.search(free.reason)[1])
+
+
 def test_a_rollback_that_only_removed_a_stuck_pod_does_not_shorten_the_lead_before_a_freeze():
     noon = {"name": "noon", "start": "40 12 * * *", "end": "0 18 * * *", "preRoll": "0s", "knobs": PRESET}
     release = {"name": "release", "start": "0 13 * * *", "end": "0 17 * * *"}

@@ -17,6 +17,7 @@ from vllm_autotuner.policy import (
 from vllm_autotuner.policy.decision import with_rollout
 from vllm_autotuner.policy.guardrails import DAY_SECONDS, restart_seconds
 from vllm_autotuner.policy.schedule import (
+    next_pre_roll,
     pre_roll_seconds,
     preset_in_force,
     rollout_lead_seconds,
@@ -189,6 +190,21 @@ def test_scheduled_rollouts_count_openings_and_closings_within_the_horizon():
     assert scheduled_rollouts([night, overrides], state, utc(2024, 5, 1, 12), 24 * 3600) == 2
     assert scheduled_rollouts([night], state, utc(2024, 5, 1, 12), 11 * 3600) == 1
     assert scheduled_rollouts([night], state, utc(2024, 5, 1, 12), 3 * 24 * 3600) == 6
+
+
+def test_the_next_pre_roll_is_the_first_to_begin_of_windows_whose_opening_may_force_a_rollout():
+    night = sched("0 22 * * *", "0 6 * * *", name="night", pre_roll="1h")
+    noon = sched("30 12 * * *", "0 13 * * *", name="noon", pre_roll="10m")
+    report = Schedule(name="report", start="0 12 * * *", end="0 14 * * *", slo={"ttft": {"seconds": 5}})
+    capped = Schedule(name="capped", start="0 20 * * *", end="0 21 * * *", bounds={"maxNumSeqs": {"max": 128}})
+    state = VllmTuningStatus()
+    at = utc(2024, 5, 1, 11)
+    assert next_pre_roll([night, noon, report], state, at, 6 * 3600) == (noon, utc(2024, 5, 1, 12, 20))
+    assert next_pre_roll([night, report], state, at, 6 * 3600) is None  # night's pre-roll begins at 21:00
+    assert next_pre_roll([night, capped], state, at, 9 * 3600) == (capped, utc(2024, 5, 1, 19, 55))  # 5m default
+    # in its pre-roll or open, a window's change is the schedule's to make now, not one to wait for
+    assert next_pre_roll([noon], state, utc(2024, 5, 1, 12, 20), 3600) is None
+    assert next_pre_roll([noon], state, utc(2024, 5, 1, 12, 40), 3600) is None
 
 
 def test_an_opening_counts_once_its_pre_roll_starts_within_the_horizon():

@@ -456,7 +456,7 @@ class Tier(SpecModel):
     name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     """Name of the tier, shown in status as the regime."""
     match: TierMatch = TierMatch()
-    """Conditions on the observed traffic; tiers are tried in order and the first match wins. The tier in force stays until the traffic is clearly out of it: a factor 1.19 (a quarter of a power of two, as for Adaptive's regimes) below a minimum or above a maximum, so traffic that hovers at a boundary does not swap two tiers' knobs, a rolling restart each. A tier whose own knobs move its measure by more than that (a small maxNumSeqs that queues requests into a higher concurrency tier, whose larger batches drain them back) needs a gap between the tiers' bounds as wide as the move: traffic in a gap matches no tier and changes no knobs."""
+    """Conditions on the observed traffic; tiers are tried in order and the first match wins. The tier in force stays until the traffic is clearly out of it: a factor 1.19 (a quarter of a power of two, as for Adaptive's regimes) below a minimum or above a maximum, and a tier tried before it takes over once the traffic is as clearly in that one, so traffic that hovers at a boundary does not swap two tiers' knobs, a rolling restart each. A tier whose own knobs move its measure by more than that (a small maxNumSeqs that queues requests into a higher concurrency tier, whose larger batches drain them back) needs a gap between the tiers' bounds as wide as the move: traffic in a gap matches no tier and changes no knobs."""
     knobs: Preset
     """Knob values for this tier."""
 

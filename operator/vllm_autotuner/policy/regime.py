@@ -137,8 +137,8 @@ def _within(value: float | None, low: float | None, high: float | None, margin: 
 
 
 def tier_matches(match: TierMatch, observation: Observation, margin: float = 1.0) -> bool:
-    """Whether every condition of a tier holds for the window, each bound widened by the factor ``margin`` (a
-    missing number fails a condition that needs it)."""
+    """Whether every condition of a tier holds for the window, each bound widened by the factor ``margin`` (narrowed
+    by one below 1; a missing number fails a condition that needs it)."""
     concurrency = None
     if observation.running is not None and observation.waiting is not None:
         concurrency = observation.running + observation.waiting
@@ -150,15 +150,20 @@ def tier_matches(match: TierMatch, observation: Observation, margin: float = 1.0
 
 
 def matching_tier(tiers: list[Tier], observation: Observation, previous: str | None) -> Tier | None:
-    """The tier in force (``previous``, the last window's) while the window is not clearly out of it, else the
-    first tier whose conditions hold.
+    """The first tier whose conditions hold, with hysteresis around the tier in force (``previous``, the last
+    window's): it stays while the window is not clearly out of it, and a tier tried before it takes over only
+    when the window is clearly in that one.
 
-    Clearly out means HYSTERESIS powers of two (a factor 1.19) past a bound,
-    as a regime's bin is left: traffic that hovers at a boundary between two
+    Clearly means HYSTERESIS powers of two (a factor 1.19) past a bound, as
+    a regime's bin is left: traffic that hovers at a boundary between two
     tiers would otherwise swap their knobs, a rolling restart each, every
-    cooldown.
+    cooldown. The tiers before the one in force are held to the narrower
+    bounds, so that a tier with no conditions (the last, a catch-all) does
+    not keep the traffic from a tier before it for good.
     """
-    kept = next((tier for tier in tiers if tier.name == previous), None)
-    if kept is not None and tier_matches(kept.match, observation, 2.0**HYSTERESIS):
-        return kept
-    return next((tier for tier in tiers if tier_matches(tier.match, observation)), None)
+    kept = next((i for i, tier in enumerate(tiers) if tier.name == previous), -1)
+    margin = 2.0**HYSTERESIS
+    for i, tier in enumerate(tiers):
+        if tier_matches(tier.match, observation, 1 / margin if i < kept else margin if i == kept else 1.0):
+            return tier
+    return None

@@ -99,3 +99,9 @@ def test_the_tier_in_force_holds_until_the_traffic_is_clearly_out_of_it():
     assert matching_tier(tiers, below, "high").name == "high"
     assert matching_tier(tiers, dataclasses.replace(below, request_rate=10 / margin * 0.99), "high").name == "low"
     assert matching_tier(tiers, below, "(no tier)").name == "low"
+    # a tier tried before the one in force takes over only once the traffic is clearly in it, and a catch-all tier
+    # in force (no conditions: every window is in it) does not keep the traffic from the tiers before it for good
+    catch_all = [tiers[0], Tier(name="rest", knobs=knobs(4096, 512))]
+    assert matching_tier(catch_all, below, "rest").name == "rest"
+    assert matching_tier(catch_all, dataclasses.replace(below, request_rate=10 / margin * 0.99), "rest").name == "low"
+    assert matching_tier(catch_all, below, None).name == "low"

@@ -563,7 +563,7 @@ class RolloutSpec(SpecModel):
     progress_deadline: ProgressDeadline = "10m"
     """A rollout that makes no progress for this long (no pod of the new config created or become available; time paused does not count), or whose pods crash-loop, is rolled back and its config recorded as failed."""
     rollback_on_regression: bool = True
-    """After settling, compare with the window before the change and roll back a measured regression."""
+    """After settling, compare with the window before the change and roll back a measured regression. Adaptive's changes only: a tier's or a schedule's knobs are a person's choice for other traffic or another hour, with no window of the same traffic under the old knobs to compare with."""
     regression_tolerance_percent: float = Field(default=10.0, ge=0, le=100)
     """How much worse SLO goodput may be after a change before it counts as a regression (and two points of
     attainment more: window-to-window noise)."""

@@ -368,7 +368,7 @@ class VllmTuningStatus(StatusModel):
     regime_since: str | None = None
     """When the traffic entered that regime, or its length mix last moved (RFC 3339); how long a regime has lasted is the estimate of how long it will last."""
     resume_knobs: Knobs | None = None
-    """Knobs in force before the active schedule window's preset, restored when the window closes."""
+    """Knobs in force before the active schedule window's preset, restored when the window closes unless the traffic policy can tell from a usable window what it would choose for the traffic then (one restart, not two)."""
     observed: ObservedTraffic | None = None
     """Numbers from the last usable observation."""
     last_rollout: Rollout | None = None

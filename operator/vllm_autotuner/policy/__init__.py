@@ -109,7 +109,9 @@ What it does
    overlaps settled by ``priority`` then list order (a window that only
    overrides the SLO or bounds leaves an open preset window's knobs in
    force), and pre-roll so a preset is live when its window opens. A
-   preset window closing restores the config that ran before it.
+   preset window closing goes to what the traffic policy would choose for
+   the traffic then, where a usable window tells it, else back to the
+   config that ran before it.
 2. **Traffic** (``regime``, ``adaptive``, ``model``): the regime (load and
    length mix, or the user's ``Tiers``); the Adaptive strategy predicts
    every candidate config with a model fitted online from the windows (step

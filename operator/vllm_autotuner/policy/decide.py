@@ -14,7 +14,11 @@ The order of the questions is the order of precedence:
    time even when the night is quiet), only rollout budget, the cooldown
    after a person's change of the knobs, and a window that shows the pods
    as they are (``observation.blind``): with Prometheus unreachable, or its
-   data stale or NaN, it waits, as every change does.
+   data stale or NaN, it waits, as every change does. At a close it goes to
+   what the traffic policy would choose for the traffic now (the tier the
+   window matches, Adaptive's config measured best in the regime) when a
+   usable window of a regime one window old tells it, else back to the
+   config before the window (``_closed``).
 5. Otherwise the traffic policy (Tiers or Adaptive), which needs a usable
    window, a regime that has lasted one window, the last change judged,
    the cooldown, rollout budget beyond what the day's schedule windows
@@ -45,6 +49,7 @@ from vllm_autotuner.api import (
     ObservedTraffic,
     Recommendation,
     Strategy,
+    Tier,
     VllmTuningSpec,
     VllmTuningStatus,
 )
@@ -531,11 +536,13 @@ def _abandon(state: VllmTuningStatus, regime: str | None, knobs: Knobs) -> VllmT
 
 
 def _schedule_change(
-    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, now: datetime
+    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, read: Measurement | str, now: datetime
 ) -> _Change | str | None:
-    """What the clock asks for: a window's preset, going back when a preset window closed, or the window's bounds.
+    """What the clock asks for: a window's preset, the traffic policy's config when a preset window closed
+    (``_closed``), or the window's bounds.
 
-    A string is a reason to hold without looking at traffic (the preset is in force).
+    A string is a reason to hold without looking at traffic (the preset is in force). ``read`` is this
+    evaluation's window as a measurement, or why it is not usable (``hold_reason``'s words).
     """
     current = state.current
     assert current is not None
@@ -552,18 +559,92 @@ def _schedule_change(
         resume = state.resume_knobs or current.knobs
         return _Change(target, KnobSource.SCHEDULE, f"schedule {name} {when}: preset {target}{note}", resume=resume)
     if state.resume_knobs is not None:
-        target = clamp(state.resume_knobs, settings.bounds, current)
-        if target is None or target == current.knobs:
-            return None
-        return _Change(
-            target, KnobSource.SCHEDULE, f"preset window closed: back to {target}, the traffic policy resumes"
-        )
+        return _closed(spec, settings, state, read, now)
     override = settings.override
     if override is not None and not acceptable(current.knobs, settings.bounds, current):
         target = clamp(current.knobs, settings.bounds, current)
         if target is not None:
             return _Change(target, KnobSource.SCHEDULE, f"schedule {override}: {current.knobs} is outside its bounds")
     return None
+
+
+def _closed(
+    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, read: Measurement | str, now: datetime
+) -> _Change | None:
+    """The change when a preset window closed: to the config the traffic policy would choose for the traffic now
+    (``_choice``), where it can tell, else back to the config before the window (``resume_knobs``).
+
+    A night window exists because the traffic at its close differs from the
+    traffic at its open: going back to the evening's config, and a cooldown
+    later to the morning's, restarts the pods twice where once would do.
+    None when the config chosen is the preset's: it stays, the traffic
+    policy's now. A config that failed to start, or any but the way back
+    once FAILED_LIMIT have (``_apply`` would hold it, and the preset stay
+    for good), is not chosen.
+    """
+    current, resume = state.current, state.resume_knobs
+    assert current is not None and resume is not None
+    choice = _choice(spec, settings, state, read, now)
+    failed = failed_configs(state)
+    if isinstance(choice, tuple) and choice[0] != resume and (choice[0] in failed or len(failed) >= FAILED_LIMIT):
+        choice = f"{choice[1]}, but {len(failed)} configs failed to start under this spec: it is not tried"
+    if isinstance(choice, tuple):
+        target, why = choice
+        reason = f"preset window closed: {why}"
+    else:
+        target = clamp(resume, settings.bounds, current)
+        reason = f"preset window closed: back to {target}, the traffic policy resumes ({choice})"
+    if target is None or target == current.knobs:
+        return None
+    return _Change(target, KnobSource.SCHEDULE, reason)
+
+
+def _choice(
+    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, read: Measurement | str, now: datetime
+) -> tuple[Knobs, str] | str:
+    """The config the traffic policy would choose for the traffic now and why, or why it cannot tell.
+
+    Only from a window it would act on: usable (``read`` a measurement, not
+    why the window is missing, stale, NaN, short, of mixed configs), of a
+    regime that has lasted one window (a window across a change of traffic
+    mixes two). Tiers: the tier the window matches, unless a tier's
+    concurrency condition took part in the match (its own or one tried
+    before it): the requests running and waiting follow the knobs, and the
+    window measured the preset's. Adaptive: the config ``adaptive.propose``
+    goes to when it is measured in this regime (what a returning regime goes
+    straight back to); a predicted one is left to the traffic policy's steps,
+    each measured before the next.
+    """
+    current = state.current
+    assert current is not None
+    if isinstance(read, str):
+        return f"no usable window to choose from: {read}"
+    base = read
+    if _regime_wait_seconds(spec, state, now) > 0:
+        return f"regime {base.regime} (or its length mix) is new: not yet one window old"
+    if spec.traffic.strategy == Strategy.TIERS:
+        tier = _tier(spec, base.regime)
+        if tier is None:
+            return "no tier matches the traffic"
+        tiers = spec.traffic.tiers
+        if any(t.match.min_concurrency is not None or t.match.max_concurrency is not None
+               for t in tiers[: tiers.index(tier) + 1]):
+            return f"a concurrency condition took part in matching tier {tier.name}, and the preset's knobs set it"
+        target = clamp(tier.knobs, settings.bounds, current)
+        if target is None:
+            return f"tier {tier.name}'s knobs cannot be made to fit the bounds and vLLM's rules"
+        return target, f"tier {tier.name} matches the traffic now: {target}"
+    proposal = adaptive.propose(base, state.measurements, settings.slo, settings.bounds, current,
+                                spec.rollout.max_step_factor, failed_configs(state))
+    if proposal is None or not proposal.goal.measured:
+        return f"no config measured best in regime {base.regime} yet"
+    goal = proposal.goal
+    return goal.knobs, f"{goal.knobs}, measured best in regime {base.regime} (attainment {goal.attainment:.0%})"
+
+
+def _tier(spec: VllmTuningSpec, regime: str) -> Tier | None:
+    """The tier the traffic's regime names (``_regime_name``); None for NO_TIER."""
+    return next((t for t in spec.traffic.tiers if t.name == regime), None)
 
 
 def _regime_wait_seconds(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) -> float:
@@ -589,7 +670,7 @@ def _traffic_change(
         return _Change(target, KnobSource.TRAFFIC, f"{current.knobs} is outside spec.bounds", regime=base.regime)
     young = _regime_wait_seconds(spec, state, now)
     if spec.traffic.strategy == Strategy.TIERS:
-        tier = next((t for t in spec.traffic.tiers if t.name == base.regime), None)
+        tier = _tier(spec, base.regime)
         if tier is None:
             return HoldReason.NO_TIER, "no tier matches the traffic"
         target = clamp(tier.knobs, settings.bounds, current)
@@ -878,7 +959,9 @@ def _decide(
         if isinstance(checked, Decision):
             return checked
         state = _remember(checked, observation, base)
-    scheduled = _schedule_change(spec, settings, state, now)
+    read = problem[1] if problem else base
+    assert read is not None
+    scheduled = _schedule_change(spec, settings, state, read, now)
     if isinstance(scheduled, _Change):
         return _apply(spec, settings, state, now, replace(scheduled, baseline=base))  # to measure what it costs
     if isinstance(scheduled, str):

@@ -235,6 +235,79 @@ def test_schedule_preset_is_pre_rolled_without_traffic_data_and_restored_at_the_
     assert after.state.active_schedule is None
 
 
+TIERS = [
+    {"name": "low", "match": {"maxRequestRate": 10}, "knobs": {"maxNumBatchedTokens": 8192, "maxNumSeqs": 256}},
+    {"name": "high", "match": {"minRequestRate": 10}, "knobs": {"maxNumBatchedTokens": 4096, "maxNumSeqs": 512}},
+]
+CLOSES = T0.replace(day=2, hour=4)  # the night window's end, 06:00 in Berlin (CEST)
+
+
+def at_rate(requests_per_second):
+    """Long-prompt traffic at ``requests_per_second``: the token rates with it, so the length mix holds."""
+    r = requests_per_second
+    return {"request_rate": r, "prompt_tokens_rate": r * 4000, "generation_tokens_rate": r * 128}
+
+
+def night_closes(the_spec, state, closing=None, **traffic):
+    """The night preset live for 8 hours, with ``state``'s memory; half an hour of the long-prompt ``traffic``
+    under it, then the window's close, its window that traffic changed by ``closing``."""
+    state = state.model_copy(update={"current": status(16384, 512, since=CLOSES - timedelta(hours=8)).current})
+    earlier = CLOSES - timedelta(minutes=30)
+    during = decide(the_spec, state, long_prompt_window(state, the_spec, now=earlier, **traffic), earlier)
+    assert during.hold == HoldReason.SCHEDULE, during.reason
+    state = during.state
+    window = long_prompt_window(state, the_spec, now=CLOSES, **{**traffic, **(closing or {})})
+    return decide(the_spec, state, window, CLOSES)
+
+
+def test_a_preset_window_closing_goes_to_the_tier_the_traffic_matches_now_not_back_to_the_evenings():
+    """Evening traffic matched tier low; the morning's matches high. Back to low at 06:00 and to high a cooldown
+    later would restart the pods twice where once does."""
+    the_spec = spec(traffic={"strategy": "Tiers", "tiers": TIERS}, schedules=[NIGHT])
+    evening = status(resume_knobs=knobs(8192, 256))
+    closed = night_closes(the_spec, evening, **at_rate(20.0))
+    assert closed.action == DecisionAction.CHANGE and closed.source == KnobSource.SCHEDULE
+    assert closed.knobs == knobs(4096, 512) and closed.state.resume_knobs is None
+    assert closed.reason == "preset window closed: tier high matches the traffic now: tokens=4096 seqs=512"
+    # the running and waiting requests a concurrency condition reads follow the knobs, here the preset's: a tier
+    # matched where one took part is not trusted, and the way back is taken
+    busy = {"name": "busy", "match": {"minConcurrency": 64}, "knobs": {"maxNumBatchedTokens": 2048,
+                                                                        "maxNumSeqs": 128}}
+    the_spec = spec(traffic={"strategy": "Tiers", "tiers": [busy, *TIERS]}, schedules=[NIGHT])
+    back = night_closes(the_spec, evening, **at_rate(20.0))
+    assert back.knobs == knobs(8192, 256) and "concurrency" in back.reason
+    assert back.reason.startswith("preset window closed: back to tokens=8192 seqs=256, the traffic policy resumes")
+
+
+def test_a_preset_window_closing_goes_straight_to_the_config_measured_best_for_the_returning_regime():
+    """2048 was measured best for long prompts; the night's preset ran them with ITL breaching. At the close the
+    regime goes straight back to 2048, not to the 8192 of before the window and then, a cooldown later, on."""
+    the_spec = spec(schedules=[NIGHT])
+    state = learned_2048_for_long_prompts().model_copy(update={"resume_knobs": knobs(8192, 1024)})
+    closed = night_closes(the_spec, state)
+    assert closed.action == DecisionAction.CHANGE and closed.source == KnobSource.SCHEDULE
+    assert closed.knobs == knobs(2048, 1024), closed.reason
+    assert closed.reason.startswith(
+        "preset window closed: tokens=2048 seqs=1024, measured best in regime r4/p4k/o128 (attainment"
+    )
+
+
+def test_a_preset_window_closing_goes_back_to_the_config_before_it_when_the_traffic_is_not_read_clearly():
+    """A window the traffic policy would not act on (too few requests, a regime not yet one window old) tells
+    nothing of what it would choose: the change goes back to the config before the window, as it always did."""
+    the_spec = spec(traffic={"strategy": "Tiers", "tiers": TIERS}, schedules=[NIGHT])
+    evening = status(resume_knobs=knobs(8192, 256))
+    few = night_closes(the_spec, evening, closing={"requests": 5.0}, **at_rate(20.0))
+    assert few.action == DecisionAction.CHANGE and few.knobs == knobs(8192, 256)
+    assert few.reason == ("preset window closed: back to tokens=8192 seqs=256, the traffic policy resumes (no usable "
+                          "window to choose from: 5 requests in the window, fewer than minRequests 50)")
+    new = night_closes(the_spec, evening, closing=at_rate(20.0), **at_rate(5.0))
+    assert new.knobs == knobs(8192, 256) and "regime high (or its length mix) is new" in new.reason
+    state = learned_2048_for_long_prompts().model_copy(update={"resume_knobs": knobs(8192, 1024)})
+    stale = night_closes(spec(schedules=[NIGHT]), state, closing={"requests": 5.0})
+    assert stale.knobs == knobs(8192, 1024) and "no usable window" in stale.reason
+
+
 def test_a_preset_waits_while_prometheus_is_unreachable_at_either_end_of_its_window_and_a_scale_to_zero_does_not():
     the_spec = spec(schedules=[NIGHT])
     state = status()

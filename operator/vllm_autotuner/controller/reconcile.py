@@ -558,7 +558,7 @@ class Reconciler:
         template = target.knobs
         expected = rollout.to_knobs if pending and rollout else state.current.knobs  # type: ignore[union-attr]
         if template != expected:
-            if target.from_defaults and state.current is not None and state.current.from_defaults:
+            if _defaults_known_better(state, target):
                 # the same args, read against a better-known GPU (a pod got a node): no one changed anything
                 report.state = defaults_resolved(state, template, target.defaults_table)
                 return
@@ -593,7 +593,7 @@ class Reconciler:
                 report.state = self._with_generation(report.state, target.deployment)
                 return
             writer = command_line_writer(target.deployment, target.container.get("name", ""))
-            report.state = manual_change_detected(state, template, report.now, writer)
+            report.state = manual_change_detected(state, template, report.now, writer, target.defaults_table)
             report.event(events.MANUAL_CHANGE,
                          f"knobs changed outside the operator to {template}{f' by {writer}' if writer else ''}; "
                          f"adopted as Manual and respected for the cooldown ({spec.rollout.cooldown})")
@@ -1054,6 +1054,19 @@ def _kept_verdict(rollout: Rollout | None) -> tuple[str, str]:
         return "", ""
     reason, _, message = rollout.message.partition(": ")
     return reason, message
+
+
+def _defaults_known_better(state: VllmTuningStatus, target: Target) -> bool:
+    """Whether the template's knobs differ from the current ones only by vLLM's defaults read against a GPU known
+    better (a pod got a node): both leave a knob to vLLM, the template sets no knob to another value than the
+    current one, and no rollout of ours awaits its verdict. Our rollouts write both flags, so a template without
+    them then is someone's revert of ours (``kubectl rollout undo``, a GitOps self-heal to a manifest without
+    them), judged as a revert of a template with flags is; taken for a correction, the rollout would stay in
+    progress for ever, holding every change and a rollout slot."""
+    current, args = state.current, target.args
+    return (not awaiting_verdict(state) and target.from_defaults and current is not None and current.from_defaults
+            and args.max_num_batched_tokens in (None, current.max_num_batched_tokens)
+            and args.max_num_seqs in (None, current.max_num_seqs))
 
 
 def _validation_problems(exc: ValidationError) -> list[str]:

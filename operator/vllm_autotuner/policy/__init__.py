@@ -84,8 +84,9 @@ Rollout lifecycle (the operator calls these when the Deployment tells it):
     decision: more pods than before, after a
     blocked rollout, ends the cooldown the block began (a strategy that no
     longer needs a spare GPU);
-    ``manual_change_detected(state, knobs, now, writer=None)`` a person (or
-    ``writer``, a field manager) changed the args;
+    ``manual_change_detected(state, knobs, now, writer=None,
+    defaults_table=None)`` a person (or ``writer``, a field manager) changed
+    the args (leaving a knob to vLLM's ``defaults_table``);
     ``last_known_change(state)`` the latest change of the knobs the status
     knows of (a write of ours after it had its status write lost);
     ``resumed_write(state, schedules, written, knobs, source, reason,

@@ -340,12 +340,15 @@ def _puts_back_ours(state: VllmTuningStatus, knobs: Knobs) -> bool:
     return last.phase == RolloutPhase.SUCCEEDED and state.current.source != KnobSource.MANUAL
 
 
-def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime,
-                           writer: str | None = None) -> VllmTuningStatus:
+def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime, writer: str | None = None,
+                           defaults_table: str | None = None) -> VllmTuningStatus:
     """A person changed the knobs in the Deployment: adopt them, and respect them for a cooldown.
 
     ``writer``, when known, is who (the field manager of the write,
-    ``rollout.patch.command_line_writer``); the history names it. A rollout
+    ``rollout.patch.command_line_writer``); the history names it.
+    ``defaults_table`` is vLLM's defaults table a knob the template leaves
+    to vLLM was read from (None: it sets both), so that the same template
+    read against a GPU known better is no change (``defaults_resolved``). A rollout
     of ours still in progress or unverified is closed as superseded (its
     config did not fail, so it is not remembered as failed). A change that
     puts back what our last change replaced is a revert, and is remembered
@@ -374,6 +377,8 @@ def manual_change_detected(state: VllmTuningStatus, knobs: Knobs, now: datetime,
         max_num_seqs=knobs.max_num_seqs,
         since=utc_timestamp(now),
         source=KnobSource.MANUAL,
+        from_defaults=defaults_table is not None,
+        defaults_table=defaults_table,
         max_model_len=state.current.max_model_len,
         chunked_prefill=state.current.chunked_prefill,
     )

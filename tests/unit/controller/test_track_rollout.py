@@ -44,7 +44,7 @@ from vllm_autotuner.controller.cache import ClusterCache, deployment_index
 from vllm_autotuner.controller.conditions import condition
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler, Report, Target
-from vllm_autotuner.knobs import EngineArgs
+from vllm_autotuner.knobs import AssumedDefaults, EngineArgs
 from vllm_autotuner.policy import adopt_generation, awaiting_verdict, rollout_succeeded
 from vllm_autotuner.policy.guardrails import DEFAULT_RESTART_SECONDS, failed_configs, restart_seconds
 from vllm_autotuner.policy.decision import with_rollout
@@ -53,13 +53,19 @@ from vllm_autotuner.rollout.patch import baseline_annotation, knob_patch
 TUNING = "chat"
 SPEC = spec()
 A, B, C, D, E = knobs(8192, 1024), knobs(4096, 512), knobs(2048, 256), knobs(2048, 128), knobs(1024, 64)
+#: vLLM's defaults as read before a pod had a node (A), and once its GPU is known (C).
+ASSUMED = AssumedDefaults(A, "GPU memory unknown, >= 70 GiB assumed: 8192 tokens / 1024 seqs")
+KNOWN = AssumedDefaults(C, "GPU with 24 GiB (< 70): 2048 tokens / 256 seqs")
 
 
-def args(of: Knobs) -> list[str]:
+def args(of: Knobs | None) -> list[str]:
+    """The knob flags that set ``of``; none (vLLM's defaults) for None."""
+    if of is None:
+        return []
     return ["--max-num-batched-tokens", str(of.max_num_batched_tokens), "--max-num-seqs", str(of.max_num_seqs)]
 
 
-def deployment(start: Knobs) -> dict[str, Any]:
+def deployment(start: Knobs | None) -> dict[str, Any]:
     return {
         "metadata": {"name": "llama", "namespace": "default", "uid": "u1", "resourceVersion": "1", "generation": 1},
         "spec": {"selector": {"matchLabels": {"app": "llama"}}, "template": {"metadata": {"annotations": {}}, "spec": {
@@ -123,26 +129,28 @@ class Kube:
         return {"metadata": {"generation": 99}}
 
 
-def target_of(deployment: dict[str, Any], watched: bool) -> Target:
-    """The target as an evaluation finds it; with its new ReplicaSet where ``watched``."""
+def target_of(deployment: dict[str, Any], watched: bool, defaults: AssumedDefaults = ASSUMED) -> Target:
+    """The target as an evaluation finds it, a knob flag it lacks read from ``defaults``; with its new ReplicaSet
+    where ``watched``."""
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     engine = EngineArgs.from_container(container)
-    assert engine.max_num_batched_tokens is not None and engine.max_num_seqs is not None
+    read, from_defaults = engine.effective(defaults)
     replicaset = {"metadata": {"name": "llama-7f8b", "uid": RS_UID, "labels": {"pod-template-hash": "7f8b"}},
                   "status": {}}
-    return Target(deployment, container, engine, container.get("image"),
-                  knobs(engine.max_num_batched_tokens, engine.max_num_seqs),
-                  from_defaults=False, defaults_table=None, replicaset=replicaset if watched else None, replicasets=[])
+    return Target(deployment, container, engine, container.get("image"), read, from_defaults=from_defaults,
+                  defaults_table=defaults.table if from_defaults else None,
+                  replicaset=replicaset if watched else None, replicasets=[])
 
 
 def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, kube: Kube | None = None,
           metrics: OperatorMetrics | None = None, generation: int = 1, the_spec: VllmTuningSpec = SPEC,
-          cache: ClusterCache | None = None) -> Report:
-    """One evaluation's look at the target, by an operator that knows only ``state`` (and what ``cache`` holds)."""
+          cache: ClusterCache | None = None, defaults: AssumedDefaults = ASSUMED) -> Report:
+    """One evaluation's look at the target, by an operator that knows only ``state`` (and what ``cache`` holds),
+    reading a knob flag the template lacks from ``defaults``."""
     report = Report("default", TUNING, state, generation, now, uid=TUNING_UID)
     reconciler = Reconciler(kube=kube, cache=cache or ClusterCache(), observations=None,  # type: ignore[arg-type]
                             metrics=metrics or OperatorMetrics(), settings=OperatorSettings())
-    asyncio.run(reconciler._track_rollout(the_spec, target_of(deployment, kube is not None), report))
+    asyncio.run(reconciler._track_rollout(the_spec, target_of(deployment, kube is not None, defaults), report))
     return report
 
 
@@ -168,6 +176,54 @@ def test_undo_to_the_previous_revision_is_adopted_as_a_persons_change():
     assert (report.state.current.knobs, report.state.current.source) == (B, KnobSource.MANUAL)
     assert [reason for reason, _, _ in report.events] == [events.MANUAL_CHANGE]
     assert report.state.last_rollout == state.last_rollout  # no rollout of ours resumed
+
+
+def from_defaults(state: VllmTuningStatus, table: str = ASSUMED.table) -> VllmTuningStatus:
+    """``state`` with its current knobs read from vLLM's defaults table ``table`` (a template without knob flags)."""
+    assert state.current is not None
+    return state.model_copy(update={"current": state.current.model_copy(
+        update={"from_defaults": True, "defaults_table": table})})
+
+
+@pytest.mark.parametrize("flags", [True, False], ids=["knob flags", "vLLM's defaults"])
+def test_our_first_rollout_undone_midway_is_a_revert_whether_the_template_set_the_knobs_or_not(flags):
+    # `kubectl rollout undo`, or a GitOps self-heal to the manifest, while our first change rolls out: the template
+    # put back leaves the knobs to vLLM (read as A) or sets A. Either is a person's revert, adopted as Manual and
+    # counted; a template without flags is no GPU known better, or the rollout would stay in progress for ever.
+    initial = deployment(A if flags else None)
+    state = status(A.max_num_batched_tokens, A.max_num_seqs, since=T0 - timedelta(hours=2))
+    state = with_rollout(state if flags else from_defaults(state), T0, B, KnobSource.TRAFFIC, f"to {B}")
+
+    report = track(state, undone(patched(initial, B, T0), initial), T0 + timedelta(minutes=2))
+
+    current, rollout = report.state.current, report.state.last_rollout
+    assert current is not None and rollout is not None
+    assert (current.knobs, current.source, current.from_defaults) == (A, KnobSource.MANUAL, not flags)
+    assert current.defaults_table == (None if flags else ASSUMED.table)
+    assert (rollout.phase, rollout.message) == (RolloutPhase.FAILED, "superseded by a manual change")
+    assert [reason for reason, _, _ in report.events] == [events.MANUAL_CHANGE]
+    assert len(report.state.reverts) == 1
+
+
+def test_defaults_known_better_correct_the_current_knobs_and_a_flag_set_meanwhile_is_a_change():
+    # the same template without knob flags, read once a pod's node tells its GPU: C, not the A first assumed
+    state = from_defaults(status(A.max_num_batched_tokens, A.max_num_seqs, since=T0 - timedelta(hours=2)))
+    live = deployment(None)
+
+    resolved = track(state, live, T0, defaults=KNOWN)
+
+    assert state.current is not None and resolved.state.current is not None
+    assert resolved.state.current == state.current.model_copy(
+        update={"max_num_batched_tokens": 2048, "max_num_seqs": 256, "defaults_table": KNOWN.table})
+    assert resolved.events == []
+    # a person sets --max-num-seqs 128 meanwhile: the budget is still vLLM's, but the template is not the same
+    edit = copy.deepcopy(live)
+    edit["spec"]["template"]["spec"]["containers"][0]["args"] = ["--max-num-seqs", "128"]
+    changed = track(state, edit, T0, defaults=KNOWN)
+    assert changed.state.current is not None
+    assert (changed.state.current.knobs, changed.state.current.source) == (D, KnobSource.MANUAL)
+    assert changed.state.current.defaults_table == KNOWN.table
+    assert [reason for reason, _, _ in changed.events] == [events.MANUAL_CHANGE]
 
 
 def test_an_edit_is_adopted_naming_its_writer_as_the_apiserver_recorded_it():

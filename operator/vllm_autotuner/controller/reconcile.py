@@ -269,7 +269,8 @@ class Reconciler:
         self.observations = observations
         self.metrics = metrics
         self.settings = settings
-        self._hardware_by_uid: dict[str, Hardware] = {}  # GPU facts per Deployment, looked up once
+        # GPU facts per Deployment, with what they were looked up from (``_hardware``)
+        self._hardware_by_uid: dict[str, tuple[tuple[Any, ...], Hardware]] = {}
         self.slots = RolloutSlots(settings.max_concurrent_rollouts, settings.rollout_pool_label)
         self._slot_lock = asyncio.Lock()  # counting the slots taken and taking one is one step
 
@@ -494,13 +495,20 @@ class Reconciler:
     async def _hardware(self, deployment: dict[str, Any], container: dict[str, Any], spec: VllmTuningSpec) -> Hardware:
         """GPU count from the container's resources; product and memory from the spec, the pod
         template's nodeSelector, or the labels of a node a pod runs on (GPU Feature Discovery).
-        Looked up once per Deployment: a node's GPU does not change under a running Deployment."""
+        Looked up once per Deployment and what it is read from: a node's GPU does not change under a running
+        Deployment, and reading a node at every evaluation costs API calls; but a spec.engine.gpuMemoryGib
+        corrected, other GPUs asked for, or the pods sent to another pool (nodeSelector, affinity) are read
+        again at once, not at the operator's next start."""
         uid = deployment["metadata"].get("uid", "")
-        if uid in self._hardware_by_uid:
-            return self._hardware_by_uid[uid]
+        pod_spec = deployment["spec"]["template"]["spec"]
+        inputs = (spec.engine.gpu_memory_gib, container.get("resources"), pod_spec.get("nodeSelector"),
+                  pod_spec.get("affinity"))
+        cached = self._hardware_by_uid.get(uid)
+        if cached is not None and cached[0] == inputs:
+            return cached[1]
         hardware = await self._lookup_hardware(deployment, container, spec)
         if hardware.memory_gib is not None or hardware.gpus == 0:  # else ask again once a pod has a node
-            self._hardware_by_uid[uid] = hardware
+            self._hardware_by_uid[uid] = inputs, hardware
         return hardware
 
     async def _lookup_hardware(self, deployment: dict[str, Any], container: dict[str, Any],
@@ -510,8 +518,9 @@ class Reconciler:
         labels = dict(deployment["spec"]["template"]["spec"].get("nodeSelector") or {})
         if GPU_MEMORY_LABEL not in labels and spec.engine.gpu_memory_gib is None and gpus:
             try:
-                owners = {rs["metadata"]["uid"] for rs in self.cache.replicasets(deployment)}
-                pods = await self._owned_pods(deployment, owners)
+                # the current revision's pods: an older one's may run in the pool the template has left
+                current = self.cache.current_replicaset(deployment)
+                pods = await self._owned_pods(deployment, {current["metadata"]["uid"]} if current else set())
                 node = next((p["spec"].get("nodeName") for p in pods if p["spec"].get("nodeName")), None)
                 if node:
                     labels.update(await self._call(self.kube.node_labels, node))

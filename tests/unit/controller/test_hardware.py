@@ -70,3 +70,38 @@ def test_label_selector_of_a_deployment() -> None:
         )
         == "a=1,b=2,tier in (x,y),!canary,gpu,zone notin (z)"
     )
+
+
+class Pools(Kube):
+    """Pods by selector: revision 1's on an H100 node, revision 2's on an L4 node."""
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        self.selectors.append(selector)
+        return [pod("h100-node", "rs1-uid"), pod("l4-node", "rs2-uid")]
+
+
+def test_the_gpu_is_read_again_when_the_spec_or_the_pools_the_pods_run_in_change() -> None:
+    container = {"name": "vllm", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    deployment = {"metadata": {"name": "llama", "namespace": "llm", "uid": "u1",
+                               "annotations": {"deployment.kubernetes.io/revision": "1"}},
+                  "spec": {"selector": {"matchLabels": {"app": "llama"}}, "template": {"spec": {
+                      "containers": [container], "nodeSelector": {"pool": "h100"}}}}}
+    kube, cache = Pools(), ClusterCache()
+    revisions = [{"metadata": {"name": f"llama-{n}", "uid": f"rs{n}-uid",
+                               "annotations": {"deployment.kubernetes.io/revision": str(n)}}} for n in (1, 2)]
+    cache.bind({}, {("llm", "u1"): revisions})
+    reconciler = Reconciler(kube, cache, observations=None, metrics=OperatorMetrics(),  # type: ignore[arg-type]
+                            settings=OperatorSettings())
+
+    def read(engine: dict[str, Any] | None = None) -> tuple[str | None, int]:
+        spec = VllmTuningSpec.model_validate({"targetRef": {"name": "llama"}, "engine": engine or {}})
+        hardware = asyncio.run(reconciler._hardware(deployment, container, spec))
+        return hardware.product, round(hardware.memory_gib or 0)
+
+    assert read() == read() == ("H100", 80)
+    assert len(kube.selectors) == 1  # a node is read once, not at each evaluation
+    assert read({"gpuMemoryGib": 24}) == (None, 24)  # the spec corrected: its GPU memory, at once
+    # the template sent to the L4 pool: revision 2's pods run there, revision 1's still on the H100 node
+    deployment["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "2"
+    deployment["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "l4"}
+    assert read() == ("L4", 22)

@@ -5,7 +5,9 @@ a finalizer on every VllmTuning (which would block deleting them once the
 operator is uninstalled), and tunings evaluated at the same aligned instant
 share one set of Prometheus queries. Each tuning is due on multiples of its
 evaluationInterval; its window ends spec.prometheus.queryOffset before that
-instant.
+instant. A new tuning is due at once, and so is one whose spec changed: a
+due time reckoned under the old spec (a 6 h interval shortened to 30 s) would
+leave the change unread until then.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Evaluator:
         self.metrics = metrics
         self.clock = clock
         self.due: dict[Key, float] = {}
+        self.generations: dict[Key, object] = {}  # each tuning's metadata.generation when last scheduled
         self.seen = -math.inf  # the clock at the last tick
         self.periods = 0
 
@@ -59,13 +62,17 @@ class Evaluator:
         self.seen = now
         for key in list(self.due):
             if key not in self.cache.tunings:
-                del self.due[key]
+                del self.due[key], self.generations[key]
                 self.metrics.forget(*key)
                 self.reconciler.slots.forget(key)
-        for key in self.cache.tunings:
+        for key, body in self.cache.tunings.items():
+            generation = body["metadata"].get("generation")
             if key not in self.due:  # a new tuning is evaluated at once
                 self.due[key] = math.floor(now)
                 self.metrics.watch(*key)
+            elif generation != self.generations[key]:  # so is a changed spec
+                self.due[key] = min(self.due[key], math.floor(now))
+            self.generations[key] = generation
         self.metrics.tunings.set(len(self.cache.tunings))
 
     async def _evaluate(self, key: Key, at: float, limit: asyncio.Semaphore, stop: asyncio.Event) -> None:

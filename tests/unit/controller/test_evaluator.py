@@ -94,3 +94,27 @@ def test_a_write_refused_for_the_running_out_lease_is_a_warning_and_the_other_tu
     assert len(reconciler.evaluated) == 3
     stopped = [r for r in caplog.records if "stopped" in r.getMessage()]
     assert len(stopped) == 3 and all(r.levelname == "WARNING" and r.exc_info is None for r in stopped)
+
+
+def test_a_changed_spec_is_evaluated_at_once_and_its_new_interval_followed_from_then() -> None:
+    # 6 h between evaluations, shortened to 30 s: not after the 6 h reckoned under the old spec
+    now = [1000.0]
+    reconciler = Reconciler()
+    cache = ClusterCache()
+    body = {"metadata": {"namespace": "llm", "name": "a", "generation": 1},
+            "spec": {"traffic": {"evaluationInterval": "6h"}}}
+    cache.on_tuning_event(None, body)
+    clock = Evaluator(cache, reconciler, OperatorMetrics(), clock=lambda: now[0])  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    assert asyncio.run(clock.tick(stop)) == 1
+    now[0] = 1010.0
+    cache.on_tuning_event(None, body)  # listed again (the watch reconnected): the same spec, nothing due
+    assert asyncio.run(clock.tick(stop)) == 0
+    cache.on_tuning_event("MODIFIED", {"metadata": {**body["metadata"], "generation": 2},
+                                       "spec": {"traffic": {"evaluationInterval": "30s"}}})
+    assert asyncio.run(clock.tick(stop)) == 1
+    assert reconciler.evaluated[-1] == (("llm", "a"), 1010.0)
+    now[0] = 1019.0
+    assert asyncio.run(clock.tick(stop)) == 0
+    now[0] = 1020.0  # the new interval's next multiple
+    assert asyncio.run(clock.tick(stop)) == 1

@@ -165,12 +165,17 @@ class Kube:
             return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
                                                             _request_timeout=TIMEOUT)
 
-    def patch_tuning_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge-patch the status subresource; ``None`` values remove fields."""
+    def patch_tuning_status(self, namespace: str, name: str, status: dict[str, Any],
+                            resource_version: str | None) -> None:
+        """Merge-patch the status subresource; ``None`` values remove fields. The write is conditional on
+        ``resource_version``, the object's as read (409 on change; None: none). A ``metadata.uid`` would not do:
+        the status subresource keeps the stored object's metadata whatever the patch says, so it lands on an
+        object created again under the name too."""
         timeout = self._write_timeout(f"the status of VllmTuning {namespace}/{name}")
         with self._call("patch", "vllmtunings/status"):
             self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _content_type=MERGE,
+                GROUP, VERSION, namespace, PLURAL, name,
+                {"metadata": {"resourceVersion": resource_version}, "status": status}, _content_type=MERGE,
                 _request_timeout=timeout)
 
     def create_event(self, body: dict[str, Any]) -> None:

@@ -354,13 +354,10 @@ class Reconciler:
         if write and ready.get("reason") != events.STATUS_UNREADABLE:
             report.event(events.STATUS_UNREADABLE, message, warning=True)
             await self._send_events(meta, report, None)
-            try:
-                # a merge patch replaces the whole list: the newer operator's other conditions are written back
-                conditions = [*(c for c in written if c.get("type") != ConditionType.READY),
-                              *report.state.model_dump(by_alias=True, mode="json")["conditions"]]
-                await self._call(self.kube.patch_tuning_status, namespace, name, {"conditions": conditions})
-            except ApiException as failed:
-                log.warning("reporting the unreadable status of %s/%s failed: %s", namespace, name, failed.reason)
+            # a merge patch replaces the whole list: the newer operator's other conditions are written back
+            conditions = [*(c for c in written if c.get("type") != ConditionType.READY),
+                          *report.state.model_dump(by_alias=True, mode="json")["conditions"]]
+            await self._write_status(meta, {"conditions": conditions})
         return report
 
     async def _follow(self, spec: VllmTuningSpec, report: Report) -> Target:
@@ -1022,10 +1019,24 @@ class Reconciler:
         # an operator stopped between the two writes sends an Event twice rather than never (whether
         # to send one is judged from the status).
         await self._send_events(meta, report, deployment)
+        if _pruned(status) != _pruned(body.get("status") or {}):
+            await self._write_status(meta, status)
+        self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
+
+    async def _write_status(self, meta: dict[str, Any], status: dict[str, Any]) -> None:
+        """Merge-patch ``status`` into the VllmTuning whose metadata an evaluation read, on condition that it is
+        still that object as read (its resourceVersion): one deleted and created again under its name meanwhile
+        (``kubectl replace --force``, a reinstall) must not take the old one's failed configs, rollout and target
+        uid, nor one edited since (its spec, its status cleared by a person) a status worked out before. Refused
+        so, this evaluation's result is dropped, and the next evaluation reads the object anew."""
+        namespace, name = meta["namespace"], meta["name"]
         try:
-            if _pruned(status) != _pruned(body.get("status") or {}):
-                await self._call(self.kube.patch_tuning_status, namespace, name, status)
+            await self._call(self.kube.patch_tuning_status, namespace, name, status, meta.get("resourceVersion"))
         except ApiException as exc:
+            if exc.status == 409:
+                log.info("the status of %s/%s is not written: the VllmTuning was changed, or deleted and created "
+                         "again, since it was read; the next evaluation reads it again", namespace, name)
+                return
             log.warning("writing the status of %s/%s failed: %s", namespace, name, exc.reason)
             if exc.status == 404:
                 # Deleted while the watch was down: a re-list after it brings no DELETED event, and the
@@ -1033,7 +1044,6 @@ class Reconciler:
                 self.cache.forget_tuning(namespace, name)
         except HTTPError as exc:  # a timeout, a reset: written at the next evaluation
             log.warning("writing the status of %s/%s failed: %s", namespace, name, exc)
-        self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
 
     async def _send_events(self, meta: dict[str, Any], report: Report, deployment: dict[str, Any] | None) -> None:
         """Log the report's Events, then send them: on the VllmTuning, and on ``deployment`` (when known) those

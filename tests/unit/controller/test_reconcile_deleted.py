@@ -2,13 +2,17 @@
 
 After a watch outage kopf lists the VllmTunings again and sends an event for
 each one there is, but none for one deleted meanwhile: without this, the
-operator would evaluate it, and act for it, as long as it runs. The
-reconciler is driven with the stand-ins of ``test_reconcile_rollout``.
+operator would evaluate it, and act for it, as long as it runs. A status
+write is conditional on the tuning as the evaluation read it: one deleted and
+created again under its name meanwhile refuses it, and the evaluation's result
+is dropped. The reconciler is driven with the stand-ins of
+``test_reconcile_rollout``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -22,27 +26,38 @@ from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
 class Kube(harness.Kube):
     def __init__(self, status: int) -> None:
         self.status = status
+        self.versions: list[str | None] = []
 
     def create_event(self, body: dict[str, Any]) -> None:
         pass
 
-    def patch_tuning_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_tuning_status(self, namespace: str, name: str, status: dict[str, Any],
+                            resource_version: str | None) -> None:
+        self.versions.append(resource_version)
         raise ApiException(status=self.status, reason="NotFound" if self.status == 404 else "Conflict")
 
 
-def cache_after_a_status_write_answered(status: int) -> Any:
+def cache_after_a_status_write_answered(kube: Kube) -> Any:
+    """The cache after an evaluation of the tuning read at resourceVersion 41, whose status write ``kube``
+    answers."""
     cache = harness.cache(finished=timedelta(minutes=30))
-    reconciler = Reconciler(Kube(status), cache, harness.Windows(harness.window((harness.NEW,))),  # type: ignore[arg-type]
+    cache.tunings[("llm", "llama")]["metadata"]["resourceVersion"] = "41"
+    reconciler = Reconciler(kube, cache, harness.Windows(harness.window((harness.NEW,))),  # type: ignore[arg-type]
                             OperatorMetrics(), OperatorSettings())
     asyncio.run(reconciler.evaluate(("llm", "llama"), harness.NOW.timestamp()))
     return cache
 
 
 def test_a_tuning_whose_status_write_finds_it_deleted_leaves_the_cache() -> None:
-    cache = cache_after_a_status_write_answered(404)
+    cache = cache_after_a_status_write_answered(Kube(404))
     assert list(cache.tunings) == [] and cache.tunings_of("llm", "llama") == []
 
 
-def test_a_status_write_that_fails_otherwise_keeps_the_tuning() -> None:
-    cache = cache_after_a_status_write_answered(409)
+def test_a_status_write_is_conditional_on_the_tuning_read_and_refused_keeps_the_tuning_to_read_again(caplog) -> None:
+    caplog.set_level(logging.INFO, "vllm_autotuner.controller.reconcile")
+    kube = Kube(409)  # the apiserver's answer to a resourceVersion no longer the object's: replaced, or edited
+    cache = cache_after_a_status_write_answered(kube)
+    assert kube.versions == ["41"]
     assert list(cache.tunings) == [("llm", "llama")] and cache.tunings_of("llm", "llama") == ["llama"]
+    (said,) = [r for r in caplog.records if "status of llm/llama" in r.getMessage()]
+    assert said.levelname == "INFO" and "deleted and created again" in said.getMessage()

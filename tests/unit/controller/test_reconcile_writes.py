@@ -25,7 +25,8 @@ class Kube(harness.Kube):
     def create_event(self, body: dict[str, Any]) -> None:
         raise ReadTimeoutError(None, "/api/v1/events", "read timed out")
 
-    def patch_tuning_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_tuning_status(self, namespace: str, name: str, status: dict[str, Any],
+                            resource_version: str | None) -> None:
         if self.failing:
             self.failing -= 1
             raise ReadTimeoutError(None, "/apis", "read timed out")

@@ -35,7 +35,8 @@ def evaluate(status: dict[str, Any]) -> tuple[Any, RecordingKube]:
     }
     cache = ClusterCache()
     cache.bind({(NAMESPACE, DEPLOYMENT): [deployment]}, {})
-    cache.on_tuning_event(None, {"metadata": {"namespace": NAMESPACE, "name": TUNING, "generation": 1},
+    cache.on_tuning_event(None, {"metadata": {"namespace": NAMESPACE, "name": TUNING, "generation": 1,
+                                              "resourceVersion": "5"},
                                  "spec": {"targetRef": {"name": DEPLOYMENT}}, "status": status})
     kube = RecordingKube()
     reconciler = Reconciler(kube, cache, observations=None, metrics=OperatorMetrics(),  # type: ignore[arg-type]
@@ -48,8 +49,9 @@ def test_an_unreadable_status_holds_and_only_its_ready_condition_is_written() ->
     report, kube = evaluate(NEWER)
     assert [verb for verb, _ in kube.calls] == ["create_event", "patch_tuning_status"]  # no Deployment call
     assert kube.calls[0][1][0]["reason"] == events.STATUS_UNREADABLE
-    namespace, name, written = kube.calls[1][1]
+    namespace, name, written, version = kube.calls[1][1]
     assert (namespace, name, list(written)) == (NAMESPACE, TUNING, ["conditions"])  # failedConfigs left alone
+    assert version == "5"  # on the object read: not on one created again under its name
     (ready,) = written["conditions"]
     assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", events.STATUS_UNREADABLE)
     assert "lastRollout.phase" in ready["message"] and "--subresource=status" in ready["message"]
@@ -62,7 +64,7 @@ def test_the_newer_operators_other_conditions_are_kept_beside_the_ready_conditio
     stale_ready = {"type": "Ready", "status": "True", "reason": "Tuning", "message": "",
                    "lastTransitionTime": "2026-12-03T09:00:00Z"}
     _, kube = evaluate({**NEWER, "conditions": [stale_ready, degraded]})
-    _, _, written = kube.calls[1][1]
+    _, _, written, _ = kube.calls[1][1]
     assert [(c["type"], c["reason"]) for c in written["conditions"]] == [
         ("Degraded", "RolloutFailed"), ("Ready", events.STATUS_UNREADABLE)]
 

@@ -241,7 +241,10 @@ def _observed(observation: Observation) -> ObservedTraffic:
 
 def _regime_name(spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, observation: Observation) -> str:
     if spec.traffic.strategy == Strategy.TIERS:
-        tier = matching_tier(spec.traffic.tiers, observation, state.regime)
+        current = state.current
+        in_force = None if current is None else next(
+            (t.name for t in spec.traffic.tiers if clamp(t.knobs, settings.bounds, current) == current.knobs), None)
+        tier = matching_tier(spec.traffic.tiers, observation, in_force)
         return tier.name if tier else NO_TIER
     pods = observation.pods or 1
     return classify(

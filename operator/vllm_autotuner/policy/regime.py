@@ -137,8 +137,8 @@ def _within(value: float | None, low: float | None, high: float | None, margin: 
 
 
 def tier_matches(match: TierMatch, observation: Observation, margin: float = 1.0) -> bool:
-    """Whether every condition of a tier holds for the window, each bound widened by the factor ``margin`` (narrowed
-    by one below 1; a missing number fails a condition that needs it)."""
+    """Whether every condition of a tier holds for the window, each bound widened by the factor ``margin`` (a
+    missing number fails a condition that needs it)."""
     concurrency = None
     if observation.running is not None and observation.waiting is not None:
         concurrency = observation.running + observation.waiting
@@ -149,21 +149,19 @@ def tier_matches(match: TierMatch, observation: Observation, margin: float = 1.0
     )
 
 
-def matching_tier(tiers: list[Tier], observation: Observation, previous: str | None) -> Tier | None:
-    """The first tier whose conditions hold, with hysteresis around the tier in force (``previous``, the last
-    window's): it stays while the window is not clearly out of it, and a tier tried before it takes over only
-    when the window is clearly in that one.
+def matching_tier(tiers: list[Tier], observation: Observation, in_force: str | None) -> Tier | None:
+    """The first tier whose conditions hold, the tier in force (``in_force``: the one whose knobs run) held to
+    its bounds widened by HYSTERESIS powers of two (a factor 1.19), as a regime's bin is left.
 
-    Clearly means HYSTERESIS powers of two (a factor 1.19) past a bound, as
-    a regime's bin is left: traffic that hovers at a boundary between two
-    tiers would otherwise swap their knobs, a rolling restart each, every
-    cooldown. The tiers before the one in force are held to the narrower
-    bounds, so that a tier with no conditions (the last, a catch-all) does
-    not keep the traffic from a tier before it for good.
+    Traffic that hovers at a boundary between two tiers would otherwise swap
+    their knobs, a rolling restart each, every cooldown. The tiers are still
+    tried in order, each other one strictly: traffic strictly in a tier
+    tried before the one in force goes to it, and traffic leaves the one in
+    force for a tier after it only when clearly out of it, so the way up
+    and the way down cross a boundary at different points. A tier matched
+    by a window whose change never ran (held, or matched under a schedule's
+    preset) is not in force, and gets no margin.
     """
-    kept = next((i for i, tier in enumerate(tiers) if tier.name == previous), -1)
     margin = 2.0**HYSTERESIS
-    for i, tier in enumerate(tiers):
-        if tier_matches(tier.match, observation, 1 / margin if i < kept else margin if i == kept else 1.0):
-            return tier
-    return None
+    return next((tier for tier in tiers if tier_matches(tier.match, observation, margin if tier.name == in_force
+                                                        else 1.0)), None)

@@ -805,15 +805,15 @@ def test_tiers_map_the_traffic_to_the_users_knobs():
 
 
 def test_a_tier_in_force_holds_while_the_traffic_hovers_at_its_boundary():
-    """Traffic at 10 requests per second, a little over or under, keeps the tier it matched first: a tier swap is a
-    rolling restart, and swapping with every wobble spends the day's budget."""
+    """Traffic at 10 requests per second, a little over or under, keeps the tier in force (its knobs run): a tier
+    swap is a rolling restart, and swapping with every wobble spends the day's budget."""
     tiers = [
         Tier(name="low", match=TierMatch(max_request_rate=10), knobs=knobs(8192, 256)).model_dump(by_alias=True),
         Tier(name="high", match=TierMatch(min_request_rate=10), knobs=knobs(4096, 512)).model_dump(by_alias=True),
     ]
     the_spec = spec(traffic={"strategy": "Tiers", "tiers": tiers})
     start = T0 - timedelta(minutes=10)
-    state = status(since=start - timedelta(hours=2))
+    state = status(8192, 256, since=start - timedelta(hours=2))  # low's knobs run
     state = decide(the_spec, state, long_prompt_window(state, the_spec, now=start, request_rate=9.8), start).state
     assert state.regime == "low"
     for minutes, rate in ((0, 10.2), (30, 9.9), (60, 10.3)):
@@ -824,6 +824,12 @@ def test_a_tier_in_force_holds_while_the_traffic_hovers_at_its_boundary():
     at = T0 + timedelta(minutes=90)
     clearly = decide(the_spec, state, long_prompt_window(state, the_spec, now=at, request_rate=12.0), at)
     assert clearly.state.regime == "high"
+    # a tier matched while another's knobs run is not in force: a window of 10.5 after it is high's strictly
+    held = decide(the_spec, status(4096, 512), long_prompt_window(status(4096, 512), the_spec, request_rate=10.5), T0)
+    assert held.state.regime == "high"
+    back = decide(the_spec, status(8192, 256, regime="high"),
+                  long_prompt_window(status(8192, 256), the_spec, request_rate=9.5), T0)
+    assert back.state.regime == "low" and back.action == DecisionAction.HOLD, back.reason
 
 
 def test_same_inputs_same_decision():

@@ -82,7 +82,8 @@ def test_tiers_first_match_wins_and_missing_numbers_fail_conditions_that_need_th
 
 def test_the_tier_in_force_holds_until_the_traffic_is_clearly_out_of_it():
     """Traffic hovering at the boundary between two tiers keeps the tier in force (else their knobs swap, a
-    rolling restart each, every cooldown); HYSTERESIS powers of two past the boundary it goes."""
+    rolling restart each, every cooldown): the way up and the way down cross it at points HYSTERESIS powers of two
+    apart. Tiers are still tried in order, the others strictly."""
     window = long_prompt_window(status(), spec())  # 13 rps, 20.5 running plus waiting
     tiers = [
         Tier(name="low", match=TierMatch(max_request_rate=10, max_concurrency=20), knobs=knobs(8192, 256)),
@@ -95,13 +96,16 @@ def test_the_tier_in_force_holds_until_the_traffic_is_clearly_out_of_it():
     assert matching_tier(tiers, dataclasses.replace(at, request_rate=10 * margin * 0.99), "low").name == "low"
     assert matching_tier(tiers, dataclasses.replace(at, request_rate=10 * margin), "low").name == "high"
     assert matching_tier(tiers, dataclasses.replace(at, waiting=20 * margin - 10), "low").name == "high"
+    # down from high: low is tried first, strictly, so high's own margin below 10 is never reached
     below = dataclasses.replace(at, request_rate=9.7)
-    assert matching_tier(tiers, below, "high").name == "high"
-    assert matching_tier(tiers, dataclasses.replace(below, request_rate=10 / margin * 0.99), "high").name == "low"
-    assert matching_tier(tiers, below, "(no tier)").name == "low"
-    # a tier tried before the one in force takes over only once the traffic is clearly in it, and a catch-all tier
-    # in force (no conditions: every window is in it) does not keep the traffic from the tiers before it for good
-    catch_all = [tiers[0], Tier(name="rest", knobs=knobs(4096, 512))]
-    assert matching_tier(catch_all, below, "rest").name == "rest"
-    assert matching_tier(catch_all, dataclasses.replace(below, request_rate=10 / margin * 0.99), "rest").name == "low"
-    assert matching_tier(catch_all, below, None).name == "low"
+    assert matching_tier(tiers, below, "high").name == "low"
+    assert matching_tier(tiers, dataclasses.replace(below, waiting=15.0), "high").name == "high"  # not in low
+    # a tier tried before a catch-all in force takes over as soon as the traffic is in it, however narrow, and is
+    # left only once the traffic is clearly out of it; one after a tier in force that is clearly left is no detour
+    mid = Tier(name="mid", match=TierMatch(min_request_rate=10, max_request_rate=13), knobs=knobs(2048, 256))
+    rest = Tier(name="rest", knobs=knobs(4096, 512))
+    assert matching_tier([mid, rest], dataclasses.replace(at, request_rate=11.5), "rest").name == "mid"
+    assert matching_tier([mid, rest], dataclasses.replace(at, request_rate=13 * margin * 0.99), "mid").name == "mid"
+    assert matching_tier([mid, rest], dataclasses.replace(at, request_rate=13 * margin), "mid").name == "rest"
+    up = Tier(name="up", match=TierMatch(min_request_rate=12), knobs=knobs(2048, 128))
+    assert matching_tier([tiers[0], up, rest], dataclasses.replace(at, request_rate=9.0), "up").name == "low"

@@ -48,6 +48,7 @@ from vllm_autotuner.api import (
     Mode,
     ObservedTraffic,
     Recommendation,
+    Schedule,
     Strategy,
     Tier,
     VllmTuningSpec,
@@ -485,7 +486,8 @@ def _apply(
         reason = f"change freeze {freeze.name} {when}: {change.knobs} waits ({change.reason})"
         return _hold(state, now, HoldReason.FREEZE, reason, settings, change.knobs, change.gain)
     traffic = change.source == KnobSource.TRAFFIC
-    if traffic and (following := next_pre_roll(spec.schedules, state, now, rollout_lead_seconds(state))):
+    moves = _replaces(spec, state, change.knobs)
+    if traffic and (following := next_pre_roll(spec.schedules, state, now, rollout_lead_seconds(state), moves)):
         schedule, begins = following
         reason = (f"schedule {schedule.name}'s pre-roll begins at {utc_timestamp(begins)}, before a rollout started "
                   f"now would finish: {change.knobs} waits for the schedule's change ({change.reason})")
@@ -705,7 +707,7 @@ def _traffic_change(
         return HoldReason.NO_BETTER_CONFIG, f"{summary}; no config expected to do better than {current.knobs}"
     basis = "measured" if goal.measured else f"predicted ({proposal.model.slope * 1e6:.1f}us per batched token)"
     in_flight = in_flight_seconds(state.observed)
-    life, until = _config_life(spec, state, now)
+    life, until = _config_life(spec, state, (step or goal).knobs, now)
     cost = proposal.rollouts * restart_cost_percent(
         state, _pods(state), here.utilisation, settings.slo.ttft.seconds, life, in_flight
     )
@@ -736,21 +738,38 @@ def _traffic_change(
     return _Change(step.knobs, KnobSource.TRAFFIC, reason, gain=net, regime=base.regime, baseline=base)
 
 
-def _config_life(spec: VllmTuningSpec, state: VllmTuningStatus, now: datetime) -> tuple[float, str]:
-    """Seconds a traffic change's config is expected to serve, and a note for the reason when a schedule cuts it.
+def _config_life(spec: VllmTuningSpec, state: VllmTuningStatus, knobs: Knobs, now: datetime) -> tuple[float, str]:
+    """Seconds a traffic change to ``knobs`` is expected to serve, and a note for the reason when a schedule cuts
+    it.
 
     The regime's expected life (``regime_life_seconds``), but no longer than
-    until the next schedule window's pre-roll begins: its change replaces the
-    config then, however long the traffic lasts, and the restart must pay
-    for itself before.
+    until the pre-roll of the next schedule window that replaces the config
+    begins (``_replaces``): its change replaces the config then, however long
+    the traffic lasts, and the restart must pay for itself before; at its
+    close the traffic policy chooses again.
     """
     life = regime_life_seconds(state, now)
-    following = next_pre_roll(spec.schedules, state, now, life)
+    following = next_pre_roll(spec.schedules, state, now, life, _replaces(spec, state, knobs))
     if following is None:
         return life, ""
     schedule, begins = following
     left = (begins - now).total_seconds()
     return left, f" over the {left:.0f}s until schedule {schedule.name}'s pre-roll"
+
+
+def _replaces(spec: VllmTuningSpec, state: VllmTuningStatus, knobs: Knobs) -> Callable[[Schedule], bool]:
+    """Whether a schedule window's opening replaces the config ``knobs``: its preset (as ``_schedule_change`` fits
+    it to spec.bounds) is another config, or its bounds leave the config out. A window that keeps the config
+    neither delays a traffic change nor cuts its life."""
+    current = state.current
+    assert current is not None
+
+    def replaces(schedule: Schedule) -> bool:
+        if schedule.knobs is not None:
+            return clamp(schedule.knobs, spec.bounds, current) != knobs
+        return not acceptable(knobs, spec.bounds.overlaid(schedule.bounds), current)
+
+    return replaces
 
 
 def _pct(quantile: float) -> str:

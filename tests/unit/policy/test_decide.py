@@ -403,6 +403,17 @@ def test_no_traffic_change_starts_so_shortly_before_a_preset_windows_pre_roll_th
     assert preset.knobs == knobs(16384, 512)
     later = spec(traffic=traffic, schedules=[{**batch, "start": "11 12 * * *"}])
     assert decide(later, state, long_prompt_window(state, later), T0).source == KnobSource.TRAFFIC
+    # a window whose opening keeps the config (its preset is the change's; bounds it fits) delays nothing
+    target = held.recommendation
+    kept = {"name": "kept", "start": "10 12 * * *", "end": "0 18 * * *", "preRoll": "5m"}
+    for keeps in ({**kept, "knobs": target.model_dump(by_alias=True)},
+                  {**kept, "bounds": {"maxNumBatchedTokens": {"max": target.max_num_batched_tokens}}}):
+        fits = spec(traffic=traffic, schedules=[keeps])
+        change = decide(fits, state, long_prompt_window(state, fits), T0)
+        assert change.source == KnobSource.TRAFFIC and change.knobs == target, change.reason
+        assert "until schedule" not in change.reason
+    narrow = spec(traffic=traffic, schedules=[{**kept, "bounds": {"maxNumBatchedTokens": {"max": 1024}}}])
+    assert decide(narrow, state, long_prompt_window(state, narrow), T0).hold == HoldReason.SCHEDULE
 
 
 def test_a_traffic_changes_restarts_are_paid_for_by_the_time_until_the_next_preset_windows_pre_roll():

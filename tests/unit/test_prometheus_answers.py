@@ -2,7 +2,8 @@
 
 A Thanos Querier answers a query one of its stores failed with HTTP 200, the other stores' series and a warning,
 unless asked for no partial response, and a VictoriaMetrics cluster's vmselect one a vmstorage node did not answer,
-marked ``isPartial``; an auth proxy in front of Prometheus answers HTTP 200 with its login page; a
+marked ``isPartial``; Google Managed Prometheus refuses either parameter that asks for whole answers with
+HTTP 400; an auth proxy in front of Prometheus answers HTTP 200 with its login page; a
 query frontend turns queries away with HTTP 429. The answers come from a transport adapter on the client's session,
 as a Prometheus, a querier or a proxy would send them (or as the transport fails), so no server is needed.
 """
@@ -178,3 +179,57 @@ def test_a_slow_query_is_told_apart_from_a_prometheus_that_does_not_answer():
         assert "does not answer" in str(error.value) and "that Prometheus is running" in str(error.value)
         assert "spec.prometheus.timeout" not in str(error.value)
     assert slow.value.transient and error.value.transient
+
+
+def refused(name: str) -> tuple[int, dict]:
+    """Google Managed Prometheus's frontend's answer to a query parameter it has no field for."""
+    said = (f"Invalid JSON payload received. Unknown name \"{name}\": Cannot bind query parameter. Field '{name}' "
+            "could not be found in request message.")
+    return 400, {"error": {"code": 400, "message": said, "status": "INVALID_ARGUMENT",
+                           "details": [{"@type": "type.googleapis.com/google.rpc.BadRequest",
+                                        "fieldViolations": [{"description": said}]}]}}
+
+
+@pytest.mark.parametrize(("name", "kept"), [("partial_response", "deny_partial_response"),
+                                            ("deny_partial_response", "partial_response")])
+def test_a_parameter_the_backend_refuses_by_name_is_left_out_from_then_on(name, kept, caplog):
+    """Google Managed Prometheus refuses every query that sends a parameter it does not know: without it, no query
+    would ever be answered."""
+    matrix = {"status": "success", "data": {"resultType": "matrix", "result": []}}
+    answers = Answers(refused(name), answer(), answer(), matrix)
+    client = client_of(answers)
+    with caplog.at_level("INFO", logger="vllm_autotuner.observe.client"):
+        assert [sample.value for sample in client.query("up", 1000.0)] == [2.0]
+        assert [sample.value for sample in client.query("up", 1060.0)] == [2.0]
+        assert client.query_range("up", 1000.0, 1060.0, 30.0) == []
+    assert [name in asked for asked in answers.asked] == [True, False, False, False]
+    assert all(kept in asked for asked in answers.asked)
+    assert [record.getMessage() for record in caplog.records if name in record.getMessage()] == [
+        f"Prometheus at {URL} refuses the query parameter {name}: queries go without it, so a partial answer is not "
+        "refused by it (warnings and isPartial still are)"]
+
+
+def test_a_backend_that_refuses_both_parameters_as_text_is_asked_without_either():
+    answers = Answers((400, refused("partial_response")[1]["error"]["message"].encode()),
+                      (400, refused("deny_partial_response")[1]["error"]["message"].encode()), answer())
+    assert [sample.value for sample in client_of(answers).query("up", 1000.0)] == [2.0]
+    assert [sorted(set(asked) - {"query", "time"}) for asked in answers.asked] == [
+        ["deny_partial_response", "partial_response"], ["deny_partial_response"], []]
+
+
+@pytest.mark.parametrize("body", [
+    {"status": "error", "errorType": "bad_data", "error": "invalid parameter \"query\": 1:4: parse error: "
+                                                          "unexpected \"partial_response\""},
+    {"error": {"code": 400, "message": "Invalid value at 'time' (type.googleapis.com/google.protobuf.Timestamp)",
+               "status": "INVALID_ARGUMENT"}},
+], ids=["bad-query", "other-field"])
+def test_any_other_bad_request_is_a_query_error_that_drops_no_parameter(body):
+    answers = Answers((400, body), answer())
+    client = client_of(answers)
+    with pytest.raises(PrometheusError) as error:
+        client.query("up(", 1000.0)
+    assert error.value.kind is ErrorKind.QUERY and not error.value.transient
+    assert len(answers.asked) == 1
+    assert [sample.value for sample in client.query("up", 1000.0)] == [2.0]
+    assert all(asked["partial_response"] == ["false"] and asked["deny_partial_response"] == ["1"]
+               for asked in answers.asked)

@@ -17,7 +17,11 @@ alone prometheus-api-client would hand on, is a transient error. A
 VictoriaMetrics cluster's vmselect does the same when a vmstorage node is
 unavailable, and marks the answer ``"isPartial": true`` rather than warn:
 every query asks it for no partial response too
-(``deny_partial_response=1``), and such an answer is the same error. PromQL's
+(``deny_partial_response=1``), and such an answer is the same error. Google
+Managed Prometheus's frontend answers a parameter it does not know with
+HTTP 400 ("Unknown name ...: Cannot bind query parameter"): the query is
+asked again at once without it, and the client leaves it out from then on
+(its warnings and ``isPartial`` are still read). PromQL's
 info annotations (``infos`` from Prometheus 3, among the warnings from a
 Thanos Querier) say nothing is missing and pass. An answer with HTTP 200
 that is not the Prometheus HTTP API's (an auth proxy's login page, a
@@ -28,14 +32,16 @@ that names the URL to check, not a parser's complaint.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import requests
 import urllib3
@@ -44,6 +50,8 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 from urllib3.util.retry import Retry
 
 from vllm_autotuner import USER_AGENT
+
+log = logging.getLogger(__name__)
 
 
 class ErrorKind(StrEnum):
@@ -57,13 +65,17 @@ class ErrorKind(StrEnum):
 #: Asked of every query: Thanos Querier's ``partial_response`` (on by default) answers a query a store failed with
 #: the others' series, and VictoriaMetrics' vmselect one a vmstorage node could not answer (unless started with
 #: ``-search.denyPartialResponse``); asked not to, each fails the query instead. Prometheus ignores a parameter it
-#: does not know, and so does each of them the other's.
+#: does not know, and so does each of them the other's; Google Managed Prometheus's frontend refuses it by name
+#: instead (HTTP 400), and a client leaves out for good a parameter its backend refused.
 _WHOLE_ANSWER = {"partial_response": "false", "deny_partial_response": "1"}
 #: How PromQL's info annotations begin ("PromQL info: metric might not be a counter..."), which a Thanos Querier
 #: returns among its warnings: a possible false positive about the query, not data left out of the answer.
 _PROMQL_INFO = "PromQL info"
 #: What stands for the warning of an answer that says it is partial (a VictoriaMetrics cluster's ``isPartial``)
 _PARTIAL = "isPartial: true (a vmstorage node did not answer)"
+#: How Google Managed Prometheus's frontend, which binds each query parameter to a field of its request, refuses one it
+#: has none for, with HTTP 400: in a Google API error's JSON (the quotes escaped) or as text
+_UNKNOWN_PARAMETER = re.compile(r'Unknown name \\?"(\w+)\\?": Cannot bind query parameter')
 
 
 class PrometheusError(Exception):
@@ -109,6 +121,15 @@ class _NotAnAnswer(Exception):
     held instead."""
 
 
+class _Refused(Exception):
+    """An answer with HTTP 400 that refuses by name a parameter of ``_WHOLE_ANSWER`` the query sent: the query
+    itself was not read, so it is asked again without the parameter rather than failed."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
 class _Warned(Exception):
     """An answer with HTTP 200 that may lack the series of a store that failed: it carries warnings (a Thanos
     Querier's), or says it is partial (a VictoriaMetrics cluster's ``isPartial``)."""
@@ -134,10 +155,17 @@ def _row(row: object, points: str) -> bool:
 
 
 def _check_answer(response: requests.Response, *args: object, **kwargs: object) -> None:
-    """A response hook on every answer with HTTP 200, which prometheus-api-client would take apart unchecked:
-    raises ``_NotAnAnswer`` for one that is not the API's answer to the query asked (a range query's a matrix,
-    an instant query's a vector, each row a series) and ``_Warned`` for one whose warnings are more than info
-    annotations, or that says it is partial, which the library would pass on as whole."""
+    """A response hook on every answer, as prometheus-api-client takes apart one with HTTP 200 unchecked and
+    keeps only the status of any other: raises ``_Refused`` for an HTTP 400 refusing a parameter of
+    ``_WHOLE_ANSWER`` the query sent, ``_NotAnAnswer`` for an HTTP 200 that is not the API's answer to the query
+    asked (a range query's a matrix, an instant query's a vector, each row a series) and ``_Warned`` for one whose
+    warnings are more than info annotations, or that says it is partial, which the library would pass on as
+    whole."""
+    if response.status_code == 400:
+        sent = parse_qs(urlsplit(response.request.url).query)
+        for name in _UNKNOWN_PARAMETER.findall(response.text):
+            if name in _WHOLE_ANSWER and name in sent:
+                raise _Refused(name)
     if response.status_code != 200:
         return
     try:
@@ -250,6 +278,7 @@ class PrometheusClient:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self.on_query: Callable[[], object] = lambda: None  # e.g. the operator's query counter
+        self._whole_answer = _WHOLE_ANSWER  # less what this backend refused
         self._session = session = requests.Session()
         # Named as the operator (a header of the tuning's own may rename it), not as python-requests: the query logs
         # of what sits in front of a Prometheus (Mimir, Thanos, an auth proxy) then say whose load it is.
@@ -271,15 +300,15 @@ class PrometheusClient:
 
     def query(self, promql: str, at: float) -> list[Sample]:
         """Evaluate ``promql`` at Unix time ``at``. Raises PrometheusError."""
-        rows = self._ask(lambda: self._prom.custom_query(promql, params={"time": f"{at:.3f}", **_WHOLE_ANSWER}))
+        rows = self._ask(lambda: self._prom.custom_query(promql, params={"time": f"{at:.3f}", **self._whole_answer}))
         return [Sample(labels=row["metric"], value=_number(row["value"][1])) for row in rows]
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> list[Series]:
         """Evaluate ``promql`` at ``start``, ``start + step``, ... up to ``end`` (Unix seconds). Raises PrometheusError."""
         # The library rounds start and end to whole seconds; its params override them with the exact times.
-        params = {"start": f"{start:.3f}", "end": f"{end:.3f}", **_WHOLE_ANSWER}
         rows = self._ask(lambda: self._prom.custom_query_range(
-            promql, datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC), f"{step:g}", params=params))
+            promql, datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC), f"{step:g}",
+            params={"start": f"{start:.3f}", "end": f"{end:.3f}", **self._whole_answer}))
         return [Series(labels=row["metric"], times=[float(t) for t, _ in row["values"]],
                        values=[_number(v) for _, v in row["values"]]) for row in rows]
 
@@ -291,8 +320,18 @@ class PrometheusClient:
             reraise=True,
         )
         def attempt() -> list[dict]:
-            self.on_query()
-            return request()
+            # Ends: a refusal names a parameter the request sent, and it is never sent again.
+            while True:
+                self.on_query()
+                try:
+                    return request()
+                except _Refused as refused:
+                    if refused.name in self._whole_answer:  # once, unless two threads' queries are refused at once
+                        # replaced, not changed in place: another thread's query may be unpacking it
+                        self._whole_answer = {k: v for k, v in self._whole_answer.items() if k != refused.name}
+                        log.info("Prometheus at %s refuses the query parameter %s: queries go without it, so a "
+                                 "partial answer is not refused by it (warnings and isPartial still are)",
+                                 self.connection.url, refused.name)
 
         try:
             return attempt()

@@ -495,29 +495,42 @@ class Reconciler:
         Looked up once per Deployment and what it is read from: a node's GPU does not change under a running
         Deployment, and reading a node at every evaluation costs API calls; but a spec.engine.gpuMemoryGib
         corrected, other GPUs asked for, or the pods sent to another pool (nodeSelector, affinity) are read
-        again at once, not at the operator's next start."""
+        again at once, not at the operator's next start. A node is read only from the pods of the revision that
+        runs the template as it stands, and that revision is one of the inputs: read from an older revision's
+        pods, in the pool the template has left, the new inputs would keep the old pool's GPU for good."""
         uid = deployment["metadata"].get("uid", "")
         pod_spec = deployment["spec"]["template"]["spec"]
+        replicaset = self._template_replicaset(deployment)
         inputs = (spec.engine.gpu_memory_gib, container.get("resources"), pod_spec.get("nodeSelector"),
-                  pod_spec.get("affinity"))
+                  pod_spec.get("affinity"), replicaset and replicaset["metadata"]["uid"])
         cached = self._hardware_by_uid.get(uid)
         if cached is not None and cached[0] == inputs:
             return cached[1]
-        hardware = await self._lookup_hardware(deployment, container, spec)
+        hardware = await self._lookup_hardware(deployment, container, spec, replicaset)
         if hardware.memory_gib is not None or hardware.gpus == 0:  # else ask again once a pod has a node
             self._hardware_by_uid[uid] = inputs, hardware
         return hardware
 
+    def _template_replicaset(self, deployment: dict[str, Any]) -> dict[str, Any] | None:
+        """The ReplicaSet whose pods run the Deployment's template as it stands; None while that is not known:
+        the Deployment paused (a template edited meanwhile makes no revision until it resumes), its controller
+        behind a spec edit (status.observedGeneration), or the ReplicaSet watch behind the revision it shows."""
+        meta, status = deployment["metadata"], deployment.get("status") or {}
+        if deployment["spec"].get("paused") or (status.get("observedGeneration") or 0) < (meta.get("generation") or 0):
+            return None
+        current = self.cache.current_replicaset(deployment)
+        return current if current is not None and revision(current) == revision(deployment) else None
+
     async def _lookup_hardware(self, deployment: dict[str, Any], container: dict[str, Any],
-                               spec: VllmTuningSpec) -> Hardware:
+                               spec: VllmTuningSpec, replicaset: dict[str, Any] | None) -> Hardware:
+        """Read from ``replicaset``'s pods; without it, from the spec and the template as a Deployment whose pods
+        have no node yet is (vLLM's defaults unless the GPU memory is given), and not kept (``_hardware``)."""
         resources = container.get("resources") or {}
         gpus = int((resources.get("limits") or resources.get("requests") or {}).get(GPU_RESOURCE, 0) or 0)
         labels = dict(deployment["spec"]["template"]["spec"].get("nodeSelector") or {})
         if GPU_MEMORY_LABEL not in labels and spec.engine.gpu_memory_gib is None and gpus:
             try:
-                # the current revision's pods: an older one's may run in the pool the template has left
-                current = self.cache.current_replicaset(deployment)
-                pods = await self._owned_pods(deployment, {current["metadata"]["uid"]} if current else set())
+                pods = await self._owned_pods(deployment, {replicaset["metadata"]["uid"]} if replicaset else set())
                 node = next((p["spec"].get("nodeName") for p in pods if p["spec"].get("nodeName")), None)
                 if node:
                     labels.update(await self._call(self.kube.node_labels, node))

@@ -105,3 +105,43 @@ def test_the_gpu_is_read_again_when_the_spec_or_the_pools_the_pods_run_in_change
     deployment["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "2"
     deployment["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "l4"}
     assert read() == ("L4", 22)
+
+
+def test_no_node_is_read_from_pods_that_may_not_run_the_template_as_it_stands() -> None:
+    # moved to the L4 pool: paused, then before the Deployment controller made revision 2, then before the
+    # ReplicaSet watch brought it, revision 1's pods on the H100 node are not the GPU of the L4 template
+    container = {"name": "vllm", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    annotations = {"deployment.kubernetes.io/revision": "1"}
+    deployment = {"metadata": {"name": "llama", "namespace": "llm", "uid": "u1", "generation": 1,
+                               "annotations": annotations},
+                  "spec": {"selector": {"matchLabels": {"app": "llama"}}, "template": {"spec": {
+                      "containers": [container], "nodeSelector": {"pool": "h100"}}}},
+                  "status": {"observedGeneration": 1}}
+    kube, cache = Pools(), ClusterCache()
+    revisions = [{"metadata": {"name": "llama-1", "uid": "rs1-uid",
+                               "annotations": {"deployment.kubernetes.io/revision": "1"}}}]
+    cache.bind({}, {("llm", "u1"): revisions})
+    reconciler = Reconciler(kube, cache, observations=None, metrics=OperatorMetrics(),  # type: ignore[arg-type]
+                            settings=OperatorSettings())
+    spec = VllmTuningSpec.model_validate({"targetRef": {"name": "llama"}})
+
+    def read() -> tuple[str | None, int]:
+        hardware = asyncio.run(reconciler._hardware(deployment, container, spec))
+        return hardware.product, round(hardware.memory_gib or 0)
+
+    assert read() == ("H100", 80)
+    deployment["spec"]["paused"] = True
+    deployment["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "l4"}
+    deployment["metadata"]["generation"] = deployment["status"]["observedGeneration"] = 3
+    assert read() == read() == (None, 0)  # vLLM's defaults, as before a pod has a node, and read again
+    del deployment["spec"]["paused"]
+    deployment["metadata"]["generation"] = 4  # resumed: the controller has not made revision 2 yet
+    assert read() == (None, 0)
+    deployment["status"]["observedGeneration"] = 4
+    annotations["deployment.kubernetes.io/revision"] = "2"  # made, its ReplicaSet not watched yet
+    assert read() == (None, 0)
+    assert len(kube.selectors) == 1  # no pod listed in any of these
+    revisions.append({"metadata": {"name": "llama-2", "uid": "rs2-uid",
+                                   "annotations": {"deployment.kubernetes.io/revision": "2"}}})
+    assert read() == read() == ("L4", 22)
+    assert len(kube.selectors) == 2

@@ -5,9 +5,12 @@ a finalizer on every VllmTuning (which would block deleting them once the
 operator is uninstalled), and tunings evaluated at the same aligned instant
 share one set of Prometheus queries. Each tuning is due on multiples of its
 evaluationInterval; its window ends spec.prometheus.queryOffset before that
-instant. A new tuning is due at once, and so is one whose spec changed: a
-due time reckoned under the old spec (a 6 h interval shortened to 30 s) would
-leave the change unread until then.
+instant. A new tuning is due at once, one deleted and created again under
+its name (a new metadata.uid) included, and so is one whose spec changed
+since an evaluation last read it: a due time reckoned under the old spec (a
+6 h interval shortened to 30 s) would leave the change unread until then.
+What an evaluation read is recorded as it starts, not at scheduling: an edit
+that lands while it waits for its turn is read by it, not again at once.
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ def interval_of(body: dict) -> float:
         return DEFAULT_INTERVAL
 
 
+def _identity(body: dict) -> tuple[object, object]:
+    """Which tuning, and which of its specs: its metadata.uid and generation."""
+    return body["metadata"].get("uid"), body["metadata"].get("generation")
+
+
 class Evaluator:
     """Runs ``Reconciler.evaluate`` for every tuning when it is due."""
 
@@ -49,7 +57,7 @@ class Evaluator:
         self.metrics = metrics
         self.clock = clock
         self.due: dict[Key, float] = {}
-        self.generations: dict[Key, object] = {}  # each tuning's metadata.generation when last scheduled
+        self.read: dict[Key, tuple[object, object]] = {}  # metadata.uid and generation the last evaluation read
         self.seen = -math.inf  # the clock at the last tick
         self.periods = 0
 
@@ -61,24 +69,28 @@ class Evaluator:
             self.due = dict.fromkeys(self.due, math.floor(now))
         self.seen = now
         for key in list(self.due):
-            if key not in self.cache.tunings:
-                del self.due[key], self.generations[key]
+            body = self.cache.tunings.get(key)
+            if body is None or (key in self.read and self.read[key][0] != body["metadata"].get("uid")):
+                # deleted, or deleted and created again under its name (kubectl replace --force): the old
+                # tuning's series and rollout slot go with it, and the new one is new
+                del self.due[key]
+                self.read.pop(key, None)
                 self.metrics.forget(*key)
                 self.reconciler.slots.forget(key)
         for key, body in self.cache.tunings.items():
-            generation = body["metadata"].get("generation")
             if key not in self.due:  # a new tuning is evaluated at once
                 self.due[key] = math.floor(now)
                 self.metrics.watch(*key)
-            elif generation != self.generations[key]:  # so is a changed spec
+            elif _identity(body) != self.read.get(key):  # so is a spec no evaluation has read
                 self.due[key] = min(self.due[key], math.floor(now))
-            self.generations[key] = generation
         self.metrics.tunings.set(len(self.cache.tunings))
 
     async def _evaluate(self, key: Key, at: float, limit: asyncio.Semaphore, stop: asyncio.Event) -> None:
         async with limit:
             if stop.is_set():
                 return  # stopping: the evaluations in flight finish, no other starts (``operator.wind_down``)
+            if (body := self.cache.tunings.get(key)) is not None:  # what ``evaluate`` reads before it awaits
+                self.read[key] = _identity(body)
             try:
                 await self.reconciler.evaluate(key, at)
             except NotLeading as exc:  # the Lease is running out: this replica stops, the next leader evaluates

@@ -118,3 +118,42 @@ def test_a_changed_spec_is_evaluated_at_once_and_its_new_interval_followed_from_
     assert asyncio.run(clock.tick(stop)) == 0
     now[0] = 1020.0  # the new interval's next multiple
     assert asyncio.run(clock.tick(stop)) == 1
+
+
+def tuning(name: str, uid: str, generation: int, interval: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": "llm", "name": name, "uid": uid, "generation": generation},
+            "spec": {"traffic": {"evaluationInterval": interval}}}
+
+
+def test_a_tuning_created_again_under_its_name_is_a_new_one_though_its_generation_is_the_same() -> None:
+    # kubectl replace --force between two ticks: a 6 h tuning replaced by a 30 s one, both at generation 1
+    now = [1000.0]
+    clock = evaluator(Reconciler(), lambda: now[0])
+    clock.cache.on_tuning_event(None, tuning("d", "old", 1, "6h"))
+    asyncio.run(clock.tick(asyncio.Event()))
+    clock.metrics.rollouts.labels("llm", "d", "Failed").inc()
+    clock.cache.on_tuning_event("DELETED", tuning("d", "old", 1, "6h"))
+    clock.cache.on_tuning_event("ADDED", tuning("d", "new", 1, "30s"))
+    now[0] = 1010.0
+    assert asyncio.run(clock.tick(asyncio.Event())) == 1  # at once, not on the old one's 6 h
+    assert rollout_counts(clock.metrics)[("d", "Failed")] == 0.0  # the old one's counts are not the new one's
+    now[0] = 1020.0
+    assert asyncio.run(clock.tick(asyncio.Event())) == 4  # its own 30 s, with the others'
+
+
+def test_an_edit_read_by_the_evaluation_it_landed_before_is_not_evaluated_again_at_once() -> None:
+    now = [1000.0]
+
+    class Editing(Reconciler):
+        async def evaluate(self, key: Any, at: float) -> None:
+            await super().evaluate(key, at)
+            if key == ("llm", "a") and len(self.evaluated) == 5:  # a's edit lands while d waits for its turn
+                clock.cache.on_tuning_event("MODIFIED", tuning("d", "u", 2, "30s"))
+
+    clock = evaluator(Editing(), lambda: now[0])
+    clock.cache.on_tuning_event(None, tuning("d", "u", 1, "30s"))
+    asyncio.run(clock.tick(asyncio.Event()))
+    now[0] = 1030.0
+    assert asyncio.run(clock.tick(asyncio.Event())) == 4  # d's evaluation read generation 2
+    now[0] = 1031.0
+    assert asyncio.run(clock.tick(asyncio.Event())) == 0

@@ -10,7 +10,9 @@ its name (a new metadata.uid) included, and so is one whose spec changed
 since an evaluation last read it: a due time reckoned under the old spec (a
 6 h interval shortened to 30 s) would leave the change unread until then.
 What an evaluation read is recorded as it starts, not at scheduling: an edit
-that lands while it waits for its turn is read by it, not again at once.
+that lands while it waits for its turn is read by it, not again at once. One
+whose status write was refused (409: changed since it was read) is due again
+as soon as the watch brings another version, not an evaluationInterval later.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class Evaluator:
         self.clock = clock
         self.due: dict[Key, float] = {}
         self.read: dict[Key, tuple[object, object]] = {}  # metadata.uid and generation the last evaluation read
+        self.refused: dict[Key, object] = {}  # the resourceVersion a refused status write was conditional on
         self.seen = -math.inf  # the clock at the last tick
         self.periods = 0
 
@@ -75,13 +78,16 @@ class Evaluator:
                 # tuning's series and rollout slot go with it, and the new one is new
                 del self.due[key]
                 self.read.pop(key, None)
+                self.refused.pop(key, None)
                 self.metrics.forget(*key)
                 self.reconciler.slots.forget(key)
         for key, body in self.cache.tunings.items():
+            version = body["metadata"].get("resourceVersion")
             if key not in self.due:  # a new tuning is evaluated at once
                 self.due[key] = math.floor(now)
                 self.metrics.watch(*key)
-            elif _identity(body) != self.read.get(key):  # so is a spec no evaluation has read
+            elif _identity(body) != self.read.get(key) or self.refused.get(key, version) != version:
+                # so is a spec no evaluation has read, and a version read anew after a refused status write
                 self.due[key] = min(self.due[key], math.floor(now))
         self.metrics.tunings.set(len(self.cache.tunings))
 
@@ -91,8 +97,11 @@ class Evaluator:
                 return  # stopping: the evaluations in flight finish, no other starts (``operator.wind_down``)
             if (body := self.cache.tunings.get(key)) is not None:  # what ``evaluate`` reads before it awaits
                 self.read[key] = _identity(body)
+            self.refused.pop(key, None)
             try:
-                await self.reconciler.evaluate(key, at)
+                report = await self.reconciler.evaluate(key, at)
+                if report is not None and report.refused and body is not None:
+                    self.refused[key] = body["metadata"].get("resourceVersion")
             except NotLeading as exc:  # the Lease is running out: this replica stops, the next leader evaluates
                 log.warning("evaluating %s/%s stopped: %s", *key, exc)
             except Exception:  # noqa: BLE001 - one tuning's bug must not stop the others; retried next interval

@@ -217,6 +217,8 @@ class Report:
     now: datetime
     uid: str = ""
     """The VllmTuning's metadata.uid as the evaluation read it."""
+    refused: bool = False
+    """Its status write was refused (409), the VllmTuning changed since it was read: the result is dropped."""
     decision: Decision | None = None
     events: list[tuple[str, str, str]] = field(default_factory=list)  # on the VllmTuning: reason, message, type
     target_events: list[tuple[str, str, str]] = field(default_factory=list)  # on the Deployment
@@ -357,7 +359,7 @@ class Reconciler:
             # a merge patch replaces the whole list: the newer operator's other conditions are written back
             conditions = [*(c for c in written if c.get("type") != ConditionType.READY),
                           *report.state.model_dump(by_alias=True, mode="json")["conditions"]]
-            await self._write_status(meta, {"conditions": conditions})
+            await self._write_status(meta, report, {"conditions": conditions})
         return report
 
     async def _follow(self, spec: VllmTuningSpec, report: Report) -> Target:
@@ -1033,22 +1035,24 @@ class Reconciler:
         # to send one is judged from the status).
         await self._send_events(meta, report, deployment)
         if _pruned(status) != _pruned(body.get("status") or {}):
-            await self._write_status(meta, status)
+            await self._write_status(meta, report, status)
         self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
 
-    async def _write_status(self, meta: dict[str, Any], status: dict[str, Any]) -> None:
+    async def _write_status(self, meta: dict[str, Any], report: Report, status: dict[str, Any]) -> None:
         """Merge-patch ``status`` into the VllmTuning whose metadata an evaluation read, on condition that it is
         still that object as read (its resourceVersion): one deleted and created again under its name meanwhile
         (``kubectl replace --force``, a reinstall) must not take the old one's failed configs, rollout and target
         uid, nor one edited since (its spec, its status cleared by a person) a status worked out before. Refused
-        so, this evaluation's result is dropped, and the next evaluation reads the object anew."""
+        so, this evaluation's result is dropped (``report.refused``), and the next evaluation reads the object
+        anew, as soon as the watch brings it (``Evaluator``)."""
         namespace, name = meta["namespace"], meta["name"]
         try:
             await self._call(self.kube.patch_tuning_status, namespace, name, status, meta.get("resourceVersion"))
         except ApiException as exc:
             if exc.status == 409:
                 log.info("the status of %s/%s is not written: the VllmTuning was changed, or deleted and created "
-                         "again, since it was read; the next evaluation reads it again", namespace, name)
+                         "again, since it was read; it is evaluated again once read anew", namespace, name)
+                report.refused = True
                 return
             log.warning("writing the status of %s/%s failed: %s", namespace, name, exc.reason)
             if exc.status == 404:

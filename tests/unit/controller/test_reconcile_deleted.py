@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from tests.unit.controller import test_reconcile_rollout as harness
 
+from vllm_autotuner.controller.evaluator import Evaluator
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
 
@@ -37,15 +38,25 @@ class Kube(harness.Kube):
         raise ApiException(status=self.status, reason="NotFound" if self.status == 404 else "Conflict")
 
 
-def cache_after_a_status_write_answered(kube: Kube) -> Any:
-    """The cache after an evaluation of the tuning read at resourceVersion 41, whose status write ``kube``
-    answers."""
+class Windows(harness.Windows):
+    def forget(self) -> None:
+        """Called by the evaluator after each tick (``ObservationService.forget``): nothing is kept here."""
+
+
+def reconciler_of(kube: Kube) -> Reconciler:
+    """A reconciler whose cache holds the tuning read at resourceVersion 41, its status writes answered by
+    ``kube``."""
     cache = harness.cache(finished=timedelta(minutes=30))
     cache.tunings[("llm", "llama")]["metadata"]["resourceVersion"] = "41"
-    reconciler = Reconciler(kube, cache, harness.Windows(harness.window((harness.NEW,))),  # type: ignore[arg-type]
-                            OperatorMetrics(), OperatorSettings())
+    return Reconciler(kube, cache, Windows(harness.window((harness.NEW,))),  # type: ignore[arg-type]
+                      OperatorMetrics(), OperatorSettings())
+
+
+def cache_after_a_status_write_answered(kube: Kube) -> Any:
+    """The cache after an evaluation of the tuning, whose status write ``kube`` answers."""
+    reconciler = reconciler_of(kube)
     asyncio.run(reconciler.evaluate(("llm", "llama"), harness.NOW.timestamp()))
-    return cache
+    return reconciler.cache
 
 
 def test_a_tuning_whose_status_write_finds_it_deleted_leaves_the_cache() -> None:
@@ -61,3 +72,18 @@ def test_a_status_write_is_conditional_on_the_tuning_read_and_refused_keeps_the_
     assert list(cache.tunings) == [("llm", "llama")] and cache.tunings_of("llm", "llama") == ["llama"]
     (said,) = [r for r in caplog.records if "status of llm/llama" in r.getMessage()]
     assert said.levelname == "INFO" and "deleted and created again" in said.getMessage()
+
+
+def test_a_tuning_whose_status_write_was_refused_is_evaluated_again_as_soon_as_it_is_read_anew() -> None:
+    # not an evaluationInterval later; nor again and again before the watch brings the tuning as changed
+    kube = Kube(409)
+    reconciler, now = reconciler_of(kube), [harness.NOW.timestamp()]
+    clock = Evaluator(reconciler.cache, reconciler, reconciler.metrics, clock=lambda: now[0])
+    stop = asyncio.Event()
+    assert asyncio.run(clock.tick(stop)) == 1
+    now[0] += 1
+    assert asyncio.run(clock.tick(stop)) == 0  # the version refused: nothing new to read yet
+    reconciler.cache.tunings[("llm", "llama")]["metadata"]["resourceVersion"] = "42"
+    now[0] += 1
+    assert asyncio.run(clock.tick(stop)) == 1
+    assert kube.versions == ["41", "42"]

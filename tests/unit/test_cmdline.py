@@ -669,6 +669,10 @@ def test_a_launcher_in_front_of_vllm_reads_the_same_in_list_and_script_form():
         ["sh", "-c", "cat /a | xargs vllm serve M"],
         ["bash", "-c", "set -e; exec xargs -a /cfg/args vllm serve M --max-num-seqs 64"],
         ["sh", "-c", "find /models -maxdepth 1 -name 'llama*' | xargs vllm serve --max-num-seqs 64"],
+        # behind the shell's command builtin, or sudo (its options, its variables): they run it, as exec does
+        ["sh", "-c", "command xargs -a /a vllm serve M"],
+        ["sh", "-c", "sudo -u vllm -E VLLM_LOGGING_LEVEL=INFO xargs -a /a vllm serve M"],
+        ["parallel", "vllm", "serve", "M", ":::", "--max-num-seqs=64"],  # GNU parallel appends its ::: arguments
     ],
 )
 def test_vllm_started_by_xargs_is_refused(command):
@@ -677,15 +681,34 @@ def test_vllm_started_by_xargs_is_refused(command):
     sidecar = {"name": "feed", "image": "busybox", "command": ["sh", "-c", "echo x | xargs"]}
     assert find_vllm_container({"containers": [sidecar, container]}) is container  # found, then refused
     for read in (EngineArgs.from_container, lambda c: set_knobs(c, NEW)):
-        with pytest.raises(CommandLineError, match="started by xargs, which appends the words it reads.*write the "
-                                                   "flags in the vLLM command, and start vLLM without xargs"):
+        with pytest.raises(CommandLineError, match=r"started by (xargs|parallel), which appends the words it reads"
+                                                   r".*write the flags in the vLLM command, and start vLLM without \1"):
             read(container)
+
+
+@pytest.mark.parametrize("command", [["xargs", "-a", "/args", "/start.sh"],
+                                     ["sh", "-c", "cat /args | xargs /start.sh"]])
+def test_the_command_that_may_run_vllm_started_by_xargs_is_refused(command):
+    # the image's script may run vLLM: xargs appends the file's words after the flags written, and they win
+    container = {"name": "engine", "image": "vllm/vllm-openai:v0.11.0", "command": command}
+    for read in (EngineArgs.from_container, lambda c: set_knobs(c, NEW)):
+        with pytest.raises(CommandLineError, match="the command that may run vLLM is started by xargs, which appends"):
+            read(container)
+
+
+def test_command_v_names_a_program_and_runs_none():
+    # as which does: neither vLLM nor a second program that may run it, beside the script that does
+    assert not CommandLine.parse({"command": ["sh", "-c", "command -v vllm serve && exec /start.sh"]}).runs_vllm()
+    engine = {"name": "engine", "image": "vllm/vllm-openai:v0.11.0",
+              "command": ["sh", "-c", "command -V nvidia-smi && exec /start.sh --max-num-seqs 64"]}
+    assert EngineArgs.from_container(engine).max_num_seqs == 64
+    assert set_knobs(engine, NEW)["command"][2].endswith("--max-num-seqs 96 --max-num-batched-tokens 3072")
 
 
 def test_xargs_in_a_command_that_does_not_start_vllm_is_no_refusal():
     # a sidecar's xargs, or one that prepares the vLLM container, starts no vLLM
     sidecar = {"name": "feed", "image": "vllm/vllm-openai:v0.11.0", "command": ["sh", "-c", "echo x | xargs"]}
-    script = "find /tmp -name '*.lock' | xargs rm -f; exec vllm serve M --max-num-seqs 64"
+    script = "find /tmp -name '*.lock' | xargs rm -f; echo xargs vllm serve M; exec vllm serve M --max-num-seqs 64"
     engine = {"name": "engine", "image": "registry/llm", "command": ["sh", "-c", script]}
     assert find_vllm_container({"containers": [sidecar, engine]}) is engine
     assert EngineArgs.from_container(engine).max_num_seqs == 64

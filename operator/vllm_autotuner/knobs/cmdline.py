@@ -132,10 +132,10 @@ _OPERATORS = sorted(_CONTROL_OPERATORS + _REDIRECTIONS, key=len, reverse=True)
 _WORD_ENDS = " \t;&|()<>\n"
 
 # Programs that run the command in the rest of their argv (init processes, env, a user switch, CPU and NUMA
-# placement, scheduling priority, output buffering, a time limit): their options that take a value as the next word
-# (each reads its options only up to its first operand, as getopt's "+" does), and how many operands come before
-# the command (gosu's user, taskset's CPU mask, chrt's priority, timeout's duration); a shell behind one of them is
-# found and its -c script read.
+# placement, scheduling priority, output buffering, a time limit, the shell's ``command`` builtin): their options
+# that take a value as the next word (each reads its options only up to its first operand, as getopt's "+" does),
+# and how many operands come before the command (gosu's user, taskset's CPU mask, chrt's priority, timeout's
+# duration); a shell behind one of them is found and its -c script read.
 _WRAPPERS: dict[str, tuple[set[str], int]] = {
     "env": ({"-u", "--unset", "-C", "--chdir"}, 0),
     "tini": ({"-p", "-e"}, 0),
@@ -154,7 +154,12 @@ _WRAPPERS: dict[str, tuple[set[str], int]] = {
                  "-c", "--cpubind", "-N", "--cpunodebind", "-C", "--physcpubind", "-m", "--membind", "-S", "--shm",
                  "-f", "--file", "-o", "--offset", "-L", "--length", "-M", "--shmmode", "-I", "--shmid"}, 0),
     "taskset": (set(), 1),
+    "command": (set(), 0),
+    "sudo": ({"-u", "--user", "-g", "--group", "-C", "--close-from", "-D", "--chdir", "-h", "--host", "-p", "--prompt",
+              "-R", "--chroot", "-T", "--command-timeout", "-U", "--other-user", "-r", "--role", "-t", "--type"}, 0),
 }
+# Wrappers that, like env, take ``NAME=value`` words before the command as variables to set for it.
+_SETS_VARIABLES = {"env", "sudo"}
 
 
 def human_readable_int(text: str) -> int:
@@ -450,17 +455,20 @@ def _refuse_watcher_script(argv: list[str]) -> None:
 
 def _command_start(argv: list[str]) -> int:
     """Index of the command that wrappers at the start of argv (``env X=1``, ``tini --``, ``gosu vllm``,
-    ``numactl -N 0``, ``taskset -c 0-15``, ``stdbuf -oL``) run."""
+    ``numactl -N 0``, ``taskset -c 0-15``, ``stdbuf -oL``) run. ``command -v`` or ``-V`` names the command and runs
+    none (``command -v vllm``, as ``which`` does): it is the command itself, at its own index."""
     pos = 0
     while pos < len(argv) and (name := argv[pos].rsplit("/", 1)[-1]) in _WRAPPERS:
         valued, operands = _WRAPPERS[name]
-        pos += 1
+        wrapper, pos = pos, pos + 1
         while pos < len(argv) and argv[pos].startswith("-"):
             option = argv[pos]
             pos += 2 if option in valued else 1
             if option == "--":
                 break
-        while name == "env" and pos < len(argv) and "=" in argv[pos]:
+        if name == "command" and any(o != "--" and set(o) & {"v", "V"} for o in argv[wrapper + 1:pos]):
+            return wrapper
+        while name in _SETS_VARIABLES and pos < len(argv) and "=" in argv[pos]:
             pos += 1
         pos += operands
     return pos
@@ -497,8 +505,8 @@ def _shell_options(words: list[str], pos: int) -> tuple[int, str]:
 
 
 # Programs among _WRAPPERS that stay the container's first process and pass a signal on, to their child or its process
-# group, rather than run the command in their place.
-_INITS = {"tini", "dumb-init", "catatonit", "timeout"}
+# group, rather than run the command in their place (sudo 1.9.13 measured: a shell behind it dies of the signal).
+_INITS = {"tini", "dumb-init", "catatonit", "timeout", "sudo"}
 # Programs whose ``run`` runs the command as the child of a shell of their own and passes no signal on, and their
 # options before ``run`` that take a value as the next word: conda 26.7 (``conda run -n env vllm serve``) and hatch
 # 1.18 (``hatch -e prod run vllm serve``), measured as PID 1 and behind tini. poetry 2.5 and pipenv 2026.10 run the
@@ -553,14 +561,15 @@ _IMAGE_SH = {
 _CHILD_OPERATORS = {"|", "|&", "&", "(", ")"}
 # Programs and builtins that only name the words after them (print, log, search for, signal, test, fetch or wait
 # for them), never start them: ``vllm serve`` behind one of them is an argument (``echo waiting for vllm serve``,
-# ``pkill -f vllm serve``); behind any other program it is taken to run (``python3 -m``, ``conda run``, a tracer
-# such as ``ddtrace-run`` or ``opentelemetry-instrument``, ``nsys profile``, ``torchrun``, ``command``).
+# ``pkill -f vllm serve``, ``command -v vllm``); behind any other program it is taken to run (``python3 -m``,
+# ``conda run``, a tracer such as ``ddtrace-run`` or ``opentelemetry-instrument``, ``nsys profile``, ``torchrun``).
 _NAMERS = {"echo", "printf", "logger", "pkill", "pgrep", "pidof", "killall", "kill", "ps", "grep", "egrep", "fgrep",
            "test", "[", "[[", "curl", "wget", "cat", "tee", "true", "false", ":", "sleep", "which", "type", "for",
-           "case"}
+           "case", "command"}
 # Programs that start the command in their argv with words they read as they run appended to it (from their input,
-# or xargs' -a file): vLLM started by one (``cat /args | xargs vllm serve M``) gets flags the operator cannot see.
-_APPENDERS = {"xargs"}
+# xargs' or parallel's -a file, parallel's ``:::`` arguments): vLLM, or a script that may run it, started by one
+# (``cat /args | xargs vllm serve M``, ``xargs -a /args /start.sh``) gets flags the operator cannot see, after its own.
+_APPENDERS = {"xargs", "parallel"}
 # Builtins and programs that prepare what a script runs next and start nothing: a script's command of one of them
 # (``cd /app; exec /start.sh``, ``set -e; ...``) is no candidate for the one the image's entrypoint may run vLLM in.
 _SETUP = {"set", "cd", "export", "source", ".", "trap", "ulimit", "umask", "mkdir", "unset", "shopt", "readonly",
@@ -717,7 +726,8 @@ class CommandLine:
         --enforce-eager``, one in each branch of an ``if``): the operator would read and rewrite only one of them;
         and for a script of several commands none of which shows it, where it cannot tell which one gets the
         flags (su's or runuser's own -c script among them is refused as such, ``_refuse_watcher_script``); and
-        for vLLM started by xargs (_APPENDERS), which appends to it flags the operator cannot see.
+        for the command chosen started by xargs (_APPENDERS), vLLM or one that may run it, which appends to it flags
+        the operator cannot see, after the ones it would write.
         Read once, as ``_flags`` is (the command line is immutable): ``parse`` reads it first, so it raises there,
         and it is not read again for each flag, ``sigterm`` or ``with_flags``."""
         commands = self._simple_commands()
@@ -729,14 +739,20 @@ class CommandLine:
                 f"the flags of one only; start vLLM from a single command in the script (exec vllm serve ...), or "
                 f"start it directly in the container's command and args"
             )
-        if running:
-            if (program := self._program(*running[0])) in _APPENDERS:
-                raise CommandLineError(
-                    f"vLLM is started by {program}, which appends the words it reads (its input, or the file of -a) "
-                    f"to vLLM's command: flags the operator cannot see, which may set the knobs again; write the "
-                    f"flags in the vLLM command, and start vLLM without {program}"
-                )
-            return running[0]
+        segment = running[0] if running else self._only_command(commands)
+        if (program := self._program(*segment)) in _APPENDERS:
+            raise CommandLineError(
+                f"{'vLLM' if running else 'the command that may run vLLM'} is started by {program}, which appends "
+                f"the words it reads (its input, the file of -a, parallel's ::: arguments) to its command: flags the "
+                f"operator cannot see, which may set the knobs again; write the flags in the vLLM command, and start "
+                f"vLLM without {program}"
+            )
+        return segment
+
+    def _only_command(self, commands: list[tuple[int, int]]) -> tuple[int, int]:
+        """The simple command that may run vLLM where none shows it, the image's entrypoint or a script of its own
+        (``_vllm_segment``, which then refuses it as it refuses vLLM's own); raises CommandLineError where the script
+        runs several programs."""
         filled = [c for c in commands if c[0] < c[1]]
         programs = [c for c in filled if not self._prepares(c)]
         if len(programs) > 1 or (not programs and len(filled) > 1):
@@ -841,7 +857,7 @@ class CommandLine:
         where the script traps SIGTERM and so may pass it to its child
         (``_traps_term``).
         What each does was measured with dash 0.5.12, bash 5.2.15, tini
-        0.19, dumb-init 1.2.5, catatonit 0.1.7 and coreutils' timeout as PID
+        0.19, dumb-init 1.2.5, catatonit 0.1.7, coreutils' timeout and sudo 1.9.13 as PID
         1 of a PID namespace (``tests/unit/test_cmdline_sigterm.py``).
         Where it would reach vLLM through runuser or su (util-linux 2.38
         measured), which stay vLLM's parent and kill it 2 s after passing it

@@ -498,17 +498,17 @@ class Reconciler:
         Deployment, and reading a node at every evaluation costs API calls; but a spec.engine.gpuMemoryGib
         corrected, other GPUs asked for, or the pods sent to another pool (nodeSelector, affinity) are read
         again at once, not at the operator's next start. A node is read only from the pods of the revision that
-        runs the template as it stands, and that revision is one of the inputs: read from an older revision's
-        pods, in the pool the template has left, the new inputs would keep the old pool's GPU for good."""
+        runs the template as it stands: read from an older revision's pods, in the pool the template has left,
+        the new inputs would keep the old pool's GPU for good. While that revision is not known (paused, the
+        Deployment controller or the ReplicaSet watch behind), a reading of the same inputs stands."""
         uid = deployment["metadata"].get("uid", "")
         pod_spec = deployment["spec"]["template"]["spec"]
-        replicaset = self._template_replicaset(deployment)
         inputs = (spec.engine.gpu_memory_gib, container.get("resources"), pod_spec.get("nodeSelector"),
-                  pod_spec.get("affinity"), replicaset and replicaset["metadata"]["uid"])
+                  pod_spec.get("affinity"))
         cached = self._hardware_by_uid.get(uid)
         if cached is not None and cached[0] == inputs:
             return cached[1]
-        hardware = await self._lookup_hardware(deployment, container, spec, replicaset)
+        hardware = await self._lookup_hardware(deployment, container, spec, self._template_replicaset(deployment))
         if hardware.memory_gib is not None or hardware.gpus == 0:  # else ask again once a pod has a node
             self._hardware_by_uid[uid] = inputs, hardware
         return hardware

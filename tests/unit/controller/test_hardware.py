@@ -145,3 +145,12 @@ def test_no_node_is_read_from_pods_that_may_not_run_the_template_as_it_stands() 
                                    "annotations": {"deployment.kubernetes.io/revision": "2"}}})
     assert read() == read() == ("L4", 22)
     assert len(kube.selectors) == 2
+    # paused, or scaled (a generation the controller has not seen yet), with the template's pool as it was: the
+    # reading stands, not vLLM's defaults for a GPU of unknown memory (which a template without knob flags would
+    # take for the knobs it runs)
+    deployment["spec"]["paused"] = True
+    assert read() == ("L4", 22)
+    del deployment["spec"]["paused"]
+    deployment["metadata"]["generation"] = 5
+    assert read() == ("L4", 22)
+    assert len(kube.selectors) == 2

@@ -272,7 +272,7 @@ class Reconciler:
         self.metrics = metrics
         self.settings = settings
         # GPU facts per Deployment, with what they were looked up from (``_hardware``)
-        self._hardware_by_uid: dict[str, tuple[tuple[Any, ...], Hardware]] = {}
+        self._hardware_by_uid: dict[str, tuple[tuple[Any, ...], str | None, Hardware]] = {}
         self.slots = RolloutSlots(settings.max_concurrent_rollouts, settings.rollout_pool_label)
         self._slot_lock = asyncio.Lock()  # counting the slots taken and taking one is one step
 
@@ -499,18 +499,22 @@ class Reconciler:
         corrected, other GPUs asked for, or the pods sent to another pool (nodeSelector, affinity) are read
         again at once, not at the operator's next start. A node is read only from the pods of the revision that
         runs the template as it stands: read from an older revision's pods, in the pool the template has left,
-        the new inputs would keep the old pool's GPU for good. While that revision is not known (paused, the
-        Deployment controller or the ReplicaSet watch behind), a reading of the same inputs stands."""
+        the new inputs would keep the old pool's GPU for good. A new revision is read again (a template whose
+        pods may land on any GPU, moved by an edit of another field: tolerations, a priority class); while the
+        revision is not known (paused, the Deployment controller or the ReplicaSet watch behind), a reading of the
+        same inputs stands."""
         uid = deployment["metadata"].get("uid", "")
         pod_spec = deployment["spec"]["template"]["spec"]
         inputs = (spec.engine.gpu_memory_gib, container.get("resources"), pod_spec.get("nodeSelector"),
                   pod_spec.get("affinity"))
+        replicaset = self._template_replicaset(deployment)
+        revision_read = replicaset and replicaset["metadata"]["uid"]
         cached = self._hardware_by_uid.get(uid)
-        if cached is not None and cached[0] == inputs:
-            return cached[1]
-        hardware = await self._lookup_hardware(deployment, container, spec, self._template_replicaset(deployment))
+        if cached is not None and cached[0] == inputs and revision_read in (None, cached[1]):
+            return cached[2]
+        hardware = await self._lookup_hardware(deployment, container, spec, replicaset)
         if hardware.memory_gib is not None or hardware.gpus == 0:  # else ask again once a pod has a node
-            self._hardware_by_uid[uid] = inputs, hardware
+            self._hardware_by_uid[uid] = inputs, revision_read, hardware
         return hardware
 
     def _template_replicaset(self, deployment: dict[str, Any]) -> dict[str, Any] | None:

@@ -154,3 +154,10 @@ def test_no_node_is_read_from_pods_that_may_not_run_the_template_as_it_stands() 
     deployment["metadata"]["generation"] = 5
     assert read() == ("L4", 22)
     assert len(kube.selectors) == 2
+    # a new revision of a template edited elsewhere (tolerations: another GPU's nodes) is read again
+    deployment["status"]["observedGeneration"] = 5
+    annotations["deployment.kubernetes.io/revision"] = "3"
+    revisions.append({"metadata": {"name": "llama-3", "uid": "rs3-uid",
+                                   "annotations": {"deployment.kubernetes.io/revision": "3"}}})
+    read()
+    assert len(kube.selectors) == 3

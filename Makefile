@@ -41,11 +41,11 @@ setup: $(SETUP_STAMP) debian-packages ## Create .venv, install the project with 
 
 # Debian's packages: prometheus, of which only the binary is used (the tests
 # and `make up` start their own server, so whether the package's service runs
-# does not matter), and the inits tini, dumb-init and catatonit, and sudo,
-# which the tests run as PID 1 of a PID namespace to see what a SIGTERM does
-# to the vLLM behind them (tests/unit/test_cmdline_sigterm.py). Each installs
+# does not matter), and the inits tini, dumb-init and catatonit, which the
+# tests run as PID 1 of a PID namespace to see what a SIGTERM does to the vLLM
+# behind them (tests/unit/test_cmdline_sigterm.py). Each installs
 # /usr/bin/<its name>; one apt-get for whichever are missing.
-DEBIAN_PACKAGES := prometheus tini dumb-init catatonit sudo
+DEBIAN_PACKAGES := prometheus tini dumb-init catatonit
 debian-packages:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do test -x /usr/bin/$$p || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

@@ -669,9 +669,10 @@ def test_a_launcher_in_front_of_vllm_reads_the_same_in_list_and_script_form():
         ["sh", "-c", "cat /a | xargs vllm serve M"],
         ["bash", "-c", "set -e; exec xargs -a /cfg/args vllm serve M --max-num-seqs 64"],
         ["sh", "-c", "find /models -maxdepth 1 -name 'llama*' | xargs vllm serve --max-num-seqs 64"],
-        # behind the shell's command builtin, or sudo (its options, its variables): they run it, as exec does
+        # behind the shell's command builtin, which runs it as exec does, or a launcher not read past (sudo)
         ["sh", "-c", "command xargs -a /a vllm serve M"],
         ["sh", "-c", "sudo -u vllm -E VLLM_LOGGING_LEVEL=INFO xargs -a /a vllm serve M"],
+        ["sudo", "-Eu", "app", "xargs", "-a", "/args", "vllm", "serve", "M"],
         ["parallel", "vllm", "serve", "M", ":::", "--max-num-seqs=64"],  # GNU parallel appends its ::: arguments
     ],
 )

@@ -257,18 +257,6 @@ def test_as_the_first_process_of_a_pid_namespace_the_shell_does_what_the_operato
 
 
 @_PID_NAMESPACES
-@_needs("sudo", "dash")
-@_AS_ROOT
-@pytest.mark.parametrize(("script", "expected"), [(False, REACHES), (True, KILLS)])
-def test_sudo_stays_the_parent_and_passes_the_sigterm_on_as_an_init_does(script, expected, tmp_path: Path):
-    # sudo resets PATH (secure_path) and the environment: -E keeps the stub's variables, and it goes by its path
-    vllm = f"{tmp_path}/vllm serve M"
-    command = ["sudo", "-E", *(["dash", "-c", vllm] if script else vllm.split())]
-    assert reading(command) is expected
-    assert _observed(command, tmp_path) is expected
-
-
-@_PID_NAMESPACES
 @_needs("dash")
 @pytest.mark.parametrize(("script", "observed"), [
     ("trap 'kill -TERM $c' TERM; vllm serve M & c=$!; : > ready; wait $c", KILLS),  # it ends after the first wait

@@ -155,11 +155,7 @@ _WRAPPERS: dict[str, tuple[set[str], int]] = {
                  "-f", "--file", "-o", "--offset", "-L", "--length", "-M", "--shmmode", "-I", "--shmid"}, 0),
     "taskset": (set(), 1),
     "command": (set(), 0),
-    "sudo": ({"-u", "--user", "-g", "--group", "-C", "--close-from", "-D", "--chdir", "-h", "--host", "-p", "--prompt",
-              "-R", "--chroot", "-T", "--command-timeout", "-U", "--other-user", "-r", "--role", "-t", "--type"}, 0),
 }
-# Wrappers that, like env, take ``NAME=value`` words before the command as variables to set for it.
-_SETS_VARIABLES = {"env", "sudo"}
 
 
 def human_readable_int(text: str) -> int:
@@ -468,7 +464,7 @@ def _command_start(argv: list[str]) -> int:
                 break
         if name == "command" and any(o != "--" and set(o) & {"v", "V"} for o in argv[wrapper + 1:pos]):
             return wrapper
-        while name in _SETS_VARIABLES and pos < len(argv) and "=" in argv[pos]:
+        while name == "env" and pos < len(argv) and "=" in argv[pos]:
             pos += 1
         pos += operands
     return pos
@@ -505,8 +501,8 @@ def _shell_options(words: list[str], pos: int) -> tuple[int, str]:
 
 
 # Programs among _WRAPPERS that stay the container's first process and pass a signal on, to their child or its process
-# group, rather than run the command in their place (sudo 1.9.13 measured: a shell behind it dies of the signal).
-_INITS = {"tini", "dumb-init", "catatonit", "timeout", "sudo"}
+# group, rather than run the command in their place.
+_INITS = {"tini", "dumb-init", "catatonit", "timeout"}
 # Programs whose ``run`` runs the command as the child of a shell of their own and passes no signal on, and their
 # options before ``run`` that take a value as the next word: conda 26.7 (``conda run -n env vllm serve``) and hatch
 # 1.18 (``hatch -e prod run vllm serve``), measured as PID 1 and behind tini. poetry 2.5 and pipenv 2026.10 run the
@@ -740,7 +736,7 @@ class CommandLine:
                 f"start it directly in the container's command and args"
             )
         segment = running[0] if running else self._only_command(commands)
-        if (program := self._program(*segment)) in _APPENDERS:
+        if (program := self._appender(segment)) is not None:
             raise CommandLineError(
                 f"{'vLLM' if running else 'the command that may run vLLM'} is started by {program}, which appends "
                 f"the words it reads (its input, the file of -a, parallel's ::: arguments) to its command: flags the "
@@ -748,6 +744,16 @@ class CommandLine:
                 f"vLLM without {program}"
             )
         return segment
+
+    def _appender(self, segment: tuple[int, int]) -> str | None:
+        """The program among _APPENDERS that starts the simple command ``segment``: its program, or, where the
+        command names vLLM, any word before vLLM's (``sudo -u app xargs vllm serve``: a launcher the wrappers do not
+        read past); None when none does."""
+        first, end = segment
+        vllm = next((i for i in range(first, end) if self._is_vllm_word(i)), None)
+        before = [w.text.rsplit("/", 1)[-1] for w in self.words[first:vllm]] if vllm is not None else []
+        program = self._program(first, end)
+        return program if program in _APPENDERS else next((w for w in before if w in _APPENDERS), None)
 
     def _only_command(self, commands: list[tuple[int, int]]) -> tuple[int, int]:
         """The simple command that may run vLLM where none shows it, the image's entrypoint or a script of its own
@@ -857,7 +863,7 @@ class CommandLine:
         where the script traps SIGTERM and so may pass it to its child
         (``_traps_term``).
         What each does was measured with dash 0.5.12, bash 5.2.15, tini
-        0.19, dumb-init 1.2.5, catatonit 0.1.7, coreutils' timeout and sudo 1.9.13 as PID
+        0.19, dumb-init 1.2.5, catatonit 0.1.7 and coreutils' timeout as PID
         1 of a PID namespace (``tests/unit/test_cmdline_sigterm.py``).
         Where it would reach vLLM through runuser or su (util-linux 2.38
         measured), which stay vLLM's parent and kill it 2 s after passing it

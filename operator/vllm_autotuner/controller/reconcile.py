@@ -501,8 +501,8 @@ class Reconciler:
         runs the template as it stands: read from an older revision's pods, in the pool the template has left,
         the new inputs would keep the old pool's GPU for good. A new revision is read again (a template whose
         pods may land on any GPU, moved by an edit of another field: tolerations, a priority class); while the
-        revision is not known (paused, the Deployment controller or the ReplicaSet watch behind), a reading of the
-        same inputs stands."""
+        revision is not known (paused, the Deployment controller or the ReplicaSet watch behind), or its pods have
+        no node yet (a surge pod waiting for a GPU), a reading of the same inputs stands."""
         uid = deployment["metadata"].get("uid", "")
         pod_spec = deployment["spec"]["template"]["spec"]
         inputs = (spec.engine.gpu_memory_gib, container.get("resources"), pod_spec.get("nodeSelector"),
@@ -515,6 +515,8 @@ class Reconciler:
         hardware = await self._lookup_hardware(deployment, container, spec, replicaset)
         if hardware.memory_gib is not None or hardware.gpus == 0:  # else ask again once a pod has a node
             self._hardware_by_uid[uid] = inputs, revision_read, hardware
+        elif cached is not None and cached[0] == inputs:  # the new revision's pods have no node yet
+            return cached[2]
         return hardware
 
     def _template_replicaset(self, deployment: dict[str, Any]) -> dict[str, Any] | None:

@@ -2,8 +2,8 @@
 
 A Thanos Querier answers a query one of its stores failed with HTTP 200, the other stores' series and a warning,
 unless asked for no partial response, and a VictoriaMetrics cluster's vmselect one a vmstorage node did not answer,
-marked ``isPartial``; Google Managed Prometheus refuses either parameter that asks for whole answers with
-HTTP 400; an auth proxy in front of Prometheus answers HTTP 200 with its login page; a
+marked ``isPartial`` (or refused with HTTP 503 when asked for no partial response); Google Managed Prometheus
+refuses either parameter that asks for whole answers with HTTP 400; an auth proxy in front of Prometheus answers HTTP 200 with its login page; a
 query frontend turns queries away with HTTP 429. The answers come from a transport adapter on the client's session,
 as a Prometheus, a querier or a proxy would send them (or as the transport fails), so no server is needed.
 """
@@ -91,6 +91,22 @@ def test_an_answer_a_victoriametrics_cluster_marks_partial_is_a_transient_error_
     assert error.value.kind is ErrorKind.PARTIAL and error.value.transient
     assert "isPartial: true" in str(error.value) and "vmstorage pods" in str(error.value)
     assert [sample.value for sample in client_of(Answers(answer(isPartial=False))).query("up", 1000.0)] == [2.0]
+
+
+def test_the_503_a_victoriametrics_cluster_denying_a_partial_answer_sends_is_a_partial_answer_not_an_outage():
+    body = {"status": "error", "errorType": "503", "error": (
+        "error occured during search: cannot fetch query results from vmstorage nodes: cannot perform search on "
+        "vmstorage vmstorage-1.vmstorage.monitoring.svc:8401: cannot obtain connection from a pool")}
+    client = client_of(Answers(*[(503, body)] * PrometheusClient.ATTEMPTS))
+    with pytest.raises(PrometheusError) as error:
+        client.query("up", 1000.0)
+    assert error.value.kind is ErrorKind.PARTIAL and error.value.transient
+    assert "vmstorage pods" in str(error.value) and "HTTP Status Code 503" in str(error.value)
+    other = client_of(Answers(*[(503, {"status": "error", "errorType": "503", "error": "overloaded"})]
+                              * PrometheusClient.ATTEMPTS))
+    with pytest.raises(PrometheusError) as error:
+        other.query("up", 1000.0)
+    assert error.value.kind is ErrorKind.UNREACHABLE and error.value.transient
 
 
 def test_a_whole_answer_after_a_partial_one_is_taken():

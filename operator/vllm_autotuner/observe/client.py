@@ -17,7 +17,8 @@ alone prometheus-api-client would hand on, is a transient error. A
 VictoriaMetrics cluster's vmselect does the same when a vmstorage node is
 unavailable, and marks the answer ``"isPartial": true`` rather than warn:
 every query asks it for no partial response too
-(``deny_partial_response=1``), and such an answer is the same error. Google
+(``deny_partial_response=1``), and such an answer is the same error, as is
+the HTTP 503 a vmselect that honours the parameter sends instead. Google
 Managed Prometheus's frontend answers a parameter it does not know with
 HTTP 400 ("Unknown name ...: Cannot bind query parameter"): the query is
 asked again at once without it, and the client leaves it out from then on
@@ -73,6 +74,11 @@ _WHOLE_ANSWER = {"partial_response": "false", "deny_partial_response": "1"}
 _PROMQL_INFO = "PromQL info"
 #: What stands for the warning of an answer that says it is partial (a VictoriaMetrics cluster's ``isPartial``)
 _PARTIAL = "isPartial: true (a vmstorage node did not answer)"
+#: What a VictoriaMetrics cluster's vmselect answers, with HTTP 503, in place of a partial answer it was told to deny
+_VMSTORAGE_MISSING = "cannot fetch query results from vmstorage nodes"
+#: Where to look when a vmstorage node did not answer
+_VMSTORAGE_HINT = ("behind a VictoriaMetrics cluster a vmstorage node did not answer: check the vmstorage pods and "
+                   "vmselect's -storageNode list")
 #: How Google Managed Prometheus's frontend, which binds each query parameter to a field of its request, refuses one it
 #: has none for, with HTTP 400: in a Google API error's JSON (the quotes escaped) or as text
 _UNKNOWN_PARAMETER = re.compile(r'Unknown name \\?"(\w+)\\?": Cannot bind query parameter')
@@ -216,8 +222,7 @@ def _classify(exc: Exception, connection: Connection) -> PrometheusError:
         return PrometheusError(
             ErrorKind.PARTIAL,
             f"Prometheus at {url} answered with a warning, so the answer may lack series: {exc.warnings[0][:200]}; "
-            + ("behind a VictoriaMetrics cluster a vmstorage node did not answer: check the vmstorage pods and "
-               "vmselect's -storageNode list" if _PARTIAL in exc.warnings else
+            + (_VMSTORAGE_HINT if _PARTIAL in exc.warnings else
                "behind a Thanos Querier a store (a sidecar, a store gateway, a receiver) failed or timed out: check "
                "it on the querier's Stores page, or raise --store.response-timeout"),
             transient=True,
@@ -253,6 +258,9 @@ def _classify(exc: Exception, connection: Connection) -> PrometheusError:
             "limit for the tenant",
             transient=False,
         )
+    if isinstance(exc, PrometheusApiClientException) and "HTTP Status Code 5" in text and _VMSTORAGE_MISSING in text:
+        return PrometheusError(ErrorKind.PARTIAL, f"Prometheus at {url} could not answer whole ({text[:200]}); "
+                               f"{_VMSTORAGE_HINT}", transient=True)
     if isinstance(exc, PrometheusApiClientException) and "HTTP Status Code 5" in text:
         return PrometheusError(ErrorKind.UNREACHABLE, f"Prometheus at {url} failed: {text[:200]}", transient=True)
     return PrometheusError(ErrorKind.QUERY, f"query to {url} failed: {text[:300]}", transient=False)

@@ -7,7 +7,10 @@ two rolling restarts and stick for none. The operator must see the owner
 before its first change: a schedule preset wanted now is only recommended
 (hold TargetControlled, Degraded=True TargetControlled, a Warning Event),
 and the Deployment keeps its generation. Once ``spec.targetRef.ignoreController``
-says the owner leaves the args alone, the preset rolls out.
+says the owner leaves the args alone, the preset rolls out. The owner's
+finalizer, the one every kopf-based operator shares by default, stays on the
+Deployment throughout (kopf takes its finalizer off what it watches unless told
+another name).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from vllm_autotuner.sim import localenv
 pytestmark = pytest.mark.e2e
 
 BEFORE, PRESET = (2048, 64), (8192, 128)
+#: The finalizer another kopf-based operator puts on what it owns, unless told another name
+KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
 
 
 def test_a_controlled_deployment_gets_recommendations_until_the_spec_says_to_ignore_its_controller(
@@ -34,7 +39,16 @@ def test_a_controlled_deployment_gets_recommendations_until_the_spec_says_to_ign
     owner = world.core.create_namespaced_config_map(namespace, {"metadata": {"name": f"{world.name}-owner"}})
     world.apps.patch_namespaced_deployment(world.name, namespace, {"metadata": {"ownerReferences": [
         {"apiVersion": "v1", "kind": "ConfigMap", "name": owner.metadata.name, "uid": owner.metadata.uid,
-         "controller": True}]}})
+         "controller": True}], "finalizers": [KOPF_FINALIZER]}})
+    try:
+        _recommended_then_rolled_out(world, namespace, owner.metadata.name, operators, tmp_path)
+        assert world.deployment().metadata.finalizers == [KOPF_FINALIZER]
+    finally:
+        world.apps.patch_namespaced_deployment(world.name, namespace, {"metadata": {"finalizers": None}})
+
+
+def _recommended_then_rolled_out(world: World, namespace: str, owner: str, operators: Operators,
+                                 tmp_path: Path) -> None:
     untouched = world.deployment().metadata
     preset = {"maxNumBatchedTokens": PRESET[0], "maxNumSeqs": PRESET[1]}
     world.create_tuning(tuning_spec(world.name, schedules=[open_window("Europe/Berlin", preset)]))
@@ -46,7 +60,7 @@ def test_a_controlled_deployment_gets_recommendations_until_the_spec_says_to_ign
 
     with alert_watcher(tmp_path / "watcher", operator.url) as watcher:
         held = wait_for(recommended, 60, "the preset to be only recommended")
-        assert f"controlled by ConfigMap {namespace}/{owner.metadata.name}" in held["reason"], held
+        assert f"controlled by ConfigMap {namespace}/{owner}" in held["reason"], held
         assert world.status()["recommendation"]["maxNumBatchedTokens"] == PRESET[0]
         degraded = world.wait_condition("Degraded", "True", "TargetControlled", 30)
         assert "ignoreController" in degraded["message"]

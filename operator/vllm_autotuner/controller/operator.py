@@ -110,6 +110,11 @@ def registry_for(cache: ClusterCache) -> kopf.OperatorRegistry:
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
         settings.persistence.diffbase_storage = NoDiffBase()
+        # kopf strips its finalizer from every object it watches that no handler of ours needs it on, and its
+        # default name is shared by every kopf operator: left so, ours would take another kopf operator's
+        # finalizer off any Deployment in the cluster (and fail on ReplicaSets, pausing their watch). No handler
+        # of ours needs one, so a name of our own is never added and never taken off.
+        settings.persistence.finalizer = f"{GROUP}/kopf-finalizer"
 
     return registry
 

@@ -495,7 +495,8 @@ class Reconciler:
         """GPU count from the container's resources; product and memory from the spec, the pod
         template's nodeSelector, or the labels of a node a pod runs on (GPU Feature Discovery).
         Looked up once per Deployment and what it is read from: a node's GPU does not change under a running
-        Deployment, and reading a node at every evaluation costs API calls; but a spec.engine.gpuMemoryGib
+        Deployment, and reading a node at every evaluation costs API calls (a node read is kept even when its
+        labels say nothing of the GPU's memory: they will not say more next time); but a spec.engine.gpuMemoryGib
         corrected, other GPUs asked for, or the pods sent to another pool (nodeSelector, affinity) are read
         again at once, not at the operator's next start. A node is read only from the pods of the revision that
         runs the template as it stands: read from an older revision's pods, in the pool the template has left,
@@ -510,14 +511,14 @@ class Reconciler:
         replicaset = self._template_replicaset(deployment)
         revision_read = replicaset and replicaset["metadata"]["uid"]
         cached = self._hardware_by_uid.get(uid)
-        if cached is not None and cached[0] == inputs and revision_read in (None, cached[1]):
-            return cached[2]
-        hardware = await self._lookup_hardware(deployment, container, spec, replicaset)
-        if hardware.memory_gib is not None or hardware.gpus == 0:  # else ask again once a pod has a node
+        standing = cached if cached is not None and cached[0] == inputs else None  # a reading of these inputs
+        if standing is not None and revision_read in (None, standing[1]):
+            return standing[2]
+        hardware, final = await self._lookup_hardware(deployment, container, spec, replicaset)
+        if final:
             self._hardware_by_uid[uid] = inputs, revision_read, hardware
-        elif cached is not None and cached[0] == inputs:  # the new revision's pods have no node yet
-            return cached[2]
-        return hardware
+            return hardware
+        return standing[2] if standing is not None else hardware  # no node read yet: the reading stands
 
     def _template_replicaset(self, deployment: dict[str, Any]) -> dict[str, Any] | None:
         """The ReplicaSet whose pods run the Deployment's template as it stands; None while that is not known:
@@ -530,24 +531,30 @@ class Reconciler:
         return current if current is not None and revision(current) == revision(deployment) else None
 
     async def _lookup_hardware(self, deployment: dict[str, Any], container: dict[str, Any],
-                               spec: VllmTuningSpec, replicaset: dict[str, Any] | None) -> Hardware:
+                               spec: VllmTuningSpec, replicaset: dict[str, Any] | None) -> tuple[Hardware, bool]:
         """Read from ``replicaset``'s pods; without it, from the spec and the template as a Deployment whose pods
-        have no node yet is (vLLM's defaults unless the GPU memory is given), and not kept (``_hardware``)."""
+        have no node yet is (vLLM's defaults unless the GPU memory is given). With whether the reading is final,
+        to be kept (``_hardware``): the memory given, no GPU, or a node's labels read, even a node that says
+        nothing of its GPU's memory (no GPU Feature Discovery): it will not say more at the next evaluation,
+        and asking again would cost a pod list and a node read at each. Not final while no pod has a node, or
+        the pods or the node could not be read."""
         resources = container.get("resources") or {}
         gpus = int((resources.get("limits") or resources.get("requests") or {}).get(GPU_RESOURCE, 0) or 0)
         labels = dict(deployment["spec"]["template"]["spec"].get("nodeSelector") or {})
-        if GPU_MEMORY_LABEL not in labels and spec.engine.gpu_memory_gib is None and gpus:
+        final = GPU_MEMORY_LABEL in labels or spec.engine.gpu_memory_gib is not None or not gpus
+        if not final:
             try:
                 pods = await self._owned_pods(deployment, {replicaset["metadata"]["uid"]} if replicaset else set())
                 node = next((p["spec"].get("nodeName") for p in pods if p["spec"].get("nodeName")), None)
                 if node:
                     labels.update(await self._call(self.kube.node_labels, node))
+                    final = True
             except ApiException as exc:
                 log.info("GPU labels unreadable (%s); assuming from the defaults table", exc.reason)
         memory = spec.engine.gpu_memory_gib
         if memory is None and labels.get(GPU_MEMORY_LABEL, "").isdigit():
             memory = int(labels[GPU_MEMORY_LABEL]) / 1024
-        return Hardware(gpus=gpus, memory_gib=memory, product=labels.get(GPU_PRODUCT_LABEL))
+        return Hardware(gpus=gpus, memory_gib=memory, product=labels.get(GPU_PRODUCT_LABEL)), final
 
     def _adopt_target(self, report: Report, target: Target) -> VllmTuningStatus:
         """First sight of the target (or a re-created one): its knobs become ``current`` (source Initial)."""

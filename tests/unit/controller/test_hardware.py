@@ -10,6 +10,7 @@ Deployment's selector may overlap this one's: its pods match the labels too.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from vllm_autotuner.api import VllmTuningSpec
@@ -17,6 +18,7 @@ from vllm_autotuner.controller.cache import ClusterCache
 from vllm_autotuner.controller.kube import label_selector
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
+from vllm_autotuner.knobs import Hardware
 
 
 def pod(node: str, owner: str) -> dict[str, Any]:
@@ -161,3 +163,46 @@ def test_no_node_is_read_from_pods_that_may_not_run_the_template_as_it_stands() 
                                    "annotations": {"deployment.kubernetes.io/revision": "3"}}})
     assert read() == ("L4", 22)  # its pods have no node yet (a surge pod waiting for a GPU): the reading stands
     assert len(kube.selectors) == 3
+
+
+class OneNode(Kube):
+    """Pods by selector: the vLLM pod pending until ``scheduled``, then on a node with ``labels``."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        super().__init__()
+        self.labels, self.nodes, self.scheduled = labels, [], True
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        self.selectors.append(selector)
+        return [pod("gpu-node" if self.scheduled else "", "rs-uid")]
+
+    def node_labels(self, name: str) -> dict[str, str]:
+        self.nodes.append(name)
+        return self.labels
+
+
+def reading(kube: OneNode, node_selector: dict[str, str] | None = None,
+            engine: dict[str, Any] | None = None) -> Callable[[], Hardware]:
+    """An evaluation's reading of the GPU of a Deployment of one revision whose pods ``kube`` lists."""
+    container = {"name": "vllm", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    deployment = {"metadata": {"name": "llama", "namespace": "llm", "uid": "u1"},
+                  "spec": {"selector": {"matchLabels": {"app": "llama"}}, "template": {"spec": {
+                      "containers": [container], "nodeSelector": node_selector or {}}}}}
+    cache = ClusterCache()
+    cache.bind({}, {("llm", "u1"): [{"metadata": {"name": "llama-7f8b", "uid": "rs-uid"}}]})
+    reconciler = Reconciler(kube, cache, observations=None, metrics=OperatorMetrics(),  # type: ignore[arg-type]
+                            settings=OperatorSettings())
+    spec = VllmTuningSpec.model_validate({"targetRef": {"name": "llama"}, "engine": engine or {}})
+    return lambda: asyncio.run(reconciler._hardware(deployment, container, spec))
+
+
+def test_a_node_that_says_nothing_of_its_gpu_memory_is_read_once() -> None:
+    # a GKE or EKS node without GPU Feature Discovery (or Karpenter's labels)
+    kube = OneNode({"kubernetes.io/hostname": "gpu-node"})
+    kube.scheduled = False
+    read = reading(kube)
+    assert read() == read() == Hardware(gpus=1)  # its pod pending: no node to read, asked again
+    assert (len(kube.selectors), kube.nodes) == (2, [])
+    kube.scheduled = True
+    assert read() == read() == Hardware(gpus=1)  # two evaluations: vLLM's defaults for a GPU of unknown memory
+    assert (len(kube.selectors), kube.nodes) == (3, ["gpu-node"])  # one pod list, one node read

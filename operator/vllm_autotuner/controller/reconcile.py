@@ -115,8 +115,6 @@ log = logging.getLogger(__name__)
 #: whose name is 47 characters or more have names that begin with a cut ReplicaSet name.
 GENERATED_NAME_BASE = 58
 GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as GPU Feature Discovery writes it
 #: Hold reasons that mean the metrics themselves are missing, not that the policy is waiting.
 _NO_METRICS = {HoldReason.NO_DATA, HoldReason.STALE, HoldReason.INVALID}
 #: Holds whose recommendation is the operator's only output: an Event for each new one.
@@ -493,7 +491,8 @@ class Reconciler:
 
     async def _hardware(self, deployment: dict[str, Any], container: dict[str, Any], spec: VllmTuningSpec) -> Hardware:
         """GPU count from the container's resources; product and memory from the spec, the pod
-        template's nodeSelector, or the labels of a node a pod runs on (GPU Feature Discovery).
+        template's nodeSelector, or the labels of a node a pod runs on (GPU Feature Discovery's, GKE's or
+        Karpenter's: ``Hardware.from_labels``).
         Looked up once per Deployment and what it is read from: a node's GPU does not change under a running
         Deployment, and reading a node at every evaluation costs API calls (a node read is kept even when its
         labels say nothing of the GPU's memory: they will not say more next time); but a spec.engine.gpuMemoryGib
@@ -534,27 +533,26 @@ class Reconciler:
                                spec: VllmTuningSpec, replicaset: dict[str, Any] | None) -> tuple[Hardware, bool]:
         """Read from ``replicaset``'s pods; without it, from the spec and the template as a Deployment whose pods
         have no node yet is (vLLM's defaults unless the GPU memory is given). With whether the reading is final,
-        to be kept (``_hardware``): the memory given, no GPU, or a node's labels read, even a node that says
-        nothing of its GPU's memory (no GPU Feature Discovery): it will not say more at the next evaluation,
-        and asking again would cost a pod list and a node read at each. Not final while no pod has a node, or
-        the pods or the node could not be read."""
+        to be kept (``_hardware``): the memory known without a node (the spec, the nodeSelector's labels), no
+        GPU, or a node's labels read, even a node that says nothing of its GPU's memory (no GPU Feature
+        Discovery, an accelerator type not in ``GKE_ACCELERATOR_MIB``): it will not say more at the next
+        evaluation, and asking again would cost a pod list and a node read at each. Not final while no pod has
+        a node, or the pods or the node could not be read."""
         resources = container.get("resources") or {}
         gpus = int((resources.get("limits") or resources.get("requests") or {}).get(GPU_RESOURCE, 0) or 0)
         labels = dict(deployment["spec"]["template"]["spec"].get("nodeSelector") or {})
-        final = GPU_MEMORY_LABEL in labels or spec.engine.gpu_memory_gib is not None or not gpus
+        hardware = Hardware.from_labels(gpus, labels, spec.engine.gpu_memory_gib)
+        final = hardware.memory_gib is not None or not gpus
         if not final:
             try:
                 pods = await self._owned_pods(deployment, {replicaset["metadata"]["uid"]} if replicaset else set())
                 node = next((p["spec"].get("nodeName") for p in pods if p["spec"].get("nodeName")), None)
                 if node:
                     labels.update(await self._call(self.kube.node_labels, node))
-                    final = True
+                    hardware, final = Hardware.from_labels(gpus, labels), True
             except ApiException as exc:
                 log.info("GPU labels unreadable (%s); assuming from the defaults table", exc.reason)
-        memory = spec.engine.gpu_memory_gib
-        if memory is None and labels.get(GPU_MEMORY_LABEL, "").isdigit():
-            memory = int(labels[GPU_MEMORY_LABEL]) / 1024
-        return Hardware(gpus=gpus, memory_gib=memory, product=labels.get(GPU_PRODUCT_LABEL)), final
+        return hardware, final
 
     def _adopt_target(self, report: Report, target: Target) -> VllmTuningStatus:
         """First sight of the target (or a re-created one): its knobs become ``current`` (source Initial)."""

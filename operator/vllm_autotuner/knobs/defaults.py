@@ -14,11 +14,17 @@ for a newer version the operator keeps the newest table and says so: the
 table assumed is always reported in status. vLLM then ties an absent flag to
 the other knob and to ``max_model_len`` (``engine_knobs``), which the
 simulator and the operator both apply.
+
+The GPU's memory and name come from its node's labels (``Hardware.from_labels``):
+GPU Feature Discovery's where it runs, else the labels GKE and Karpenter on EKS
+put on every GPU node, so that an L4 or a T4 pool without GPU Feature Discovery
+is not taken for a GPU of 70 GiB or more.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vllm_autotuner.api.spec import Knobs
@@ -51,6 +57,31 @@ TABLES = (
 NEWEST = TABLES[-1]
 LARGE_GPU_MIN_GIB = 70
 HUGE_GPU_MIN_GIB = 160
+MIB_PER_GIB = 1024
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU Feature Discovery's: NVIDIA-A100-SXM4-80GB
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB of one GPU, as GPU Feature Discovery writes it (NVML's total)
+GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"  # GKE's, on each GPU node: nvidia-l4
+KARPENTER_GPU_NAME_LABEL = "karpenter.k8s.aws/instance-gpu-name"  # EC2's GPU name in lower kebab case: a100, l4
+KARPENTER_GPU_MEMORY_LABEL = "karpenter.k8s.aws/instance-gpu-memory"  # MiB of one GPU, as EC2 describes it
+#: MiB of one GPU of each GKE accelerator type (the values of ``cloud.google.com/gke-accelerator``, Compute
+#: Engine's GPU model names), as NVML reports the device: what GPU Feature Discovery's label would say there,
+#: so that a GPU reads the same by either label (an H100 "80GB" is 79.6 GiB, an L4 "24 GB" 22.5 GiB). A value
+#: not in the table (a GPU GKE adds later) is a GPU of unknown memory.
+GKE_ACCELERATOR_MIB = {
+    "nvidia-tesla-p4": 7611,
+    "nvidia-tesla-t4": 15360,
+    "nvidia-tesla-v100": 16160,
+    "nvidia-tesla-p100": 16280,
+    "nvidia-l4": 23034,
+    "nvidia-tesla-a100": 40960,  # A100 40GB
+    "nvidia-a100-80gb": 81920,
+    "nvidia-h100-80gb": 81559,
+    "nvidia-h100-mega-80gb": 81559,
+    "nvidia-h200-141gb": 143771,
+    "nvidia-b200": 183359,
+    "nvidia-gb200": 189471,
+}
 
 
 @dataclass(frozen=True)
@@ -59,7 +90,26 @@ class Hardware:
 
     gpus: int  # GPUs requested by the container; 0 means the CPU backend
     memory_gib: float | None = None  # per GPU; None when unknown
-    product: str | None = None  # e.g. "NVIDIA-A100-SXM4-80GB" from nvidia.com/gpu.product
+    product: str | None = None  # the GPU's name from its node's labels (``from_labels``)
+
+    @classmethod
+    def from_labels(cls, gpus: int, labels: Mapping[str, str], memory_gib: float | None = None) -> Hardware:
+        """The GPU of a node with these labels (a node's own, or those a nodeSelector asks for).
+
+        Memory, unless given: GPU Feature Discovery's label, else GKE's
+        accelerator type (``GKE_ACCELERATOR_MIB``), else Karpenter's on EKS;
+        the product likewise (it names an A100 or a GB10, which vLLM keeps off
+        the large-GPU defaults whatever their memory): NVIDIA-A100-SXM4-80GB,
+        nvidia-a100-80gb or a100. None where no label says.
+        """
+        accelerator = labels.get(GKE_ACCELERATOR_LABEL)
+        if memory_gib is None:
+            readings = (labels.get(GPU_MEMORY_LABEL), GKE_ACCELERATOR_MIB.get(accelerator or ""),
+                        labels.get(KARPENTER_GPU_MEMORY_LABEL))
+            mib = next((int(r) for r in readings if str(r).isdigit()), None)
+            memory_gib = None if mib is None else mib / MIB_PER_GIB
+        product = labels.get(GPU_PRODUCT_LABEL) or accelerator or labels.get(KARPENTER_GPU_NAME_LABEL)
+        return cls(gpus=gpus, memory_gib=memory_gib, product=product)
 
 
 @dataclass(frozen=True)

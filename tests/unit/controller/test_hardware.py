@@ -13,12 +13,14 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from vllm_autotuner.api import VllmTuningSpec
 from vllm_autotuner.controller.cache import ClusterCache
 from vllm_autotuner.controller.kube import label_selector
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
-from vllm_autotuner.knobs import Hardware
+from vllm_autotuner.knobs import Hardware, vllm_defaults
 
 
 def pod(node: str, owner: str) -> dict[str, Any]:
@@ -206,3 +208,53 @@ def test_a_node_that_says_nothing_of_its_gpu_memory_is_read_once() -> None:
     kube.scheduled = True
     assert read() == read() == Hardware(gpus=1)  # two evaluations: vLLM's defaults for a GPU of unknown memory
     assert (len(kube.selectors), kube.nodes) == (3, ["gpu-node"])  # one pod list, one node read
+
+
+GKE, KARPENTER_NAME, KARPENTER_MIB = ("cloud.google.com/gke-accelerator", "karpenter.k8s.aws/instance-gpu-name",
+                                      "karpenter.k8s.aws/instance-gpu-memory")
+
+
+@pytest.mark.parametrize(("labels", "expected"), [
+    ({GKE: "nvidia-l4"}, (2048, 256)),
+    ({GKE: "nvidia-tesla-t4"}, (2048, 256)),
+    ({GKE: "nvidia-tesla-a100"}, (2048, 256)),
+    ({GKE: "nvidia-a100-80gb"}, (2048, 256)),  # 80 GiB, but an A100: vLLM keeps it off the large-GPU defaults
+    ({GKE: "nvidia-h100-80gb"}, (8192, 1024)),
+    ({GKE: "nvidia-h100-mega-80gb"}, (8192, 1024)),
+    ({GKE: "nvidia-h200-141gb"}, (8192, 1024)),
+    ({GKE: "nvidia-b200"}, (16384, 1024)),
+    ({KARPENTER_NAME: "l4", KARPENTER_MIB: "22888"}, (2048, 256)),  # a g6 instance, as EC2 describes its GPU
+    ({KARPENTER_NAME: "a100", KARPENTER_MIB: "81920"}, (2048, 256)),  # p4de
+    ({KARPENTER_NAME: "h100", KARPENTER_MIB: "81920"}, (8192, 1024)),  # p5
+    # GPU Feature Discovery's label before the cloud's
+    ({"nvidia.com/gpu.memory": "81559", GKE: "nvidia-l4", KARPENTER_MIB: "22888"}, (8192, 1024)),
+])
+def test_the_gpu_is_read_from_gke_and_karpenter_node_labels(labels: dict[str, str],
+                                                           expected: tuple[int, int]) -> None:
+    kube = OneNode(labels)
+    defaults = vllm_defaults("v0.30.0", reading(kube)())
+    assert (defaults.knobs.max_num_batched_tokens, defaults.knobs.max_num_seqs) == expected
+    assert "unknown" not in defaults.table
+    assert kube.nodes == ["gpu-node"]
+
+
+def test_a_gke_accelerator_in_the_node_selector_reads_no_node() -> None:
+    kube = OneNode({})
+    read = reading(kube, {GKE: "nvidia-l4", "cloud.google.com/gke-spot": "true"})
+    assert read() == Hardware(gpus=1, memory_gib=23034 / 1024, product="nvidia-l4")
+    assert (kube.selectors, kube.nodes) == ([], [])
+    # the spec's GPU memory before the labels
+    assert reading(kube, {GKE: "nvidia-h100-80gb"}, {"gpuMemoryGib": 24})().memory_gib == 24
+
+
+@pytest.mark.parametrize("node_selector", [{GKE: "nvidia-tesla-k80"}, {}])
+def test_an_unknown_gke_accelerator_is_a_gpu_of_unknown_memory(node_selector: dict[str, str]) -> None:
+    # an accelerator type the table leaves out (vLLM does not run on a K80; GKE adds new ones): as without the label
+    kube = OneNode({GKE: "nvidia-tesla-k80"})
+    read = reading(kube, node_selector)
+    hardware = read()
+    assert (hardware.memory_gib, read()) == (None, hardware)
+    assert kube.nodes == ["gpu-node"]  # the node asked, once
+    defaults = vllm_defaults("v0.30.0", hardware)
+    assert (defaults.knobs.max_num_batched_tokens, defaults.knobs.max_num_seqs) == (8192, 1024)
+    assert "GPU memory unknown" in defaults.table

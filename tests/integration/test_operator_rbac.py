@@ -58,7 +58,9 @@ WATCHED_NAMESPACE = {
     ("", "pods", "list"),  # Kube.list_pods: rollout progress, the node a vLLM pod runs on, pods by name
     ("", "events", "create"),  # Kube.create_event
 }
-EVERYWHERE = {("", "nodes", "get")}  # Kube.node_labels: GPU labels; cluster-scoped
+EVERYWHERE = {("", "nodes", "get"),  # Kube.node_labels: GPU labels; cluster-scoped
+              # Kube.tuning_crd: whether the installed CRD is as new as the operator, at start-up
+              ("apiextensions.k8s.io", "customresourcedefinitions", "get", f"{PLURAL}.{GROUP}")}
 LEASE = {("coordination.k8s.io", "leases", "create"),  # LeaderElector: the first candidate creates it
          ("coordination.k8s.io", "leases", "get", ACCOUNT),  # then reads and renews only its own Lease
          ("coordination.k8s.io", "leases", "update", ACCOUNT)}
@@ -162,6 +164,8 @@ def test_the_service_account_has_exactly_the_documented_permissions(install: Ins
     ("list nodes", "all", "no"),
     ("patch nodes", "all", "no"),
     ("list customresourcedefinitions.apiextensions.k8s.io", "all", "no"),
+    (f"get customresourcedefinitions.apiextensions.k8s.io/{PLURAL}.{GROUP}", "all", "yes"),
+    ("get customresourcedefinitions.apiextensions.k8s.io/another.example.com", "all", "no"),
     ("list namespaces", "all", "no"),
 ])
 def test_kubectl_auth_can_i(cluster_with_crd: Cluster, install: Install, question: str, where: str,
@@ -294,6 +298,7 @@ def test_the_operator_retunes_a_vllm_deployment_with_the_service_account_token(
     # With this token it read the Node's GPU labels and the granted Secret (to query Prometheus), and
     # patched the Deployment once; every call it made outside the watches is one the rules above name.
     assert calls[("nodes", "get")] >= 1 and calls[("secrets", "get")] >= 1 and calls[("deployments", "patch")] == 1
+    assert calls[("customresourcedefinitions", "get")] == 1  # is the CRD as new as the operator? at start-up
     # API discovery (is the CRD served?) once at start-up: a non-resource URL every authenticated user may read
     # (the system:discovery ClusterRole), so no rule of ours names it
     assert calls.pop(("discovery", "get")) == 1

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from tests.bad_specs import BAD_SPECS
 
 from vllm_autotuner.api import VllmTuning, VllmTuningSpec
-from vllm_autotuner.api.crd import crd, crd_yaml
+from vllm_autotuner.api.crd import crd, crd_yaml, missing_fields
 from vllm_autotuner.api.types import duration_seconds, format_duration, time_zone
 from vllm_autotuner.cli import main
 
@@ -27,6 +27,22 @@ def test_committed_crd_is_the_generated_one(capsys):
     out = capsys.readouterr().out
     assert out == CRD_FILE.read_text(), "crds/ is stale: run `make crd` and commit the result"
     assert out == crd_yaml()
+
+
+def test_an_installed_crd_older_than_the_operator_is_named_by_the_fields_it_lacks():
+    """``helm upgrade`` leaves the old CRD, whose missing fields the apiserver would drop from every status write."""
+    installed = yaml.safe_load(CRD_FILE.read_text())
+    assert missing_fields(installed) == []
+    schema = _version(installed)["schema"]["openAPIV3Schema"]
+    status = schema["properties"]["status"]["properties"]
+    del status["lastRollout"]  # a field and everything beneath it: named once
+    del status["history"]["items"]["properties"]["hold"]  # a field of a list's items
+    del schema["properties"]["spec"]["properties"]["engine"]["properties"]["gpuMemoryGib"]
+    assert missing_fields(installed) == ["spec.engine.gpuMemoryGib", "status.lastRollout", "status.history[].hold"]
+    status["history"] = {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+    assert missing_fields(installed) == ["spec.engine.gpuMemoryGib", "status.lastRollout"]  # kept as it is written
+    _version(installed)["name"] = "v1alpha0"
+    assert missing_fields(installed) == ["version v1alpha1"]
 
 
 def test_crd_identity_subresource_and_columns():

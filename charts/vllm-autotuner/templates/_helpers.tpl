@@ -154,12 +154,18 @@ watches all of them, a Role's in each namespace of watchNamespaces otherwise.
 {{- end }}
 
 {{/*
-Cluster-scoped reads, granted whatever the namespaces: a node's GPU labels.
+Cluster-scoped reads, granted whatever the namespaces: a node's GPU labels, the VllmTuning CRD.
 */}}
 {{- define "vllm-autotuner.nodeRules" -}}
 # Nodes: the GPU product and memory labels of the node a vLLM pod runs on, to know vLLM's
 # default knobs when the flags are absent. Cluster-scoped, so never in a Role.
 - apiGroups: [""]
   resources: [nodes]
+  verbs: [get]
+# The VllmTuning CRD, read at start-up: an operator newer than it (Helm never upgrades crds/) says so and
+# exits, as the apiserver would drop the fields it lacks from every status write.
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  resourceNames: [vllmtunings.autotuner.vllm-tuning.io]
   verbs: [get]
 {{- end }}

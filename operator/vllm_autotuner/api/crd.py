@@ -11,6 +11,7 @@ the two equal, so the models stay the single source of truth.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import yaml
@@ -226,6 +227,37 @@ def crd() -> dict[str, Any]:
             ],
         },
     }
+
+
+def _fields(schema: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every field beneath ``schema`` with its schema, by path: ``.name`` for a property, ``[]`` for a list's
+    items, ``{}`` for a map's values."""
+    for name, sub in (schema.get("properties") or {}).items():
+        yield f"{path}.{name}", sub
+        yield from _fields(sub, f"{path}.{name}")
+    for key, mark in (("items", "[]"), ("additionalProperties", "{}")):
+        if isinstance(schema.get(key), dict):
+            yield f"{path}{mark}", schema[key]
+            yield from _fields(schema[key], f"{path}{mark}")
+
+
+def missing_fields(installed: dict[str, Any]) -> list[str]:
+    """The fields of this version's VllmTuning schema that ``installed`` (the CRD as the apiserver serves it) lacks,
+    by path (``status.history[].hold``), or the version itself: an older CRD, which ``helm upgrade`` leaves in
+    place (Helm never upgrades a chart's crds/). The apiserver prunes a field its CRD lacks from every write, so an
+    operator on it would lose the status it relies on between evaluations, and say nothing; below a node that
+    keeps unknown fields nothing is pruned."""
+    served = {v.get("name"): v for v in (installed.get("spec") or {}).get("versions") or []}
+    if resource.VERSION not in served:
+        return [f"version {resource.VERSION}"]
+    theirs = dict(_fields((served[resource.VERSION].get("schema") or {}).get("openAPIV3Schema") or {}, ""))
+    covered = [path for path, sub in theirs.items() if sub.get("x-kubernetes-preserve-unknown-fields")]
+    missing: list[str] = []
+    for path, _ in _fields(crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"], ""):
+        if path not in theirs and not any(path.startswith((f"{top}.", f"{top}[", f"{top}{{")) for top in covered):
+            missing.append(path)
+            covered.append(path)  # its own fields are missing with it: named once
+    return [path.lstrip(".") for path in missing]
 
 
 class _NoAliasDumper(yaml.SafeDumper):

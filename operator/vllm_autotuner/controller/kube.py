@@ -4,7 +4,7 @@ Watches (kopf) keep VllmTunings, Deployments and ReplicaSets in memory;
 what remains are a few direct calls: patching a Deployment, reading the
 ReplicaSet a rollback puts back, listing a rollout's pods (or those of a
 Deployment whose name is too long for its pods' names to tell its revisions
-apart), reading a Node's GPU labels or a Secret, writing status and Events.
+apart), reading a Node's GPU labels, a Secret or the CRD, writing status and Events.
 They go through this one class so the scale benchmark can count and time
 them and every call has the same timeout. Objects come back as plain dicts
 in the API's own camelCase shape, which is what the pure modules work on.
@@ -22,6 +22,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from vllm_autotuner.api import GROUP, PLURAL, VERSION
+from vllm_autotuner.api.resource import CRD_NAME
 from vllm_autotuner.controller.metrics import OperatorMetrics
 
 TIMEOUT = 15.0
@@ -69,6 +70,7 @@ class Kube:
         self.apps = client.AppsV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.extensions = client.ApiextensionsV1Api(api_client)
         self.metrics = metrics
         self.write_seconds_left: Callable[[], float] | None = None
         """With leader election, how long a write sent now has to land while this replica leads
@@ -108,6 +110,12 @@ class Kube:
                 return False
             raise
         return any(r.name == PLURAL for r in found.resources or [])
+
+    def tuning_crd(self) -> dict[str, Any]:
+        """The VllmTuning CRD as installed: the chart grants ``get`` on it alone, cluster-scoped."""
+        with self._call("get", "customresourcedefinitions"):
+            return self._served(self.extensions.read_custom_resource_definition(
+                CRD_NAME, _preload_content=False, _request_timeout=TIMEOUT))
 
     @staticmethod
     def _served(response: Any) -> dict[str, Any]:

@@ -32,6 +32,8 @@ from urllib3.exceptions import HTTPError
 
 from vllm_autotuner import USER_AGENT
 from vllm_autotuner.api import GROUP, PLURAL, VERSION
+from vllm_autotuner.api.crd import missing_fields
+from vllm_autotuner.api.resource import CRD_NAME
 from vllm_autotuner.controller.cache import ClusterCache, deployment_index, replicaset_index
 from vllm_autotuner.controller.evaluator import Evaluator
 from vllm_autotuner.controller.kube import Kube
@@ -230,6 +232,26 @@ async def _serves_tunings(kube: Kube) -> bool:
     return served
 
 
+async def _crd_current(kube: Kube) -> bool:
+    """Whether the installed CRD has every field of this version's (``crd.missing_fields``), what to do logged when
+    not (the caller exits; the pod restarts until the CRD is applied, and no tuning is evaluated meanwhile). A
+    CRD that cannot be read (a Role of one's own without the chart's grant) is said and taken as current: nothing
+    worse than before the check."""
+    try:
+        missing = missing_fields(await asyncio.to_thread(kube.tuning_crd))
+    except (ApiException, HTTPError) as exc:
+        log.warning("the installed CRD %s could not be read (%s), so whether it has this version's fields is not "
+                    "known; grant get on it, as the chart does", CRD_NAME, exc)
+        return True
+    if missing:
+        log.error("the installed CRD %s is older than this operator: it lacks %s, which the apiserver would drop "
+                  "from every write (Helm never upgrades a chart's crds/). Apply this version's CRD: kubectl apply "
+                  "--server-side --force-conflicts -f charts/vllm-autotuner/crds/ (or deploy/crds/); the pod "
+                  "restarts and goes on", CRD_NAME, ", ".join(missing[:5]) + (
+                      f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    return not missing
+
+
 async def run(options: RunOptions) -> int:
     """Run until SIGTERM/SIGINT (0) or until leadership is lost (1)."""
     stop = asyncio.Event()
@@ -260,7 +282,7 @@ async def run(options: RunOptions) -> int:
             return 0
     # renewed from here on: discovery can take longer than the renew deadline (a slow apiserver)
     holding = asyncio.create_task(elector.hold(), name="lease") if elector else None
-    served = await _serves_tunings(kube)
+    served = await _serves_tunings(kube) and await _crd_current(kube)
     if holding is not None and holding.done():  # the Lease was lost meanwhile: another replica may lead now
         await http.stop()
         return 1

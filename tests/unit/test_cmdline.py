@@ -697,6 +697,16 @@ def test_the_command_that_may_run_vllm_started_by_xargs_is_refused(command):
             read(container)
 
 
+def test_the_xargs_check_reads_no_word_again_for_vllm(monkeypatch):
+    # the vLLM word _vllm_segment found is the one the check for xargs behind a launcher stops at: not found twice
+    examined = []
+    is_vllm_word = CommandLine._is_vllm_word
+    monkeypatch.setattr(CommandLine, "_is_vllm_word", lambda self, i: examined.append(i) or is_vllm_word(self, i))
+    cmd = CommandLine._split({"command": ["sh", "-c", "cd /app; exec sudo -u app vllm serve M --max-num-seqs 64"]})
+    assert cmd._vllm_segment == (3, 12)
+    assert sorted(examined) == sorted(set(examined))
+
+
 def test_command_v_names_a_program_and_runs_none():
     # as which does: neither vLLM nor a second program that may run it, beside the script that does
     assert not CommandLine.parse({"command": ["sh", "-c", "command -v vllm serve && exec /start.sh"]}).runs_vllm()

@@ -727,7 +727,8 @@ class CommandLine:
         Read once, as ``_flags`` is (the command line is immutable): ``parse`` reads it first, so it raises there,
         and it is not read again for each flag, ``sigterm`` or ``with_flags``."""
         commands = self._simple_commands()
-        running = [c for c in commands if any(self._is_vllm_word(j) for j in range(*c))]
+        vllm_words = {c: next((j for j in range(*c) if self._is_vllm_word(j)), None) for c in commands}
+        running = [c for c in commands if vllm_words[c] is not None]
         if len(running) > 1:
             shown = " and ".join(repr(" ".join(w.text for w in self.words[slice(*c)])) for c in running)
             raise CommandLineError(
@@ -736,7 +737,7 @@ class CommandLine:
                 f"start it directly in the container's command and args"
             )
         segment = running[0] if running else self._only_command(commands)
-        if (program := self._appender(segment)) is not None:
+        if (program := self._appender(segment, vllm_words[segment])) is not None:
             raise CommandLineError(
                 f"{'vLLM' if running else 'the command that may run vLLM'} is started by {program}, which appends "
                 f"the words it reads (its input, the file of -a, parallel's ::: arguments) to its command: flags the "
@@ -745,12 +746,12 @@ class CommandLine:
             )
         return segment
 
-    def _appender(self, segment: tuple[int, int]) -> str | None:
-        """The program among _APPENDERS that starts the simple command ``segment``: its program, or, where the
-        command names vLLM, any word before vLLM's (``sudo -u app xargs vllm serve``: a launcher the wrappers do not
-        read past); None when none does."""
+    def _appender(self, segment: tuple[int, int], vllm: int | None) -> str | None:
+        """The program among _APPENDERS that starts the simple command ``segment``, whose vLLM word is at ``vllm``
+        (None: it shows none), as ``_vllm_segment`` found it: its program, or, where the command names vLLM, any word
+        before vLLM's (``sudo -u app xargs vllm serve``: a launcher the wrappers do not read past); None when none
+        does."""
         first, end = segment
-        vllm = next((i for i in range(first, end) if self._is_vllm_word(i)), None)
         before = [w.text.rsplit("/", 1)[-1] for w in self.words[first:vllm]] if vllm is not None else []
         program = self._program(first, end)
         return program if program in _APPENDERS else next((w for w in before if w in _APPENDERS), None)

@@ -674,6 +674,10 @@ def test_a_launcher_in_front_of_vllm_reads_the_same_in_list_and_script_form():
         ["sh", "-c", "sudo -u vllm -E VLLM_LOGGING_LEVEL=INFO xargs -a /a vllm serve M"],
         ["sudo", "-Eu", "app", "xargs", "-a", "/args", "vllm", "serve", "M"],
         ["parallel", "vllm", "serve", "M", ":::", "--max-num-seqs=64"],  # GNU parallel appends its ::: arguments
+        ["sudo", "-E", "xargs", "-a", "/a", "vllm", "serve", "M"],
+        ["conda", "run", "-n", "base", "xargs", "vllm", "serve", "M"],
+        # the options of a launcher not known here are taken to take no value: parallel may be the program it runs
+        ["nsys", "profile", "-o", "parallel", "vllm", "serve", "M"],
     ],
 )
 def test_vllm_started_by_xargs_is_refused(command):
@@ -695,6 +699,25 @@ def test_the_command_that_may_run_vllm_started_by_xargs_is_refused(command):
     for read in (EngineArgs.from_container, lambda c: set_knobs(c, NEW)):
         with pytest.raises(CommandLineError, match="the command that may run vLLM is started by xargs, which appends"):
             read(container)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["env", "-C", "/srv/parallel", "vllm", "serve", "M", "--max-num-seqs", "64"],
+        ["sh", "-c", "exec env -C xargs vllm serve M --max-num-seqs 64"],
+        ["conda", "run", "-n", "parallel", "vllm", "serve", "M", "--max-num-seqs", "64"],
+        ["sh", "-c", "hatch -e xargs run vllm serve M --max-num-seqs 64"],
+        ["sudo", "-Eu", "xargs", "--", "vllm", "serve", "M", "--max-num-seqs", "64"],
+        ["gosu", "parallel", "vllm", "serve", "M", "--max-num-seqs", "64"],
+    ],
+)
+def test_an_option_value_or_operand_named_xargs_starts_no_xargs(command):
+    # a directory, an environment or a user of that name: only a program in front of vLLM's word appends to it
+    container = {"name": "engine", "image": "registry/llm", "command": command}
+    assert EngineArgs.from_container(container).max_num_seqs == 64
+    written = EngineArgs.from_container({**container, **set_knobs(container, NEW)})
+    assert (written.max_num_seqs, written.max_num_batched_tokens) == (96, 3072)
 
 
 def test_the_xargs_check_reads_no_word_again_for_vllm(monkeypatch):

@@ -51,7 +51,7 @@ import copy
 import functools
 import itertools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -449,11 +449,10 @@ def _refuse_watcher_script(argv: list[str]) -> None:
                                f"{WATCHER_ADVICE}, and start vLLM in the container's command")
 
 
-def _command_start(argv: list[str]) -> int:
-    """Index of the command that wrappers at the start of argv (``env X=1``, ``tini --``, ``gosu vllm``,
+def _command_start(argv: list[str], pos: int = 0) -> int:
+    """Index of the command that wrappers at argv[pos] and after (``env X=1``, ``tini --``, ``gosu vllm``,
     ``numactl -N 0``, ``taskset -c 0-15``, ``stdbuf -oL``) run. ``command -v`` or ``-V`` names the command and runs
     none (``command -v vllm``, as ``which`` does): it is the command itself, at its own index."""
-    pos = 0
     while pos < len(argv) and (name := argv[pos].rsplit("/", 1)[-1]) in _WRAPPERS:
         valued, operands = _WRAPPERS[name]
         wrapper, pos = pos, pos + 1
@@ -467,6 +466,40 @@ def _command_start(argv: list[str]) -> int:
         while name == "env" and pos < len(argv) and "=" in argv[pos]:
             pos += 1
         pos += operands
+    return pos
+
+
+def _launched(argv: list[str]) -> Iterator[str]:
+    """The name (no path) of each program the command in argv starts, one behind the other: the one behind any
+    _WRAPPERS (``_command_start``), then each word a launcher in front of it may run: past the launcher's options,
+    the values of those known to take one (_LAUNCHERS; another launcher's options are taken to take none, so that
+    the word after one may be the program it runs), ``NAME=value`` words (sudo's variables), a holder's ``run``,
+    and any wrappers there. So an option's value is no program (``env -C /srv/parallel``, ``conda run -n
+    parallel``): argv is to end before vLLM's word, in front of which each program starts the next."""
+    pos = _command_start(argv)
+    while pos < len(argv):
+        name = argv[pos].rsplit("/", 1)[-1]
+        yield name
+        valued = _LAUNCHERS.get(name, set())
+        pos = _options_end(argv, pos + 1, valued)
+        if name in _HOLDERS and argv[pos : pos + 1] == ["run"]:
+            pos = _options_end(argv, pos + 1, valued)
+        pos = _command_start(argv, pos)
+
+
+def _options_end(argv: list[str], pos: int, valued: set[str]) -> int:
+    """Index of the first word from argv[pos] that is no option, no value of one in ``valued`` (the next word, after
+    the option alone, ``-u app``, or last in a group of letters as getopt reads them, ``-Eu app``; ``-uapp`` and
+    ``--user=app`` hold theirs) and no ``NAME=value``; the word after a ``--``."""
+    while pos < len(argv) and (argv[pos].startswith("-") and argv[pos] != "-" or _ASSIGNMENT.fullmatch(argv[pos])):
+        option = argv[pos]
+        pos += 1
+        if option == "--":
+            break
+        if option.startswith("--") or not option.startswith("-"):
+            pos += option in valued
+        else:
+            pos += next((k for k, letter in enumerate(option[1:]) if f"-{letter}" in valued), None) == len(option) - 2
     return pos
 
 
@@ -508,6 +541,15 @@ _INITS = {"tini", "dumb-init", "catatonit", "timeout"}
 # 1.18 (``hatch -e prod run vllm serve``), measured as PID 1 and behind tini. poetry 2.5 and pipenv 2026.10 run the
 # command in their place, pdm 2.29 and uv 0.13 pass the signal on and wait: they let it reach vLLM.
 _HOLDERS = {"conda": set(), "hatch": {"-e", "--env", "-p", "--project", "--data-dir", "--cache-dir", "--config"}}
+# Launchers the wrappers do not read past, and those of their options that take a value as the next word, read only to
+# tell the program one starts from an option's value (``_launched``), for _APPENDERS: sudo 1.9's (no wrapper: its -i
+# and -s run the command in a shell, its -l lists it), conda's run's and hatch's (their ``run`` read past too).
+_LAUNCHERS = {
+    "sudo": {"-u", "--user", "-g", "--group", "-C", "--close-from", "-D", "--chdir", "-h", "--host", "-p", "--prompt",
+             "-R", "--chroot", "-T", "--command-timeout", "-U", "--other-user", "-r", "--role", "-t", "--type"},
+    "conda": {"-n", "--name", "-p", "--prefix", "--cwd"},
+    "hatch": _HOLDERS["hatch"],
+}
 # User switches that stay the parent of the command they run, as util-linux's runuser and su do (a watching parent,
 # which holds the PAM session): on a SIGTERM they pass it on, and kill the command WATCHER_KILL_SECONDS later.
 _WATCHERS = {"runuser", "su"}
@@ -748,13 +790,14 @@ class CommandLine:
 
     def _appender(self, segment: tuple[int, int], vllm: int | None) -> str | None:
         """The program among _APPENDERS that starts the simple command ``segment``, whose vLLM word is at ``vllm``
-        (None: it shows none), as ``_vllm_segment`` found it: its program, or, where the command names vLLM, any word
-        before vLLM's (``sudo -u app xargs vllm serve``: a launcher the wrappers do not read past); None when none
-        does."""
+        (None: it shows none), as ``_vllm_segment`` found it: its program, or, where the command names vLLM, a
+        program in front of vLLM's word (``sudo -u app xargs vllm serve``: a launcher the wrappers do not read past),
+        not an option's value (``_launched``); None when none does."""
         first, end = segment
-        before = [w.text.rsplit("/", 1)[-1] for w in self.words[first:vllm]] if vllm is not None else []
-        program = self._program(first, end)
-        return program if program in _APPENDERS else next((w for w in before if w in _APPENDERS), None)
+        if vllm is None:
+            program = self._program(first, end)
+            return program if program in _APPENDERS else None
+        return next((name for name in _launched(self._argv(first, vllm)) if name in _APPENDERS), None)
 
     def _only_command(self, commands: list[tuple[int, int]]) -> tuple[int, int]:
         """The simple command that may run vLLM where none shows it, the image's entrypoint or a script of its own

@@ -469,17 +469,21 @@ def _command_start(argv: list[str], pos: int = 0) -> int:
     return pos
 
 
-def _launched(argv: list[str]) -> Iterator[str]:
+def _launched(argv: list[str], any_launches: bool) -> Iterator[str]:
     """The name (no path) of each program the command in argv starts, one behind the other: the one behind any
     _WRAPPERS (``_command_start``), then each word a launcher in front of it may run: past the launcher's options,
     the values of those known to take one (_LAUNCHERS; another launcher's options are taken to take none, so that
     the word after one may be the program it runs), ``NAME=value`` words (sudo's variables), a holder's ``run``,
     and any wrappers there. So an option's value is no program (``env -C /srv/parallel``, ``conda run -n
-    parallel``): argv is to end before vLLM's word, in front of which each program starts the next."""
+    parallel``). ``any_launches``: argv ends before vLLM's word, and each program in front of it starts the next;
+    else only those of _LAUNCHERS are known to, and the first other one ends it (its words are its own arguments:
+    ``sudo -u app /start.sh --mode parallel``)."""
     pos = _command_start(argv)
     while pos < len(argv):
         name = argv[pos].rsplit("/", 1)[-1]
         yield name
+        if not any_launches and name not in _LAUNCHERS:
+            return
         valued = _LAUNCHERS.get(name, set())
         pos = _options_end(argv, pos + 1, valued)
         if name in _HOLDERS and argv[pos : pos + 1] == ["run"]:
@@ -541,9 +545,9 @@ _INITS = {"tini", "dumb-init", "catatonit", "timeout"}
 # 1.18 (``hatch -e prod run vllm serve``), measured as PID 1 and behind tini. poetry 2.5 and pipenv 2026.10 run the
 # command in their place, pdm 2.29 and uv 0.13 pass the signal on and wait: they let it reach vLLM.
 _HOLDERS = {"conda": set(), "hatch": {"-e", "--env", "-p", "--project", "--data-dir", "--cache-dir", "--config"}}
-# Launchers the wrappers do not read past, and those of their options that take a value as the next word, read only to
-# tell the program one starts from an option's value (``_launched``), for _APPENDERS: sudo 1.9's (no wrapper: its -i
-# and -s run the command in a shell, its -l lists it), conda's run's and hatch's (their ``run`` read past too).
+# Launchers the wrappers do not read past, known to run the rest of their argv, and those of their options that take a
+# value as the next word, read only to find the program one starts, for _APPENDERS (``_launched``): sudo 1.9's (no
+# wrapper: its -i and -s run the command in a shell, its -l lists it), conda's run's and hatch's (``run`` read past).
 _LAUNCHERS = {
     "sudo": {"-u", "--user", "-g", "--group", "-C", "--close-from", "-D", "--chdir", "-h", "--host", "-p", "--prompt",
              "-R", "--chroot", "-T", "--command-timeout", "-U", "--other-user", "-r", "--role", "-t", "--type"},
@@ -790,14 +794,13 @@ class CommandLine:
 
     def _appender(self, segment: tuple[int, int], vllm: int | None) -> str | None:
         """The program among _APPENDERS that starts the simple command ``segment``, whose vLLM word is at ``vllm``
-        (None: it shows none), as ``_vllm_segment`` found it: its program, or, where the command names vLLM, a
-        program in front of vLLM's word (``sudo -u app xargs vllm serve``: a launcher the wrappers do not read past),
-        not an option's value (``_launched``); None when none does."""
+        (None: it shows none), as ``_vllm_segment`` found it; None when none does. Its program, or one behind a
+        launcher the wrappers do not read past (``sudo -u app xargs``), not an option's value (``_launched``): in
+        front of vLLM's word, behind any launcher; where the command shows none, behind those known to run the rest
+        of their argv (``sudo -u app xargs -a /args /start.sh``, as ``xargs -a /args /start.sh``)."""
         first, end = segment
-        if vllm is None:
-            program = self._program(first, end)
-            return program if program in _APPENDERS else None
-        return next((name for name in _launched(self._argv(first, vllm)) if name in _APPENDERS), None)
+        argv = self._argv(first, end if vllm is None else vllm)
+        return next((name for name in _launched(argv, vllm is not None) if name in _APPENDERS), None)
 
     def _only_command(self, commands: list[tuple[int, int]]) -> tuple[int, int]:
         """The simple command that may run vLLM where none shows it, the image's entrypoint or a script of its own

@@ -768,6 +768,37 @@ def test_a_script_of_several_commands_none_of_which_starts_vllm_is_refused():
 
 
 @pytest.mark.parametrize(
+    "script",
+    [
+        "for i in 1 2; do /start.sh --max-num-seqs 64; done",
+        "if [ -f /x ]; then exec /start.sh --max-num-seqs 64; fi",
+        "{ /start.sh --max-num-seqs 64; }",
+        "case $MODE in serve) /start.sh --max-num-seqs 64;; esac",
+    ],
+)
+def test_the_script_of_the_image_in_a_compound_command_gets_the_flags_inside_it(script):
+    # done, fi, esac and } close the compound command and start nothing: flags written after them are a syntax error
+    container = {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "command": ["sh", "-c", script]}
+    assert EngineArgs.from_container(container).max_num_seqs == 64
+    written = set_knobs(container, NEW)["command"][2]
+    assert written == script.replace("--max-num-seqs 64", "--max-num-seqs 96 --max-num-batched-tokens 3072")
+    subprocess.run(["sh", "-n", "-c", written], check=True)
+
+
+@pytest.mark.parametrize(
+    "script",
+    ["while :; do sleep 1; done", "until wget -q localhost:8000/health; do sleep 2; done; sleep inf",
+     "if [ -f /x ]; then echo hi; fi", "{ echo hi; }", "while :; do sleep 1 & wait $!; done"],
+)
+def test_a_compound_command_that_starts_no_program_gets_no_flags_after_its_closing_word(script):
+    # an idle or probing container's script: the flags would go after done, fi or }, and the pods crash-loop
+    container = {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "command": ["sh", "-c", script]}
+    for read in (EngineArgs.from_container, lambda c: set_knobs(c, NEW)):
+        with pytest.raises(CommandLineError, match="commands and none starts vLLM"):
+            read(container)
+
+
+@pytest.mark.parametrize(
     ("command", "written"),
     [
         (["/opt/start.sh", "--max-num-seqs", "64"],

@@ -607,7 +607,7 @@ _CHILD_OPERATORS = {"|", "|&", "&", "(", ")"}
 # ``conda run``, a tracer such as ``ddtrace-run`` or ``opentelemetry-instrument``, ``nsys profile``, ``torchrun``).
 _NAMERS = {"echo", "printf", "logger", "pkill", "pgrep", "pidof", "killall", "kill", "ps", "grep", "egrep", "fgrep",
            "test", "[", "[[", "curl", "wget", "cat", "tee", "true", "false", ":", "sleep", "which", "type", "for",
-           "case", "command"}
+           "case", "command", "wait"}
 # Programs that start the command in their argv with words they read as they run appended to it (from their input,
 # xargs' or parallel's -a file, parallel's ``:::`` arguments): vLLM, or a script that may run it, started by one
 # (``cat /args | xargs vllm serve M``, ``xargs -a /args /start.sh``) gets flags the operator cannot see, after its own.
@@ -616,8 +616,9 @@ _APPENDERS = {"xargs", "parallel"}
 # (``cd /app; exec /start.sh``, ``set -e; ...``) is no candidate for the one the image's entrypoint may run vLLM in.
 _SETUP = {"set", "cd", "export", "source", ".", "trap", "ulimit", "umask", "mkdir", "unset", "shopt", "readonly",
           "declare", "chmod", "chown", "ln", "cp", "mv", "rm", "touch"}
-# The shell's reserved words that may come before a command's name (``then vllm serve``, ``do vllm serve``).
-_RESERVED_WORDS = {"!", "{", "if", "then", "elif", "else", "while", "until", "do", "time"}
+# The shell's reserved words that may come before a command's name (``then vllm serve``, ``do vllm serve``), and those
+# that close a compound command, its last word: none is a program (flags written after ``done`` break the script).
+_RESERVED_WORDS = {"!", "{", "if", "then", "elif", "else", "while", "until", "do", "time", "done", "fi", "esac", "}"}
 # A variable assignment before a command's name (``VAR=value vllm serve``).
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
 

@@ -736,6 +736,29 @@ def test_the_xargs_check_reads_no_word_again_for_vllm(monkeypatch):
     assert sorted(examined) == sorted(set(examined))
 
 
+@pytest.mark.parametrize(
+    ("command", "builtin"),
+    [
+        (["command", "vllm", "serve", "M", "--max-num-seqs", "64"], "command"),
+        (["exec", "vllm", "serve", "M", "--max-num-seqs", "64"], "exec"),
+        (["tini", "--", "command", "vllm", "serve", "M", "--max-num-seqs", "64"], "command"),
+        (["command", "sh", "-c", "exec vllm serve M --max-num-seqs 64"], "command"),
+    ],
+)
+def test_a_shell_builtin_in_a_list_form_command_is_refused(command, builtin):
+    # no shell reads the list: kubelet runs command or exec as a program, absent from vLLM's images, and where
+    # RHEL has one, a script whose shell keeps vLLM as its child: read as the builtin, the SIGTERM would reach vLLM
+    container = {"name": "engine", "image": "vllm/vllm-openai:v0.11.0", "command": command}
+    assert find_vllm_container({"containers": [container]}) is container
+    for read in (EngineArgs.from_container, lambda c: set_knobs(c, NEW)):
+        with pytest.raises(CommandLineError, match=rf"starts {builtin}, a builtin of the shell, with no shell.*drop "
+                                                   rf"{builtin} from the command, or run it in a shell's -c script"):
+            read(container)
+    # in a script, the shell runs the builtin
+    scripted = {**container, "command": ["sh", "-c", "command vllm serve M --max-num-seqs 64"]}
+    assert EngineArgs.from_container(scripted).max_num_seqs == 64
+
+
 def test_command_v_names_a_program_and_runs_none():
     # as which does: neither vLLM nor a second program that may run it, beside the script that does
     assert not CommandLine.parse({"command": ["sh", "-c", "command -v vllm serve && exec /start.sh"]}).runs_vllm()

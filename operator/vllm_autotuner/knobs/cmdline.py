@@ -40,8 +40,8 @@ broken by a rewrite crash-loops every pod. So a form that cannot be read with
 certainty (an unknown program in front of the shell, a here-document, a
 script that reshuffles its arguments, runs vLLM in several commands, or runs
 several commands none of which starts vLLM, vLLM started by xargs, which
-appends flags read as it runs) raises CommandLineError, and the operator
-changes nothing.
+appends flags read as it runs, or by a builtin of the shell in a command no
+shell runs) raises CommandLineError, and the operator changes nothing.
 """
 
 from __future__ import annotations
@@ -451,9 +451,17 @@ def _refuse_watcher_script(argv: list[str]) -> None:
 
 def _command_start(argv: list[str], pos: int = 0) -> int:
     """Index of the command that wrappers at argv[pos] and after (``env X=1``, ``tini --``, ``gosu vllm``,
-    ``numactl -N 0``, ``taskset -c 0-15``, ``stdbuf -oL``) run. ``command -v`` or ``-V`` names the command and runs
-    none (``command -v vllm``, as ``which`` does): it is the command itself, at its own index."""
+    ``numactl -N 0``, ``taskset -c 0-15``, ``stdbuf -oL``) run (``_wrapper_chain``)."""
+    *_, start = _wrapper_chain(argv, pos)
+    return start
+
+
+def _wrapper_chain(argv: list[str], pos: int = 0) -> Iterator[int]:
+    """Index of each of the wrappers at argv[pos] and after, one running the next, then, last, of the command they
+    run (len(argv) where none). ``command -v`` or ``-V`` names the command and runs none (``command -v vllm``, as
+    ``which`` does): it is the command itself, at its own index."""
     while pos < len(argv) and (name := argv[pos].rsplit("/", 1)[-1]) in _WRAPPERS:
+        yield pos
         valued, operands = _WRAPPERS[name]
         wrapper, pos = pos, pos + 1
         while pos < len(argv) and argv[pos].startswith("-"):
@@ -462,11 +470,26 @@ def _command_start(argv: list[str], pos: int = 0) -> int:
             if option == "--":
                 break
         if name == "command" and any(o != "--" and set(o) & {"v", "V"} for o in argv[wrapper + 1:pos]):
-            return wrapper
+            return
         while name == "env" and pos < len(argv) and "=" in argv[pos]:
             pos += 1
         pos += operands
-    return pos
+    yield pos
+
+
+def _refuse_builtin(argv: list[str]) -> None:
+    """Raises CommandLineError where the program that argv, the container's command and args, starts, or one a
+    wrapper in front of it runs, is one of _BUILTINS: kubelet runs it with no shell, as a program, not the builtin
+    that runs vLLM in the shell's place that it would be read as."""
+    names = [argv[i].rsplit("/", 1)[-1] for i in _wrapper_chain(argv) if i < len(argv)]
+    name = next((name for name in names if name in _BUILTINS), None)
+    if name is not None:
+        raise CommandLineError(
+            f"the container's command starts {name}, a builtin of the shell, with no shell: kubelet runs it as a "
+            f"program, which most images lack (vLLM's own), and where there is one, a script (RHEL's "
+            f"/usr/bin/command) whose shell runs vLLM as its child, out of reach of the kubelet's SIGTERM; drop {name} "
+            f"from the command, or run it in a shell's -c script"
+        )
 
 
 def _launched(argv: list[str], any_launches: bool) -> Iterator[str]:
@@ -545,6 +568,9 @@ _INITS = {"tini", "dumb-init", "catatonit", "timeout"}
 # 1.18 (``hatch -e prod run vllm serve``), measured as PID 1 and behind tini. poetry 2.5 and pipenv 2026.10 run the
 # command in their place, pdm 2.29 and uv 0.13 pass the signal on and wait: they let it reach vLLM.
 _HOLDERS = {"conda": set(), "hatch": {"-e", "--env", "-p", "--project", "--data-dir", "--cache-dir", "--config"}}
+# The shell's builtins that run vLLM in a script (``exec vllm serve``, ``command vllm serve``: one of _WRAPPERS), which
+# no shell reads in list form (``_refuse_builtin``).
+_BUILTINS = {"command", "exec"}
 # Launchers the wrappers do not read past, known to run the rest of their argv, and those of their options that take a
 # value as the next word, read only to find the program one starts, for _APPENDERS (``_launched``): sudo 1.9's (no
 # wrapper: its -i and -s run the command in a shell, its -l lists it), conda's run's and hatch's (``run`` read past).
@@ -722,6 +748,7 @@ class CommandLine:
         """Parse ``command`` and ``args`` of a container (a dict as the API returns it), expanded with its ``env``
         as kubelet expands them. Raises CommandLineError for a form that cannot be read with certainty."""
         cmd = cls._split(container)
+        _refuse_builtin([*cmd.command, *cmd.args])
         if cmd.shell_script is not None:  # the script's command that gets the flags
             _refuse_watcher_script(cmd._segment_argv())
             cmd._refuse_function_arguments()

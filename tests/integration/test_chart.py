@@ -125,6 +125,8 @@ def test_the_operator_deployment_is_hardened_and_leader_elected(helm: Helm) -> N
     single = _operator(helm.template("rel", str(CHART), *SINGLE))
     assert single["spec"]["replicas"] == 1 and "--no-leader-election" in single["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "topologySpreadConstraints" not in single["spec"]["template"]["spec"]
+    # a rolling update would run the new pod beside the stopping one, with no Lease to keep one of them idle
+    assert single["spec"]["strategy"] == {"type": "Recreate"} and "strategy" not in deployment["spec"]
 
 
 def test_a_digest_pins_the_image_and_overrides_the_tag(helm: Helm) -> None:

@@ -54,10 +54,16 @@ CASES = [
     case({"up": "1x30"}, fires("VllmAutotunerAbsent", "11m", {})),
     case({"vllm_autotuner_leader": "0x30"}, fires("VllmAutotunerAbsent", "11m")),
     # two replicas, neither the leader; one the leader
-    case({'vllm_autotuner_leader{pod="a"}': "0x30", 'vllm_autotuner_leader{pod="b"}': "0x30"},
-         fires("VllmAutotunerNoLeader", "4m"), fires("VllmAutotunerNoLeader", "6m", {})),
-    case({'vllm_autotuner_leader{pod="a"}': "0x30", 'vllm_autotuner_leader{pod="b"}': "1x30"},
+    case({'vllm_autotuner_leader{namespace="ops",pod="a"}': "0x30",
+          'vllm_autotuner_leader{namespace="ops",pod="b"}': "0x30"},
+         fires("VllmAutotunerNoLeader", "4m"), fires("VllmAutotunerNoLeader", "6m", {"namespace": "ops"})),
+    case({'vllm_autotuner_leader{namespace="ops",pod="a"}': "0x30",
+          'vllm_autotuner_leader{namespace="ops",pod="b"}': "1x30"},
          fires("VllmAutotunerNoLeader", "20m")),
+    # two releases, in namespaces ops-a and ops-b: the one that leads does not hide the other
+    case({'vllm_autotuner_leader{namespace="ops-a",pod="a"}': "1x30",
+          'vllm_autotuner_leader{namespace="ops-b",pod="b"}': "0x30"},
+         fires("VllmAutotunerNoLeader", "6m", {"namespace": "ops-b"})),
     # observation windows failing for good; errors that stopped
     case({'vllm_autotuner_prometheus_query_errors_total{kind="connection"}': "0+1x40"},
          fires("VllmAutotunerPrometheusErrors", "10m"),
@@ -134,13 +140,21 @@ CASES = [
          fires("VllmTuningWaitsForRolloutSlot", "95m"),
          fires("VllmTuningWaitsForRolloutSlot", "115m", {"namespace": "team-a", "tuning": "chat"}, value="1h 45m 0s")),
     # evaluation periods of 10 to 30 s (p90 28 s), then of under a second
-    case({'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="10"}': "0x60",
-          'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="30"}': "0+2x60",
-          'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="+Inf"}': "0+2x60"},
-         fires("VllmAutotunerEvaluationsSlow", "10m"), fires("VllmAutotunerEvaluationsSlow", "40m", {}, value="28s")),
-    case({'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="1"}': "0+2x60",
-          'vllm_autotuner_evaluation_period_duration_seconds_bucket{le="+Inf"}': "0+2x60"},
+    case({'vllm_autotuner_evaluation_period_duration_seconds_bucket{namespace="ops",le="10"}': "0x60",
+          'vllm_autotuner_evaluation_period_duration_seconds_bucket{namespace="ops",le="30"}': "0+2x60",
+          'vllm_autotuner_evaluation_period_duration_seconds_bucket{namespace="ops",le="+Inf"}': "0+2x60"},
+         fires("VllmAutotunerEvaluationsSlow", "10m"),
+         fires("VllmAutotunerEvaluationsSlow", "40m", {"namespace": "ops"}, value="28s")),
+    case({'vllm_autotuner_evaluation_period_duration_seconds_bucket{namespace="ops",le="1"}': "0+2x60",
+          'vllm_autotuner_evaluation_period_duration_seconds_bucket{namespace="ops",le="+Inf"}': "0+2x60"},
          fires("VllmAutotunerEvaluationsSlow", "40m")),
+    # the same slow periods in one release's namespace, beside a quick release's: that one is named
+    case({'vllm_autotuner_evaluation_period_duration_seconds_bucket{namespace="ops-a",le="10"}': "0x60",
+          'vllm_autotuner_evaluation_period_duration_seconds_bucket{namespace="ops-a",le="30"}': "0+2x60",
+          'vllm_autotuner_evaluation_period_duration_seconds_bucket{namespace="ops-a",le="+Inf"}': "0+2x60",
+          'vllm_autotuner_evaluation_period_duration_seconds_bucket{namespace="ops-b",le="1"}': "0+20x60",
+          'vllm_autotuner_evaluation_period_duration_seconds_bucket{namespace="ops-b",le="+Inf"}': "0+20x60"},
+         fires("VllmAutotunerEvaluationsSlow", "40m", {"namespace": "ops-a"}, value="28s")),
 ]
 
 
@@ -164,11 +178,30 @@ def test_each_alert_fires_when_it_should_and_not_otherwise(tmp_path: Path) -> No
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_chart_renders_the_rules_as_a_prometheus_rule_when_asked(helm: Helm) -> None:
+def test_the_chart_renders_the_rules_as_a_prometheus_rule_when_asked(helm: Helm, tmp_path: Path) -> None:
     objects = helm.template("rel", str(CHART), "-n", "ops", "--set", "prometheusRule.enabled=true",
                             "--set", "prometheusRule.labels.release=kube-prometheus-stack")
     (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
     assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["namespace"] == "ops"
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert rule["spec"] == yaml.safe_load(ALERTS.read_text())  # the annotations' {{ $labels }} are left to Prometheus
     assert "PrometheusRule" not in {o["kind"] for o in helm.template("rel", str(CHART))}
+    # the rule file as it is (the annotations' {{ $labels }} left to Prometheus), but for the release's absence
+    rendered = [r for group in rule["spec"]["groups"] for r in group["rules"]]
+    assert [{**r, "expr": "?"} for r in rendered] == [{**r, "expr": "?"} for r in alert_rules()]
+    assert [r["expr"] for r in rendered if r["expr"] != rule_of(rendered, r["alert"], alert_rules())] == [
+        'absent(vllm_autotuner_leader{namespace="ops"})']
+    # on Prometheus' rule engine: a release leading in another namespace does not hide this one's absence
+    rules, tests = tmp_path / "rendered.yaml", tmp_path / "rendered_test.yaml"
+    rules.write_text(yaml.safe_dump(rule["spec"]))
+    absent = fires("VllmAutotunerAbsent", "11m", {"namespace": "ops"})
+    tests.write_text(yaml.safe_dump({"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [
+        case({'vllm_autotuner_leader{namespace="other"}': "1x30"}, absent),
+        case({'vllm_autotuner_leader{namespace="ops"}': "1x30"}, fires("VllmAutotunerAbsent", "11m"))]}))
+    result = promtool("test", "rules", str(tests))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def rule_of(rules: list[dict], alert: str, written: list[dict]) -> str:
+    """The expression of ``alert`` in ``written`` (the rule file), to compare with ``rules``' (the chart's)."""
+    (found,) = [r["expr"] for r in written if r["alert"] == alert]
+    return found

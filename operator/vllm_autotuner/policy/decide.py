@@ -242,9 +242,9 @@ def _observed(observation: Observation) -> ObservedTraffic:
 
 def _regime_name(spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, observation: Observation) -> str:
     if spec.traffic.strategy == Strategy.TIERS:
-        current = state.current
-        in_force = None if current is None else next(
-            (t.name for t in spec.traffic.tiers if clamp(t.knobs, settings.bounds, current) == current.knobs), None)
+        current = state.current  # every tier whose knobs run is in force (``matching_tier``)
+        in_force = {t.name for t in spec.traffic.tiers
+                    if current is not None and clamp(t.knobs, settings.bounds, current) == current.knobs}
         tier = matching_tier(spec.traffic.tiers, observation, in_force)
         return tier.name if tier else NO_TIER
     pods = observation.pods or 1

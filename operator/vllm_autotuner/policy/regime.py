@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from vllm_autotuner.api import ObservedTraffic, Tier, TierMatch
@@ -149,19 +150,24 @@ def tier_matches(match: TierMatch, observation: Observation, margin: float = 1.0
     )
 
 
-def matching_tier(tiers: list[Tier], observation: Observation, in_force: str | None) -> Tier | None:
-    """The first tier whose conditions hold, the tier in force (``in_force``: the one whose knobs run) held to
-    its bounds widened by HYSTERESIS powers of two (a factor 1.19), as a regime's bin is left.
+def matching_tier(tiers: list[Tier], observation: Observation, in_force: Collection[str]) -> Tier | None:
+    """The first tier whose conditions hold, the tiers in force (``in_force``: those whose knobs run) held to
+    their bounds widened by HYSTERESIS powers of two (a factor 1.19), as a regime's bin is left.
 
     Traffic that hovers at a boundary between two tiers would otherwise swap
     their knobs, a rolling restart each, every cooldown. The tiers are still
     tried in order, each other one strictly: traffic strictly in a tier
-    tried before the one in force goes to it, and traffic leaves the one in
+    tried before one in force goes to it, and traffic leaves the knobs in
     force for a tier after it only when clearly out of it, so the way up
-    and the way down cross a boundary at different points. A tier matched
-    by a window whose change never ran (held, or matched under a schedule's
-    preset) is not in force, and gets no margin.
+    and the way down cross a boundary at different points. Every tier with
+    the knobs that run is in force, not only the first of them: the margin
+    keeps the config, and the traffic may be in any of them (long prompts
+    and quiet hours in two tiers of the same knobs; with the margin on the
+    first only, traffic hovering at the second's bound would swap the knobs
+    each time it crossed). A tier matched by a window whose change never ran
+    (held, or matched under a schedule's preset) is not in force, and gets
+    no margin.
     """
     margin = 2.0**HYSTERESIS
-    return next((tier for tier in tiers if tier_matches(tier.match, observation, margin if tier.name == in_force
+    return next((tier for tier in tiers if tier_matches(tier.match, observation, margin if tier.name in in_force
                                                         else 1.0)), None)

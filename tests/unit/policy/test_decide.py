@@ -843,6 +843,36 @@ def test_a_tier_in_force_holds_while_the_traffic_hovers_at_its_boundary():
     assert back.state.regime == "low" and back.action == DecisionAction.HOLD, back.reason
 
 
+def test_every_tier_whose_knobs_run_holds_while_the_traffic_hovers_at_its_boundary():
+    """Two tiers with the same knobs (long prompts, and quiet short-prompt traffic) both keep them running until
+    the traffic is clearly out of the one it is in: the margin is the config's, whichever of the two the traffic
+    matched, or traffic hovering at quiet's bound would swap the knobs with every wobble."""
+    same = {"maxNumBatchedTokens": 2048, "maxNumSeqs": 256}
+    tiers = [
+        {"name": "long", "match": {"minPromptTokens": 2000}, "knobs": same},
+        {"name": "quiet", "match": {"maxRequestRate": 10}, "knobs": same},
+        {"name": "rest", "knobs": {"maxNumBatchedTokens": 4096, "maxNumSeqs": 512}},
+    ]
+    the_spec = spec(traffic={"strategy": "Tiers", "tiers": tiers})
+
+    def short(state, at, rate):
+        return long_prompt_window(state, the_spec, now=at, request_rate=rate, prompt_tokens_rate=rate * 500,
+                                  mean_prompt_tokens=500.0)
+
+    start = T0 - timedelta(minutes=10)
+    state = status(2048, 256, since=start - timedelta(hours=2))  # the shared knobs run
+    state = decide(the_spec, state, short(state, start, 9.8), start).state
+    assert state.regime == "quiet"
+    for minutes, rate in ((0, 10.2), (30, 9.9), (60, 10.3)):
+        at = T0 + timedelta(minutes=minutes)
+        decision = decide(the_spec, state, short(state, at, rate), at)
+        assert decision.action == DecisionAction.HOLD and decision.state.regime == "quiet", decision.reason
+        state = decision.state
+    at = T0 + timedelta(minutes=90)
+    clearly = decide(the_spec, state, short(state, at, 12.0), at)
+    assert clearly.state.regime == "rest"
+
+
 def test_same_inputs_same_decision():
     state = warmed()
     window = long_prompt_window(state, SPEC)

@@ -73,11 +73,11 @@ def test_tiers_first_match_wins_and_missing_numbers_fail_conditions_that_need_th
         Tier(name="long", match=TierMatch(min_prompt_tokens=2000), knobs=knobs(2048, 256)),
         Tier(name="any", knobs=knobs(4096, 256)),
     ]
-    assert matching_tier(tiers, window, None).name == "long"
+    assert matching_tier(tiers, window, ()).name == "long"
     crowded = [Tier(name="crowded", match=TierMatch(min_concurrency=10), knobs=knobs(2048, 256)), tiers[2]]
-    assert matching_tier(crowded, window, None).name == "crowded"
-    assert matching_tier(crowded, dataclasses.replace(window, waiting=None), None).name == "any"
-    assert matching_tier(tiers[:2], dataclasses.replace(window, mean_prompt_tokens=500.0), None) is None
+    assert matching_tier(crowded, window, ()).name == "crowded"
+    assert matching_tier(crowded, dataclasses.replace(window, waiting=None), ()).name == "any"
+    assert matching_tier(tiers[:2], dataclasses.replace(window, mean_prompt_tokens=500.0), ()) is None
 
 
 def test_the_tier_in_force_holds_until_the_traffic_is_clearly_out_of_it():
@@ -91,21 +91,30 @@ def test_the_tier_in_force_holds_until_the_traffic_is_clearly_out_of_it():
     ]
     margin = 2.0**HYSTERESIS
     at = dataclasses.replace(window, request_rate=10.3, running=10.0, waiting=0.0)
-    assert matching_tier(tiers, at, None).name == "high"
-    assert matching_tier(tiers, at, "low").name == "low"
-    assert matching_tier(tiers, dataclasses.replace(at, request_rate=10 * margin * 0.99), "low").name == "low"
-    assert matching_tier(tiers, dataclasses.replace(at, request_rate=10 * margin), "low").name == "high"
-    assert matching_tier(tiers, dataclasses.replace(at, waiting=20 * margin - 10), "low").name == "high"
+    assert matching_tier(tiers, at, ()).name == "high"
+    assert matching_tier(tiers, at, {"low"}).name == "low"
+    assert matching_tier(tiers, dataclasses.replace(at, request_rate=10 * margin * 0.99), {"low"}).name == "low"
+    assert matching_tier(tiers, dataclasses.replace(at, request_rate=10 * margin), {"low"}).name == "high"
+    assert matching_tier(tiers, dataclasses.replace(at, waiting=20 * margin - 10), {"low"}).name == "high"
     # down from high: low is tried first, strictly, so high's own margin below 10 is never reached
     below = dataclasses.replace(at, request_rate=9.7)
-    assert matching_tier(tiers, below, "high").name == "low"
-    assert matching_tier(tiers, dataclasses.replace(below, waiting=15.0), "high").name == "high"  # not in low
+    assert matching_tier(tiers, below, {"high"}).name == "low"
+    assert matching_tier(tiers, dataclasses.replace(below, waiting=15.0), {"high"}).name == "high"  # not in low
     # a tier tried before a catch-all in force takes over as soon as the traffic is in it, however narrow, and is
     # left only once the traffic is clearly out of it; one after a tier in force that is clearly left is no detour
     mid = Tier(name="mid", match=TierMatch(min_request_rate=10, max_request_rate=13), knobs=knobs(2048, 256))
     rest = Tier(name="rest", knobs=knobs(4096, 512))
-    assert matching_tier([mid, rest], dataclasses.replace(at, request_rate=11.5), "rest").name == "mid"
-    assert matching_tier([mid, rest], dataclasses.replace(at, request_rate=13 * margin * 0.99), "mid").name == "mid"
-    assert matching_tier([mid, rest], dataclasses.replace(at, request_rate=13 * margin), "mid").name == "rest"
+    assert matching_tier([mid, rest], dataclasses.replace(at, request_rate=11.5), {"rest"}).name == "mid"
+    assert matching_tier([mid, rest], dataclasses.replace(at, request_rate=13 * margin * 0.99), {"mid"}).name == "mid"
+    assert matching_tier([mid, rest], dataclasses.replace(at, request_rate=13 * margin), {"mid"}).name == "rest"
     up = Tier(name="up", match=TierMatch(min_request_rate=12), knobs=knobs(2048, 128))
-    assert matching_tier([tiers[0], up, rest], dataclasses.replace(at, request_rate=9.0), "up").name == "low"
+    assert matching_tier([tiers[0], up, rest], dataclasses.replace(at, request_rate=9.0), {"up"}).name == "low"
+    # every tier with the knobs that run is in force, not only the first of them: the traffic in the second keeps
+    # them until clearly out of it; a tier of other knobs tried before both still takes the traffic strictly in it
+    quiet = Tier(name="quiet", match=TierMatch(max_request_rate=10), knobs=knobs(2048, 256))
+    shared = [Tier(name="long", match=TierMatch(min_prompt_tokens=2000), knobs=quiet.knobs), quiet, rest]
+    short = dataclasses.replace(at, request_rate=10 * margin * 0.99, mean_prompt_tokens=500.0)
+    assert matching_tier(shared, short, {"long", "quiet"}).name == "quiet"
+    assert matching_tier(shared, dataclasses.replace(short, request_rate=10 * margin), {"long", "quiet"}).name == "rest"
+    assert matching_tier([tiers[0], *shared], dataclasses.replace(short, request_rate=9.0), {"long", "quiet"}).name == (
+        "low")

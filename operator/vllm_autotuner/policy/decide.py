@@ -32,6 +32,7 @@ make and holds.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -96,6 +97,8 @@ from vllm_autotuner.policy.schedule import (
     windows_in_force,
 )
 
+#: Adaptive's proposal for an evaluation's window, worked out when first asked for (``_proposer``).
+_Propose = Callable[[], adaptive.Proposal | None]
 #: Windows a rollout's first settled window may stay short of its baseline before the change counts as a regression.
 REGRESSION_PATIENCE = 6
 #: Further windows (times REGRESSION_PATIENCE) a change is given while the restart's queue is still shrinking.
@@ -378,6 +381,9 @@ class _Change:
     """The window before the change: what the regression check and the restart's cost compare with."""
     resume: Knobs | None = None
     """resume_knobs to persist with the change (schedule presets remember what to go back to)."""
+    following: tuple[Schedule, datetime] | None = None
+    """A traffic change's next schedule window that replaces its config, and when its pre-roll begins
+    (``_following``): worked out once for the change's price (``_config_life``) and its guardrail (``_apply``)."""
 
 
 def reverted_advice(reverted_by: str | None) -> str:
@@ -417,7 +423,7 @@ def _apply(
     change starts in a change freeze or so shortly before one that it would
     still be rolling then (``schedule.freeze_in_force``), no traffic change
     so shortly before a schedule window's pre-roll that it would still be
-    rolling when the window's change must start (``schedule.next_pre_roll``:
+    rolling when the window's change must start (``_Change.following``:
     the preset would be late for the opening), nor while the
     operator's limit of rollouts at once is reached (``Settings.no_slot``),
     and a change that passed all of these is only recommended while another
@@ -486,8 +492,8 @@ def _apply(
         reason = f"change freeze {freeze.name} {when}: {change.knobs} waits ({change.reason})"
         return _hold(state, now, HoldReason.FREEZE, reason, settings, change.knobs, change.gain)
     traffic = change.source == KnobSource.TRAFFIC
-    moves = _replaces(spec, state, change.knobs)
-    if traffic and (following := next_pre_roll(spec.schedules, state, now, rollout_lead_seconds(state), moves)):
+    following = change.following
+    if traffic and following and (following[1] - now).total_seconds() <= rollout_lead_seconds(state):
         schedule, begins = following
         reason = (f"schedule {schedule.name}'s pre-roll begins at {utc_timestamp(begins)}, before a rollout started "
                   f"now would finish: {change.knobs} waits for the schedule's change ({change.reason})")
@@ -540,14 +546,33 @@ def _abandon(state: VllmTuningStatus, regime: str | None, knobs: Knobs) -> VllmT
     return state.model_copy(update={"measurements": measurements})
 
 
+def _proposer(spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, base: Measurement | None) -> _Propose:
+    """``adaptive.propose`` for this evaluation's window ``base``, worked out on the first call and kept: a preset
+    window's close asks what the traffic policy would choose (``_choice``), and when that keeps the config running
+    the traffic policy asks again, of the same window, memory and bounds (``_traffic_change``). Only asked of a
+    usable window (``base`` a measurement)."""
+    current = state.current
+    assert current is not None
+
+    @functools.cache
+    def propose() -> adaptive.Proposal | None:
+        assert base is not None
+        return adaptive.propose(base, state.measurements, settings.slo, settings.bounds, current,
+                                spec.rollout.max_step_factor, failed_configs(state))
+
+    return propose
+
+
 def _schedule_change(
-    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, read: Measurement | str, now: datetime
+    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, read: Measurement | str, propose: _Propose,
+    now: datetime,
 ) -> _Change | str | None:
     """What the clock asks for: a window's preset, the traffic policy's config when a preset window closed
     (``_closed``), or the window's bounds.
 
     A string is a reason to hold without looking at traffic (the preset is in force). ``read`` is this
-    evaluation's window as a measurement, or why it is not usable (``hold_reason``'s words).
+    evaluation's window as a measurement, or why it is not usable (``hold_reason``'s words); ``propose``
+    gives Adaptive's proposal for it (``_proposer``).
     """
     current = state.current
     assert current is not None
@@ -564,7 +589,7 @@ def _schedule_change(
         resume = state.resume_knobs or current.knobs
         return _Change(target, KnobSource.SCHEDULE, f"schedule {name} {when}: preset {target}{note}", resume=resume)
     if state.resume_knobs is not None:
-        return _closed(spec, settings, state, read, now)
+        return _closed(spec, settings, state, read, propose, now)
     override = settings.override
     if override is not None and not acceptable(current.knobs, settings.bounds, current):
         target = clamp(current.knobs, settings.bounds, current)
@@ -574,7 +599,8 @@ def _schedule_change(
 
 
 def _closed(
-    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, read: Measurement | str, now: datetime
+    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, read: Measurement | str, propose: _Propose,
+    now: datetime,
 ) -> _Change | None:
     """The change when a preset window closed: to the config the traffic policy would choose for the traffic now
     (``_choice``), where it can tell, else back to the config before the window (``resume_knobs``).
@@ -589,7 +615,7 @@ def _closed(
     """
     current, resume = state.current, state.resume_knobs
     assert current is not None and resume is not None
-    choice = _choice(spec, settings, state, read, now)
+    choice = _choice(spec, settings, state, read, propose, now)
     failed = failed_configs(state)
     if isinstance(choice, tuple) and choice[0] != resume and (choice[0] in failed or len(failed) >= FAILED_LIMIT):
         choice = f"{choice[1]}, but {len(failed)} configs failed to start under this spec: it is not tried"
@@ -605,7 +631,8 @@ def _closed(
 
 
 def _choice(
-    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, read: Measurement | str, now: datetime
+    spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, read: Measurement | str, propose: _Propose,
+    now: datetime,
 ) -> tuple[Knobs, str] | str:
     """The config the traffic policy would choose for the traffic now and why, or why it cannot tell.
 
@@ -639,8 +666,7 @@ def _choice(
         if target is None:
             return f"tier {tier.name}'s knobs cannot be made to fit the bounds and vLLM's rules"
         return target, f"tier {tier.name} matches the traffic now: {target}"
-    proposal = adaptive.propose(base, state.measurements, settings.slo, settings.bounds, current,
-                                spec.rollout.max_step_factor, failed_configs(state))
+    proposal = propose()
     if proposal is None or not proposal.goal.measured:
         return f"no config measured best in regime {base.regime} yet"
     goal = proposal.goal
@@ -664,6 +690,7 @@ def _traffic_change(
     state: VllmTuningStatus,
     base: Measurement,
     waiting_before: float | None,
+    propose: _Propose,
     now: datetime,
 ) -> _Change | tuple[HoldReason, str]:
     current = state.current
@@ -672,7 +699,8 @@ def _traffic_change(
         target = clamp(current.knobs, settings.bounds, current)
         if target is None:
             return HoldReason.NO_BETTER_CONFIG, "the bounds hold no config vLLM accepts"
-        return _Change(target, KnobSource.TRAFFIC, f"{current.knobs} is outside spec.bounds", regime=base.regime)
+        return _Change(target, KnobSource.TRAFFIC, f"{current.knobs} is outside spec.bounds", regime=base.regime,
+                       following=_following(spec, state, target, now))
     young = _regime_wait_seconds(spec, state, now)
     if spec.traffic.strategy == Strategy.TIERS:
         tier = _tier(spec, base.regime)
@@ -683,16 +711,9 @@ def _traffic_change(
             return HoldReason.NO_BETTER_CONFIG, f"tier {tier.name} in force: {current.knobs}"
         if young > 0:
             return HoldReason.DWELL, f"tier {tier.name} matched (or its length mix moved) {young:.0f}s too recently"
-        return _Change(target, KnobSource.TRAFFIC, f"traffic matches tier {tier.name}: {target}", regime=base.regime)
-    proposal = adaptive.propose(
-        base,
-        state.measurements,
-        settings.slo,
-        settings.bounds,
-        current,
-        spec.rollout.max_step_factor,
-        failed_configs(state),
-    )
+        return _Change(target, KnobSource.TRAFFIC, f"traffic matches tier {tier.name}: {target}", regime=base.regime,
+                       following=_following(spec, state, target, now))
+    proposal = propose()
     if proposal is None:
         return HoldReason.NO_DATA, "no window with step tokens and ITL to fit the step-time model yet"
     goal, step, here = proposal.goal, proposal.step, proposal.now
@@ -707,7 +728,8 @@ def _traffic_change(
         return HoldReason.NO_BETTER_CONFIG, f"{summary}; no config expected to do better than {current.knobs}"
     basis = "measured" if goal.measured else f"predicted ({proposal.model.slope * 1e6:.1f}us per batched token)"
     in_flight = in_flight_seconds(state.observed)
-    life, until = _config_life(spec, state, (step or goal).knobs, now)
+    following = _following(spec, state, (step or goal).knobs, now)
+    life, until = _config_life(state, following, now)
     cost = proposal.rollouts * restart_cost_percent(
         state, _pods(state), here.utilisation, settings.slo.ttft.seconds, life, in_flight
     )
@@ -735,26 +757,34 @@ def _traffic_change(
         return HoldReason.NOT_SETTLED, f"{reason}; the queue is still draining ({base.waiting:.1f} waiting per pod)"
     if young > 0:
         return HoldReason.DWELL, f"{reason}; regime and length mix must hold {young:.0f}s more"
-    return _Change(step.knobs, KnobSource.TRAFFIC, reason, gain=net, regime=base.regime, baseline=base)
+    return _Change(step.knobs, KnobSource.TRAFFIC, reason, gain=net, regime=base.regime, baseline=base,
+                   following=following)
 
 
-def _config_life(spec: VllmTuningSpec, state: VllmTuningStatus, knobs: Knobs, now: datetime) -> tuple[float, str]:
-    """Seconds a traffic change to ``knobs`` is expected to serve, and a note for the reason when a schedule cuts
-    it.
+def _config_life(
+    state: VllmTuningStatus, following: tuple[Schedule, datetime] | None, now: datetime
+) -> tuple[float, str]:
+    """Seconds a traffic change is expected to serve, and a note for the reason when a schedule cuts it.
 
     The regime's expected life (``regime_life_seconds``), but no longer than
     until the pre-roll of the next schedule window that replaces the config
-    begins (``_replaces``): its change replaces the config then, however long
-    the traffic lasts, and the restart must pay for itself before; at its
-    close the traffic policy chooses again.
+    begins (``following``, see ``_following``): its change replaces the
+    config then, however long the traffic lasts, and the restart must pay for
+    itself before; at its close the traffic policy chooses again.
     """
     life = regime_life_seconds(state, now)
-    following = next_pre_roll(spec.schedules, state, now, life, _replaces(spec, state, knobs))
-    if following is None:
+    if following is None or (left := (following[1] - now).total_seconds()) > life:
         return life, ""
-    schedule, begins = following
-    left = (begins - now).total_seconds()
-    return left, f" over the {left:.0f}s until schedule {schedule.name}'s pre-roll"
+    return left, f" over the {left:.0f}s until schedule {following[0].name}'s pre-roll"
+
+
+def _following(
+    spec: VllmTuningSpec, state: VllmTuningStatus, knobs: Knobs, now: datetime
+) -> tuple[Schedule, datetime] | None:
+    """The next schedule window whose opening replaces the config ``knobs`` (``_replaces``), and when its pre-roll
+    begins (``next_pre_roll``): a traffic change to ``knobs`` must not still be rolling then (``_apply``), and pays
+    for its restarts before then (``_config_life``)."""
+    return next_pre_roll(spec.schedules, state, now, _replaces(spec, state, knobs))
 
 
 def _replaces(spec: VllmTuningSpec, state: VllmTuningStatus, knobs: Knobs) -> Callable[[Schedule], bool]:
@@ -983,7 +1013,8 @@ def _decide(
         state = _remember(checked, observation, base)
     read = problem[1] if problem else base
     assert read is not None
-    scheduled = _schedule_change(spec, settings, state, read, now)
+    propose = _proposer(spec, settings, state, base)
+    scheduled = _schedule_change(spec, settings, state, read, propose, now)
     if isinstance(scheduled, _Change):
         return _apply(spec, settings, state, now, replace(scheduled, baseline=base))  # to measure what it costs
     if isinstance(scheduled, str):
@@ -993,7 +1024,7 @@ def _decide(
     if problem is not None:
         return _hold(state, now, problem[0], problem[1], settings)
     assert base is not None
-    wanted = _traffic_change(spec, settings, state, base, waiting_before, now)
+    wanted = _traffic_change(spec, settings, state, base, waiting_before, propose, now)
     if isinstance(wanted, _Change):
         return _apply(spec, settings, state, now, wanted)
     return _hold(state, now, wanted[0], wanted[1], settings)

@@ -26,6 +26,7 @@ change started then would still be rolling in it) until it closes.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -160,23 +161,22 @@ def freeze_in_force(
 
 
 def next_pre_roll(
-    schedules: Sequence[Schedule], state: VllmTuningStatus, now: datetime, within_seconds: float,
-    moves: Callable[[Schedule], bool],
+    schedules: Sequence[Schedule], state: VllmTuningStatus, now: datetime, moves: Callable[[Schedule], bool]
 ) -> tuple[Schedule, datetime] | None:
-    """The schedule window whose pre-roll begins first after ``now`` and within ``within_seconds``, and when it
-    begins; only windows whose opening may force a rollout count (a preset's, a window's bounds: the knobs may lie
-    outside them), as in ``scheduled_rollouts``, and of those the ones ``moves`` says would replace the config in
-    question (a preset of another config, bounds that leave it out). An unreadable schedule is left out
-    (``windows_in_force`` reports it). A traffic change started then would still be rolling, or its config barely
-    live, when the window's change must start: held from the rollout lead before it, as a freeze is
-    (``freeze_in_force``)."""
+    """The schedule window whose pre-roll begins first after ``now``, and when it begins; only windows whose
+    opening may force a rollout count (a preset's, a window's bounds: the knobs may lie outside them), as in
+    ``scheduled_rollouts``, and of those the ones ``moves`` says would replace the config in question (a preset of
+    another config, bounds that leave it out). An unreadable schedule is left out (``windows_in_force`` reports
+    it). A traffic change started within the rollout lead before it would still be rolling, or its config barely
+    live, when the window's change must start: held, as before a freeze (``freeze_in_force``); and one started
+    earlier serves only until then. However far ahead: each caller compares it with its own horizon."""
     found = []
     for schedule in schedules:
         if schedule.knobs is None and schedule.bounds is None or not moves(schedule):
             continue
         pre_roll = pre_roll_seconds(schedule, state)
         try:
-            times = window_at(schedule, now, pre_roll + within_seconds)
+            times = window_at(schedule, now, math.inf)
         except ValueError:
             continue
         begins = times[0] - timedelta(seconds=pre_roll) if times is not None else now

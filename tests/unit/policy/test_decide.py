@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import re
 from datetime import datetime, timedelta
 
@@ -43,6 +44,7 @@ from vllm_autotuner.policy.schedule import scheduled_rollouts
 from .helpers import T0, knobs, long_prompt_window, quiet, shifted, spec, status
 
 SPEC = spec()
+DECIDE = importlib.import_module("vllm_autotuner.policy.decide")  # the module, which the package's decide hides
 MINUTE = 60.0
 NIGHT = {
     "name": "night",
@@ -292,6 +294,18 @@ def test_a_preset_window_closing_goes_straight_to_the_config_measured_best_for_t
     )
 
 
+def test_a_preset_window_closing_on_the_config_it_keeps_works_out_adaptives_proposal_once(monkeypatch):
+    """The close asks what the traffic policy would choose; when that keeps the config (here nothing measured best
+    yet, and the config before the window was the preset's), the traffic policy goes on in the same evaluation
+    with the proposal already worked out for the same window, memory and bounds."""
+    calls = []
+    propose = adaptive.propose
+    monkeypatch.setattr(adaptive, "propose", lambda *args: calls.append(args) or propose(*args))
+    closed = night_closes(spec(schedules=[NIGHT]), status(resume_knobs=knobs(16384, 512)))
+    assert closed.state.resume_knobs is None and "regime r4/p4k/o128" in closed.reason, closed.reason
+    assert len(calls) == 1
+
+
 def test_a_preset_window_closing_goes_back_to_the_config_before_it_when_the_traffic_is_not_read_clearly():
     """A window the traffic policy would not act on (too few requests, a regime not yet one window old) tells
     nothing of what it would choose: the change goes back to the config before the window, as it always did."""
@@ -428,6 +442,21 @@ def test_a_traffic_changes_restarts_are_paid_for_by_the_time_until_the_next_pres
     assert soon.action == DecisionAction.CHANGE and "over the 900s until schedule batch's pre-roll" in soon.reason
     cost = re.compile(r"minus restarts ([0-9.]+)%")
     assert float(cost.search(soon.reason)[1]) > 2 * float(cost.search(free.reason)[1])
+
+
+def test_a_traffic_change_looks_for_the_next_preset_windows_pre_roll_once(monkeypatch):
+    """The pre-roll that cuts the change's life (its price) is the one it must not still be rolling at (its
+    guardrail): the same window for the same config, looked for once."""
+    calls = []
+    following = DECIDE.next_pre_roll
+    monkeypatch.setattr(DECIDE, "next_pre_roll", lambda *args: calls.append(args) or following(*args))
+    batch = {"name": "batch", "start": "20 12 * * *", "end": "0 18 * * *", "preRoll": "5m", "knobs": PRESET}
+    the_spec = spec(schedules=[batch])
+    state = warmed(the_spec)
+    calls.clear()
+    soon = decide(the_spec, state, long_prompt_window(state, the_spec), T0)
+    assert soon.action == DecisionAction.CHANGE and "until schedule batch's pre-roll" in soon.reason
+    assert len(calls) == 1
 
 
 def test_a_rollback_that_only_removed_a_stuck_pod_does_not_shorten_the_lead_before_a_freeze():

@@ -199,14 +199,15 @@ def test_the_next_pre_roll_is_the_first_to_begin_of_windows_whose_opening_may_fo
     capped = Schedule(name="capped", start="0 20 * * *", end="0 21 * * *", bounds={"maxNumSeqs": {"max": 128}})
     state = VllmTuningStatus()
     at = utc(2024, 5, 1, 11)
-    assert next_pre_roll([night, noon, report], state, at, 6 * 3600, ALL) == (noon, utc(2024, 5, 1, 12, 20))
-    assert next_pre_roll([night, report], state, at, 6 * 3600, ALL) is None  # night's pre-roll begins at 21:00
-    assert next_pre_roll([night, capped], state, at, 9 * 3600, ALL) == (capped, utc(2024, 5, 1, 19, 55))  # 5m default
+    assert next_pre_roll([night, noon, report], state, at, ALL) == (noon, utc(2024, 5, 1, 12, 20))
+    assert next_pre_roll([night, report], state, at, ALL) == (night, utc(2024, 5, 1, 21))  # however far ahead
+    assert next_pre_roll([report], state, at, ALL) is None
+    assert next_pre_roll([night, capped], state, at, ALL) == (capped, utc(2024, 5, 1, 19, 55))  # 5m default
     # in its pre-roll or open, a window's change is the schedule's to make now, not one to wait for
-    assert next_pre_roll([noon], state, utc(2024, 5, 1, 12, 20), 3600, ALL) is None
-    assert next_pre_roll([noon], state, utc(2024, 5, 1, 12, 40), 3600, ALL) is None
+    assert next_pre_roll([noon], state, utc(2024, 5, 1, 12, 20), ALL) is None
+    assert next_pre_roll([noon], state, utc(2024, 5, 1, 12, 40), ALL) is None
     # only a window that would replace the config in question counts
-    assert next_pre_roll([night, capped], state, at, 9 * 3600, lambda s: s.name != "capped") is None
+    assert next_pre_roll([night, capped], state, at, lambda s: s.name != "capped") == (night, utc(2024, 5, 1, 21))
 
 
 def ALL(schedule: Schedule) -> bool:  # noqa: N802 (a constant's name, as the tests read it)

@@ -524,7 +524,7 @@ class Schedule(TimeWindow):
     priority: int = Field(default=0, ge=-1000, le=1000)
     """When windows overlap, the highest priority wins; on a tie, the earlier entry in the list. A window that only overrides bounds or slo says nothing of the knobs: an open preset window it outranks keeps its preset."""
     knobs: Preset | None = None
-    """A fixed preset used for the whole window. When it closes, the knobs the traffic policy would choose for the traffic then (a tier's, a config Adaptive measured best for it) where a usable window tells, else the knobs from before the window."""
+    """A fixed preset used for the whole window. When it closes, the knobs the traffic policy would choose for the traffic then (a tier's, a config Adaptive measured best for it) where a usable window tells, else the knobs from before the window; but when a window that replaces those knobs (another preset, bounds that leave them out, this window again) begins its pre-roll within the rollout lead (status.rolloutSeconds plus a margin), the preset stays until then, rather than restart the pods twice in a row."""
     bounds: Bounds | None = Field(default=None, json_schema_extra={OVERLAY: True})
     """Bounds in force during the window, field by field over spec.bounds (a field left out is spec.bounds'); the traffic policy keeps running inside them."""
     slo: SLO | None = Field(default=None, json_schema_extra={OVERLAY: True})

@@ -18,7 +18,9 @@ The order of the questions is the order of precedence:
    what the traffic policy would choose for the traffic now (the tier the
    window matches, Adaptive's config measured best in the regime) when a
    usable window of a regime one window old tells it, else back to the
-   config before the window (``_closed``).
+   config before the window (``_closed``); but while a window that
+   replaces that config begins its pre-roll within the rollout lead, the
+   preset stays until then.
 5. Otherwise the traffic policy (Tiers or Adaptive), which needs a usable
    window, a regime that has lasted one window, the last change judged,
    the cooldown, rollout budget beyond what the day's schedule windows
@@ -493,7 +495,7 @@ def _apply(
         return _hold(state, now, HoldReason.FREEZE, reason, settings, change.knobs, change.gain)
     traffic = change.source == KnobSource.TRAFFIC
     following = change.following
-    if traffic and following and (following[1] - now).total_seconds() <= rollout_lead_seconds(state):
+    if traffic and following and _still_rolling(state, following, now):
         schedule, begins = following
         reason = (f"schedule {schedule.name}'s pre-roll begins at {utc_timestamp(begins)}, before a rollout started "
                   f"now would finish: {change.knobs} waits for the schedule's change ({change.reason})")
@@ -570,7 +572,8 @@ def _schedule_change(
     """What the clock asks for: a window's preset, the traffic policy's config when a preset window closed
     (``_closed``), or the window's bounds.
 
-    A string is a reason to hold without looking at traffic (the preset is in force). ``read`` is this
+    A string is a reason to hold without looking at traffic (the preset is in force, or stays a little after its
+    window closed). ``read`` is this
     evaluation's window as a measurement, or why it is not usable (``hold_reason``'s words); ``propose``
     gives Adaptive's proposal for it (``_proposer``).
     """
@@ -601,9 +604,10 @@ def _schedule_change(
 def _closed(
     spec: VllmTuningSpec, settings: Settings, state: VllmTuningStatus, read: Measurement | str, propose: _Propose,
     now: datetime,
-) -> _Change | None:
+) -> _Change | str | None:
     """The change when a preset window closed: to the config the traffic policy would choose for the traffic now
-    (``_choice``), where it can tell, else back to the config before the window (``resume_knobs``).
+    (``_choice``), where it can tell, else back to the config before the window (``resume_knobs``); or why the
+    preset stays a little longer.
 
     A night window exists because the traffic at its close differs from the
     traffic at its open: going back to the evening's config, and a cooldown
@@ -611,7 +615,12 @@ def _closed(
     None when the config chosen is the preset's: it stays, the traffic
     policy's now. A config that failed to start, or any but the way back
     once FAILED_LIMIT have (``_apply`` would hold it, and the preset stay
-    for good), is not chosen.
+    for good), is not chosen. Nor does the change start when a window that
+    replaces that config (another preset, bounds that leave it out, the
+    same window again) begins its pre-roll within the rollout lead: the
+    change would still be rolling, or barely live, when that window's must
+    start, two restarts for nothing and that window's preset late; the
+    preset stays until then, as a traffic change waits (``_apply``).
     """
     current, resume = state.current, state.resume_knobs
     assert current is not None and resume is not None
@@ -627,6 +636,12 @@ def _closed(
         reason = f"preset window closed: back to {target}, the traffic policy resumes ({choice})"
     if target is None or target == current.knobs:
         return None
+    following = _following(spec, state, target, now)
+    if following is not None and _still_rolling(state, following, now):
+        schedule, begins = following
+        return (f"preset window closed, but schedule {schedule.name}'s pre-roll begins at {utc_timestamp(begins)}, "
+                f"before a rollout started now would finish: {current.knobs} stays until then rather than "
+                f"{target}, which would be replaced as soon as it is live")
     return _Change(target, KnobSource.SCHEDULE, reason)
 
 
@@ -782,9 +797,17 @@ def _following(
     spec: VllmTuningSpec, state: VllmTuningStatus, knobs: Knobs, now: datetime
 ) -> tuple[Schedule, datetime] | None:
     """The next schedule window whose opening replaces the config ``knobs`` (``_replaces``), and when its pre-roll
-    begins (``next_pre_roll``): a traffic change to ``knobs`` must not still be rolling then (``_apply``), and pays
-    for its restarts before then (``_config_life``)."""
+    begins (``next_pre_roll``): a change to ``knobs`` must not still be rolling then (``_still_rolling``: a traffic
+    change in ``_apply``, a preset window's close in ``_closed``), and a traffic change pays for its restarts
+    before then (``_config_life``)."""
     return next_pre_roll(spec.schedules, state, now, _replaces(spec, state, knobs))
+
+
+def _still_rolling(state: VllmTuningStatus, following: tuple[Schedule, datetime], now: datetime) -> bool:
+    """Whether a rollout started now would still be rolling, or its config barely live, when the pre-roll of the
+    window ``following`` begins (within the rollout lead): that window's change would be late, and the rollout a
+    restart for a config it replaces at once."""
+    return (following[1] - now).total_seconds() <= rollout_lead_seconds(state)
 
 
 def _replaces(spec: VllmTuningSpec, state: VllmTuningStatus, knobs: Knobs) -> Callable[[Schedule], bool]:

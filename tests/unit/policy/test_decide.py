@@ -1009,6 +1009,62 @@ def test_a_preset_kept_for_one_window_keeps_no_other_window_of_the_same_preset_i
     assert state.active_schedule is None and state.preset_schedule is None
 
 
+OTHER = {"maxNumBatchedTokens": 4096, "maxNumSeqs": 256}
+
+
+@pytest.mark.parametrize("late_knobs", [PRESET, OTHER], ids=["same-preset", "other-preset"])
+def test_a_preset_window_closing_within_the_rollout_lead_of_the_next_ones_pre_roll_keeps_its_preset_until_then(
+    late_knobs,
+):
+    """The night closes at 02:00 and a late window opens at 02:04, its pre-roll (140 s, from the 80 s rollouts)
+    beginning at 02:01:40: going back at 02:00 would still be rolling then, and the late preset go out right after,
+    two restarts for a config live a minute. The night's preset stays until the late window takes over: nothing to
+    do for the same preset, one rollout for another; the config before the night comes back at 06:00."""
+    night = {"name": "night", "start": "0 22 * * *", "end": "0 2 * * *", "knobs": PRESET}
+    late = {"name": "late", "start": "4 2 * * *", "end": "0 6 * * *", "knobs": late_knobs}
+    the_spec = spec(schedules=[night, late])
+    start = T0.replace(hour=21, minute=50)
+    changes, state = _evaluated(the_spec, status(), start, start + timedelta(hours=9), timedelta(seconds=30))
+    expected = [(knobs(16384, 512), "2024-05-01T21:55:00Z")]
+    if late_knobs != PRESET:
+        expected.append((knobs(4096, 256), "2024-05-02T02:02:00Z"))
+    expected.append((knobs(8192, 1024), "2024-05-02T06:00:00Z"))
+    assert [(c.knobs, c.state.rollout_times[-1]) for c in changes] == expected, [c.reason for c in changes]
+    live = succeed(changes[0], T0.replace(hour=21, minute=56, second=20))  # an 80 s rollout: the lead is 140 s
+    closed = quietly(the_spec, live, T0.replace(day=2, hour=2))
+    assert closed.hold == HoldReason.SCHEDULE and closed.state.resume_knobs == knobs(8192, 1024)
+    assert closed.reason == (
+        "preset window closed, but schedule late's pre-roll begins at 2024-05-02T02:01:40Z, before a rollout started "
+        "now would finish: tokens=16384 seqs=512 stays until then rather than tokens=8192 seqs=1024, which would be "
+        "replaced as soon as it is live")
+
+
+def test_a_preset_window_closing_goes_at_once_when_the_next_window_keeps_its_config_or_opens_past_the_lead():
+    """The close waits only for a window that would replace the config it goes to, and only within the rollout
+    lead (140 s): one whose preset is that config takes it over as it is, and one whose pre-roll begins at 02:07:40
+    leaves it live for minutes."""
+    night = {"name": "night", "start": "0 22 * * *", "end": "0 2 * * *", "knobs": PRESET}
+    live = succeed(quietly(spec(schedules=[night]), status(), T0.replace(hour=21, minute=55)),
+                   T0.replace(hour=21, minute=56, second=20))
+    closes = T0.replace(day=2, hour=2)
+    for late in ({"name": "late", "start": "4 2 * * *", "end": "0 6 * * *",
+                  "knobs": {"maxNumBatchedTokens": 8192, "maxNumSeqs": 1024}},
+                 {"name": "late", "start": "10 2 * * *", "end": "0 6 * * *", "knobs": PRESET}):
+        closed = quietly(spec(schedules=[night, late]), live, closes)
+        assert closed.action == DecisionAction.CHANGE and closed.knobs == knobs(8192, 1024), closed.reason
+
+
+def test_a_preset_window_reopening_within_the_rollout_lead_keeps_its_preset_through_the_gap():
+    """An hourly window closed for two minutes (:00 to :02), without a pre-roll, and rollouts that take 80 s: the
+    preset stays through each gap, where going back and forth would restart the pods twice an hour."""
+    hourly = {"name": "hourly", "start": "2 * * * *", "end": "0 * * * *", "preRoll": "0s", "knobs": PRESET}
+    the_spec = spec(schedules=[hourly])
+    start = T0.replace(hour=21, minute=50)
+    changes, state = _evaluated(the_spec, status(), start, start + timedelta(hours=3), timedelta(minutes=1))
+    assert [c.knobs for c in changes] == [knobs(16384, 512)], [c.reason for c in changes]
+    assert state.current.knobs == knobs(16384, 512) and state.resume_knobs == knobs(8192, 1024)
+
+
 def test_a_window_ending_in_the_repeated_hour_of_fall_back_rolls_out_twice_that_night():
     # 22:00 EDT to 01:30 EDT on 2024-11-03; the clocks then show 01:00-02:00 again (EST), without the window
     night = {"name": "night", "timeZone": "America/New_York", "start": "0 22 * * *", "end": "30 1 * * *",

@@ -52,7 +52,11 @@ def test_of_two_replicas_only_the_leader_acts_and_the_standby_takes_over_when_it
         "vllm_autotuner_kubernetes_api_calls_total", **PATCHES) == 1
     assert not leading(standby) and standby.healthy()
     assert standby.metric("vllm_autotuner_decisions_total") == 0 and standby.metric("vllm_autotuner_tunings") == 0
-    assert standby.metric("vllm_autotuner_kubernetes_api_calls_total") == 0
+    # before it stood by, it asked once whether VllmTunings are served, from a CRD as new as it is; since, nothing
+    assert standby.metric("vllm_autotuner_kubernetes_api_calls_total") == 2
+    assert standby.metric("vllm_autotuner_kubernetes_api_calls_total", verb="get", resource="discovery") == 1
+    assert standby.metric("vllm_autotuner_kubernetes_api_calls_total", verb="get",
+                          resource="customresourcedefinitions") == 1
     lease = coordination.read_namespaced_lease("vllm-autotuner", namespace)
     assert lease.spec.holder_identity == leader.identity
     assert world.deployment().metadata.generation == 2 and len(world.events("RolloutStarted")) == 1

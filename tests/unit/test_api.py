@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from tests.bad_specs import BAD_SPECS
 
 from vllm_autotuner.api import VllmTuning, VllmTuningSpec
-from vllm_autotuner.api.crd import crd, crd_yaml, missing_fields
+from vllm_autotuner.api.crd import crd, crd_yaml, stale_fields
 from vllm_autotuner.api.types import duration_seconds, format_duration, time_zone
 from vllm_autotuner.cli import main
 
@@ -29,20 +29,27 @@ def test_committed_crd_is_the_generated_one(capsys):
     assert out == crd_yaml()
 
 
-def test_an_installed_crd_older_than_the_operator_is_named_by_the_fields_it_lacks():
-    """``helm upgrade`` leaves the old CRD, whose missing fields the apiserver would drop from every status write."""
+def test_an_installed_crd_older_than_the_operator_is_named_by_the_fields_it_lacks_or_narrows():
+    """``helm upgrade`` leaves the old CRD: the apiserver would drop the fields it lacks from every status write, and
+    refuse a whole write with a value its narrower enum or bound refuses."""
     installed = yaml.safe_load(CRD_FILE.read_text())
-    assert missing_fields(installed) == []
+    assert stale_fields(installed) == []
     schema = _version(installed)["schema"]["openAPIV3Schema"]
     status = schema["properties"]["status"]["properties"]
-    del status["lastRollout"]  # a field and everything beneath it: named once
+    del status["lastRollout"]["properties"]["to"]  # a field and everything beneath it: named once
+    status["lastRollout"]["properties"]["phase"]["enum"].remove("Unverified")  # a value added since
     del status["history"]["items"]["properties"]["hold"]  # a field of a list's items
+    status["history"]["maxItems"] //= 2
     del schema["properties"]["spec"]["properties"]["engine"]["properties"]["gpuMemoryGib"]
-    assert missing_fields(installed) == ["spec.engine.gpuMemoryGib", "status.lastRollout", "status.history[].hold"]
+    ours = _version(crd())["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["history"]
+    assert sorted(stale_fields(installed)) == [
+        "spec.engine.gpuMemoryGib", f"status.history (maxItems {ours['maxItems'] // 2}, not {ours['maxItems']})",
+        "status.history[].hold", "status.lastRollout.phase (values Unverified)", "status.lastRollout.to"]
     status["history"] = {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
-    assert missing_fields(installed) == ["spec.engine.gpuMemoryGib", "status.lastRollout"]  # kept as it is written
+    assert sorted(stale_fields(installed)) == [  # beneath history, what is written is kept
+        "spec.engine.gpuMemoryGib", "status.lastRollout.phase (values Unverified)", "status.lastRollout.to"]
     _version(installed)["name"] = "v1alpha0"
-    assert missing_fields(installed) == ["version v1alpha1"]
+    assert stale_fields(installed) == ["version v1alpha1"]
 
 
 def test_crd_identity_subresource_and_columns():

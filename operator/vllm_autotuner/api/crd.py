@@ -241,23 +241,46 @@ def _fields(schema: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, 
             yield from _fields(schema[key], f"{path}{mark}")
 
 
-def missing_fields(installed: dict[str, Any]) -> list[str]:
-    """The fields of this version's VllmTuning schema that ``installed`` (the CRD as the apiserver serves it) lacks,
-    by path (``status.history[].hold``), or the version itself: an older CRD, which ``helm upgrade`` leaves in
-    place (Helm never upgrades a chart's crds/). The apiserver prunes a field its CRD lacks from every write, so an
-    operator on it would lose the status it relies on between evaluations, and say nothing; below a node that
-    keeps unknown fields nothing is pruned."""
+#: Bounds an older CRD may hold tighter than this version's: the apiserver refuses a whole write past them (422)
+_UPPER_BOUNDS = ("maximum", "maxLength", "maxItems", "maxProperties")
+_LOWER_BOUNDS = ("minimum", "minLength", "minItems", "minProperties")
+
+
+def _narrower(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    """How ``theirs`` (a field's schema in the installed CRD) refuses what ``ours`` allows: values missing from its
+    enum, a tighter bound; empty when it refuses nothing more."""
+    if "enum" in theirs:
+        if lacking := [value for value in ours.get("enum", ()) if value not in theirs["enum"]]:
+            return f"values {', '.join(map(str, lacking))}"
+    for keys, tighter in ((_UPPER_BOUNDS, lambda t, o: t < o), (_LOWER_BOUNDS, lambda t, o: t > o)):
+        for key in keys:
+            if key in theirs and (key not in ours or tighter(theirs[key], ours[key])):
+                return f"{key} {theirs[key]}, not {ours.get(key, 'none')}"
+    return ""
+
+
+def stale_fields(installed: dict[str, Any]) -> list[str]:
+    """The fields of this version's VllmTuning schema that ``installed`` (the CRD as the apiserver serves it) lacks
+    or holds to narrower values, by path (``status.history[].hold``, ``status.lastRollout.phase (values
+    Unverified)``), or the version itself: an older CRD, which ``helm upgrade`` leaves in place (Helm never
+    upgrades a chart's crds/). The apiserver prunes a field its CRD lacks from every write, so an operator on it
+    would lose the status it relies on between evaluations, and say nothing; a value past a narrower enum or bound
+    fails the whole write. Below a node that keeps unknown fields nothing is pruned."""
     served = {v.get("name"): v for v in (installed.get("spec") or {}).get("versions") or []}
     if resource.VERSION not in served:
         return [f"version {resource.VERSION}"]
     theirs = dict(_fields((served[resource.VERSION].get("schema") or {}).get("openAPIV3Schema") or {}, ""))
     covered = [path for path, sub in theirs.items() if sub.get("x-kubernetes-preserve-unknown-fields")]
-    missing: list[str] = []
-    for path, _ in _fields(crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"], ""):
-        if path not in theirs and not any(path.startswith((f"{top}.", f"{top}[", f"{top}{{")) for top in covered):
-            missing.append(path)
+    stale: list[str] = []
+    for path, ours in _fields(crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"], ""):
+        if any(path.startswith((f"{top}.", f"{top}[", f"{top}{{")) for top in covered):
+            continue
+        if path not in theirs:
+            stale.append(path.lstrip("."))
             covered.append(path)  # its own fields are missing with it: named once
-    return [path.lstrip(".") for path in missing]
+        elif narrower := _narrower(ours, theirs[path]):
+            stale.append(f"{path.lstrip('.')} ({narrower})")
+    return stale
 
 
 class _NoAliasDumper(yaml.SafeDumper):

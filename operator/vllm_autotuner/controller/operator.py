@@ -1,7 +1,9 @@
 """``vllm-autotuner run``: the operator process.
 
 Startup order matters for safety: serve /healthz and /metrics (standbys are
-healthy too), win the leader Lease, and only then start kopf's watches and
+healthy too), make sure the apiserver serves VllmTunings from a CRD as new as
+the operator (else exit 2, before the Lease, so that no replica that could not
+act stands by), win the leader Lease, and only then start kopf's watches and
 the evaluator, so a standby never acts. Losing the lease stops everything
 and exits non-zero (Kubernetes restarts the pod as a candidate), as does a
 crash of kopf or the evaluator, logged with its traceback; SIGTERM
@@ -32,7 +34,7 @@ from urllib3.exceptions import HTTPError
 
 from vllm_autotuner import USER_AGENT
 from vllm_autotuner.api import GROUP, PLURAL, VERSION
-from vllm_autotuner.api.crd import missing_fields
+from vllm_autotuner.api.crd import stale_fields
 from vllm_autotuner.api.resource import CRD_NAME
 from vllm_autotuner.controller.cache import ClusterCache, deployment_index, replicaset_index
 from vllm_autotuner.controller.evaluator import Evaluator
@@ -233,23 +235,23 @@ async def _serves_tunings(kube: Kube) -> bool:
 
 
 async def _crd_current(kube: Kube) -> bool:
-    """Whether the installed CRD has every field of this version's (``crd.missing_fields``), what to do logged when
+    """Whether the installed CRD takes every field of this version's (``crd.stale_fields``), what to do logged when
     not (the caller exits; the pod restarts until the CRD is applied, and no tuning is evaluated meanwhile). A
     CRD that cannot be read (a Role of one's own without the chart's grant) is said and taken as current: nothing
     worse than before the check."""
     try:
-        missing = missing_fields(await asyncio.to_thread(kube.tuning_crd))
+        stale = stale_fields(await asyncio.to_thread(kube.tuning_crd))
     except (ApiException, HTTPError) as exc:
         log.warning("the installed CRD %s could not be read (%s), so whether it has this version's fields is not "
                     "known; grant get on it, as the chart does", CRD_NAME, exc)
         return True
-    if missing:
+    if stale:
         log.error("the installed CRD %s is older than this operator: it lacks %s, which the apiserver would drop "
-                  "from every write (Helm never upgrades a chart's crds/). Apply this version's CRD: kubectl apply "
-                  "--server-side --force-conflicts -f charts/vllm-autotuner/crds/ (or deploy/crds/); the pod "
-                  "restarts and goes on", CRD_NAME, ", ".join(missing[:5]) + (
-                      f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
-    return not missing
+                  "from every write or refuse (Helm never upgrades a chart's crds/). Apply this version's CRD: "
+                  "kubectl apply --server-side --force-conflicts -f charts/vllm-autotuner/crds/ (or deploy/crds/); "
+                  "the pod restarts and goes on", CRD_NAME, "; ".join(stale[:5]) + (
+                      f" and {len(stale) - 5} more" if len(stale) > 5 else ""))
+    return not stale
 
 
 async def run(options: RunOptions) -> int:
@@ -270,6 +272,12 @@ async def run(options: RunOptions) -> int:
     await http.start()
     api_client = _load_kube_config()
     kube = Kube(api_client, metrics)
+    # Before the Lease, on every replica: one that could not act must not stand by either. In a `helm upgrade`
+    # onto an older CRD the new replicas would stand by, Ready, until the rollout had stopped every old one, then
+    # each exit in turn; failing here, the first new one stops the rollout while the old ones lead.
+    if not (await _serves_tunings(kube) and await _crd_current(kube)):
+        await http.stop()
+        return 2
     elector = None
     if options.leader_election:
         identity = options.identity or f"{socket.gethostname()}-{os.getpid()}"
@@ -280,19 +288,7 @@ async def run(options: RunOptions) -> int:
             log.info("stopped while standing by")
             await http.stop()
             return 0
-    # renewed from here on: discovery can take longer than the renew deadline (a slow apiserver)
     holding = asyncio.create_task(elector.hold(), name="lease") if elector else None
-    served = await _serves_tunings(kube) and await _crd_current(kube)
-    if holding is not None and holding.done():  # the Lease was lost meanwhile: another replica may lead now
-        await http.stop()
-        return 1
-    if not served:
-        if holding is not None:
-            holding.cancel()
-            await asyncio.gather(holding, return_exceptions=True)
-            await asyncio.to_thread(elector.release)  # type: ignore[union-attr]
-        await http.stop()
-        return 2
     metrics.leader.set(1)
     cache = ClusterCache()
     reconciler = Reconciler(kube, cache, observation_service(metrics), metrics, options.settings)

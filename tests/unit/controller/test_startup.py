@@ -1,20 +1,20 @@
-"""Starting: the leader renews its Lease while it asks the apiserver whether it serves VllmTunings, and releases
-it when the answer is no, or none came, so that a standby can take over at once after the restart."""
+"""Starting: every replica asks the apiserver whether it serves VllmTunings from a CRD as new as the operator
+before it asks for the Lease, and exits without it when the answer is no, or none came: a replica that could not
+act must not stand by, Ready, for the leader it replaces to stop."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import time
+from datetime import UTC, datetime
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import ReadTimeoutError
 
+from vllm_autotuner.api.crd import crd
 from vllm_autotuner.controller import operator
 from vllm_autotuner.controller.kube import Kube
-from vllm_autotuner.controller.leader import LeaseConfig
 from vllm_autotuner.controller.reconcile import OperatorSettings
 
 from .test_leader import FakeLeases, Store
@@ -23,39 +23,42 @@ OPTIONS = operator.RunOptions(settings=OperatorSettings(), http_host="127.0.0.1"
                               log_format="text")
 
 
-def start(monkeypatch: pytest.MonkeyPatch, store: Store, discovery, config=LeaseConfig) -> int:
+def start(monkeypatch: pytest.MonkeyPatch, store: Store, discovery, installed: dict | None = None) -> int:
+    """Run the operator on ``store``'s Lease, the apiserver answering discovery with ``discovery`` and the CRD read
+    with ``installed`` (default: this version's)."""
     monkeypatch.setattr(operator, "_load_kube_config", client.ApiClient)
     monkeypatch.setattr(operator.client, "CoordinationV1Api", lambda api: FakeLeases(store))
-    monkeypatch.setattr(operator, "LeaseConfig", config)
     monkeypatch.setattr(Kube, "serves_tunings", discovery)
+    monkeypatch.setattr(Kube, "tuning_crd", lambda kube: installed or crd())
     return asyncio.run(operator.run(OPTIONS))
 
 
 @pytest.mark.parametrize("failure", [ApiException(status=503, reason="Service Unavailable"),
                                      ApiException(status=403, reason="Forbidden"),
                                      ReadTimeoutError(None, "/apis", "read timed out")])
-def test_a_failed_discovery_exits_and_releases_the_lease(monkeypatch, failure) -> None:
+def test_a_failed_discovery_exits_without_the_lease(monkeypatch, failure) -> None:
     def discovery(kube: Kube) -> bool:
         raise failure
 
     store = Store()
     assert start(monkeypatch, store, discovery) == 2
-    assert store.commit_times("me") and store.lease.spec.holder_identity is None  # no standby waits the lease out
+    assert not store.commit_times("me") and store.lease is None  # no standby waits a lease out
 
 
-def test_the_leader_renews_during_a_discovery_longer_than_its_renew_deadline(monkeypatch) -> None:
-    store, renewed = Store(), []
-    short = functools.partial(LeaseConfig, lease_seconds=1.0, renew_deadline_seconds=0.5, renew_seconds=0.1,
-                              retry_seconds=0.05)
-
-    def discovery(kube: Kube) -> bool:
-        before = len(store.commit_times("me"))
-        time.sleep(1.5)  # a slow apiserver's answer: three renew deadlines
-        renewed.append(len(store.commit_times("me")) - before)
-        return False
-
-    assert start(monkeypatch, store, discovery, short) == 2
-    assert renewed[0] >= 5 and store.lease.spec.holder_identity is None
+def test_a_replica_on_an_older_crd_exits_without_the_lease_even_while_another_leads(monkeypatch, caplog) -> None:
+    older = crd()
+    del older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["learned"]
+    for leading in (None, "the-old-operator"):
+        store = Store()
+        if leading:
+            store.commit(client.V1Lease(  # fresh: without the check first, "me" would take it in 15 s
+                metadata=client.V1ObjectMeta(name="vllm-autotuner", namespace="default"),
+                spec=client.V1LeaseSpec(holder_identity=leading, lease_duration_seconds=15,
+                                        renew_time=datetime.now(UTC), acquire_time=datetime.now(UTC))))
+        assert start(monkeypatch, store, lambda kube: True, older) == 2
+        assert not store.commit_times("me")
+        assert (store.lease.spec.holder_identity if store.lease else None) == leading
+    assert "is older than this operator: it lacks status.learned," in caplog.text
 
 
 def test_a_crash_of_kopf_is_logged_and_exits_with_a_failure_after_releasing_the_lease(monkeypatch, caplog) -> None:

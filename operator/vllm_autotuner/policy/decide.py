@@ -573,9 +573,8 @@ def _schedule_change(
     (``_closed``), or the window's bounds.
 
     A string is a reason to hold without looking at traffic (the preset is in force, or stays a little after its
-    window closed). ``read`` is this
-    evaluation's window as a measurement, or why it is not usable (``hold_reason``'s words); ``propose``
-    gives Adaptive's proposal for it (``_proposer``).
+    window closed). ``read`` is this evaluation's window as a measurement, or why it is not usable
+    (``hold_reason``'s words); ``propose`` gives Adaptive's proposal for it (``_proposer``).
     """
     current = state.current
     assert current is not None

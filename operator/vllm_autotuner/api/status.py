@@ -368,7 +368,7 @@ class VllmTuningStatus(StatusModel):
     regime_since: str | None = None
     """When the traffic entered that regime, or its length mix last moved (RFC 3339); how long a regime has lasted is the estimate of how long it will last."""
     resume_knobs: Knobs | None = None
-    """Knobs in force before the active schedule window's preset, restored when the window closes unless the traffic policy can tell from a usable window what it would choose for the traffic then (one restart, not two)."""
+    """Knobs in force before the active schedule window's preset, restored when the window closes unless the traffic policy can tell from a usable window what it would choose for the traffic then (one restart, not two); kept, with the preset, past the close while a window that would replace the config the close goes to begins its pre-roll within the rollout lead and its change will go out then."""
     observed: ObservedTraffic | None = None
     """Numbers from the last usable observation."""
     last_rollout: Rollout | None = None

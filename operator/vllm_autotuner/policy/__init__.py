@@ -112,7 +112,10 @@ What it does
    force), and pre-roll so a preset is live when its window opens. A
    preset window closing goes to what the traffic policy would choose for
    the traffic then, where a usable window tells it, else back to the
-   config that ran before it.
+   config that ran before it; but while a window that would replace that
+   config begins its pre-roll within the rollout lead, and its change will
+   go out then (no freeze, a preset that may be tried), the preset stays
+   until then: one restart, not two.
 2. **Traffic** (``regime``, ``adaptive``, ``model``): the regime (load and
    length mix, or the user's ``Tiers``); the Adaptive strategy predicts
    every candidate config with a model fitted online from the windows (step

@@ -19,8 +19,8 @@ The order of the questions is the order of precedence:
    window matches, Adaptive's config measured best in the regime) when a
    usable window of a regime one window old tells it, else back to the
    config before the window (``_closed``); but while a window that
-   replaces that config begins its pre-roll within the rollout lead, the
-   preset stays until then.
+   replaces that config begins its pre-roll within the rollout lead, and
+   its change will go out then, the preset stays until then.
 5. Otherwise the traffic policy (Tiers or Adaptive), which needs a usable
    window, a regime that has lasted one window, the last change judged,
    the cooldown, rollout budget beyond what the day's schedule windows
@@ -438,15 +438,11 @@ def _apply(
     wall-clock time of the last day's, across a daylight-saving change).
     """
     assert state.current is not None
-    failed = failed_configs(state)
-    if change.knobs in failed:
-        return _hold(
-            state, now, HoldReason.NO_BETTER_CONFIG, f"{change.knobs} failed to start before: not retried", settings
-        )
-    going_back = change.source == KnobSource.SCHEDULE and change.knobs == state.resume_knobs
-    if len(failed) >= FAILED_LIMIT and not going_back:
-        # the status holds no more: one more failure would forget the oldest, which could then be tried again (a
-        # window's return to the config that ran before it goes on)
+    if _refused(state, change.knobs, change.source):
+        failed = failed_configs(state)
+        if change.knobs in failed:
+            reason = f"{change.knobs} failed to start before: not retried"
+            return _hold(state, now, HoldReason.NO_BETTER_CONFIG, reason, settings)
         reason = (f"{len(failed)} configs failed to start under this spec, as many as the status remembers: no "
                   f"other is tried, or the oldest could be again. Find why in status.failedConfigs, fix it, then "
                   f"edit the spec to start over ({change.knobs} recommended)")
@@ -539,6 +535,17 @@ def _apply(
     )
 
 
+def _refused(state: VllmTuningStatus, knobs: Knobs, source: KnobSource) -> bool:
+    """Whether ``_apply`` refuses a change to ``knobs`` for the configs that failed to start: it is one of them, or
+    as many failed as the status keeps (``FAILED_LIMIT``: one more would forget the oldest, which could then be tried
+    again) and it is not a window's return to the config that ran before it (``resume_knobs``), which goes on. Asked
+    too where a change is chosen (``_closed``) or waited for (``_takes_over``), so that neither counts on one that
+    ``_apply`` would hold for good."""
+    failed = failed_configs(state)
+    going_back = source == KnobSource.SCHEDULE and knobs == state.resume_knobs
+    return knobs in failed or len(failed) >= FAILED_LIMIT and not going_back
+
+
 def _abandon(state: VllmTuningStatus, regime: str | None, knobs: Knobs) -> VllmTuningStatus:
     """Count a traffic change away from ``knobs`` in ``regime`` on its measurement."""
     measurements = [
@@ -619,14 +626,15 @@ def _closed(
     same window again) begins its pre-roll within the rollout lead: the
     change would still be rolling, or barely live, when that window's must
     start, two restarts for nothing and that window's preset late; the
-    preset stays until then, as a traffic change waits (``_apply``).
+    preset stays until then, as a traffic change waits (``_apply``), but
+    only when that window's change will go out then (``_takes_over``).
     """
     current, resume = state.current, state.resume_knobs
     assert current is not None and resume is not None
     choice = _choice(spec, settings, state, read, propose, now)
-    failed = failed_configs(state)
-    if isinstance(choice, tuple) and choice[0] != resume and (choice[0] in failed or len(failed) >= FAILED_LIMIT):
-        choice = f"{choice[1]}, but {len(failed)} configs failed to start under this spec: it is not tried"
+    if isinstance(choice, tuple) and _refused(state, choice[0], KnobSource.SCHEDULE):
+        failed = len(failed_configs(state))
+        choice = f"{choice[1]}, but {failed} configs failed to start under this spec: it is not tried"
     if isinstance(choice, tuple):
         target, why = choice
         reason = f"preset window closed: {why}"
@@ -636,12 +644,26 @@ def _closed(
     if target is None or target == current.knobs:
         return None
     following = _following(spec, state, target, now)
-    if following is not None and _still_rolling(state, following, now):
+    if following is not None and _still_rolling(state, following, now) and _takes_over(spec, state, target, following):
         schedule, begins = following
         return (f"preset window closed, but schedule {schedule.name}'s pre-roll begins at {utc_timestamp(begins)}, "
                 f"before a rollout started now would finish: {current.knobs} stays until then rather than "
                 f"{target}, which would be replaced as soon as it is live")
     return _Change(target, KnobSource.SCHEDULE, reason)
+
+
+def _takes_over(
+    spec: VllmTuningSpec, state: VllmTuningStatus, knobs: Knobs, following: tuple[Schedule, datetime]
+) -> bool:
+    """Whether the change of the window ``following`` in place of ``knobs`` goes out when its pre-roll begins: no
+    change freeze is in force then (``freeze_in_force``, as ``_apply`` asks it), and the config its opening goes to
+    (``_opening``) fits and may be tried (``_refused``). Otherwise a preset window's close that waited for it would
+    keep the closed window's preset for as long as that change is held: through a whole freeze, or for good."""
+    schedule, begins = following
+    if freeze_in_force(spec.rollout.freezes, state, begins) is not None:
+        return False
+    opening = _opening(spec, state, schedule, knobs)
+    return opening is not None and not _refused(state, opening, KnobSource.SCHEDULE)
 
 
 def _choice(
@@ -810,18 +832,20 @@ def _still_rolling(state: VllmTuningStatus, following: tuple[Schedule, datetime]
 
 
 def _replaces(spec: VllmTuningSpec, state: VllmTuningStatus, knobs: Knobs) -> Callable[[Schedule], bool]:
-    """Whether a schedule window's opening replaces the config ``knobs``: its preset (as ``_schedule_change`` fits
-    it to spec.bounds) is another config, or its bounds leave the config out. A window that keeps the config
+    """Whether a schedule window's opening replaces the config ``knobs`` (``_opening``): its preset, fitted to
+    spec.bounds, is another config, or its bounds leave the config out. A window that keeps the config
     neither delays a traffic change nor cuts its life."""
-    current = state.current
-    assert current is not None
+    return lambda schedule: _opening(spec, state, schedule, knobs) != knobs
 
-    def replaces(schedule: Schedule) -> bool:
-        if schedule.knobs is not None:
-            return clamp(schedule.knobs, spec.bounds, current) != knobs
-        return not acceptable(knobs, spec.bounds.overlaid(schedule.bounds), current)
 
-    return replaces
+def _opening(spec: VllmTuningSpec, state: VllmTuningStatus, schedule: Schedule, knobs: Knobs) -> Knobs | None:
+    """The config a schedule window's opening puts in place of ``knobs``: its preset fitted to spec.bounds (as
+    ``_schedule_change`` fits it), else ``knobs`` fitted to its bounds (``knobs`` itself when inside them); None when
+    no config fits: the window's change cannot go out (``_takes_over``)."""
+    assert state.current is not None
+    if schedule.knobs is not None:
+        return clamp(schedule.knobs, spec.bounds, state.current)
+    return clamp(knobs, spec.bounds.overlaid(schedule.bounds), state.current)
 
 
 def _pct(quantile: float) -> str:

@@ -1054,6 +1054,49 @@ def test_a_preset_window_closing_goes_at_once_when_the_next_window_keeps_its_con
         assert closed.action == DecisionAction.CHANGE and closed.knobs == knobs(8192, 1024), closed.reason
 
 
+def _night_live(the_spec, **fields):
+    """The night preset live from 21:56:20 (an 80 s rollout: the lead is 140 s), then the status given ``fields``."""
+    night = quietly(the_spec, status(), T0.replace(hour=21, minute=55))
+    return succeed(night, T0.replace(hour=21, minute=56, second=20)).model_copy(update=fields)
+
+
+_NIGHT = {"name": "night", "start": "0 22 * * *", "end": "0 2 * * *", "knobs": PRESET}
+_LATE = {"name": "late", "start": "4 2 * * *", "end": "0 6 * * *", "knobs": OTHER}
+
+
+def _failed(*configs):
+    return [FailedConfig(max_num_batched_tokens=k.max_num_batched_tokens, max_num_seqs=k.max_num_seqs,
+                         reason="CUDA out of memory", at="2024-05-01T12:00:00Z", generation=1) for k in configs]
+
+
+@pytest.mark.parametrize("case", ["freeze", "failed", "failed-limit"])
+def test_a_preset_window_closing_goes_at_once_when_the_next_windows_change_would_be_held(case):
+    """The close waits for the late window (pre-roll from 02:01:40) only when that window's change goes out then:
+    not in a change freeze from 02:03 (in force from 02:00:40, the lead before it) to 05:00, not for a preset that
+    failed to start, nor for any other once FAILED_LIMIT configs have. Waiting kept the night's preset until the
+    freeze ended, or until the late window closed at 06:00."""
+    freezes = [{"name": "release", "start": "3 2 * * *", "end": "0 5 * * *"}] if case == "freeze" else []
+    the_spec = spec(schedules=[_NIGHT, _LATE], rollout={"freezes": freezes})
+    failed = {"freeze": [], "failed": _failed(knobs(4096, 256)),
+              "failed-limit": _failed(*(knobs(1024 + 64 * i, 64) for i in range(FAILED_LIMIT)))}[case]
+    live = _night_live(the_spec, failed_configs=failed)
+    closed = quietly(the_spec, live, T0.replace(day=2, hour=2))
+    assert closed.action == DecisionAction.CHANGE and closed.knobs == knobs(8192, 1024), closed.reason
+    assert closed.state.resume_knobs is None
+
+
+def test_a_preset_window_closing_goes_at_once_when_the_next_windows_bounds_hold_no_config():
+    """A window of bounds that hold no config vLLM starts (budgets up to 2048 with chunked prefill off and 4096-token
+    sequences) replaces nothing when it opens: the config before the night comes back at its close, where waiting
+    for that window kept the night's preset past it, for good."""
+    cap = {"name": "cap", "start": "4 2 * * *", "end": "0 6 * * *", "bounds": {"maxNumBatchedTokens": {"max": 2048}}}
+    the_spec = spec(schedules=[_NIGHT, cap])
+    live = _night_live(the_spec)
+    current = live.current.model_copy(update={"chunked_prefill": False, "max_model_len": 4096})
+    closed = quietly(the_spec, live.model_copy(update={"current": current}), T0.replace(day=2, hour=2))
+    assert closed.action == DecisionAction.CHANGE and closed.knobs == knobs(8192, 1024), closed.reason
+
+
 def test_a_preset_window_reopening_within_the_rollout_lead_keeps_its_preset_through_the_gap():
     """An hourly window closed for two minutes (:00 to :02), without a pre-roll, and rollouts that take 80 s: the
     preset stays through each gap, where going back and forth would restart the pods twice an hour."""

@@ -58,7 +58,7 @@ WATCHED_NAMESPACE = {
     ("", "pods", "list"),  # Kube.list_pods: rollout progress, the node a vLLM pod runs on, pods by name
     ("", "events", "create"),  # Kube.create_event
 }
-EVERYWHERE = {("", "nodes", "get"),  # Kube.node_labels: GPU labels; cluster-scoped
+EVERYWHERE = {("", "nodes", "get"),  # Kube.node_metadata: GPU labels; cluster-scoped
               # Kube.tuning_crd: whether the installed CRD is as new as the operator, at start-up
               ("apiextensions.k8s.io", "customresourcedefinitions", "get", f"{PLURAL}.{GROUP}")}
 LEASE = {("coordination.k8s.io", "leases", "create"),  # LeaderElector: the first candidate creates it

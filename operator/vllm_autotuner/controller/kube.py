@@ -154,10 +154,11 @@ class Kube:
             pods = self.core.list_namespaced_pod(namespace, label_selector=label_selector, _request_timeout=TIMEOUT)
         return [self._dict(p) for p in pods.items]
 
-    def node_labels(self, name: str) -> dict[str, str]:
+    def node_metadata(self, name: str) -> dict[str, Any]:
+        """A node's metadata as the apiserver serves it: its labels (the GPU's) and its creationTimestamp (whether
+        the labels may still be to come)."""
         with self._call("get", "nodes"):
-            node = self.core.read_node(name, _request_timeout=TIMEOUT)
-        return node.metadata.labels or {}
+            return self._served(self.core.read_node(name, _preload_content=False, _request_timeout=TIMEOUT))["metadata"]
 
     def secret_value(self, namespace: str, name: str, key: str) -> str | None:
         """A Secret's value, None when the key is absent. Raises ApiException (404) when the Secret is."""

@@ -115,6 +115,9 @@ log = logging.getLogger(__name__)
 #: whose name is 47 characters or more have names that begin with a cut ReplicaSet name.
 GENERATED_NAME_BASE = 58
 GPU_RESOURCE = "nvidia.com/gpu"
+#: Age of a node by which its GPU labels would have been written: GPU Feature Discovery's come seconds to a minute
+#: after the node takes pods. A node younger than this without any is read again at the next evaluation.
+GPU_LABELS_WAIT = timedelta(minutes=10)
 #: Hold reasons that mean the metrics themselves are missing, not that the policy is waiting.
 _NO_METRICS = {HoldReason.NO_DATA, HoldReason.STALE, HoldReason.INVALID}
 #: Holds whose recommendation is the operator's only output: an Event for each new one.
@@ -370,7 +373,7 @@ class Reconciler:
         lags: reconnecting, a slow apiserver) still shows the knobs before it, which would read as a person's
         revert of our change: nothing is judged until the watch delivers the write (TargetProblem).
         """
-        target = await self._target(report.namespace, spec)
+        target = await self._target(report.namespace, spec, report.now)
         tunings = self.cache.tunings_of(report.namespace, spec.target_ref.name)
         conflict = None if len(tunings) < 2 else TargetProblem(
             events.TARGET_CONFLICT,
@@ -465,7 +468,7 @@ class Reconciler:
 
     # --- target ----------------------------------------------------------------------------------
 
-    async def _target(self, namespace: str, spec: VllmTuningSpec) -> Target:
+    async def _target(self, namespace: str, spec: VllmTuningSpec, now: datetime) -> Target:
         ref = spec.target_ref
         deployment = self.cache.deployment(namespace, ref.name)
         if deployment is None:
@@ -480,7 +483,7 @@ class Reconciler:
                 knobs, from_defaults, table = Knobs(max_num_batched_tokens=args.max_num_batched_tokens,
                                                     max_num_seqs=args.max_num_seqs), False, None
             else:  # a flag is absent: vLLM picked a default (or read a --config file), and no metric says which
-                defaults = vllm_defaults(version, await self._hardware(deployment, container, spec),
+                defaults = vllm_defaults(version, await self._hardware(deployment, container, spec, now),
                                          args.performance_mode)
                 knobs, from_defaults = args.effective(defaults)
                 table = defaults.table
@@ -489,20 +492,22 @@ class Reconciler:
         return Target(deployment, container, args, version, knobs, from_defaults, table,
                       self.cache.current_replicaset(deployment), self.cache.replicasets(deployment))
 
-    async def _hardware(self, deployment: dict[str, Any], container: dict[str, Any], spec: VllmTuningSpec) -> Hardware:
+    async def _hardware(self, deployment: dict[str, Any], container: dict[str, Any], spec: VllmTuningSpec,
+                        now: datetime) -> Hardware:
         """GPU count from the container's resources; product and memory from the spec, the pod
         template's nodeSelector, or the labels of a node a pod runs on (GPU Feature Discovery's, GKE's or
         Karpenter's: ``Hardware.from_labels``).
         Looked up once per Deployment and what it is read from: a node's GPU does not change under a running
-        Deployment, and reading a node at every evaluation costs API calls (a node read is kept even when its
-        labels say nothing of the GPU's memory: they will not say more next time); but a spec.engine.gpuMemoryGib
-        corrected, other GPUs asked for, or the pods sent to another pool (nodeSelector, affinity) are read
-        again at once, not at the operator's next start. A node is read only from the pods of the revision that
-        runs the template as it stands: read from an older revision's pods, in the pool the template has left,
-        the new inputs would keep the old pool's GPU for good. A new revision is read again (a template whose
-        pods may land on any GPU, moved by an edit of another field: tolerations, a priority class); while the
-        revision is not known (paused, the Deployment controller or the ReplicaSet watch behind), or its pods have
-        no node yet (a surge pod waiting for a GPU), a reading of the same inputs stands."""
+        Deployment, and reading a node at every evaluation costs API calls (a node read is kept once its GPU
+        labels are there, or once it is old enough that none will come: ``_lookup_hardware``); but a
+        spec.engine.gpuMemoryGib corrected, other GPUs asked for, or the pods sent to another pool (nodeSelector,
+        affinity) are read again at once, not at the operator's next start. A node is read only from the pods of
+        the revision that runs the template as it stands: read from an older revision's pods, in the pool the
+        template has left, the new inputs would keep the old pool's GPU for good. A new revision is read again (a
+        template whose pods may land on any GPU, moved by an edit of another field: tolerations, a priority class);
+        while the revision is not known (paused, the Deployment controller or the ReplicaSet watch behind), or its
+        pods have no node yet (a surge pod waiting for a GPU) or one whose GPU labels have not come yet, a reading
+        of the same inputs stands."""
         uid = deployment["metadata"].get("uid", "")
         pod_spec = deployment["spec"]["template"]["spec"]
         inputs = (spec.engine.gpu_memory_gib, container.get("resources"), pod_spec.get("nodeSelector"),
@@ -513,11 +518,11 @@ class Reconciler:
         standing = cached if cached is not None and cached[0] == inputs else None  # a reading of these inputs
         if standing is not None and revision_read in (None, standing[1]):
             return standing[2]
-        hardware, final = await self._lookup_hardware(deployment, container, spec, replicaset)
+        hardware, final = await self._lookup_hardware(deployment, container, spec, replicaset, now)
         if final:
             self._hardware_by_uid[uid] = inputs, revision_read, hardware
             return hardware
-        return standing[2] if standing is not None else hardware  # no node read yet: the reading stands
+        return standing[2] if standing is not None else hardware  # no node, or no GPU labels yet: the reading stands
 
     def _template_replicaset(self, deployment: dict[str, Any]) -> dict[str, Any] | None:
         """The ReplicaSet whose pods run the Deployment's template as it stands; None while that is not known:
@@ -529,15 +534,19 @@ class Reconciler:
         current = self.cache.current_replicaset(deployment)
         return current if current is not None and revision(current) == revision(deployment) else None
 
-    async def _lookup_hardware(self, deployment: dict[str, Any], container: dict[str, Any],
-                               spec: VllmTuningSpec, replicaset: dict[str, Any] | None) -> tuple[Hardware, bool]:
+    async def _lookup_hardware(self, deployment: dict[str, Any], container: dict[str, Any], spec: VllmTuningSpec,
+                               replicaset: dict[str, Any] | None, now: datetime) -> tuple[Hardware, bool]:
         """Read from ``replicaset``'s pods; without it, from the spec and the template as a Deployment whose pods
         have no node yet is (vLLM's defaults unless the GPU memory is given). With whether the reading is final,
         to be kept (``_hardware``): the memory known without a node (the spec, the nodeSelector's labels), no
-        GPU, or a node's labels read, even a node that says nothing of its GPU's memory (no GPU Feature
-        Discovery, an accelerator type not in ``GKE_ACCELERATOR_MIB``): it will not say more at the next
-        evaluation, and asking again would cost a pod list and a node read at each. Not final while no pod has
-        a node, or the pods or the node could not be read."""
+        GPU, or a node read that carries GPU labels (``Hardware.labelled``), even labels that say nothing of the
+        memory (an accelerator type not in ``GKE_ACCELERATOR_MIB``). A node without any is final only once it
+        is ``GPU_LABELS_WAIT`` old at the evaluation's ``now``: a pod binds to a new node as soon as the device
+        plugin advertises its GPUs, and GPU Feature Discovery's labels come seconds to a minute later, so a
+        reading kept at once would assume a GPU of 70 GiB or more for the revision's life; an older node has no
+        labeller (EKS without GPU Feature Discovery or Karpenter) and asking again would cost a pod list and a
+        node read at each evaluation. Not final while no pod has a node, or the pods or the node could not be
+        read."""
         resources = container.get("resources") or {}
         gpus = int((resources.get("limits") or resources.get("requests") or {}).get(GPU_RESOURCE, 0) or 0)
         labels = dict(deployment["spec"]["template"]["spec"].get("nodeSelector") or {})
@@ -548,8 +557,11 @@ class Reconciler:
                 pods = await self._owned_pods(deployment, {replicaset["metadata"]["uid"]} if replicaset else set())
                 node = next((p["spec"].get("nodeName") for p in pods if p["spec"].get("nodeName")), None)
                 if node:
-                    labels.update(await self._call(self.kube.node_labels, node))
-                    hardware, final = Hardware.from_labels(gpus, labels), True
+                    meta = await self._call(self.kube.node_metadata, node)
+                    node_labels = meta.get("labels") or {}
+                    hardware = Hardware.from_labels(gpus, labels | node_labels)
+                    final = Hardware.labelled(node_labels) or (
+                        now - datetime.fromisoformat(meta["creationTimestamp"]) >= GPU_LABELS_WAIT)
             except ApiException as exc:
                 log.info("GPU labels unreadable (%s); assuming from the defaults table", exc.reason)
         return hardware, final

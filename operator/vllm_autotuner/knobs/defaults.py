@@ -64,6 +64,10 @@ GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB of one GPU, as GPU Feature Dis
 GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"  # GKE's, on each GPU node: nvidia-l4
 KARPENTER_GPU_NAME_LABEL = "karpenter.k8s.aws/instance-gpu-name"  # EC2's GPU name in lower kebab case: a100, l4
 KARPENTER_GPU_MEMORY_LABEL = "karpenter.k8s.aws/instance-gpu-memory"  # MiB of one GPU, as EC2 describes it
+#: The labels the GPU is read from; GKE and Karpenter write theirs when the node registers, GPU Feature Discovery
+#: some time after.
+GPU_LABELS = (GPU_PRODUCT_LABEL, GPU_MEMORY_LABEL, GKE_ACCELERATOR_LABEL, KARPENTER_GPU_NAME_LABEL,
+              KARPENTER_GPU_MEMORY_LABEL)
 #: MiB of one GPU of each GKE accelerator type (the values of ``cloud.google.com/gke-accelerator``, Compute
 #: Engine's GPU model names), as NVML reports the device: what GPU Feature Discovery's label would say there,
 #: so that a GPU reads the same by either label (an H100 "80GB" is 79.6 GiB, an L4 "24 GB" 22.5 GiB). A value
@@ -91,6 +95,13 @@ class Hardware:
     gpus: int  # GPUs requested by the container; 0 means the CPU backend
     memory_gib: float | None = None  # per GPU; None when unknown
     product: str | None = None  # the GPU's name from its node's labels (``from_labels``)
+
+    @staticmethod
+    def labelled(labels: Mapping[str, str]) -> bool:
+        """Whether a node's labels hold any of those ``from_labels`` reads: its GPU labeller has run. GPU Feature
+        Discovery labels a node seconds to a minute after the device plugin has made it schedulable; a node
+        without any may yet get them (``Reconciler._lookup_hardware``)."""
+        return any(label in labels for label in GPU_LABELS)
 
     @classmethod
     def from_labels(cls, gpus: int, labels: Mapping[str, str], memory_gib: float | None = None) -> Hardware:

@@ -10,17 +10,27 @@ Deployment's selector may overlap this one's: its pods match the labels too.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from vllm_autotuner.api import VllmTuningSpec
 from vllm_autotuner.controller.cache import ClusterCache
+from vllm_autotuner.controller.kube import Kube as ApiKube
 from vllm_autotuner.controller.kube import label_selector
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
 from vllm_autotuner.knobs import Hardware, vllm_defaults
+
+
+#: The evaluations' clock; nodes are a day old unless a test says otherwise
+NOW = datetime(2026, 12, 7, 12, tzinfo=UTC)
+A_DAY_AGO = "2026-12-06T12:00:00Z"
 
 
 def pod(node: str, owner: str) -> dict[str, Any]:
@@ -39,9 +49,10 @@ class Kube:
         vllm, copy = pod("h100-node", "rs-uid"), pod("l4-node", "copy-rs-uid")
         return [copy, vllm] if selector == "app in (llama)" else [pod("l4-node", "other-rs-uid"), copy, vllm]
 
-    def node_labels(self, name: str) -> dict[str, str]:
+    def node_metadata(self, name: str) -> dict[str, Any]:
         memory = {"h100-node": "81559", "l4-node": "23034"}[name]
-        return {"nvidia.com/gpu.memory": memory, "nvidia.com/gpu.product": name.removesuffix("-node").upper()}
+        return {"name": name, "creationTimestamp": A_DAY_AGO, "labels": {
+            "nvidia.com/gpu.memory": memory, "nvidia.com/gpu.product": name.removesuffix("-node").upper()}}
 
 
 def test_the_gpu_is_read_from_a_pod_of_the_deployment_listed_by_its_selector() -> None:
@@ -54,7 +65,7 @@ def test_the_gpu_is_read_from_a_pod_of_the_deployment_listed_by_its_selector() -
     reconciler = Reconciler(kube, cache, observations=None, metrics=OperatorMetrics(),  # type: ignore[arg-type]
                             settings=OperatorSettings())
     spec = VllmTuningSpec.model_validate({"targetRef": {"name": "llama"}})
-    hardware = asyncio.run(reconciler._hardware(deployment, container, spec))
+    hardware = asyncio.run(reconciler._hardware(deployment, container, spec, NOW))
     assert kube.selectors == ["app in (llama)"]
     assert (hardware.product, round(hardware.memory_gib or 0)) == ("H100", 80)
 
@@ -99,7 +110,7 @@ def test_the_gpu_is_read_again_when_the_spec_or_the_pools_the_pods_run_in_change
 
     def read(engine: dict[str, Any] | None = None) -> tuple[str | None, int]:
         spec = VllmTuningSpec.model_validate({"targetRef": {"name": "llama"}, "engine": engine or {}})
-        hardware = asyncio.run(reconciler._hardware(deployment, container, spec))
+        hardware = asyncio.run(reconciler._hardware(deployment, container, spec, NOW))
         return hardware.product, round(hardware.memory_gib or 0)
 
     assert read() == read() == ("H100", 80)
@@ -130,7 +141,7 @@ def test_no_node_is_read_from_pods_that_may_not_run_the_template_as_it_stands() 
     spec = VllmTuningSpec.model_validate({"targetRef": {"name": "llama"}})
 
     def read() -> tuple[str | None, int]:
-        hardware = asyncio.run(reconciler._hardware(deployment, container, spec))
+        hardware = asyncio.run(reconciler._hardware(deployment, container, spec, NOW))
         return hardware.product, round(hardware.memory_gib or 0)
 
     assert read() == ("H100", 80)
@@ -168,19 +179,20 @@ def test_no_node_is_read_from_pods_that_may_not_run_the_template_as_it_stands() 
 
 
 class OneNode(Kube):
-    """Pods by selector: the vLLM pod pending until ``scheduled``, then on a node with ``labels``."""
+    """Pods by selector: the vLLM pod pending until ``scheduled``, then on a node with ``labels``, made
+    ``created``."""
 
-    def __init__(self, labels: dict[str, str]) -> None:
+    def __init__(self, labels: dict[str, str], created: str = A_DAY_AGO) -> None:
         super().__init__()
-        self.labels, self.nodes, self.scheduled = labels, [], True
+        self.labels, self.created, self.nodes, self.scheduled = labels, created, [], True
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         self.selectors.append(selector)
         return [pod("gpu-node" if self.scheduled else "", "rs-uid")]
 
-    def node_labels(self, name: str) -> dict[str, str]:
+    def node_metadata(self, name: str) -> dict[str, Any]:
         self.nodes.append(name)
-        return self.labels
+        return {"name": name, "creationTimestamp": self.created, "labels": self.labels}
 
 
 def reading(kube: OneNode, node_selector: dict[str, str] | None = None,
@@ -195,11 +207,11 @@ def reading(kube: OneNode, node_selector: dict[str, str] | None = None,
     reconciler = Reconciler(kube, cache, observations=None, metrics=OperatorMetrics(),  # type: ignore[arg-type]
                             settings=OperatorSettings())
     spec = VllmTuningSpec.model_validate({"targetRef": {"name": "llama"}, "engine": engine or {}})
-    return lambda: asyncio.run(reconciler._hardware(deployment, container, spec))
+    return lambda: asyncio.run(reconciler._hardware(deployment, container, spec, NOW))
 
 
 def test_a_node_that_says_nothing_of_its_gpu_memory_is_read_once() -> None:
-    # a GKE or EKS node without GPU Feature Discovery (or Karpenter's labels)
+    # an EKS node a day old, without GPU Feature Discovery or Karpenter's labels
     kube = OneNode({"kubernetes.io/hostname": "gpu-node"})
     kube.scheduled = False
     read = reading(kube)
@@ -258,3 +270,58 @@ def test_an_unknown_gke_accelerator_is_a_gpu_of_unknown_memory(node_selector: di
     defaults = vllm_defaults("v0.30.0", hardware)
     assert (defaults.knobs.max_num_batched_tokens, defaults.knobs.max_num_seqs) == (8192, 1024)
     assert "GPU memory unknown" in defaults.table
+
+
+def ago(**delta: float) -> str:
+    return (NOW - timedelta(**delta)).isoformat()
+
+
+def test_gpu_labels_that_come_after_a_young_node_is_first_read_are_read() -> None:
+    # an autoscaled node: the pod binds as soon as the device plugin advertises the GPU; GPU Feature Discovery's
+    # labels (through Node Feature Discovery) come seconds later
+    kube = OneNode({"nvidia.com/gpu.present": "true"}, created=ago(seconds=40))
+    read = reading(kube)
+    assert read() == Hardware(gpus=1)  # vLLM's defaults for a GPU of unknown memory, for now
+    kube.labels = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-L4",
+                   "nvidia.com/gpu.memory": "23034"}
+    assert read() == read() == Hardware(gpus=1, memory_gib=23034 / 1024, product="NVIDIA-L4")
+    assert kube.nodes == ["gpu-node", "gpu-node"]  # read again until its labels came, then kept
+    defaults = vllm_defaults("v0.30.0", read())
+    assert (defaults.knobs.max_num_batched_tokens, defaults.knobs.max_num_seqs) == (2048, 256)
+
+
+def test_a_node_without_gpu_labels_is_read_again_only_while_young() -> None:
+    # EKS without GPU Feature Discovery: no label will come, so the node costs reads only for its first minutes
+    kube = OneNode({"kubernetes.io/hostname": "gpu-node"}, created=ago(minutes=9, seconds=59))
+    read = reading(kube)
+    assert read() == read() == Hardware(gpus=1)
+    assert kube.nodes == ["gpu-node"] * 2
+    kube.created = ago(minutes=10)  # as old as labels take to come, at the next evaluation's clock
+    assert read() == read() == read() == Hardware(gpus=1)
+    assert kube.nodes == ["gpu-node"] * 3
+
+
+@pytest.mark.parametrize("labels", [
+    {GKE: "nvidia-l4"},
+    {GKE: "nvidia-tesla-k80"},  # an accelerator type not in the table: no label will say more
+    {KARPENTER_NAME: "l4", KARPENTER_MIB: "22888"},
+    {"nvidia.com/gpu.product": "NVIDIA-L4", "nvidia.com/gpu.memory": "23034"},
+])
+def test_a_young_node_with_gpu_labels_is_read_once(labels: dict[str, str]) -> None:
+    # GKE and Karpenter label a node when it registers: seconds old, its labels are all it will say
+    kube = OneNode(labels, created=ago(seconds=5))
+    read = reading(kube)
+    assert read() == read()
+    assert kube.nodes == ["gpu-node"]
+
+
+def test_a_nodes_labels_and_creation_time_are_read_as_served() -> None:
+    served = {"metadata": {"name": "gpu-node", "creationTimestamp": "2026-12-07T11:59:20Z",
+                           "labels": {"nvidia.com/gpu.present": "true"}},
+              "status": {"capacity": {"nvidia.com/gpu": "1"}}}
+    kube = ApiKube(client.ApiClient(), OperatorMetrics())
+    kube.core = SimpleNamespace(  # type: ignore[assignment]
+        read_node=lambda name, _preload_content=True, **_: SimpleNamespace(data=json.dumps(served).encode()))
+    meta = kube.node_metadata("gpu-node")
+    assert (meta["labels"], NOW - datetime.fromisoformat(meta["creationTimestamp"])) == (
+        {"nvidia.com/gpu.present": "true"}, timedelta(seconds=40))

@@ -94,7 +94,7 @@ def observe(name: str, kube: Kube, windows: Windows, finished: timedelta | None 
     report = Report("llm", "llama", VllmTuningStatus.model_validate(body["status"]), 1, NOW)
 
     async def run() -> Any:
-        target = await reconciler._target("llm", spec)
+        target = await reconciler._target("llm", spec, report.now)
         return await reconciler._observe("llm", spec, target, report, rolling=False, ours=False)
 
     observation = asyncio.run(run())

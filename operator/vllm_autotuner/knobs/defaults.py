@@ -18,7 +18,8 @@ simulator and the operator both apply.
 The GPU's memory and name come from its node's labels (``Hardware.from_labels``):
 GPU Feature Discovery's where it runs, else the labels GKE and Karpenter on EKS
 put on every GPU node, so that an L4 or a T4 pool without GPU Feature Discovery
-is not taken for a GPU of 70 GiB or more.
+is not taken for a GPU of 70 GiB or more, nor a slice of a GKE multi-instance
+GPU for the whole GPU.
 """
 
 from __future__ import annotations
@@ -62,11 +63,15 @@ MIB_PER_GIB = 1024
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU Feature Discovery's: NVIDIA-A100-SXM4-80GB
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB of one GPU, as GPU Feature Discovery writes it (NVML's total)
 GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"  # GKE's, on each GPU node: nvidia-l4
+#: GKE's, on a node whose GPUs are cut into multi-instance GPU partitions: ``[compute]g.[memory]gb`` (1g.10gb); a
+#: pod gets one partition, and vLLM sees its memory, not the whole GPU's
+GKE_PARTITION_LABEL = "cloud.google.com/gke-gpu-partition-size"
+GKE_PARTITION_SIZE = re.compile(r"[0-9]+g\.([0-9]+)gb\b")
 KARPENTER_GPU_NAME_LABEL = "karpenter.k8s.aws/instance-gpu-name"  # EC2's GPU name in lower kebab case: a100, l4
 KARPENTER_GPU_MEMORY_LABEL = "karpenter.k8s.aws/instance-gpu-memory"  # MiB of one GPU, as EC2 describes it
 #: The labels the GPU is read from; GKE and Karpenter write theirs when the node registers, GPU Feature Discovery
 #: some time after.
-GPU_LABELS = (GPU_PRODUCT_LABEL, GPU_MEMORY_LABEL, GKE_ACCELERATOR_LABEL, KARPENTER_GPU_NAME_LABEL,
+GPU_LABELS = (GPU_PRODUCT_LABEL, GPU_MEMORY_LABEL, GKE_ACCELERATOR_LABEL, GKE_PARTITION_LABEL, KARPENTER_GPU_NAME_LABEL,
               KARPENTER_GPU_MEMORY_LABEL)
 #: MiB of one GPU of each GKE accelerator type (the values of ``cloud.google.com/gke-accelerator``, Compute
 #: Engine's GPU model names), as NVML reports the device: what GPU Feature Discovery's label would say there,
@@ -107,20 +112,28 @@ class Hardware:
     def from_labels(cls, gpus: int, labels: Mapping[str, str], memory_gib: float | None = None) -> Hardware:
         """The GPU of a node with these labels (a node's own, or those a nodeSelector asks for).
 
-        Memory, unless given: GPU Feature Discovery's label, else GKE's
-        accelerator type (``GKE_ACCELERATOR_MIB``), else Karpenter's on EKS;
-        the product likewise (it names an A100 or a GB10, which vLLM keeps off
-        the large-GPU defaults whatever their memory): NVIDIA-A100-SXM4-80GB,
-        nvidia-a100-80gb or a100. None where no label says.
+        Memory, unless given: GPU Feature Discovery's label (under its MIG
+        "single" strategy, a partition's memory), else GKE's partition size
+        (``GKE_PARTITION_LABEL``: a 1g.10gb slice of an H100 is 10 GB, not the
+        GPU's 80), else its accelerator type (``GKE_ACCELERATOR_MIB``), else
+        Karpenter's on EKS; the product likewise (it names an A100 or a GB10,
+        which vLLM keeps off the large-GPU defaults whatever their memory):
+        NVIDIA-A100-SXM4-80GB, nvidia-a100-80gb or a100. None where no label
+        says.
         """
         accelerator = labels.get(GKE_ACCELERATOR_LABEL)
         if memory_gib is None:
-            readings = (labels.get(GPU_MEMORY_LABEL), GKE_ACCELERATOR_MIB.get(accelerator or ""),
-                        labels.get(KARPENTER_GPU_MEMORY_LABEL))
-            mib = next((int(r) for r in readings if str(r).isdigit()), None)
-            memory_gib = None if mib is None else mib / MIB_PER_GIB
+            partition = GKE_PARTITION_SIZE.match(labels.get(GKE_PARTITION_LABEL, ""))
+            readings = (_gib(labels.get(GPU_MEMORY_LABEL)), int(partition[1]) * 10**9 / GIB if partition else None,
+                        _gib(GKE_ACCELERATOR_MIB.get(accelerator or "")), _gib(labels.get(KARPENTER_GPU_MEMORY_LABEL)))
+            memory_gib = next((gib for gib in readings if gib is not None), None)
         product = labels.get(GPU_PRODUCT_LABEL) or accelerator or labels.get(KARPENTER_GPU_NAME_LABEL)
         return cls(gpus=gpus, memory_gib=memory_gib, product=product)
+
+
+def _gib(mib: str | int | None) -> float | None:
+    """GiB of a label's (or ``GKE_ACCELERATOR_MIB``'s) MiB; None where it holds no number."""
+    return int(mib) / MIB_PER_GIB if str(mib).isdigit() else None
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,7 @@ def test_a_node_that_says_nothing_of_its_gpu_memory_is_read_once() -> None:
 
 GKE, KARPENTER_NAME, KARPENTER_MIB = ("cloud.google.com/gke-accelerator", "karpenter.k8s.aws/instance-gpu-name",
                                       "karpenter.k8s.aws/instance-gpu-memory")
+PARTITION = "cloud.google.com/gke-gpu-partition-size"
 
 
 @pytest.mark.parametrize(("labels", "expected"), [
@@ -235,6 +236,10 @@ GKE, KARPENTER_NAME, KARPENTER_MIB = ("cloud.google.com/gke-accelerator", "karpe
     ({GKE: "nvidia-h100-mega-80gb"}, (8192, 1024)),
     ({GKE: "nvidia-h200-141gb"}, (8192, 1024)),
     ({GKE: "nvidia-b200"}, (16384, 1024)),
+    # a multi-instance GPU partition: vLLM sees the slice's memory, not the H100's
+    ({GKE: "nvidia-h100-80gb", PARTITION: "1g.10gb"}, (2048, 256)),
+    ({GKE: "nvidia-h100-80gb", PARTITION: "3g.40gb"}, (2048, 256)),
+    ({GKE: "nvidia-h100-80gb", PARTITION: "7g.80gb"}, (8192, 1024)),
     ({KARPENTER_NAME: "l4", KARPENTER_MIB: "22888"}, (2048, 256)),  # a g6 instance, as EC2 describes its GPU
     ({KARPENTER_NAME: "a100", KARPENTER_MIB: "81920"}, (2048, 256)),  # p4de
     ({KARPENTER_NAME: "h100", KARPENTER_MIB: "81920"}, (8192, 1024)),  # p5
@@ -248,6 +253,18 @@ def test_the_gpu_is_read_from_gke_and_karpenter_node_labels(labels: dict[str, st
     assert (defaults.knobs.max_num_batched_tokens, defaults.knobs.max_num_seqs) == expected
     assert "unknown" not in defaults.table
     assert kube.nodes == ["gpu-node"]
+
+
+def test_a_gke_gpu_partition_is_a_gpu_of_its_memory() -> None:
+    # asked for in the nodeSelector, as GKE's multi-instance GPUs are: no node to read
+    kube = OneNode({})
+    read = reading(kube, {GKE: "nvidia-h100-80gb", PARTITION: "1g.10gb"})
+    assert read() == Hardware(gpus=1, memory_gib=10 * 10**9 / 2**30, product="nvidia-h100-80gb")
+    assert (kube.selectors, kube.nodes) == ([], [])
+    # GPU Feature Discovery's label (a partition's memory under its MIG "single" strategy) and the spec's before it
+    gfd = OneNode({"nvidia.com/gpu.memory": "9856", GKE: "nvidia-h100-80gb", PARTITION: "1g.10gb"})
+    assert reading(gfd)().memory_gib == 9856 / 1024
+    assert reading(kube, {GKE: "nvidia-h100-80gb", PARTITION: "1g.10gb"}, {"gpuMemoryGib": 12})().memory_gib == 12
 
 
 def test_a_gke_accelerator_in_the_node_selector_reads_no_node() -> None:

@@ -759,6 +759,14 @@ def test_a_shell_builtin_in_a_list_form_command_is_refused(command, builtin):
     assert EngineArgs.from_container(scripted).max_num_seqs == 64
 
 
+@pytest.mark.parametrize("model", ["/models/command", "/models/exec", "command"])
+def test_args_alone_whose_model_is_named_as_a_builtin_are_read(model):
+    # no command: the image's entrypoint (vllm serve) gets the args, the first of them the model, which starts nothing
+    container = {"name": "engine", "image": "vllm/vllm-openai:v0.11.0", "args": [model, "--max-num-seqs", "64"]}
+    assert CommandLine.parse(container).model() == model
+    assert EngineArgs.from_container(container).max_num_seqs == 64
+    assert set_knobs(container, NEW)["args"] == [model, "--max-num-seqs", "96", "--max-num-batched-tokens", "3072"]
+
 def test_command_v_names_a_program_and_runs_none():
     # as which does: neither vLLM nor a second program that may run it, beside the script that does
     assert not CommandLine.parse({"command": ["sh", "-c", "command -v vllm serve && exec /start.sh"]}).runs_vllm()

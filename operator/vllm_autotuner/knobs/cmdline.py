@@ -748,7 +748,8 @@ class CommandLine:
         """Parse ``command`` and ``args`` of a container (a dict as the API returns it), expanded with its ``env``
         as kubelet expands them. Raises CommandLineError for a form that cannot be read with certainty."""
         cmd = cls._split(container)
-        _refuse_builtin([*cmd.command, *cmd.args])
+        if cmd.command:  # args alone are the image entrypoint's: their first is vLLM's model, no program
+            _refuse_builtin([*cmd.command, *cmd.args])
         if cmd.shell_script is not None:  # the script's command that gets the flags
             _refuse_watcher_script(cmd._segment_argv())
             cmd._refuse_function_arguments()

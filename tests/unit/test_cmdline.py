@@ -695,10 +695,16 @@ def test_vllm_started_by_xargs_is_refused(command):
                                      ["sh", "-c", "cat /args | xargs /start.sh"],
                                      ["sudo", "-u", "app", "xargs", "-a", "/args", "/start.sh"],
                                      ["sh", "-c", "exec sudo -Eu app /usr/bin/xargs -a /args /start.sh"],
-                                     ["conda", "run", "-n", "serve", "xargs", "-a", "/args", "/start.sh"]])
+                                     ["conda", "run", "-n", "serve", "xargs", "-a", "/args", "/start.sh"],
+                                     ["runuser", "-u", "app", "--", "xargs", "-a", "/args", "/start.sh"],
+                                     ["sh", "-c", "exec runuser -u app -- xargs -a /args /start.sh"],
+                                     ["micromamba", "run", "-n", "base", "xargs", "-a", "/a", "/start.sh"],
+                                     ["mamba", "run", "-n", "base", "xargs", "-a", "/a", "/start.sh"],
+                                     ["setpriv", "--reuid=1000", "xargs", "-a", "/a", "/start.sh"],
+                                     ["setpriv", "--reuid", "1000", "--init-groups", "xargs", "-a", "/a", "/start.sh"]])
 def test_the_command_that_may_run_vllm_started_by_xargs_is_refused(command):
     # the image's script may run vLLM: xargs appends the file's words after the flags written, and they win; behind
-    # a launcher known to run the rest of its argv (sudo, conda run) as where it is the program
+    # a launcher known to run the rest of its argv (sudo, runuser, setpriv, conda run) as where it is the program
     container = {"name": "engine", "image": "vllm/vllm-openai:v0.11.0", "command": command}
     for read in (EngineArgs.from_container, lambda c: set_knobs(c, NEW)):
         with pytest.raises(CommandLineError, match="the command that may run vLLM is started by xargs, which appends"):
@@ -714,6 +720,10 @@ def test_the_command_that_may_run_vllm_started_by_xargs_is_refused(command):
         ["sh", "-c", "hatch -e xargs run vllm serve M --max-num-seqs 64"],
         ["sudo", "-Eu", "xargs", "--", "vllm", "serve", "M", "--max-num-seqs", "64"],
         ["gosu", "parallel", "vllm", "serve", "M", "--max-num-seqs", "64"],
+        ["micromamba", "run", "-n", "parallel", "vllm", "serve", "M", "--max-num-seqs", "64"],
+        ["mamba", "run", "-p", "/opt/xargs", "vllm", "serve", "M", "--max-num-seqs", "64"],
+        ["runuser", "-u", "xargs", "-w", "PATH", "--", "vllm", "serve", "M", "--max-num-seqs", "64"],
+        ["setpriv", "--reuid", "xargs", "vllm", "serve", "M", "--max-num-seqs", "64"],
         # no vLLM word: the program that may run vLLM is not known to run its arguments
         ["sudo", "-u", "app", "/start.sh", "--mode", "parallel", "--max-num-seqs", "64"],
     ],

@@ -496,7 +496,7 @@ def _launched(argv: list[str], any_launches: bool) -> Iterator[str]:
     """The name (no path) of each program the command in argv starts, one behind the other: the one behind any
     _WRAPPERS (``_command_start``), then each word a launcher in front of it may run: past the launcher's options,
     the values of those known to take one (_LAUNCHERS; another launcher's options are taken to take none, so that
-    the word after one may be the program it runs), ``NAME=value`` words (sudo's variables), a holder's ``run``,
+    the word after one may be the program it runs), ``NAME=value`` words (sudo's variables), a runner's ``run``,
     and any wrappers there. So an option's value is no program (``env -C /srv/parallel``, ``conda run -n
     parallel``). ``any_launches``: argv ends before vLLM's word, and each program in front of it starts the next;
     else only those of _LAUNCHERS are known to, and the first other one ends it (its words are its own arguments:
@@ -509,7 +509,7 @@ def _launched(argv: list[str], any_launches: bool) -> Iterator[str]:
             return
         valued = _LAUNCHERS.get(name, set())
         pos = _options_end(argv, pos + 1, valued)
-        if name in _HOLDERS and argv[pos : pos + 1] == ["run"]:
+        if name in _RUNNERS and argv[pos : pos + 1] == ["run"]:
             pos = _options_end(argv, pos + 1, valued)
         pos = _command_start(argv, pos)
 
@@ -573,13 +573,24 @@ _HOLDERS = {"conda": set(), "hatch": {"-e", "--env", "-p", "--project", "--data-
 _BUILTINS = {"command", "exec"}
 # Launchers the wrappers do not read past, known to run the rest of their argv, and those of their options that take a
 # value as the next word, read only to find the program one starts, for _APPENDERS (``_launched``): sudo 1.9's (no
-# wrapper: its -i and -s run the command in a shell, its -l lists it), conda's run's and hatch's (``run`` read past).
+# wrapper: its -i and -s run the command in a shell, its -l lists it), runuser's (util-linux 2.38; a watcher, not
+# read past for the SIGTERM), setpriv's (2.38, and 2.40's landlock and seccomp ones), and the ``run`` of conda, mamba,
+# micromamba (2.0) and hatch (``_RUNNERS``), their options before and after ``run``.
 _LAUNCHERS = {
     "sudo": {"-u", "--user", "-g", "--group", "-C", "--close-from", "-D", "--chdir", "-h", "--host", "-p", "--prompt",
              "-R", "--chroot", "-T", "--command-timeout", "-U", "--other-user", "-r", "--role", "-t", "--type"},
+    "runuser": {"-u", "--user", "-g", "--group", "-G", "--supp-group", "-s", "--shell", "-w",
+                "--whitelist-environment"},
+    "setpriv": {"--ambient-caps", "--inh-caps", "--bounding-set", "--ruid", "--euid", "--reuid", "--rgid", "--egid",
+                "--regid", "--groups", "--securebits", "--pdeathsig", "--selinux-label", "--apparmor-profile",
+                "--landlock-access", "--landlock-rule", "--seccomp-filter"},
     "conda": {"-n", "--name", "-p", "--prefix", "--cwd"},
+    "mamba": {"-n", "--name", "-p", "--prefix", "-r", "--root-prefix", "--cwd"},
+    "micromamba": {"-n", "--name", "-p", "--prefix", "-r", "--root-prefix", "--cwd"},
     "hatch": _HOLDERS["hatch"],
 }
+# Those among _LAUNCHERS that run the command with a ``run`` subcommand.
+_RUNNERS = {"conda", "mamba", "micromamba", "hatch"}
 # User switches that stay the parent of the command they run, as util-linux's runuser and su do (a watching parent,
 # which holds the PAM session): on a SIGTERM they pass it on, and kill the command WATCHER_KILL_SECONDS later.
 _WATCHERS = {"runuser", "su"}

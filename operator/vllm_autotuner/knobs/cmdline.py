@@ -851,8 +851,11 @@ class CommandLine:
         if len(programs) > 1 or (not programs and len(filled) > 1):
             for first, end in filled:  # su's own -c script is refused as such, with its own advice
                 _refuse_watcher_script(self._argv(first, end))
+            # a reserved word alone (fi, done, }) closes a compound command and is none
+            count = len(programs) or sum(any(w.text not in _RESERVED_WORDS for w in self.words[first:end])
+                                         for first, end in filled)
             raise CommandLineError(
-                f"the shell script runs {len(programs) or len(filled)} commands and none starts vLLM (vllm serve or "
+                f"the shell script runs {count} command{'s' * (count != 1)} and none starts vLLM (vllm serve or "
                 f"the api_server module), so the operator cannot tell which one would get the flags; start vLLM in "
                 f"the script as exec vllm serve ... (any launcher in front of vllm may stay), or, where another "
                 f"container runs vLLM, name that one in spec.targetRef.container"

@@ -64,6 +64,12 @@ def reading(command: list[str]) -> Sigterm | None:
     (["bash", "-c", "trap 'kill $c' sigterm\nvllm serve M &\nc=$!\nwait $c; wait $c"], None),
     (["dash", "-c", "trap cleanup EXIT; vllm serve M & wait"], IGNORED),  # no trap on TERM
     (["dash", "-c", 'trap "" TERM; exec vllm serve M'], REACHES),  # exec'd: vLLM sets its own handler
+    # exec within a compound command puts vLLM in the shell's place too, but not where that runs in a child
+    (["sh", "-c", 'if [ -n "$X" ]; then exec vllm serve M; fi'], REACHES),
+    (["sh", "-c", "{ exec vllm serve M; }"], REACHES),
+    (["sh", "-c", "while :; do X=1 exec vllm serve M; done"], REACHES),
+    (["dash", "-c", "{ exec vllm serve M; } | tee log"], IGNORED),
+    (["sh", "-c", "if :; then exec vllm serve M; fi &\nwait"], None),
     (["runuser", "-u", "vllm", "--", "vllm", "serve", "M"], CUT_SHORT),  # passes it on, kills vLLM 2 s later
     (["tini", "--", "/usr/sbin/runuser", "-u", "vllm", "--", "python3", "-m", "vllm.entrypoints.openai.api_server"],
      CUT_SHORT),
@@ -225,6 +231,9 @@ _PID_NAMESPACES = pytest.mark.skipif(not _unshare_works(), reason="needs unshare
 @pytest.mark.parametrize("command", [
     ["vllm", "serve", "M"],
     ["dash", "-c", "exec vllm serve M"],
+    ["dash", "-c", 'if [ -n "$VLLM_UP" ]; then exec vllm serve M; fi'],
+    ["dash", "-c", "{ exec vllm serve M; }"],
+    ["dash", "-c", "{ exec vllm serve M; } | cat"],
     ["bash", "-c", "vllm serve M --max-num-seqs 64"],
     ["dash", "-c", "vllm serve M --max-num-seqs 64"],
     ["bash", "-c", "exec vllm serve M 2>&1 | cat"],

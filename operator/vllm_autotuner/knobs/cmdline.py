@@ -387,10 +387,16 @@ def _is_watcher(word: str) -> bool:
     return word.rsplit("/", 1)[-1] in _WATCHERS
 
 
+def _command_words(texts: list[str]) -> list[str]:
+    """A script's simple command from its name: after the reserved words that open it (``then``, ``do``, ``{``...)
+    and variable assignments, which the shell reads before it (``then X=1 exec vllm serve``)."""
+    return list(itertools.dropwhile(lambda t: t in _RESERVED_WORDS or _ASSIGNMENT.fullmatch(t), texts))
+
+
 def _program_words(texts: list[str]) -> list[str]:
-    """A script's simple command from the program it starts: after the reserved words that open it (``then``,
-    ``do``, ``{``...), variable assignments, and ``exec`` with its options (bash's ``-a NAME``, ``-c``, ``-l``)."""
-    words = list(itertools.dropwhile(lambda t: t in _RESERVED_WORDS or _ASSIGNMENT.fullmatch(t), texts))
+    """A script's simple command from the program it starts: after its name's leading words (``_command_words``),
+    and ``exec`` with its options (bash's ``-a NAME``, ``-c``, ``-l``)."""
+    words = _command_words(texts)
     if words[:1] != ["exec"]:
         return words
     pos = 1
@@ -939,8 +945,9 @@ class CommandLine:
         REACHES when vLLM is that process, or an init's child: started as a
         list (behind wrappers that run it in their place, or pass signals on),
         or by a ``-c`` script that replaces the shell with it (``exec vllm
-        serve ...``, or a bash script of that one command, which bash runs
-        without forking). Otherwise the shell runs vLLM as its child: in a
+        serve ...``, also in a compound command the shell runs itself, ``then
+        exec vllm serve ...; fi``, or a bash script of that one command, which
+        bash runs without forking). Otherwise the shell runs vLLM as its child: in a
         pipeline, the background or a subshell (``vllm serve ... | tee log``),
         or under dash (Debian's and Ubuntu's ``/bin/sh``), which forks for
         every command. Then it is IGNORED where the shell is the first
@@ -986,7 +993,11 @@ class CommandLine:
                   self.words[end].text if end < len(self.words) else None}
         if around & _CHILD_OPERATORS:  # a pipeline's or a background command runs in a child, exec or not
             return child
-        if next((w.text for w in self.words[first:vllm] if not _ASSIGNMENT.fullmatch(w.text)), None) == "exec":
+        # exec puts vLLM in the shell's place, within a compound command too (then exec vllm serve), unless that runs
+        # in a child, which the operator does not follow: then any pipeline, background or subshell leaves it below
+        if _command_words([w.text for w in self.words[first:vllm]])[:1] == ["exec"] and (
+                self.words[first].text not in _RESERVED_WORDS or not any(
+                    w.operator and w.text in _CHILD_OPERATORS for w in self.words)):
             return reaches
         if shell == "bash" and not any(w.operator for w in self.words):
             return reaches

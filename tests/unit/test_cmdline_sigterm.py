@@ -94,6 +94,7 @@ def reading(command: list[str]) -> Sigterm | None:
     # place, pdm 2.29 passes the signal on and waits (also behind tini)
     (["hatch", "run", "vllm", "serve", "M"], IGNORED),
     (["hatch", "-e", "prod", "--no-color", "run", "vllm", "serve", "M"], IGNORED),
+    (["hatch", "-ve", "prod", "run", "vllm", "serve", "M"], IGNORED),  # -e's value last in a group of letters
     (["tini", "--", "hatch", "run", "vllm", "serve", "M"], KILLS),
     (["hatch", "-e", "run", "shell"], REACHES),  # -e's value is no run
     (["poetry", "run", "vllm", "serve", "M"], REACHES),

@@ -415,14 +415,13 @@ def _is_init(word: str) -> bool:
 
 def _runs_holder(argv: list[str]) -> bool:
     """Whether the command that wrappers at the start of argv run is the ``run`` of one of _HOLDERS, which keeps
-    the SIGTERM from vLLM as a shell that runs vLLM as its child does."""
+    the SIGTERM from vLLM as a shell that runs vLLM as its child does; its options before ``run`` read as
+    ``_launched`` reads them (``hatch -ve prod run``)."""
     start = _command_start(argv)
-    valued = _HOLDERS.get(argv[start].rsplit("/", 1)[-1]) if start < len(argv) else None
-    if valued is None:
+    name = argv[start].rsplit("/", 1)[-1] if start < len(argv) else None
+    if name not in _HOLDERS:
         return False
-    pos = start + 1
-    while pos < len(argv) and argv[pos].startswith("-"):
-        pos += 2 if argv[pos] in valued else 1
+    pos = _options_end(argv, start + 1, _LAUNCHERS[name])
     return argv[pos:pos + 1] == ["run"]
 
 
@@ -569,19 +568,20 @@ def _shell_options(words: list[str], pos: int) -> tuple[int, str]:
 # Programs among _WRAPPERS that stay the container's first process and pass a signal on, to their child or its process
 # group, rather than run the command in their place.
 _INITS = {"tini", "dumb-init", "catatonit", "timeout"}
-# Programs whose ``run`` runs the command as the child of a shell of their own and passes no signal on, and their
-# options before ``run`` that take a value as the next word: conda 26.7 (``conda run -n env vllm serve``) and hatch
-# 1.18 (``hatch -e prod run vllm serve``), measured as PID 1 and behind tini. poetry 2.5 and pipenv 2026.10 run the
-# command in their place, pdm 2.29 and uv 0.13 pass the signal on and wait: they let it reach vLLM.
-_HOLDERS = {"conda": set(), "hatch": {"-e", "--env", "-p", "--project", "--data-dir", "--cache-dir", "--config"}}
+# Programs whose ``run`` runs the command as the child of a shell of their own and passes no signal on (among
+# _LAUNCHERS, with their options): conda 26.7 (``conda run -n env vllm serve``) and hatch 1.18 (``hatch -e prod run
+# vllm serve``), measured as PID 1 and behind tini. poetry 2.5 and pipenv 2026.10 run the command in their place,
+# pdm 2.29 and uv 0.13 pass the signal on and wait: they let it reach vLLM.
+_HOLDERS = {"conda", "hatch"}
 # The shell's builtins that run vLLM in a script (``exec vllm serve``, ``command vllm serve``: one of _WRAPPERS), which
 # no shell reads in list form (``_refuse_builtin``).
 _BUILTINS = {"command", "exec"}
 # Launchers the wrappers do not read past, known to run the rest of their argv, and those of their options that take a
-# value as the next word, read only to find the program one starts, for _APPENDERS (``_launched``): sudo 1.9's (no
-# wrapper: its -i and -s run the command in a shell, its -l lists it), runuser's (util-linux 2.38; a watcher, not
-# read past for the SIGTERM), setpriv's (2.38, and 2.40's landlock and seccomp ones), and the ``run`` of conda, mamba,
-# micromamba (2.0) and hatch (``_RUNNERS``), their options before and after ``run``.
+# value as the next word, read only to find the program one starts, for _APPENDERS (``_launched``), and a holder's
+# ``run`` (``_runs_holder``): sudo 1.9's (no wrapper: its -i and -s run the command in a shell, its -l lists it),
+# runuser's (util-linux 2.38; a watcher, not read past for the SIGTERM), setpriv's (2.38, and 2.40's landlock and
+# seccomp ones), and the ``run`` of conda, mamba, micromamba (2.0) and hatch (``_RUNNERS``), their options before and
+# after ``run``.
 _LAUNCHERS = {
     "sudo": {"-u", "--user", "-g", "--group", "-C", "--close-from", "-D", "--chdir", "-h", "--host", "-p", "--prompt",
              "-R", "--chroot", "-T", "--command-timeout", "-U", "--other-user", "-r", "--role", "-t", "--type"},
@@ -593,7 +593,7 @@ _LAUNCHERS = {
     "conda": {"-n", "--name", "-p", "--prefix", "--cwd"},
     "mamba": {"-n", "--name", "-p", "--prefix", "-r", "--root-prefix", "--cwd"},
     "micromamba": {"-n", "--name", "-p", "--prefix", "-r", "--root-prefix", "--cwd"},
-    "hatch": _HOLDERS["hatch"],
+    "hatch": {"-e", "--env", "-p", "--project", "--data-dir", "--cache-dir", "--config"},
 }
 # Those among _LAUNCHERS that run the command with a ``run`` subcommand.
 _RUNNERS = {"conda", "mamba", "micromamba", "hatch"}

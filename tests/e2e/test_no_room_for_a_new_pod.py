@@ -35,7 +35,9 @@ def test_a_rollout_with_no_gpu_for_its_new_pod_is_rolled_back_and_the_config_not
         cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators) -> None:
     assert expected_startup(L4, knob_args(*PRESET)).ok  # the preset would run, given a GPU
     world = World(cluster_with_crd, namespace)
-    world.create_deployment(L4, knob_args(*START), replicas=1)  # the L4 node's one GPU; the default strategy
+    # the L4 node's one GPU, the default strategy; the Deployment's progressDeadlineSeconds (600 s by default)
+    # would hold the operator's deadline up to it
+    world.create_deployment(L4, knob_args(*START), replicas=1, progressDeadlineSeconds=PROGRESS_DEADLINE)
     (serving,) = world.pods()
     world.create_tuning(tuning_spec(
         world.name, rollout={"progressDeadline": f"{PROGRESS_DEADLINE}s", "cooldown": f"{COOLDOWN}s"},

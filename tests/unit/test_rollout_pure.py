@@ -416,9 +416,9 @@ def test_new_pods_that_never_started_vllm_block_the_rollout_and_one_that_ran_fai
     assert blocked.progress is Progress.BLOCKED and "exceeded quota" in blocked.message
 
 
-def test_only_the_specs_deadline_ends_a_rollout_not_the_deployment_controllers():
-    """A 70B model loads for 15 minutes a pod: the Deployment's progressDeadlineSeconds (600 s unless it says
-    otherwise) runs out long before the 30 minutes the VllmTuning allows, and decides nothing."""
+def test_the_deployment_controllers_progress_deadline_exceeded_decides_nothing():
+    """A 70B model loads for 15 minutes a pod: the Deployment controller's condition (600 s unless the Deployment
+    says otherwise) runs out long before the 30 minutes the VllmTuning allows, and decides nothing."""
     exceeded = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
                 "message": 'ReplicaSet "llama-abc" has timed out progressing.'}
     loading = deployment([], status={"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1,
@@ -430,6 +430,73 @@ def test_only_the_specs_deadline_ends_a_rollout_not_the_deployment_controllers()
     assert rollout_state(loading, 3, pending, "vllm", 601, 1800).progress is Progress.IN_PROGRESS  # nor Blocked
     late = rollout_state(loading, 3, [pod], "vllm", 1801, 1800)
     assert late.progress is Progress.FAILED and "progressDeadline 1800s" in late.message
+
+
+def loading_deployment(**spec):
+    """One new pod of three created and not available yet, the Deployment's spec updated with ``spec``."""
+    dep = deployment([], status={"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1,
+                                 "availableReplicas": 2})
+    dep["spec"].update(spec)
+    return dep
+
+
+def with_startup_probe(dep, **probe):
+    dep["spec"]["template"]["spec"]["containers"][1]["startupProbe"] = {"httpGet": {"path": "/health"}, **probe}
+    return dep
+
+
+def test_a_deployment_that_gives_its_pods_longer_than_the_specs_deadline_is_not_failed_before_it():
+    """vLLM runs, not Ready, 11 minutes after the pod's creation under the spec's 10-minute deadline: the
+    Deployment's own progressDeadlineSeconds, or the kubelet's startupProbe budget, allows it longer, and the
+    verdict past it names the deadline and where it came from."""
+    pod = [vllm_pod({"running": {"startedAt": "2024-05-01T12:01:00Z"}})]
+    slow = loading_deployment(progressDeadlineSeconds=3600)
+    assert rollout_state(slow, 3, pod, "vllm", 660, 600).progress is Progress.IN_PROGRESS
+    late = rollout_state(slow, 3, pod, "vllm", 3601, 600)
+    assert late.progress is Progress.FAILED
+    assert "progressDeadline 3600s, the Deployment's progressDeadlineSeconds" in late.message
+
+    probed = with_startup_probe(loading_deployment(), periodSeconds=10, failureThreshold=180)  # 30 minutes
+    assert rollout_state(probed, 3, pod, "vllm", 660, 600).progress is Progress.IN_PROGRESS
+    assert rollout_state(probed, 3, pod, "vllm", 1900, 600).progress is Progress.IN_PROGRESS
+    late = rollout_state(probed, 3, pod, "vllm", 1922, 600)  # 1800 s + its 1 s timeout + 120 s
+    assert late.progress is Progress.FAILED
+    assert "progressDeadline 1921s, container vllm's startupProbe 0s + 180 x 10s + 1s + 120s" in late.message
+    # a pod that finds no GPU has started no vLLM for the probe to wait for: blocked at the spec's deadline
+    pending = [pending_pod("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")]
+    assert rollout_state(probed, 3, pending, "vllm", 601, 600).progress is Progress.BLOCKED
+    # another container's probe says nothing of vLLM's start
+    sidecar = loading_deployment()
+    sidecar["spec"]["template"]["spec"]["containers"][0]["startupProbe"] = {"failureThreshold": 180}
+    assert rollout_state(sidecar, 3, pod, "vllm", 660, 600).progress is Progress.FAILED
+    # the spec's deadline stands where it is the longest, and is named
+    late = rollout_state(slow, 3, pod, "vllm", 4000, 3900)
+    assert late.progress is Progress.FAILED
+    assert "(progressDeadline 3900s, spec.rollout.progressDeadline)" in late.message
+
+
+def test_a_pod_that_waits_out_min_ready_seconds_longer_than_the_deadline_is_not_failed():
+    """minReadySeconds 900 (Kubernetes asks for it under progressDeadlineSeconds, 1000 here): every new pod
+    Ready, none available yet for 15 minutes, no progress meanwhile; the controller's syncs take a little longer."""
+    waiting = loading_deployment(minReadySeconds=900, progressDeadlineSeconds=1000)
+    ready = [vllm_pod({"running": {}}, ready=True)]
+    assert rollout_state(waiting, 3, ready, "vllm", 901, 600).progress is Progress.IN_PROGRESS
+    late = rollout_state(waiting, 3, ready, "vllm", 1021, 600)
+    assert late.progress is Progress.FAILED and "the Deployment's minReadySeconds 900s + 120s" in late.message
+
+
+def test_a_strategy_that_stops_old_pods_first_adds_their_drain_to_the_startup_probes_budget():
+    """maxSurge 0 or Recreate: the new pod waits for an old pod's GPU, free once it has drained."""
+    pod = [vllm_pod({"running": {}})]
+    for strategy in ({"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}, {"type": "Recreate"}):
+        stopping = with_startup_probe(loading_deployment(strategy=strategy), periodSeconds=10, failureThreshold=90)
+        stopping["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 300
+        assert rollout_state(stopping, 3, pod, "vllm", 1321, 600).progress is Progress.IN_PROGRESS, strategy
+        late = rollout_state(stopping, 3, pod, "vllm", 1322, 600)  # 300 + 900 + 1 + 120
+        assert late.progress is Progress.FAILED and "after a 300s drain" in late.message, strategy
+    surging = with_startup_probe(loading_deployment(), periodSeconds=10, failureThreshold=90)
+    surging["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 300
+    assert rollout_state(surging, 3, pod, "vllm", 1022, 600).progress is Progress.FAILED  # no old pod to wait for
 
 
 def vllm_pod(state, restarts=0, ended=None, ready=False):

@@ -561,7 +561,7 @@ class RolloutSpec(SpecModel):
     settle_time: Duration = "2m"
     """Time after a rollout before metrics of the new config count (warm-up, queue drain)."""
     progress_deadline: ProgressDeadline = "10m"
-    """A rollout that makes no progress for this long (no pod of the new config created or become available; time paused does not count), or whose pods crash-loop, is rolled back and its config recorded as failed."""
+    """A rollout that makes no progress for this long (no pod of the new config created or become available; time paused does not count), or whose pods crash-loop, is rolled back and its config recorded as failed. The deadline in force is never shorter than what the Deployment itself gives a pod: its progressDeadlineSeconds (600s by default), its minReadySeconds plus 2m, nor, while vLLM loads in a new pod, the vLLM container's startupProbe budget (initialDelaySeconds + failureThreshold x periodSeconds + timeoutSeconds) plus 2m, after an old pod's terminationGracePeriodSeconds when the strategy stops old pods first (maxSurge 0, Recreate); a verdict names the deadline it was taken at and where it came from."""
     rollback_on_regression: bool = True
     """After settling, compare with the window before the change and roll back a measured regression. Adaptive's changes only: a tier's or a schedule's knobs are a person's choice for other traffic or another hour, with no window of the same traffic under the old knobs to compare with."""
     regression_tolerance_percent: float = Field(default=10.0, ge=0, le=100)

@@ -7,10 +7,11 @@ vLLM exits at start-up (CrashLoopBackOff, the error in the container's last
 termination message), caught at once, and no progress for the VllmTuning's
 own deadline, which counts, as the controller's progressDeadlineSeconds
 does, from the rollout's last progress: a slow rollout of many pods, one at
-a time, is not a failed one. The controller's own deadline (its
-``ProgressDeadlineExceeded`` condition, 600 s unless the Deployment says
-otherwise) decides nothing: a large model that loads for longer than that
-per pod is slow, not broken, when the spec allows it. A rollout whose new
+a time, is not a failed one. The controller's ``ProgressDeadlineExceeded``
+condition decides nothing: a large model that loads for longer than the
+Deployment's deadline per pod is slow, not broken, when the spec allows it.
+Nor is the spec's deadline shorter than what the Deployment itself allows a
+pod (``progress_deadline``). A rollout whose new
 pods never started vLLM (the scheduler found no free GPU for a surge pod,
 the image cannot be pulled, a quota refuses the pods, the runtime cannot
 start the container) is stuck for a reason that has nothing to do with the
@@ -29,6 +30,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from vllm_autotuner.rollout.drain import termination_grace
 from vllm_autotuner.rollout.patch import last_written
 
 #: Restarts of a new pod after which its crash is taken as the config's fault.
@@ -36,6 +38,11 @@ CRASH_RESTARTS = 2
 #: How the runtime reports a container it could not start, so its process never ran (containerd's StartError,
 #: Docker's ContainerCannotRun, exit code 128: the GPU driver the container toolkit cannot load, no such binary).
 _START_FAILURES = {"StartError", "ContainerCannotRun"}
+#: ``progressDeadlineSeconds`` when the Deployment leaves it out (the API server's default).
+DEPLOYMENT_DEADLINE_S = 600
+#: Time past the waits a Deployment names (minReadySeconds, a startupProbe's) for the Deployment controller's and
+#: the kubelet's syncs, and for a pod's scheduling and image pull before its startupProbe's first period.
+DEADLINE_MARGIN_S = 120
 
 
 class Progress(StrEnum):
@@ -50,6 +57,56 @@ class Progress(StrEnum):
 class RolloutState:
     progress: Progress
     message: str
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """How long a rollout may go without progress (``progress_deadline``)."""
+
+    seconds: float
+    source: str
+    """Where ``seconds`` comes from, said with a verdict taken at it."""
+
+
+def progress_deadline(deployment: dict[str, Any], new_pods: list[dict[str, Any]], container: str | None,
+                      spec_seconds: float) -> Deadline:
+    """How long a rollout of ``deployment`` may go without progress: the spec's deadline, or longer where the
+    Deployment itself gives a pod longer to start, as a fixed deadline would fail rollouts that are slow by the
+    Deployment's own design and blacklist their configs. The longest of:
+
+    - ``spec_seconds``, the VllmTuning's spec.rollout.progressDeadline;
+    - the Deployment's ``progressDeadlineSeconds``: its owner's own word on how long a step may take;
+    - its ``minReadySeconds`` plus a margin: a Ready pod makes no progress for that long before it is available;
+    - while vLLM loads in one of ``new_pods`` (its container has run and does not serve yet), the vLLM container's
+      startupProbe budget (initialDelaySeconds + failureThreshold x periodSeconds + timeoutSeconds) plus a
+      margin, as the kubelet lets vLLM load for that long before it restarts it (and two restarts are a crash
+      loop, failed at once); after an old pod's drain (terminationGracePeriodSeconds) when the strategy stops
+      old pods before it starts new ones, whose new pods wait for a GPU to free. A rollout whose pods have not
+      started vLLM (no GPU for them) waits for no probe: it is Blocked at the other deadlines.
+    """
+    spec = deployment["spec"]
+    candidates = [Deadline(spec_seconds, "spec.rollout.progressDeadline"),
+                  Deadline(float(spec.get("progressDeadlineSeconds", DEPLOYMENT_DEADLINE_S)),
+                           "the Deployment's progressDeadlineSeconds")]
+    if spec.get("minReadySeconds"):
+        ready = int(spec["minReadySeconds"])
+        candidates.append(Deadline(float(ready + DEADLINE_MARGIN_S),
+                                   f"the Deployment's minReadySeconds {ready}s + {DEADLINE_MARGIN_S}s"))
+    pod_spec = spec["template"].get("spec") or {}
+    drain = 0.0 if _surge(deployment) else termination_grace(pod_spec)
+    loading = any(_ran(s) and not _serving(s) for pod in new_pods for s in _vllm_statuses(pod, container))
+    for c in pod_spec.get("containers") or []:
+        probe = c.get("startupProbe")
+        if loading and probe and (container is None or c.get("name") == container):
+            delay, period = probe.get("initialDelaySeconds", 0), probe.get("periodSeconds", 10)
+            threshold, timeout = probe.get("failureThreshold", 3), probe.get("timeoutSeconds", 1)
+            budget = delay + threshold * period + timeout
+            after = f" after a {drain:.0f}s drain (terminationGracePeriodSeconds)" if drain else ""
+            candidates.append(Deadline(
+                float(drain + budget + DEADLINE_MARGIN_S),
+                f"container {c.get('name')}'s startupProbe {delay}s + {threshold} x {period}s + {timeout}s"
+                f"{after} + {DEADLINE_MARGIN_S}s"))
+    return max(candidates, key=lambda d: d.seconds)
 
 
 def _vllm_statuses(pod: dict[str, Any], container: str | None) -> list[dict[str, Any]]:
@@ -223,10 +280,10 @@ def rollout_state(
     operator's write that started the rollout, whose time the Deployment
     carries (``patch.last_written``). ``stalled_seconds`` is the time since
     the rollout last made progress (``progress_mark`` rose), failing it past
-    ``deadline_seconds``: the spec's deadline, not the Deployment
-    controller's. A Deployment at a *later* generation (someone else
-    changed it too) is judged the same way: the question is whether the
-    newest template runs.
+    ``deadline_seconds``, the spec's deadline, or past a longer one where
+    the Deployment gives its pods longer (``progress_deadline``). A
+    Deployment at a *later* generation (someone else changed it too) is
+    judged the same way: the question is whether the newest template runs.
     """
     if _complete(deployment, target_generation):
         return RolloutState(Progress.COMPLETE, "all replicas updated and available")
@@ -237,9 +294,10 @@ def rollout_state(
     crash = _new_pods_failure(new_pods, container, last_written(deployment))
     if crash:
         return RolloutState(Progress.FAILED, crash)
-    if stalled_seconds > deadline_seconds:
-        stalled = (f"no progress for {stalled_seconds:.0f}s (progressDeadline {deadline_seconds:.0f}s): "
-                   f"{updated}/{spec_replicas} updated, {available} available")
+    deadline = progress_deadline(deployment, new_pods, container, deadline_seconds)
+    if stalled_seconds > deadline.seconds:
+        stalled = (f"no progress for {stalled_seconds:.0f}s (progressDeadline {deadline.seconds:.0f}s, "
+                   f"{deadline.source}): {updated}/{spec_replicas} updated, {available} available")
         held = _never_started(deployment, new_pods, container)
         if held:
             return RolloutState(Progress.BLOCKED, f"{stalled}; {held}")

@@ -511,6 +511,26 @@ def test_a_rollout_whose_new_pod_finds_no_gpu_is_rolled_back_at_the_deadline_wit
     assert "Insufficient nvidia.com/gpu" in blocked.message and "maxSurge: 0" in blocked.message
 
 
+def test_a_pod_that_loads_for_longer_than_the_specs_deadline_within_the_deployments_is_not_failed():
+    """A 70B model loading for 12 minutes into one surge pod, under the spec's 10-minute deadline and the
+    Deployment's progressDeadlineSeconds of an hour: still rolling out, no config blamed, nothing rolled back."""
+    state = status(A.max_num_batched_tokens, A.max_num_seqs, since=T0 - timedelta(hours=2))
+    state, written = write(state, scaled(deployment(A), 1, 1, 1), B, T0)
+    written["spec"]["progressDeadlineSeconds"] = 3600
+    written["status"].update({"replicas": 2, "updatedReplicas": 1, "availableReplicas": 1})
+    loading = {"metadata": {"name": "llama-7f8b-l1", "ownerReferences": OWNED}, "status": {"containerStatuses": [
+        {"name": "vllm", "restartCount": 0, "ready": False,
+         "state": {"running": {"startedAt": utc_timestamp(T0 + timedelta(seconds=40))}}}]}}
+    kube = Kube([loading])
+    state = track(state, written, T0 + timedelta(seconds=30), kube).state
+
+    report = track(state, written, T0 + timedelta(minutes=12), kube)
+
+    rollout = report.state.last_rollout
+    assert rollout is not None and (rollout.to_knobs, rollout.phase) == (B, RolloutPhase.IN_PROGRESS)
+    assert report.state.failed_configs == [] and kube.patches == [] and report.events == []
+
+
 def test_a_blocked_rollback_stands():
     state, written = surge_stuck(B)
     state = track(state, written, T0 + timedelta(minutes=11), Kube([unschedulable("llama-7f8b-s1")])).state

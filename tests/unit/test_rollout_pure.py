@@ -539,6 +539,41 @@ def test_only_crashes_in_this_rollout_of_a_container_not_serving_fail_it():
     assert judged(vllm_pod(running, restarts=2, ended=exited(back))) is Progress.FAILED  # loading a third time
 
 
+def test_a_new_pod_on_its_way_out_did_not_run_the_config_nor_crash_loops_in_it():
+    """The kubelet evicted the surge pod (node pressure while the weights were pulled: phase Failed, its vLLM
+    container's end unknown), its replacement finds no GPU: no pod of the config ran vLLM, so it is blocked, not
+    failed (the config would be recorded as failed). So for one being deleted, or marked for a disruption."""
+    surging = deployment(
+        [], status={"observedGeneration": 3, "replicas": 3, "updatedReplicas": 1, "availableReplicas": 2}
+    )
+    pending = pending_pod("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
+    evicted = vllm_pod({"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown",
+                                       "message": "The container could not be located when the pod was terminated"}})
+    evicted["status"].update({"phase": "Failed", "reason": "Evicted"})
+    deleted = vllm_pod({"running": {}})
+    deleted["metadata"]["deletionTimestamp"] = "2024-05-01T12:05:00Z"
+    preempted = vllm_pod({"running": {}})
+    preempted["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True",
+                                          "reason": "PreemptionByScheduler"}]
+    probed = with_startup_probe(copy.deepcopy(surging), periodSeconds=10, failureThreshold=180)
+    for gone in (evicted, deleted, preempted):
+        blocked = rollout_state(surging, 3, [gone, pending], "vllm", 601, 600)
+        assert blocked.progress is Progress.BLOCKED and "Insufficient nvidia.com/gpu" in blocked.message, gone
+        # nor does it load vLLM, which the startupProbe's budget would wait for
+        assert rollout_state(probed, 3, [gone, pending], "vllm", 601, 600).progress is Progress.BLOCKED, gone
+    running = vllm_pod({"running": {}})
+    assert rollout_state(surging, 3, [running, pending], "vllm", 601, 600).progress is Progress.FAILED
+    assert rollout_state(surging, 3, [{**preempted, "status": {**preempted["status"], "conditions": [
+        {"type": "DisruptionTarget", "status": "False"}]}}, pending], "vllm", 601, 600).progress is Progress.FAILED
+
+    # a crash loop is a running pod's: it still fails the rollout at once, and a deleted one's is its replacement's
+    crashing = crashing_pod(2)
+    crashing["status"]["phase"] = "Running"
+    assert rollout_state(surging, 3, [crashing], "vllm", 30, 600).progress is Progress.FAILED
+    crashing["metadata"]["deletionTimestamp"] = "2024-05-01T12:05:00Z"
+    assert rollout_state(surging, 3, [crashing], "vllm", 30, 600).progress is Progress.IN_PROGRESS
+
+
 def test_a_container_the_runtime_cannot_start_blocks_the_rollout_and_does_not_fail_it():
     """The NVIDIA container toolkit cannot load a node's driver: containerd's StartError (exit code 128), the
     kubelet restarting the container in back-off. vLLM never ran, so the knobs are not to blame."""

@@ -77,12 +77,13 @@ def progress_deadline(deployment: dict[str, Any], new_pods: list[dict[str, Any]]
     - ``spec_seconds``, the VllmTuning's spec.rollout.progressDeadline;
     - the Deployment's ``progressDeadlineSeconds``: its owner's own word on how long a step may take;
     - its ``minReadySeconds`` plus a margin: a Ready pod makes no progress for that long before it is available;
-    - while vLLM loads in one of ``new_pods`` (its container has run and does not serve yet), the vLLM container's
-      startupProbe budget (initialDelaySeconds + failureThreshold x periodSeconds + timeoutSeconds) plus a
-      margin, as the kubelet lets vLLM load for that long before it restarts it (and two restarts are a crash
-      loop, failed at once); after an old pod's drain (terminationGracePeriodSeconds) when the strategy stops
-      old pods before it starts new ones, whose new pods wait for a GPU to free. A rollout whose pods have not
-      started vLLM (no GPU for them) waits for no probe: it is Blocked at the other deadlines.
+    - while vLLM loads in one of ``new_pods`` (its container has run and does not serve yet, the pod not on its
+      way out: ``_gone``), the vLLM container's startupProbe budget (initialDelaySeconds + failureThreshold x
+      periodSeconds + timeoutSeconds) plus a margin, as the kubelet lets vLLM load for that long before it
+      restarts it (and two restarts are a crash loop, failed at once); after an old pod's drain
+      (terminationGracePeriodSeconds) when the strategy stops old pods before it starts new ones, whose new pods
+      wait for a GPU to free. A rollout whose pods have not started vLLM (no GPU for them) waits for no probe:
+      it is Blocked at the other deadlines.
     """
     spec = deployment["spec"]
     candidates = [Deadline(spec_seconds, "spec.rollout.progressDeadline"),
@@ -94,7 +95,8 @@ def progress_deadline(deployment: dict[str, Any], new_pods: list[dict[str, Any]]
                                    f"the Deployment's minReadySeconds {ready}s + {DEADLINE_MARGIN_S}s"))
     pod_spec = spec["template"].get("spec") or {}
     drain = 0.0 if _surge(deployment) else termination_grace(pod_spec)
-    loading = any(_ran(s) and not _serving(s) for pod in new_pods for s in _vllm_statuses(pod, container))
+    loading = any(_ran(s) and not _serving(s)
+                  for pod in new_pods if not _gone(pod) for s in _vllm_statuses(pod, container))
     for c in pod_spec.get("containers") or []:
         probe = c.get("startupProbe")
         if loading and probe and (container is None or c.get("name") == container):
@@ -107,6 +109,16 @@ def progress_deadline(deployment: dict[str, Any], new_pods: list[dict[str, Any]]
                 f"container {c.get('name')}'s startupProbe {delay}s + {threshold} x {period}s + {timeout}s"
                 f"{after} + {DEADLINE_MARGIN_S}s"))
     return max(candidates, key=lambda d: d.seconds)
+
+
+def _gone(pod: dict[str, Any]) -> bool:
+    """Whether the pod is done with (evicted, its node lost: phase Failed; Succeeded) or on its way out (being
+    deleted, or marked for a disruption): what its containers did says nothing of whether the rollout can go on,
+    and an eviction while vLLM loaded is no sign against the config, which a replacement will try again."""
+    if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded") or pod["metadata"].get("deletionTimestamp"):
+        return True
+    return any((c.get("type"), c.get("status")) == ("DisruptionTarget", "True")
+               for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 def _vllm_statuses(pod: dict[str, Any], container: str | None) -> list[dict[str, Any]]:
@@ -134,7 +146,10 @@ def _crash_looping(status: dict[str, Any], since: datetime | None) -> bool:
 
 
 def _new_pods_failure(pods: list[dict[str, Any]], container: str | None, since: datetime | None) -> str | None:
-    for pod in pods:
+    """Why a new pod's vLLM crash-loops in this rollout (since ``since``); None when none does. Pods on their way
+    out (``_gone``) are left out: a crash-looping pod runs (phase Running, its restarts rising), and one evicted
+    or being deleted is replaced by a pod that starts the config again."""
+    for pod in (p for p in pods if not _gone(p)):
         for status in _vllm_statuses(pod, container):
             if _crash_looping(status, since):
                 ended, waiting = _ended(status), (status.get("state") or {}).get("waiting") or {}
@@ -165,12 +180,12 @@ def _never_started(deployment: dict[str, Any], pods: list[dict[str, Any]], conta
     """Why the new pods that hold the rollout back have not started vLLM, when they cannot be created or none of
     those not serving yet has started its container (so none of them has read the knobs; pods that serve the new
     config, before a node went or the autoscaler asked for more, say it starts); None when one has, or nothing is
-    known of them."""
+    known of them. Pods on their way out (``_gone``) hold nothing back: their replacements do."""
     for condition in (deployment.get("status") or {}).get("conditions") or []:
         if (condition.get("type"), condition.get("status")) == ("ReplicaFailure", "True"):
             return f"the new pods cannot be created: {condition.get('message', '').strip()}"
     held = None
-    for pod in pods:
+    for pod in (p for p in pods if not _gone(p)):
         ours = _vllm_statuses(pod, container)
         if ours and all(_serving(c) for c in ours):
             continue

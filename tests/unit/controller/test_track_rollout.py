@@ -531,6 +531,21 @@ def test_a_pod_that_loads_for_longer_than_the_specs_deadline_within_the_deployme
     assert report.state.failed_configs == [] and kube.patches == [] and report.events == []
 
 
+def test_an_evicted_surge_pod_does_not_make_a_blocked_rollout_the_configs_failure():
+    """The surge pod was evicted while it pulled the image; its replacement finds no GPU. The list of the new
+    ReplicaSet's pods still holds the evicted one (phase Failed): no config is blamed at the deadline."""
+    state, written = surge_stuck(B)
+    evicted = {"metadata": {"name": "llama-7f8b-e1", "ownerReferences": OWNED}, "status": {
+        "phase": "Failed", "reason": "Evicted", "containerStatuses": [{"name": "vllm", "restartCount": 0, "state": {
+            "terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown"}}}]}}
+    kube = Kube([evicted, unschedulable("llama-7f8b-s2")])
+
+    report = track(state, written, T0 + timedelta(minutes=11), kube)
+
+    assert report.state.failed_configs == []
+    assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_BLOCKED, events.ROLLED_BACK]
+
+
 def test_a_blocked_rollback_stands():
     state, written = surge_stuck(B)
     state = track(state, written, T0 + timedelta(minutes=11), Kube([unschedulable("llama-7f8b-s1")])).state

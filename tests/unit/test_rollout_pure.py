@@ -13,7 +13,9 @@ from vllm_autotuner.rollout.patch import (
     KNOBS_ANNOTATION,
     TUNING_ANNOTATION,
     WRITTEN_AT_ANNOTATION,
+    TEMPLATE_ANNOTATION,
     baseline_annotation,
+    changed_since_written,
     command_line_writer,
     knob_patch,
     template_engine_args,
@@ -216,6 +218,39 @@ def test_each_write_says_its_cause_on_the_deployment_for_kubectl_rollout_history
     back = merge(live, knob_patch(live, None, a, "512 failed", "chat", "Rollback", WRITTEN))
     assert back["metadata"]["annotations"][CHANGE_CAUSE_ANNOTATION] == (
         "vllm-autotuner chat: rollback to --max-num-batched-tokens 2048 --max-num-seqs 64 (512 failed)")
+
+
+def test_a_template_written_since_our_last_write_is_told_from_the_one_it_left():
+    """Our change and our undo each leave a digest of the template they wrote; someone else's write of the template
+    since (an image, a flag, a restart) is told, a scale or a write of ours is not."""
+    a, b = Knobs(max_num_batched_tokens=2048, max_num_seqs=64), Knobs(max_num_batched_tokens=512, max_num_seqs=64)
+    before = deployment(["--max-num-batched-tokens", "2048", "--max-num-seqs", "64"], annotations={"team": "x"})
+    live = merge(before, knob_patch(before, None, b, "ITL breach", "chat", "Traffic", WRITTEN))
+    scaled = copy.deepcopy(live)
+    scaled["spec"]["replicas"] = 5
+    assert not changed_since_written(live) and not changed_since_written(scaled)
+
+    def edited(dep, edit):
+        out = copy.deepcopy(dep)
+        edit(out["spec"]["template"])
+        return out
+
+    def image(template):
+        template["spec"]["containers"][1]["image"] = "vllm/vllm-openai:v0.99"
+
+    def restart(template):  # `kubectl rollout restart`
+        template["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"] = "2024-05-01T12:02:00Z"
+
+    assert changed_since_written(edited(live, image)) and changed_since_written(edited(live, restart))
+
+    undone = merge(live, undo_patch(live, None, replicaset_template(before), a, "512 failed", "chat",
+                                    WRITTEN + timedelta(minutes=5)))
+    assert undone["spec"]["template"] == before["spec"]["template"]  # no digest of ours in it: it had none
+    assert not changed_since_written(undone) and changed_since_written(edited(undone, image))
+    # a template written by an operator before the digest: nothing tells, it is judged as before
+    old = copy.deepcopy(live)
+    del old["spec"]["template"]["metadata"]["annotations"][TEMPLATE_ANNOTATION]
+    assert not changed_since_written(edited(old, image))
 
 
 def test_only_the_rollback_of_a_judged_rollout_carries_its_verdict():

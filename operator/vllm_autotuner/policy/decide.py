@@ -658,11 +658,15 @@ def _takes_over(
     """Whether the change of the window ``following`` in place of ``knobs`` goes out when its pre-roll begins: no
     change freeze is in force then (``freeze_in_force``, as ``_apply`` asks it), and the config its opening goes to
     (``_opening``) fits and may be tried (``_refused``). Otherwise a preset window's close that waited for it would
-    keep the closed window's preset for as long as that change is held: through a whole freeze, or for good."""
+    keep the closed window's preset for as long as that change is held: through a whole freeze, or for good. A
+    window whose opening keeps the config that runs (the same preset again) sends nothing out, so nothing there can
+    be held: it takes over whatever the freezes and failed configs."""
     schedule, begins = following
+    opening = _opening(spec, state, schedule, knobs)
+    if state.current is not None and opening == state.current.knobs:
+        return True
     if freeze_in_force(spec.rollout.freezes, state, begins) is not None:
         return False
-    opening = _opening(spec, state, schedule, knobs)
     return opening is not None and not _refused(state, opening, KnobSource.SCHEDULE)
 
 

@@ -1085,6 +1085,21 @@ def test_a_preset_window_closing_goes_at_once_when_the_next_windows_change_would
     assert closed.state.resume_knobs is None
 
 
+@pytest.mark.parametrize("case", ["freeze", "failed-limit"])
+def test_a_preset_window_closing_keeps_its_preset_for_a_next_window_of_the_same_preset_whatever_would_hold_a_change(
+        case):
+    """The late window's preset is the night's: its opening sends nothing out, so neither a change freeze over its
+    pre-roll nor FAILED_LIMIT failed configs can hold it, and the close keeps the preset through the gap. Going back
+    at the close restarted the pods, then the freeze held the preset back until 05:00, or the failed configs for
+    good."""
+    freezes = [{"name": "release", "start": "3 2 * * *", "end": "0 5 * * *"}] if case == "freeze" else []
+    the_spec = spec(schedules=[_NIGHT, {**_LATE, "knobs": PRESET}], rollout={"freezes": freezes})
+    failed = _failed(*(knobs(1024 + 64 * i, 64) for i in range(FAILED_LIMIT))) if case == "failed-limit" else []
+    closed = quietly(the_spec, _night_live(the_spec, failed_configs=failed), T0.replace(day=2, hour=2))
+    assert closed.action == DecisionAction.HOLD and closed.hold == HoldReason.SCHEDULE, closed.reason
+    assert closed.state.current.knobs == knobs(16384, 512) and closed.state.resume_knobs == knobs(8192, 1024)
+
+
 def test_a_preset_window_closing_goes_at_once_when_the_next_windows_bounds_hold_no_config():
     """A window of bounds that hold no config vLLM starts (budgets up to 2048 with chunked prefill off and 4096-token
     sequences) replaces nothing when it opens: the config before the night comes back at its close, where waiting

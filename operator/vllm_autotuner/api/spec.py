@@ -578,7 +578,7 @@ class EngineSpec(SpecModel):
                                      pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([-.+][0-9A-Za-z.+-]+)?$")
     """vLLM version, used to pick the table of default knob values when the flags are absent, e.g. 0.11.0, v0.11.0-cu128 or a build's 0.10.2.dev5+g1234567. Default: read from the image tag, else the newest table."""
     gpu_memory_gib: int | None = Field(default=None, ge=1, le=4096)
-    """Memory of one GPU in GiB, used to pick vLLM's default knob values when the flags are absent. Default: read from the labels of the pod template's nodeSelector or of the node a pod runs on: nvidia.com/gpu.memory (GPU Feature Discovery), else cloud.google.com/gke-gpu-partition-size (GKE's multi-instance GPU partitions: a 1g.10gb slice has 10 GB), else cloud.google.com/gke-accelerator (GKE: nvidia-l4, nvidia-h100-80gb, ...) or karpenter.k8s.aws/instance-gpu-memory (Karpenter on EKS); else assumed >= 70 GiB (and below 160 GiB)."""
+    """Memory of one GPU in GiB, used to pick vLLM's default knob values when the flags are absent. Default: read from the labels of the pod template's nodeSelector or of the node a pod runs on: nvidia.com/gpu.memory (GPU Feature Discovery), else cloud.google.com/gke-gpu-partition-size (GKE's multi-instance GPU partitions: a 1g.10gb slice has about 10 GiB), else cloud.google.com/gke-accelerator (GKE: nvidia-l4, nvidia-h100-80gb, ...) or karpenter.k8s.aws/instance-gpu-memory (Karpenter on EKS); else assumed >= 70 GiB (and below 160 GiB)."""
 
 
 class VllmTuningSpec(SpecModel):

@@ -59,6 +59,7 @@ from vllm_autotuner.knobs import (
     parse_version,
     vllm_defaults,
 )
+from vllm_autotuner.knobs.defaults import MEMORY_LABELS
 from vllm_autotuner.observe.client import Connection, PrometheusError
 from vllm_autotuner.observe.queries import PodMatch, Selector, pod_matchers, reach
 from vllm_autotuner.observe.service import ObservationService
@@ -540,20 +541,21 @@ class Reconciler:
                                replicaset: dict[str, Any] | None, now: datetime) -> tuple[Hardware, bool]:
         """Read from ``replicaset``'s pods; without it, from the spec and the template as a Deployment whose pods
         have no node yet is (vLLM's defaults unless the GPU memory is given). With whether the reading is final,
-        to be kept (``_hardware``): the memory known without a node (the spec, the nodeSelector's labels), no
-        GPU, or a node read that carries GPU labels (``Hardware.labelled``), even labels that say nothing of the
-        memory (an accelerator type not in ``GKE_ACCELERATOR_MIB``). A node without any is final only once it
-        is ``GPU_LABELS_WAIT`` old at the evaluation's ``now``: a pod binds to a new node as soon as the device
-        plugin advertises its GPUs, and GPU Feature Discovery's labels come seconds to a minute later, so a
-        reading kept at once would assume a GPU of 70 GiB or more for the revision's life; an older node has no
-        labeller (EKS without GPU Feature Discovery or Karpenter) and asking again would cost a pod list and a
-        node read at each evaluation. Not final while no pod has a node, or the pods or the node could not be
-        read."""
+        to be kept (``_hardware``): no GPU, the memory given in the spec or by a nodeSelector label that says it
+        (``MEMORY_LABELS``; a GKE accelerator type alone says the whole GPU's, which the node's partition may
+        cut), or a node read whose labels tell the memory. A node whose labels do not is final only once it is
+        ``GPU_LABELS_WAIT`` old at the evaluation's ``now``: a pod binds to a new node as soon as the device
+        plugin advertises its GPUs, and GPU Feature Discovery's labels come seconds to a minute later (on GKE
+        too, for a type not in ``GKE_ACCELERATOR_MIB``), so a reading kept at once would assume a GPU of 70 GiB or
+        more for the revision's life; an older node has no labeller (EKS without GPU Feature Discovery or
+        Karpenter) and asking again would cost a pod list and a node read at each evaluation. Not final while no
+        pod has a node, or the pods or the node could not be read."""
         resources = container.get("resources") or {}
         gpus = int((resources.get("limits") or resources.get("requests") or {}).get(GPU_RESOURCE, 0) or 0)
         labels = dict(deployment["spec"]["template"]["spec"].get("nodeSelector") or {})
         hardware = Hardware.from_labels(gpus, labels, spec.engine.gpu_memory_gib)
-        final = hardware.memory_gib is not None or not gpus
+        final = not gpus or spec.engine.gpu_memory_gib is not None or (
+            hardware.memory_gib is not None and any(label in labels for label in MEMORY_LABELS))
         if not final:
             try:
                 pods = await self._owned_pods(deployment, {replicaset["metadata"]["uid"]} if replicaset else set())
@@ -562,7 +564,7 @@ class Reconciler:
                     meta = await self._call(self.kube.node_metadata, node)
                     node_labels = meta.get("labels") or {}
                     hardware = Hardware.from_labels(gpus, labels | node_labels)
-                    final = Hardware.labelled(node_labels) or (
+                    final = hardware.memory_gib is not None or (
                         now - datetime.fromisoformat(meta["creationTimestamp"]) >= GPU_LABELS_WAIT)
             except ApiException as exc:
                 log.info("GPU labels unreadable (%s); assuming from the defaults table", exc.reason)

@@ -30,8 +30,6 @@ from dataclasses import dataclass
 
 from vllm_autotuner.api.spec import Knobs
 
-GIB = 1024**3
-
 
 @dataclass(frozen=True)
 class DefaultsTable:
@@ -69,10 +67,9 @@ GKE_PARTITION_LABEL = "cloud.google.com/gke-gpu-partition-size"
 GKE_PARTITION_SIZE = re.compile(r"[0-9]+g\.([0-9]+)gb\b")
 KARPENTER_GPU_NAME_LABEL = "karpenter.k8s.aws/instance-gpu-name"  # EC2's GPU name in lower kebab case: a100, l4
 KARPENTER_GPU_MEMORY_LABEL = "karpenter.k8s.aws/instance-gpu-memory"  # MiB of one GPU, as EC2 describes it
-#: The labels the GPU is read from; GKE and Karpenter write theirs when the node registers, GPU Feature Discovery
-#: some time after.
-GPU_LABELS = (GPU_PRODUCT_LABEL, GPU_MEMORY_LABEL, GKE_ACCELERATOR_LABEL, GKE_PARTITION_LABEL, KARPENTER_GPU_NAME_LABEL,
-              KARPENTER_GPU_MEMORY_LABEL)
+#: The labels that say the memory a pod's GPU has, partitions included; a GKE accelerator type says the whole
+#: GPU's, which its node's partition label may cut
+MEMORY_LABELS = (GPU_MEMORY_LABEL, GKE_PARTITION_LABEL, KARPENTER_GPU_MEMORY_LABEL)
 #: MiB of one GPU of each GKE accelerator type (the values of ``cloud.google.com/gke-accelerator``, Compute
 #: Engine's GPU model names), as NVML reports the device: what GPU Feature Discovery's label would say there,
 #: so that a GPU reads the same by either label (an H100 "80GB" is 79.6 GiB, an L4 "24 GB" 22.5 GiB). A value
@@ -101,21 +98,15 @@ class Hardware:
     memory_gib: float | None = None  # per GPU; None when unknown
     product: str | None = None  # the GPU's name from its node's labels (``from_labels``)
 
-    @staticmethod
-    def labelled(labels: Mapping[str, str]) -> bool:
-        """Whether a node's labels hold any of those ``from_labels`` reads: its GPU labeller has run. GPU Feature
-        Discovery labels a node seconds to a minute after the device plugin has made it schedulable; a node
-        without any may yet get them (``Reconciler._lookup_hardware``)."""
-        return any(label in labels for label in GPU_LABELS)
-
     @classmethod
     def from_labels(cls, gpus: int, labels: Mapping[str, str], memory_gib: float | None = None) -> Hardware:
         """The GPU of a node with these labels (a node's own, or those a nodeSelector asks for).
 
         Memory, unless given: GPU Feature Discovery's label (under its MIG
         "single" strategy, a partition's memory), else GKE's partition size
-        (``GKE_PARTITION_LABEL``: a 1g.10gb slice of an H100 is 10 GB, not the
-        GPU's 80), else its accelerator type (``GKE_ACCELERATOR_MIB``), else
+        (``GKE_PARTITION_LABEL``: a 1g.10gb slice of an H100 has about 10 GiB,
+        the profile's name rounding up what NVML reports, 9.75; not the GPU's
+        80), else its accelerator type (``GKE_ACCELERATOR_MIB``), else
         Karpenter's on EKS; the product likewise (it names an A100 or a GB10,
         which vLLM keeps off the large-GPU defaults whatever their memory):
         NVIDIA-A100-SXM4-80GB, nvidia-a100-80gb or a100. None where no label
@@ -124,7 +115,7 @@ class Hardware:
         accelerator = labels.get(GKE_ACCELERATOR_LABEL)
         if memory_gib is None:
             partition = GKE_PARTITION_SIZE.match(labels.get(GKE_PARTITION_LABEL, ""))
-            readings = (_gib(labels.get(GPU_MEMORY_LABEL)), int(partition[1]) * 10**9 / GIB if partition else None,
+            readings = (_gib(labels.get(GPU_MEMORY_LABEL)), int(partition[1]) if partition else None,
                         _gib(GKE_ACCELERATOR_MIB.get(accelerator or "")), _gib(labels.get(KARPENTER_GPU_MEMORY_LABEL)))
             memory_gib = next((gib for gib in readings if gib is not None), None)
         product = labels.get(GPU_PRODUCT_LABEL) or accelerator or labels.get(KARPENTER_GPU_NAME_LABEL)

@@ -259,7 +259,7 @@ def test_a_gke_gpu_partition_is_a_gpu_of_its_memory() -> None:
     # asked for in the nodeSelector, as GKE's multi-instance GPUs are: no node to read
     kube = OneNode({})
     read = reading(kube, {GKE: "nvidia-h100-80gb", PARTITION: "1g.10gb"})
-    assert read() == Hardware(gpus=1, memory_gib=10 * 10**9 / 2**30, product="nvidia-h100-80gb")
+    assert read() == Hardware(gpus=1, memory_gib=10, product="nvidia-h100-80gb")  # NVML: 9.75 GiB
     assert (kube.selectors, kube.nodes) == ([], [])
     # GPU Feature Discovery's label (a partition's memory under its MIG "single" strategy) and the spec's before it
     gfd = OneNode({"nvidia.com/gpu.memory": "9856", GKE: "nvidia-h100-80gb", PARTITION: "1g.10gb"})
@@ -267,13 +267,18 @@ def test_a_gke_gpu_partition_is_a_gpu_of_its_memory() -> None:
     assert reading(kube, {GKE: "nvidia-h100-80gb", PARTITION: "1g.10gb"}, {"gpuMemoryGib": 12})().memory_gib == 12
 
 
-def test_a_gke_accelerator_in_the_node_selector_reads_no_node() -> None:
-    kube = OneNode({})
-    read = reading(kube, {GKE: "nvidia-l4", "cloud.google.com/gke-spot": "true"})
-    assert read() == Hardware(gpus=1, memory_gib=23034 / 1024, product="nvidia-l4")
-    assert (kube.selectors, kube.nodes) == ([], [])
-    # the spec's GPU memory before the labels
-    assert reading(kube, {GKE: "nvidia-h100-80gb"}, {"gpuMemoryGib": 24})().memory_gib == 24
+def test_a_gke_accelerator_in_the_node_selector_is_read_on_a_node_once_for_its_partition() -> None:
+    # the selector names the whole GPU; the pod's node cuts it into multi-instance partitions, whose memory vLLM sees
+    kube = OneNode({GKE: "nvidia-h100-80gb", PARTITION: "1g.10gb"}, created=ago(seconds=5))
+    read = reading(kube, {GKE: "nvidia-h100-80gb", "cloud.google.com/gke-spot": "true"})
+    assert read() == read() == Hardware(gpus=1, memory_gib=10, product="nvidia-h100-80gb")
+    assert kube.nodes == ["gpu-node"]
+    defaults = vllm_defaults("v0.30.0", read())
+    assert (defaults.knobs.max_num_batched_tokens, defaults.knobs.max_num_seqs) == (2048, 256)
+    # the spec's GPU memory before the labels, and no node read for it
+    spec_given = OneNode({})
+    assert reading(spec_given, {GKE: "nvidia-h100-80gb"}, {"gpuMemoryGib": 24})().memory_gib == 24
+    assert spec_given.nodes == []
 
 
 @pytest.mark.parametrize("node_selector", [{GKE: "nvidia-tesla-k80"}, {}])
@@ -320,7 +325,6 @@ def test_a_node_without_gpu_labels_is_read_again_only_while_young() -> None:
 
 @pytest.mark.parametrize("labels", [
     {GKE: "nvidia-l4"},
-    {GKE: "nvidia-tesla-k80"},  # an accelerator type not in the table: no label will say more
     {KARPENTER_NAME: "l4", KARPENTER_MIB: "22888"},
     {"nvidia.com/gpu.product": "NVIDIA-L4", "nvidia.com/gpu.memory": "23034"},
 ])
@@ -330,6 +334,18 @@ def test_a_young_node_with_gpu_labels_is_read_once(labels: dict[str, str]) -> No
     read = reading(kube)
     assert read() == read()
     assert kube.nodes == ["gpu-node"]
+
+
+def test_a_young_gke_node_of_a_type_not_in_the_table_is_read_again_for_gpu_feature_discoverys_labels() -> None:
+    # GKE names the type when the node registers; GPU Feature Discovery, where it runs, says the memory later
+    kube = OneNode({GKE: "nvidia-b300"}, created=ago(minutes=1))
+    read = reading(kube)
+    assert read().memory_gib is None
+    kube.labels = {GKE: "nvidia-b300", "nvidia.com/gpu.memory": "275040"}
+    assert read() == read() == Hardware(gpus=1, memory_gib=275040 / 1024, product="nvidia-b300")
+    assert kube.nodes == ["gpu-node", "gpu-node"]
+    defaults = vllm_defaults("v0.30.0", read())
+    assert (defaults.knobs.max_num_batched_tokens, defaults.knobs.max_num_seqs) == (16384, 1024)
 
 
 def test_a_nodes_labels_and_creation_time_are_read_as_served() -> None:

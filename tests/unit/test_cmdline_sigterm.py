@@ -70,6 +70,14 @@ def reading(command: list[str]) -> Sigterm | None:
     (["sh", "-c", "while :; do X=1 exec vllm serve M; done"], REACHES),
     (["dash", "-c", "{ exec vllm serve M; } | tee log"], IGNORED),
     (["sh", "-c", "if :; then exec vllm serve M; fi &\nwait"], None),
+    # over several lines too: what holds vLLM's command is read from the words that open and close it, not its first
+    (["sh", "-c", 'if [ "$ROLE" = leader ]; then\n  exec vllm serve M --max-num-seqs 8\nfi 2>&1 | tee /log'], None),
+    (["sh", "-c", "{\n  exec vllm serve M --max-num-seqs 8\n} 2>&1 | tee /log"], None),
+    (["sh", "-c", "(\n  exec vllm serve M --max-num-seqs 8\n) &\nwait"], None),
+    (["sh", "-c", "f() {\n  exec vllm serve M --max-num-seqs 8\n}\nf 2>&1 | tee /log"], None),  # a function's body
+    (["sh", "-c", "{\n  exec vllm serve M\n} &\nwait"], None),
+    (["dash", "-c", "while :; do\n  exec vllm serve M\ndone | tee log"], IGNORED),
+    (["sh", "-c", "if :; then\n  exec vllm serve M\nfi"], REACHES),  # held by no child
     (["runuser", "-u", "vllm", "--", "vllm", "serve", "M"], CUT_SHORT),  # passes it on, kills vLLM 2 s later
     (["tini", "--", "/usr/sbin/runuser", "-u", "vllm", "--", "python3", "-m", "vllm.entrypoints.openai.api_server"],
      CUT_SHORT),
@@ -235,6 +243,8 @@ _PID_NAMESPACES = pytest.mark.skipif(not _unshare_works(), reason="needs unshare
     ["dash", "-c", 'if [ -n "$VLLM_UP" ]; then exec vllm serve M; fi'],
     ["dash", "-c", "{ exec vllm serve M; }"],
     ["dash", "-c", "{ exec vllm serve M; } | cat"],
+    ["dash", "-c", "{\n  exec vllm serve M\n} | cat"],
+    ["dash", "-c", 'if [ -n "$VLLM_UP" ]; then\n  exec vllm serve M\nfi &\nwait'],
     ["bash", "-c", "vllm serve M --max-num-seqs 64"],
     ["dash", "-c", "vllm serve M --max-num-seqs 64"],
     ["bash", "-c", "exec vllm serve M 2>&1 | cat"],

@@ -662,6 +662,9 @@ _SETUP = {"set", "cd", "export", "source", ".", "trap", "ulimit", "umask", "mkdi
 # The shell's reserved words that may come before a command's name (``then vllm serve``, ``do vllm serve``), and those
 # that close a compound command, its last word: none is a program (flags written after ``done`` break the script).
 _RESERVED_WORDS = {"!", "{", "if", "then", "elif", "else", "while", "until", "do", "time", "done", "fi", "esac", "}"}
+# The reserved words that open a compound command at a command's start, and the word that closes each (bash's select
+# too: a loop, wherever the shell reads it).
+_COMPOUNDS = {"if": "fi", "while": "done", "until": "done", "for": "done", "select": "done", "case": "esac", "{": "}"}
 # A variable assignment before a command's name (``VAR=value vllm serve``).
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
 
@@ -993,15 +996,23 @@ class CommandLine:
                   self.words[end].text if end < len(self.words) else None}
         if around & _CHILD_OPERATORS:  # a pipeline's or a background command runs in a child, exec or not
             return child
-        # exec puts vLLM in the shell's place, within a compound command too (then exec vllm serve), unless that runs
-        # in a child, which the operator does not follow: then any pipeline, background or subshell leaves it below
-        if _command_words([w.text for w in self.words[first:vllm]])[:1] == ["exec"] and (
-                self.words[first].text not in _RESERVED_WORDS or not any(
-                    w.operator and w.text in _CHILD_OPERATORS for w in self.words)):
+        # exec puts vLLM in the shell's place, within a compound command or function too (then exec vllm serve),
+        # unless that runs in a child, which the operator does not follow: then any pipeline, background or subshell
+        # leaves it below
+        depths, patterns = self._compound
+        enclosed = depths[vllm] > 0 or self.words[vllm].function is not None
+        children = any(w.operator and w.text in _CHILD_OPERATORS and k not in patterns
+                       for k, w in enumerate(self.words))
+        if _command_words([w.text for w in self.words[first:vllm]])[:1] == ["exec"] and not (enclosed and children):
             return reaches
         if shell == "bash" and not any(w.operator for w in self.words):
             return reaches
         return child if shell == "dash" else None
+
+    @functools.cached_property
+    def _compound(self) -> tuple[list[int], set[int]]:
+        """``_compound_commands`` of the words, read once."""
+        return _compound_commands(list(self.words))
 
     def _model_index(self) -> int | None:
         """Index of the word vLLM takes as the model: the positional argument of ``vllm serve``, or in args-only
@@ -1268,6 +1279,49 @@ def _function_bodies(words: list[ShellWord]) -> list[tuple[str, tuple[int, int]]
 def _function_at(bodies: list[tuple[str, tuple[int, int]]], span: tuple[int, int]) -> str | None:
     """The name of the function among ``bodies`` (``_function_bodies``) whose body holds ``span``; None if none."""
     return next((name for name, (a, b) in bodies if a <= span[0] and span[1] <= b), None)
+
+
+def _compound_commands(words: list[Word]) -> tuple[list[int], set[int]]:
+    """How many compound commands hold each of a script's words (``if``, a loop, ``case``, ``{ }``, a ``( )``
+    subshell), read from the words at a command's start that open and close them, however many lines they span; and
+    the indices of the words and operators of case patterns (``a|b)``), which are no command, pipeline or subshell.
+    ``sigterm`` reads from them whether exec puts vLLM in the shell's place: not where a pipeline, background or
+    subshell may hold the compound command it runs in (``{ newline exec vllm serve ... newline } | tee log``)."""
+    depths: list[int] = []
+    patterns: set[int] = set()
+    stack: list[str] = []  # what closes each open one: its word; ")" a subshell, "()" a function's parentheses;
+    # a case's state: "in" (its word, then its patterns), "pattern" (to its ")"), "esac" (a pattern's commands)
+    command = True  # the word is at a command's start, where the shell reads reserved words
+    for k, word in enumerate(words):
+        depths.append(len(stack))
+        top = stack[-1] if stack else None
+        if top == "in":
+            if (word.text, word.operator) == ("in", False):
+                stack[-1] = "pattern"
+        elif top == "pattern":
+            patterns.add(k)
+            if (word.text, word.operator) == (")", True):
+                stack[-1], command = "esac", True
+            elif (word.text, word.operator) == ("esac", False):
+                stack.pop()
+                command = False
+        elif word.operator:
+            if word.text == ";;" and top == "esac":
+                stack[-1] = "pattern"
+            elif word.text == "(":  # a subshell at a command's start; after a name, a function's ``()``
+                stack.append(")" if command else "()")
+            elif word.text == ")" and top in (")", "()"):
+                stack.pop()
+            command = True
+        elif command and word.text in _COMPOUNDS:
+            stack.append("in" if word.text == "case" else _COMPOUNDS[word.text])
+            command = word.text not in ("for", "select", "case")  # their name and words come first
+        elif command and word.text == top:
+            stack.pop()
+            command = False
+        else:
+            command = command and (word.text in _RESERVED_WORDS or bool(_ASSIGNMENT.fullmatch(word.text)))
+    return depths, patterns
 
 
 def _sets_positionals(words: list[Word], k: int) -> bool:

@@ -753,12 +753,16 @@ def test_the_xargs_check_reads_no_word_again_for_vllm(monkeypatch):
         (["exec", "vllm", "serve", "M", "--max-num-seqs", "64"], "exec"),
         (["tini", "--", "command", "vllm", "serve", "M", "--max-num-seqs", "64"], "command"),
         (["command", "sh", "-c", "exec vllm serve M --max-num-seqs 64"], "command"),
+        # args alone that hold a vLLM command are read as a command, and refused alike
+        ({"args": ["exec", "vllm", "serve", "M", "--max-num-seqs", "64"]}, "exec"),
+        ({"args": ["command", "vllm", "serve", "M", "--max-num-seqs", "64"]}, "command"),
     ],
 )
 def test_a_shell_builtin_in_a_list_form_command_is_refused(command, builtin):
     # no shell reads the list: kubelet runs command or exec as a program, absent from vLLM's images, and where
     # RHEL has one, a script whose shell keeps vLLM as its child: read as the builtin, the SIGTERM would reach vLLM
-    container = {"name": "engine", "image": "vllm/vllm-openai:v0.11.0", "command": command}
+    container = {"name": "engine", "image": "vllm/vllm-openai:v0.11.0",
+                 **(command if isinstance(command, dict) else {"command": command})}
     assert find_vllm_container({"containers": [container]}) is container
     for read in (EngineArgs.from_container, lambda c: set_knobs(c, NEW)):
         with pytest.raises(CommandLineError, match=rf"starts {builtin}, a builtin of the shell, with no shell.*drop "

@@ -768,7 +768,9 @@ class CommandLine:
         """Parse ``command`` and ``args`` of a container (a dict as the API returns it), expanded with its ``env``
         as kubelet expands them. Raises CommandLineError for a form that cannot be read with certainty."""
         cmd = cls._split(container)
-        if cmd.command:  # args alone are the image entrypoint's: their first is vLLM's model, no program
+        # args alone are the image entrypoint's: where their first is vLLM's model (they name no vLLM command), no
+        # program; where they hold one (exec vllm serve M), that is how they are read, and refused alike
+        if cmd.command or cmd._model_index() != 0:
             _refuse_builtin([*cmd.command, *cmd.args])
         if cmd.shell_script is not None:  # the script's command that gets the flags
             _refuse_watcher_script(cmd._segment_argv())

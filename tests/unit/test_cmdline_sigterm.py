@@ -78,6 +78,9 @@ def reading(command: list[str]) -> Sigterm | None:
     (["sh", "-c", "{\n  exec vllm serve M\n} &\nwait"], None),
     (["dash", "-c", "while :; do\n  exec vllm serve M\ndone | tee log"], IGNORED),
     (["sh", "-c", "if :; then\n  exec vllm serve M\nfi"], REACHES),  # held by no child
+    (["sh", "-c", 'case "$R" in a) exec vllm serve M;; esac'], REACHES),  # a case pattern's ) is no subshell
+    (["sh", "-c", 'case "$R" in (a|b) exec vllm serve M;; esac'], REACHES),
+    (["dash", "-c", 'case "$R" in a) exec vllm serve M;; esac | tee log'], IGNORED),
     (["runuser", "-u", "vllm", "--", "vllm", "serve", "M"], CUT_SHORT),  # passes it on, kills vLLM 2 s later
     (["tini", "--", "/usr/sbin/runuser", "-u", "vllm", "--", "python3", "-m", "vllm.entrypoints.openai.api_server"],
      CUT_SHORT),
@@ -245,6 +248,7 @@ _PID_NAMESPACES = pytest.mark.skipif(not _unshare_works(), reason="needs unshare
     ["dash", "-c", "{ exec vllm serve M; } | cat"],
     ["dash", "-c", "{\n  exec vllm serve M\n} | cat"],
     ["dash", "-c", 'if [ -n "$VLLM_UP" ]; then\n  exec vllm serve M\nfi &\nwait'],
+    ["dash", "-c", 'case "$VLLM_UP" in (*/*) exec vllm serve M;; esac'],
     ["bash", "-c", "vllm serve M --max-num-seqs 64"],
     ["dash", "-c", "vllm serve M --max-num-seqs 64"],
     ["bash", "-c", "exec vllm serve M 2>&1 | cat"],

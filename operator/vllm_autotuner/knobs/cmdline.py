@@ -994,14 +994,14 @@ class CommandLine:
         child = Sigterm.KILLS if any(map(_is_init, argv[:start])) else Sigterm.IGNORED
         if self._traps_term():  # the shell may pass the signal on to its child, and may wait for it or not
             child = None
-        around = {self.words[first - 1].text if first else None,
-                  self.words[end].text if end < len(self.words) else None}
+        depths, patterns = self._compound
+        # a case pattern's ) before it (a) exec vllm serve M;;) opens no subshell
+        around = {self.words[k].text for k in (first - 1, end) if 0 <= k < len(self.words) and k not in patterns}
         if around & _CHILD_OPERATORS:  # a pipeline's or a background command runs in a child, exec or not
             return child
         # exec puts vLLM in the shell's place, within a compound command or function too (then exec vllm serve),
         # unless that runs in a child, which the operator does not follow: then any pipeline, background or subshell
         # leaves it below
-        depths, patterns = self._compound
         enclosed = depths[vllm] > 0 or self.words[vllm].function is not None
         children = any(w.operator and w.text in _CHILD_OPERATORS and k not in patterns
                        for k, w in enumerate(self.words))

@@ -773,6 +773,21 @@ def test_a_shell_builtin_in_a_list_form_command_is_refused(command, builtin):
     assert EngineArgs.from_container(scripted).max_num_seqs == 64
 
 
+@pytest.mark.parametrize("script", ['case "$ROLE" in a|b) ;; esac', 'case "$ROLE" in (b) : ;; esac',
+                                    'case "$ROLE" in\n  b) echo hi ;;\nesac'])
+def test_a_case_pattern_is_refused_as_the_command_to_write_flags_after(script):
+    # a word after a pattern's | or ( or a newline is no command: flags after it break the script
+    with pytest.raises(CommandLineError, match=r"'b', is a pattern of a case statement.*run vLLM outside the case"):
+        set_knobs({"name": "engine", "command": ["sh", "-c", script]}, NEW)
+
+
+@pytest.mark.skipif(not os.path.exists("/bin/sh"), reason="needs /bin/sh")
+def test_a_program_a_case_runs_gets_the_flags_in_its_command():
+    script = set_knobs({"command": ["sh", "-c", 'case "$ROLE" in leader) /start.sh;; esac']}, NEW)["command"][2]
+    assert script == 'case "$ROLE" in leader) /start.sh --max-num-batched-tokens 3072 --max-num-seqs 96;; esac'
+    subprocess.run(["/bin/sh", "-n", "-c", script], check=True)  # the script still parses
+
+
 @pytest.mark.parametrize("model", ["/models/command", "/models/exec", "command"])
 def test_args_alone_whose_model_is_named_as_a_builtin_are_read(model):
     # no command: the image's entrypoint (vllm serve) gets the args, the first of them the model, which starts nothing

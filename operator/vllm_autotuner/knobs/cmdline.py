@@ -856,7 +856,7 @@ class CommandLine:
     def _only_command(self, commands: list[tuple[int, int]]) -> tuple[int, int]:
         """The simple command that may run vLLM where none shows it, the image's entrypoint or a script of its own
         (``_vllm_segment``, which then refuses it as it refuses vLLM's own); raises CommandLineError where the script
-        runs several programs."""
+        runs several programs, and where the one found is a word of a case pattern (``a|b)``), no command at all."""
         filled = [c for c in commands if c[0] < c[1]]
         programs = [c for c in filled if not self._prepares(c)]
         if len(programs) > 1 or (not programs and len(filled) > 1):
@@ -871,7 +871,14 @@ class CommandLine:
                 f"the script as exec vllm serve ... (any launcher in front of vllm may stay), or, where another "
                 f"container runs vLLM, name that one in spec.targetRef.container"
             )
-        return (programs or filled or commands[-1:])[0]
+        chosen = (programs or filled or commands[-1:])[0]
+        if chosen[0] in self._compound[1]:  # a word after a pattern's | or ( or a newline: no command
+            raise CommandLineError(
+                f"the only command the operator finds in the shell script, {self.words[chosen[0]].text!r}, is a "
+                f"pattern of a case statement, where flags would break the script; run vLLM outside the case "
+                f"statement (exec vllm serve ... after esac), or write the flags in the command it runs"
+            )
+        return chosen
 
     def _prepares(self, command: tuple[int, int]) -> bool:
         """Whether a script's simple command starts no program that could run vLLM: a builtin or program that

@@ -8,8 +8,6 @@ that differs (``undo_patch``): the Deployment controller then scales that
 ReplicaSet back up, so pods still running the old config are not restarted
 (a new template, if only in its annotations, is a new ReplicaSet and a
 restart of every pod). Its annotations go on the Deployment itself.
-Each write also says what it did in the Deployment's
-``kubernetes.io/change-cause``, which ``kubectl rollout history`` shows.
 The patch is a strategic-merge patch keyed by container name (only that
 container's ``command``/``args`` are replaced, rebuilt from the live object
 by ``knobs.set_knobs``), and it carries the ``resourceVersion`` the args were
@@ -57,12 +55,6 @@ BASELINE_ANNOTATION = f"{GROUP}/baseline"
 TEMPLATE_ANNOTATION = f"{GROUP}/template"
 #: Longest reason kept in the annotation; the full text is in status and Events.
 REASON_LIMIT = 512
-#: The Deployment annotation ``kubectl rollout history`` shows for each revision: the Deployment controller copies
-#: the Deployment's annotations onto the ReplicaSet it creates or scales back up, so without one of ours a revision
-#: of ours would show the cause of the change before it.
-CHANGE_CAUSE_ANNOTATION = "kubernetes.io/change-cause"
-#: Longest reason kept in the change cause: ``kubectl rollout history`` prints each on one line.
-CHANGE_CAUSE_REASON_LIMIT = 120
 #: Longest baseline annotation read back (ours is under 200 characters), and longest regime name in it (a tier's).
 BASELINE_LIMIT = 1024
 REGIME_LIMIT = 63
@@ -108,16 +100,6 @@ def _written(template: dict[str, Any], container: str, command: dict[str, Any]) 
     return out
 
 
-def _change_cause(knobs: Knobs, reason: str, tuning: str, rollback: bool) -> str:
-    """``CHANGE_CAUSE_ANNOTATION``'s value for a write of ours: who, which flags, and why in short, on one line (a
-    rollback's reason carries a pod's error, lines and all)."""
-    reason = " ".join(reason.split())
-    if len(reason) > CHANGE_CAUSE_REASON_LIMIT:
-        reason = reason[:CHANGE_CAUSE_REASON_LIMIT - 3] + "..."
-    return (f"{FIELD_MANAGER} {tuning}: {'rollback to ' if rollback else ''}--max-num-batched-tokens "
-            f"{knobs.max_num_batched_tokens} --max-num-seqs {knobs.max_num_seqs} ({reason})")
-
-
 def baseline_annotation(regime: str | None, attainment: float | None, request_rate: float | None) -> str | None:
     """``BASELINE_ANNOTATION``'s value for a change with this baseline; None without one."""
     if attainment is None:
@@ -128,12 +110,14 @@ def baseline_annotation(regime: str | None, attainment: float | None, request_ra
 
 
 def _patch(deployment: dict[str, Any], container: str, command: dict[str, Any], template_annotations: dict[str, Any],
-           annotations: dict[str, str | None]) -> dict[str, Any]:
-    """A strategic-merge patch of the vLLM container's ``command``/``args`` (None deletes one), of the pod template's
-    annotations and of the Deployment's own, conditional on the resourceVersion read."""
-    return {"metadata": {"resourceVersion": deployment["metadata"]["resourceVersion"], "annotations": annotations},
-            "spec": {"template": {"metadata": {"annotations": template_annotations},
-                                  "spec": {"containers": [{"name": container, **command}]}}}}
+           annotations: dict[str, str | None] | None = None) -> dict[str, Any]:
+    """A strategic-merge patch of the vLLM container's ``command``/``args`` (None deletes one) and of annotations,
+    conditional on the resourceVersion read."""
+    metadata: dict[str, Any] = {"resourceVersion": deployment["metadata"]["resourceVersion"]}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"metadata": metadata, "spec": {"template": {"metadata": {"annotations": template_annotations},
+                                                        "spec": {"containers": [{"name": container, **command}]}}}}
 
 
 def knob_patch(deployment: dict[str, Any], container_name: str | None, knobs: Knobs, reason: str, tuning: str,
@@ -148,8 +132,7 @@ def knob_patch(deployment: dict[str, Any], container_name: str | None, knobs: Kn
     command = {key: updated[key] for key in _COMMAND if key in updated}
     written = _written(deployment["spec"]["template"], container["name"], command)
     return _patch(deployment, container["name"], command,
-                  _stamp(knobs, reason, tuning, source, at, verdict, baseline, written),
-                  {CHANGE_CAUSE_ANNOTATION: _change_cause(knobs, reason, tuning, source == KnobSource.ROLLBACK)})
+                  _stamp(knobs, reason, tuning, source, at, verdict, baseline, written))
 
 
 def undo_patch(deployment: dict[str, Any], container_name: str | None, previous: dict[str, Any], knobs: Knobs,
@@ -176,9 +159,8 @@ def undo_patch(deployment: dict[str, Any], container_name: str | None, previous:
     command = {key: old.get(key) for key in _COMMAND if key in old or key in new}
     restored = (before.get("metadata") or {}).get("annotations") or {}
     return _patch(deployment, new["name"], command, {key: restored.get(key) for key in _STAMP},
-                  {**_stamp(knobs, reason, tuning, KnobSource.ROLLBACK, at, verdict, None,
-                            _written(live, new["name"], command)),
-                   CHANGE_CAUSE_ANNOTATION: _change_cause(knobs, reason, tuning, rollback=True)})
+                  _stamp(knobs, reason, tuning, KnobSource.ROLLBACK, at, verdict, None,
+                         _written(live, new["name"], command)))
 
 
 def _without(template: dict[str, Any], field: str, keys: tuple[str, ...]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from vllm_autotuner.rollout.patch import (
 )
 from vllm_autotuner.rollout.progress import (
     Progress,
+    progress_deadline,
     progress_mark,
     rollout_in_progress,
     rollout_state,
@@ -329,11 +330,37 @@ def test_a_new_pod_waiting_for_a_draining_pods_gpu_is_not_told_to_stop_old_pods_
                      {"rollingUpdate": {"maxSurge": "10%", "maxUnavailable": "50%"}}):  # 10% of 2 rounds up to 1
         stopping = deployment([], status=status)
         stopping["spec"]["strategy"] = strategy
-        blocked = rollout_state(stopping, 3, pending, "vllm", 601, 600)
+        blocked = rollout_state(stopping, 3, pending, "vllm", 631, 600)  # past 600s, and the 30s drain if not surging
         assert blocked.progress is Progress.BLOCKED and "Insufficient nvidia.com/gpu" in blocked.message
         surges = "10%" in str(strategy)
         assert ("maxSurge: 0 and maxUnavailable: 1" in blocked.message) is surges, strategy
         assert ("spec.rollout.progressDeadline above that drain" in blocked.message) is not surges, strategy
+
+
+def test_a_strategy_that_stops_old_pods_first_gives_their_drain_before_a_new_pod_loads():
+    """maxSurge 0: the new pod is Pending for the GPU of the old one while it drains (1800s), before vLLM loads: it
+    was Blocked at the spec's 600s. Recreate: no new pod exists until every old one is gone, and a rollout stalled
+    then was Failed, its config recorded as failed though no pod ever ran it."""
+    pending = [pending_pod("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")]
+    one = {"observedGeneration": 3, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 0}
+    stopping = deployment([], status=one)
+    stopping["spec"].update(replicas=1, strategy={"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}})
+    stopping["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 1800
+    assert progress_deadline(stopping, pending, "vllm", 600).seconds == 2400
+    assert rollout_state(stopping, 3, pending, "vllm", 700, 600).progress is Progress.IN_PROGRESS
+    assert rollout_state(stopping, 3, pending, "vllm", 2401, 600).progress is Progress.BLOCKED
+
+    recreate = deployment([], status={**one, "updatedReplicas": 0, "replicas": 0})
+    recreate["spec"].update(replicas=1, strategy={"type": "Recreate"})
+    recreate["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 1800
+    draining = vllm_pod({"running": {}})
+    draining["metadata"]["deletionTimestamp"] = "2024-05-01T12:00:00Z"
+    for listed in ([draining], []):
+        stalled = rollout_state(recreate, 3, listed, "vllm", 2401, 600)
+        assert stalled.progress is Progress.BLOCKED and "no pod of the new template" in stalled.message, listed
+    only_gone = deployment([], status={**one, "updatedReplicas": 1})
+    only_gone["spec"].update(replicas=1, strategy={"type": "Recreate"})
+    assert rollout_state(only_gone, 3, [draining], "vllm", 700, 600).progress is Progress.BLOCKED
 
 
 def test_a_rollout_is_what_the_deployment_controller_rolls_not_a_pod_lost_after_it():

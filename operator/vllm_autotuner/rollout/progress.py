@@ -80,10 +80,13 @@ def progress_deadline(deployment: dict[str, Any], new_pods: list[dict[str, Any]]
     - while vLLM loads in one of ``new_pods`` (its container has run and does not serve yet, the pod not on its
       way out: ``_gone``), the vLLM container's startupProbe budget (initialDelaySeconds + failureThreshold x
       periodSeconds + timeoutSeconds) plus a margin, as the kubelet lets vLLM load for that long before it
-      restarts it (and two restarts are a crash loop, failed at once); after an old pod's drain
-      (terminationGracePeriodSeconds) when the strategy stops old pods before it starts new ones, whose new pods
-      wait for a GPU to free. A rollout whose pods have not started vLLM (no GPU for them) waits for no probe:
-      it is Blocked at the other deadlines.
+      restarts it (and two restarts are a crash loop, failed at once). A rollout whose pods have not started
+      vLLM (no GPU for them) waits for no probe: it is Blocked at the other deadlines.
+
+    When the strategy stops old pods before it starts new ones (maxSurge 0, Recreate), an old pod's drain
+    (terminationGracePeriodSeconds) comes before any of that, whether or not a pod loads yet: a new pod waits
+    Pending for the draining pod's GPU, or under Recreate is not created until every old pod is gone. It is added
+    to the longest.
     """
     spec = deployment["spec"]
     candidates = [Deadline(spec_seconds, "spec.rollout.progressDeadline"),
@@ -94,7 +97,6 @@ def progress_deadline(deployment: dict[str, Any], new_pods: list[dict[str, Any]]
         candidates.append(Deadline(float(ready + DEADLINE_MARGIN_S),
                                    f"the Deployment's minReadySeconds {ready}s + {DEADLINE_MARGIN_S}s"))
     pod_spec = spec["template"].get("spec") or {}
-    drain = 0.0 if _surge(deployment) else termination_grace(pod_spec)
     loading = any(_ran(s) and not _serving(s)
                   for pod in new_pods if not _gone(pod) for s in _vllm_statuses(pod, container))
     for c in pod_spec.get("containers") or []:
@@ -103,12 +105,16 @@ def progress_deadline(deployment: dict[str, Any], new_pods: list[dict[str, Any]]
             delay, period = probe.get("initialDelaySeconds", 0), probe.get("periodSeconds", 10)
             threshold, timeout = probe.get("failureThreshold", 3), probe.get("timeoutSeconds", 1)
             budget = delay + threshold * period + timeout
-            after = f" after a {drain:.0f}s drain (terminationGracePeriodSeconds)" if drain else ""
             candidates.append(Deadline(
-                float(drain + budget + DEADLINE_MARGIN_S),
+                float(budget + DEADLINE_MARGIN_S),
                 f"container {c.get('name')}'s startupProbe {delay}s + {threshold} x {period}s + {timeout}s"
-                f"{after} + {DEADLINE_MARGIN_S}s"))
-    return max(candidates, key=lambda d: d.seconds)
+                f" + {DEADLINE_MARGIN_S}s"))
+    longest = max(candidates, key=lambda d: d.seconds)
+    drain = 0.0 if _surge(deployment) else termination_grace(pod_spec)
+    if not drain:
+        return longest
+    return Deadline(longest.seconds + drain,
+                    f"{longest.source}, after a {drain:.0f}s drain (terminationGracePeriodSeconds)")
 
 
 def _gone(pod: dict[str, Any]) -> bool:
@@ -180,10 +186,16 @@ def _never_started(deployment: dict[str, Any], pods: list[dict[str, Any]], conta
     """Why the new pods that hold the rollout back have not started vLLM, when they cannot be created or none of
     those not serving yet has started its container (so none of them has read the knobs; pods that serve the new
     config, before a node went or the autoscaler asked for more, say it starts); None when one has, or nothing is
-    known of them. Pods on their way out (``_gone``) hold nothing back: their replacements do."""
+    known of them. Pods on their way out (``_gone``) hold nothing back: their replacements do. No pod of the new
+    template created yet (none updated, or the pods listed all on their way out) has started nothing either: under
+    Recreate or maxSurge 0, old pods still draining hold it back, and no pod ever ran the config."""
     for condition in (deployment.get("status") or {}).get("conditions") or []:
         if (condition.get("type"), condition.get("status")) == ("ReplicaFailure", "True"):
             return f"the new pods cannot be created: {condition.get('message', '').strip()}"
+    surge = _surge(deployment)
+    if not (deployment.get("status") or {}).get("updatedReplicas") or (pods and all(_gone(p) for p in pods)):
+        return "no pod of the new template has been created yet" + ("" if surge else f". {DRAIN_ADVICE}")
+    advice = NO_ROOM_ADVICE if surge else DRAIN_ADVICE
     held = None
     for pod in (p for p in pods if not _gone(p)):
         ours = _vllm_statuses(pod, container)
@@ -191,7 +203,7 @@ def _never_started(deployment: dict[str, Any], pods: list[dict[str, Any]], conta
             continue
         if any(_ran(c) for c in ours):
             return None
-        held = held or _not_started(pod, ours, NO_ROOM_ADVICE if _surge(deployment) else DRAIN_ADVICE)
+        held = held or _not_started(pod, ours, advice)
     return held
 
 

@@ -100,7 +100,6 @@ from vllm_autotuner.rollout.patch import (
     baseline_annotation,
     changed_since_written,
     command_line_writer,
-    template_digest,
     unrecorded_write,
     written_baseline,
     written_reason,
@@ -630,8 +629,6 @@ class Reconciler:
                 else:
                     decision = rollout_failed(state, at, verdict or reason or "rolled back", report.generation)
                 report.state = self._with_generation(decision.state, target.deployment)
-                if not ours:  # their template, stamped before this rollback, is the rollback's all the same
-                    report.state = _with_digest(report.state, template_digest(target.deployment))
                 report.condition(ConditionType.DEGRADED, True, kept or events.ROLLOUT_FAILED,
                                  f"{rollout.to_knobs}: {verdict or reason}")
                 return
@@ -652,8 +649,7 @@ class Reconciler:
             return
         if not pending or rollout is None:
             return
-        started = datetime.fromisoformat(rollout.started_at)
-        if not _kept_verdict(rollout)[0] and changed_since_written(target.deployment, rollout.template_digest, started):
+        if not _kept_verdict(rollout)[0] and changed_since_written(target.deployment, rollout.template_digest):
             # our knobs are there, but someone else wrote the template since (CI bumped the image, an env var): its
             # pods run their template, and a crash of theirs is no verdict on our knobs, nor would a rollback of the
             # knobs alone undo it; their rollout holds every change until it completes. A verdict reached before
@@ -872,9 +868,10 @@ class Reconciler:
         ``digest``, is recorded as ours too (``Rollout.template_digest``), or the rollout would be taken for someone
         else's write and closed unjudged, a crash loop never rolled back. Said in a Warning Event when the rollout
         before (in ``before``) did not find it too; a webhook that does it on every write is logged after that."""
-        report.state = _with_digest(report.state, digest)
         rollout = report.state.last_rollout
         assert rollout is not None
+        report.state = report.state.model_copy(
+            update={"last_rollout": rollout.model_copy(update={"template_digest": digest})})
         message = (f"an admission webhook changed the pod template as it admitted the operator's write of "
                    f"{rollout.to_knobs}: the template served is not the one written; it is taken as the operator's, "
                    f"and the rollout judged as such")
@@ -1149,13 +1146,6 @@ class Reconciler:
         except (ApiException, HTTPError) as exc:  # refused, or a timeout: the status is still written
             log.warning("sending the Events of %s/%s failed: %s", namespace, name,
                         exc.reason if isinstance(exc, ApiException) else exc)
-
-
-def _with_digest(state: VllmTuningStatus, digest: str) -> VllmTuningStatus:
-    """``state`` with its last rollout's template taken as ours when its digest is ``digest``
-    (``Rollout.template_digest``)."""
-    assert state.last_rollout is not None
-    return state.model_copy(update={"last_rollout": state.last_rollout.model_copy(update={"template_digest": digest})})
 
 
 def _kept_verdict(rollout: Rollout | None) -> tuple[str, str]:

@@ -234,25 +234,13 @@ def admitted_digest(served: dict[str, Any]) -> str | None:
     return None if _last_stamp(served).get(TEMPLATE_ANNOTATION) in (None, digest) else digest
 
 
-def template_digest(deployment: dict[str, Any]) -> str:
-    """The digest of the Deployment's pod template, as ``TEMPLATE_ANNOTATION`` holds one."""
-    return _digest(deployment["spec"]["template"])
-
-
-def changed_since_written(deployment: dict[str, Any], admitted: str | None = None,
-                          since: datetime | None = None) -> bool:
-    """Whether the pod template is no longer the one our write of the rollout started at ``since`` left, our stamps
-    aside: someone else wrote it since. A template of ``admitted``'s digest is the rollout's (as admission served
-    our write, ``admitted_digest``, or a person's undo taken as our rollback). One stamped before ``since`` is an
-    older revision of ours put back (``kubectl rollout undo --to-revision``), with its own stamp and digest: not the
-    rollout's. False when the write recorded no digest (an operator before ``TEMPLATE_ANNOTATION``): it cannot
+def changed_since_written(deployment: dict[str, Any], admitted: str | None = None) -> bool:
+    """Whether the pod template is no longer the one our last write left, our stamps aside: someone else wrote it
+    since. ``admitted`` is the digest of the template as admission served that write (``admitted_digest``), which is
+    ours too. False when that write recorded no digest (an operator before ``TEMPLATE_ANNOTATION``): it cannot
     tell."""
-    stamp = _last_stamp(deployment)
-    written, digest = stamp.get(TEMPLATE_ANNOTATION), template_digest(deployment)
-    if written is None or digest == admitted:
-        return False
-    written_at = _written_at(stamp)
-    return digest != written or (since is not None and written_at is not None and written_at < since)
+    written = _last_stamp(deployment).get(TEMPLATE_ANNOTATION)
+    return written is not None and _digest(deployment["spec"]["template"]) not in (written, admitted)
 
 
 def written_baseline(deployment: dict[str, Any]) -> dict[str, Any]:

@@ -1025,30 +1025,3 @@ def test_a_persons_undo_of_a_rollout_whose_rollback_was_refused_is_that_rollback
     assert rollout is not None and (rollout.to_knobs, rollout.source) == (A, KnobSource.ROLLBACK)
     assert awaiting_verdict(report.state)  # followed to its end like the operator's own rollback
     assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 512)]
-    # an undo to a revision of ours carries its stamp, older than the rollback: still the rollback's, not someone's
-    ready = undone(pods, patched(deployment(C), A, T0 - timedelta(hours=1)))
-    ready["status"] = {"observedGeneration": ready["metadata"]["generation"], "replicas": 1, "updatedReplicas": 1,
-                       "availableReplicas": 1}
-    done = track(report.state, ready, up + timedelta(minutes=7), Kube([]))
-    assert [reason for reason, _, _ in done.events] == [events.ROLLOUT_SUCCEEDED]
-
-
-def test_an_undo_to_an_older_revision_of_ours_with_the_same_knobs_is_not_our_rollout():
-    """`kubectl rollout undo --to-revision` during our rollout C -> B (image v0.9) to our older revision that ran B
-    on v0.8: its template carries that revision's own stamp and digest, and was judged as our rollout (a crash of
-    the old image blamed on B). Stamped before our rollout started, it is someone else's template."""
-    v1 = deployment(A)
-    v1["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:v0.8"
-    rev_b_v1 = patched(v1, B, T0)
-    rev_c_v2 = patched(rev_b_v1, C, T0 + timedelta(hours=1))
-    rev_c_v2["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:v0.9"
-    started = T0 + timedelta(hours=3)
-    state = status(C.max_num_batched_tokens, C.max_num_seqs, since=T0 + timedelta(hours=1))
-    state = with_rollout(state, started, B, KnobSource.TRAFFIC, f"to {B}")
-    person = scaled(undone(patched(rev_c_v2, B, started), rev_b_v1), 1, 1, 0)
-    kube = Kube([crash_looping("ImportError: libcudart.so.12", started + timedelta(minutes=4))])
-
-    report = track(state, person, started + timedelta(minutes=5), kube)
-
-    assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_SUPERSEDED]
-    assert report.state.failed_configs == [] and kube.patches == []

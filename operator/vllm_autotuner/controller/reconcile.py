@@ -649,12 +649,10 @@ class Reconciler:
             return
         if not pending or rollout is None:
             return
-        if not _kept_verdict(rollout)[0] and changed_since_written(target.deployment, rollout.template_digest):
-            # our knobs are there, but someone else wrote the template since (CI bumped the image, an env var): its
-            # pods run their template, and a crash of theirs is no verdict on our knobs, nor would a rollback of the
-            # knobs alone undo it; their rollout holds every change until it completes. A verdict reached before
-            # their write (its rollback refused so far) stands: the failed config is live, and its rollback is
-            # retried (a new template, not theirs undone: ``undo_patch`` declines it)
+        if changed_since_written(target.deployment, rollout.template_digest):
+            # our knobs are there, but someone else wrote the template since (CI bumped the image, an env var, a
+            # restart): its pods run their template, and a crash of theirs is no verdict on our knobs, nor would a
+            # rollback of the knobs alone undo it; their rollout holds every change until it completes
             now, ours = target.deployment["metadata"].get("generation"), rollout.deployment_generation
             where = (f"Deployment generation {ours} after our write, {now} now" if now != ours
                      else f"at Deployment generation {now}, the one our write left")

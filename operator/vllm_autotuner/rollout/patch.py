@@ -49,13 +49,10 @@ VERDICT_ANNOTATION = f"{GROUP}/verdict"
 #: committed after its timeout) is recovered with it, and the rollout checked for a regression all the same.
 BASELINE_ANNOTATION = f"{GROUP}/baseline"
 #: On each write, a digest of the pod template it leaves, our stamps aside (``_digest``). Someone else's write of the
-#: template since (an image bump, an env var; not ``kubectl rollout restart``) changes it, and the pods of our rollout
+#: template since (an image bump, an env var, ``kubectl rollout restart``) changes it, and the pods of our rollout
 #: then run their template, not only our knobs: what becomes of them is no verdict on our config
 #: (``changed_since_written``).
 TEMPLATE_ANNOTATION = f"{GROUP}/template"
-#: The pod-template annotation ``kubectl rollout restart`` sets, and all it changes: the pods restart on the template
-#: as it was, so a restart leaves a rollout of ours ours to judge (``_digest`` leaves it out).
-RESTARTED_AT_ANNOTATION = "kubectl.kubernetes.io/restartedAt"
 #: Longest reason kept in the annotation; the full text is in status and Events.
 REASON_LIMIT = 512
 #: Longest baseline annotation read back (ours is under 200 characters), and longest regime name in it (a tier's).
@@ -85,10 +82,8 @@ def _stamp(knobs: Knobs, reason: str, tuning: str, source: str, at: datetime, ve
 
 def _digest(template: dict[str, Any]) -> str:
     """``TEMPLATE_ANNOTATION``'s value for a pod template: a hash of it as served (the watch's copy and a read's are
-    the same JSON), our stamps aside (each write of ours changes them, and its digest cannot hash itself), and
-    ``kubectl rollout restart``'s time aside (its pods run the template written all the same)."""
-    served = json.dumps(_without(template, "annotations", (*_STAMP, RESTARTED_AT_ANNOTATION)), sort_keys=True,
-                        separators=(",", ":"))
+    the same JSON), our stamps aside: each write of ours changes them, and its digest cannot hash itself."""
+    served = json.dumps(_without(template, "annotations", _STAMP), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(served.encode()).hexdigest()[:16]
 
 

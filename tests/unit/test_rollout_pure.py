@@ -164,8 +164,7 @@ def merge(dep, patch):
     put(out["metadata"].setdefault("annotations", {}),
         {k: v for k, v in (patch["metadata"].get("annotations") or {}).items()})
     template = patch["spec"]["template"]
-    put(out["spec"]["template"].setdefault("metadata", {}).setdefault("annotations", {}),
-        template["metadata"]["annotations"])
+    put(out["spec"]["template"]["metadata"].setdefault("annotations", {}), template["metadata"]["annotations"])
     (fields,) = template["spec"]["containers"]
     put(next(c for c in out["spec"]["template"]["spec"]["containers"] if c["name"] == fields["name"]), fields)
     return out

@@ -188,8 +188,6 @@ class Rollout(StatusModel):
     """InProgress, Unverified (complete while the Deployment is scaled to zero: no pod has started the config yet; it is judged like a rollout in progress once the Deployment scales up), Succeeded, Failed (did not become Ready; rolled back. Also a rollout closed unjudged, its message says why: superseded by a person's change of the knobs, or by someone else's write of the pod template during it) or RolledBack (measured regression)."""
     deployment_generation: int | None = None
     """metadata.generation of the Deployment after the patch; the rollout is complete when status.observedGeneration reaches it and all replicas are updated and available."""
-    template_digest: str | None = None
-    """The digest of the pod template as the apiserver served the patch, where an admission webhook changed it from the one the operator wrote (whose digest the annotation autotuner.vllm-tuning.io/template holds): a template with either digest is the operator's, still judged as its rollout."""
     progressed_at: str | None = None
     """When the rollout last made progress, a pod of the new config created or become available (RFC 3339): spec.rollout.progressDeadline counts from here (from startedAt before any), as the Deployment controller's progressDeadlineSeconds does."""
     progress_mark: int = Field(default=0, ge=0)

@@ -96,7 +96,6 @@ from vllm_autotuner.rollout.apply import ConflictUnread, RolloutBusy, apply_knob
 from vllm_autotuner.rollout.drain import drain_advice, drain_seconds
 from vllm_autotuner.rollout.patch import (
     TEMPLATE_HASH_LABEL,
-    admitted_digest,
     baseline_annotation,
     changed_since_written,
     command_line_writer,
@@ -649,15 +648,13 @@ class Reconciler:
             return
         if not pending or rollout is None:
             return
-        if changed_since_written(target.deployment, rollout.template_digest):
+        if changed_since_written(target.deployment):
             # our knobs are there, but someone else wrote the template since (CI bumped the image, an env var, a
             # restart): its pods run their template, and a crash of theirs is no verdict on our knobs, nor would a
             # rollback of the knobs alone undo it; their rollout holds every change until it completes
-            now, ours = target.deployment["metadata"].get("generation"), rollout.deployment_generation
-            where = (f"Deployment generation {ours} after our write, {now} now" if now != ours
-                     else f"at Deployment generation {now}, the one our write left")
             message = (f"the pod template was changed by someone else during our rollout of {rollout.to_knobs}: it "
-                       f"is not the template the operator wrote ({where}); our rollout is closed, not judged, "
+                       f"is not the template the operator wrote (Deployment generation {rollout.deployment_generation}"
+                       f", now {target.deployment['metadata'].get('generation')}); our rollout is closed, not judged, "
                        f"and changes wait until that rollout completes")
             report.state = rollout_superseded(state, report.now, message)
             report.event(events.ROLLOUT_SUPERSEDED, message)
@@ -796,13 +793,13 @@ class Reconciler:
             if isinstance(exc, HTTPError) or (isinstance(exc, ApiException) and (exc.status or 0) >= 500):
                 landed, found = await self._landed(target, decision, report)
                 if landed is not None:  # the write got no answer, but the Deployment read back has it
-                    self._started(target, decision, report, before, landed)
+                    self._started(target, decision, report, landed)
                     return
                 detail += (f"; {found}: the next evaluation decides again (or follows the change, should the "
                            "apiserver commit it late)")
             self._not_patched(decision, report, before, detail, not isinstance(exc, RolloutBusy), again)
             return
-        self._started(target, decision, report, before, patched)
+        self._started(target, decision, report, patched)
 
     @staticmethod
     def _not_patched(decision: Decision, report: Report, before: VllmTuningStatus, detail: str, warning: bool,
@@ -846,39 +843,16 @@ class Reconciler:
                     f"{meta.get('generation')}): the next evaluation decides under the new one", False)
         return None
 
-    def _started(self, target: Target, decision: Decision, report: Report, before: VllmTuningStatus,
-                 patched: dict[str, Any]) -> None:
+    def _started(self, target: Target, decision: Decision, report: Report, patched: dict[str, Any]) -> None:
         """The decision's rollout (or rollback) is in the Deployment ``patched``: the decision's state stands, said
-        in Events. ``before``: the status the decision was made from."""
+        in Events."""
         rollback = decision.action == DecisionAction.ROLLBACK
         report.state = self._with_generation(report.state, patched)
-        if (admitted := admitted_digest(patched)) is not None:
-            self._admitted(report, before, admitted)
         report.event(events.ROLLED_BACK if rollback else events.ROLLOUT_STARTED, f"{decision.knobs}: {decision.reason}")
         report.target_event(events.KNOBS_ROLLED_BACK if rollback else events.KNOBS_CHANGED,
                             f"{decision.knobs} by VllmTuning {report.name}: {decision.reason}")
         if not rollback:
             self._warn_if_restarts_lose_requests(target, report, f"rolling the pods to {decision.knobs}")
-
-    @staticmethod
-    def _admitted(report: Report, before: VllmTuningStatus, digest: str) -> None:
-        """Admission changed the pod template on our write (``patch.admitted_digest``): the template as served, of
-        ``digest``, is recorded as ours too (``Rollout.template_digest``), or the rollout would be taken for someone
-        else's write and closed unjudged, a crash loop never rolled back. Said in a Warning Event when the rollout
-        before (in ``before``) did not find it too; a webhook that does it on every write is logged after that."""
-        rollout = report.state.last_rollout
-        assert rollout is not None
-        report.state = report.state.model_copy(
-            update={"last_rollout": rollout.model_copy(update={"template_digest": digest})})
-        message = (f"an admission webhook changed the pod template as it admitted the operator's write of "
-                   f"{rollout.to_knobs}: the template served is not the one written; it is taken as the operator's, "
-                   f"and the rollout judged as such")
-        if before.last_rollout is not None and before.last_rollout.template_digest is not None:
-            log.warning("%s again: %s", events.TEMPLATE_ADMITTED, message,
-                        extra={"namespace": report.namespace, "tuning": report.name,
-                               "reason": events.TEMPLATE_ADMITTED})
-        else:
-            report.event(events.TEMPLATE_ADMITTED, message, warning=True)
 
     async def _landed(
         self, target: Target, decision: Decision, report: Report

@@ -220,22 +220,11 @@ def unrecorded_write(deployment: dict[str, Any], knobs: Knobs, tuning: str, afte
     return written_at if written_at is not None and written_at > after else None
 
 
-def admitted_digest(served: dict[str, Any]) -> str | None:
-    """The digest of the pod template in ``served``, the Deployment as the apiserver answered our write, when it is
-    not the one the write stamped: a mutating admission webhook changed the template on our write (one that stamps
-    the requester or the time, a policy installed since the template was last written), so the digest we predicted
-    is never the live one. None when the template is the one written."""
-    digest = _digest(served["spec"]["template"])
-    return None if _last_stamp(served).get(TEMPLATE_ANNOTATION) in (None, digest) else digest
-
-
-def changed_since_written(deployment: dict[str, Any], admitted: str | None = None) -> bool:
+def changed_since_written(deployment: dict[str, Any]) -> bool:
     """Whether the pod template is no longer the one our last write left, our stamps aside: someone else wrote it
-    since. ``admitted`` is the digest of the template as admission served that write (``admitted_digest``), which is
-    ours too. False when that write recorded no digest (an operator before ``TEMPLATE_ANNOTATION``): it cannot
-    tell."""
+    since. False when that write recorded no digest (an operator before ``TEMPLATE_ANNOTATION``): it cannot tell."""
     written = _last_stamp(deployment).get(TEMPLATE_ANNOTATION)
-    return written is not None and _digest(deployment["spec"]["template"]) not in (written, admitted)
+    return written is not None and written != _digest(deployment["spec"]["template"])
 
 
 def written_baseline(deployment: dict[str, Any]) -> dict[str, Any]:

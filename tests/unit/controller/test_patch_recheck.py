@@ -90,7 +90,6 @@ def test_a_change_decided_under_a_spec_since_edited_waits_for_the_new_spec(gener
     state = harness.status(*harness.A.model_dump().values())
     deployment = harness.scaled(harness.deployment(harness.A), 1, 1, 1)  # its last rollout complete
     kube = Kube([], {**META, "generation": generation})
-    kube.target = deployment
     now = harness.T0
     decided = with_rollout(state, now, harness.B, KnobSource.TRAFFIC, "TTFT", "chat", baseline_attainment=0.93,
                            baseline_request_rate=2.5)

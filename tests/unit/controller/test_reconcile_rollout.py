@@ -19,7 +19,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from tests.unit.test_rollout_pure import merge
 
 from vllm_autotuner.api import ConditionType, KnobSource, RolloutPhase
 from vllm_autotuner.api.types import utc_timestamp
@@ -224,7 +223,7 @@ def test_a_second_tuning_of_the_target_stops_changes_but_not_the_rollback_of_our
 
         def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
             self.patches.append(patch)
-            return merge(both.deployment("llm", "llama"), patch)  # type: ignore[arg-type]
+            return {"metadata": {"generation": 3}}
 
     both = cache()
     both.deployment("llm", "llama")["metadata"]["resourceVersion"] = "7"  # type: ignore[index]

@@ -47,7 +47,7 @@ from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler, Re
 from vllm_autotuner.knobs import AssumedDefaults, EngineArgs
 from vllm_autotuner.policy import Observation, adopt_generation, awaiting_verdict, rolling_out, rollout_succeeded
 from vllm_autotuner.policy.guardrails import DEFAULT_RESTART_SECONDS, failed_configs, restart_seconds
-from vllm_autotuner.policy.decision import Decision, with_rollout
+from vllm_autotuner.policy.decision import with_rollout
 from vllm_autotuner.policy.observation import rollout_active
 from vllm_autotuner.rollout.patch import baseline_annotation, knob_patch
 from vllm_autotuner.rollout.progress import rollout_in_progress
@@ -114,13 +114,11 @@ OWNED = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "llama-7f8b", "
 
 
 class Kube:
-    """The API calls judging a rollout makes: the new ReplicaSet's pods, and the patch of a rollback, answered with
-    the Deployment ``target`` (as the evaluation read it) with the patch merged in, as the apiserver serves it."""
+    """The API calls judging a rollout makes: the new ReplicaSet's pods, and the patch of a rollback."""
 
     def __init__(self, pods: list[dict[str, Any]]) -> None:
         self.pods = pods
         self.patches: list[dict[str, Any]] = []
-        self.target: dict[str, Any] = {}
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return self.pods
@@ -130,9 +128,7 @@ class Kube:
 
     def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         self.patches.append(patch)
-        served = merge(self.target, patch)
-        served["metadata"]["generation"] += 1
-        return served
+        return {"metadata": {"generation": 99}}
 
 
 def target_of(deployment: dict[str, Any], watched: bool, defaults: AssumedDefaults = ASSUMED) -> Target:
@@ -154,8 +150,6 @@ def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, ku
     """One evaluation's look at the target, by an operator that knows only ``state`` (and what ``cache`` holds),
     reading a knob flag the template lacks from ``defaults``."""
     report = Report("default", TUNING, state, generation, now, uid=TUNING_UID)
-    if kube is not None:
-        kube.target = deployment
     reconciler = Reconciler(kube=kube, cache=cache or ClusterCache(), observations=None,  # type: ignore[arg-type]
                             metrics=metrics or OperatorMetrics(), settings=OperatorSettings())
     asyncio.run(reconciler._track_rollout(the_spec, target_of(deployment, kube is not None, defaults), report))
@@ -423,84 +417,6 @@ def test_any_write_of_the_template_but_ours_closes_our_rollout_unjudged(edit):
 
     assert report.state.failed_configs == [] and kube.patches == []
     assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_SUPERSEDED]
-
-
-WEBHOOK = "policy.example.com/updated-by"
-
-
-class AdmittingKube(Kube):
-    """``Kube``, behind a mutating admission webhook that stamps each write in the pod template (a policy naming
-    the request, here by the generation it makes): the template served is never the one the operator wrote."""
-
-    def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        served = super().patch_deployment(namespace, name, patch)
-        served["spec"]["template"]["metadata"]["annotations"][WEBHOOK] = f"op, write {served['metadata']['generation']}"
-        self.served = served
-        return served
-
-
-def written_through_webhook(state: VllmTuningStatus, before: dict[str, Any], to: Knobs, at: datetime) -> Report:
-    """The evaluation at ``at`` that writes ``to`` into ``before`` through ``AdmittingKube``, from ``state``."""
-    decided = with_rollout(state, at, to, KnobSource.TRAFFIC, f"to {to}")
-    report = Report("default", TUNING, decided, 1, at, uid=TUNING_UID)
-    kube = AdmittingKube([])
-    kube.target = before
-    reconciler = Reconciler(kube=kube, cache=ClusterCache(), observations=None,  # type: ignore[arg-type]
-                            metrics=OperatorMetrics(), settings=OperatorSettings())
-    decision = Decision(DecisionAction.CHANGE, to, f"to {to}", decided, KnobSource.TRAFFIC)
-    asyncio.run(reconciler._patch(target_of(before, True), decision, report, state, during_rollout=False))
-    report.deployment = kube.served  # type: ignore[attr-defined]
-    return report
-
-
-def test_a_template_admission_changed_on_our_write_is_ours_and_its_crash_loop_rolled_back():
-    """A webhook that changes the template on each write makes the template served differ from the digest the write
-    stamped: taken for someone else's write, every rollout was closed unjudged and a crash loop never rolled back.
-    The template as served is recorded as ours, said once, and the rollout judged."""
-    state = status(A.max_num_batched_tokens, A.max_num_seqs, since=T0 - timedelta(hours=2))
-    before = scaled(deployment(A), 1, 1, 1)
-    before["spec"]["template"]["metadata"]["annotations"][WEBHOOK] = "argocd-controller"
-
-    wrote = written_through_webhook(state, before, B, T0)
-
-    assert (events.TEMPLATE_ADMITTED, events.WARNING) in [(reason, kind) for reason, _, kind in wrote.events]
-    live = copy.deepcopy(wrote.deployment)  # type: ignore[attr-defined]
-    live["status"] = {"observedGeneration": live["metadata"]["generation"], "replicas": 2, "updatedReplicas": 1,
-                      "availableReplicas": 1}
-    kube = AdmittingKube([crash_looping("ValueError: not enough KV cache", T0 + timedelta(minutes=4))])
-    report = track(wrote.state, live, T0 + timedelta(minutes=5), kube)
-
-    assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 512)]
-    assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_FAILED, events.ROLLED_BACK]  # said once
-    (patch,) = kube.patches
-    assert patch["spec"]["template"]["spec"]["containers"][0]["args"] == args(A)
-    rollout = report.state.last_rollout
-    assert rollout is not None and rollout.to_knobs == A and rollout.template_digest not in (
-        None, wrote.state.last_rollout.template_digest)  # type: ignore[union-attr]  # the rollback's, as served
-    # someone else's write after it is still theirs
-    edited = copy.deepcopy(live)
-    edited["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:v0.99"
-    edited["metadata"]["generation"] += 1
-    assert [reason for reason, _, _ in track(wrote.state, edited, T0 + timedelta(minutes=5)).events] == [
-        events.ROLLOUT_SUPERSEDED]
-
-
-def test_a_superseded_rollout_at_the_generation_our_write_left_does_not_say_it_changed():
-    """The status that recorded our write's template as admitted lost (an operator restarted): the template differs
-    at the generation our write left, and the message does not say "generation 2, now 2"."""
-    state = status(A.max_num_batched_tokens, A.max_num_seqs, since=T0 - timedelta(hours=2))
-    state, written = write(state, scaled(deployment(A), 1, 1, 1), B, T0)
-    written["spec"]["template"]["metadata"]["annotations"][WEBHOOK] = "system:serviceaccount:vllm-autotuner:op"
-
-    report = track(state, written, T0 + timedelta(minutes=5))
-
-    ((reason, message, _),) = report.events
-    assert reason == events.ROLLOUT_SUPERSEDED and "at Deployment generation 3, the one our write left" in message
-    assert "now 3" not in message
-    moved = copy.deepcopy(written)
-    moved["metadata"]["generation"] += 1
-    ((_, message, _),) = track(state, moved, T0 + timedelta(minutes=5)).events
-    assert "Deployment generation 3 after our write, 4 now" in message
 
 
 def test_a_scale_during_our_rollout_leaves_it_ours_to_judge():

@@ -185,7 +185,7 @@ class Rollout(StatusModel):
     finished_at: str | None = None
     """When the rollout completed, failed or was rolled back (RFC 3339)."""
     phase: RolloutPhase
-    """InProgress, Unverified (complete while the Deployment is scaled to zero: no pod has started the config yet; it is judged like a rollout in progress once the Deployment scales up), Succeeded, Failed (did not become Ready; rolled back. Also a rollout closed unjudged, its message says why: superseded by a person's change of the knobs, or by someone else's write of the pod template during it) or RolledBack (measured regression)."""
+    """InProgress, Unverified (complete while the Deployment is scaled to zero: no pod has started the config yet; it is judged like a rollout in progress once the Deployment scales up), Succeeded, Failed (did not become Ready; rolled back) or RolledBack (measured regression)."""
     deployment_generation: int | None = None
     """metadata.generation of the Deployment after the patch; the rollout is complete when status.observedGeneration reaches it and all replicas are updated and available."""
     progressed_at: str | None = None

@@ -83,7 +83,6 @@ from vllm_autotuner.policy import (
     rollout_failed,
     rollout_progressed,
     rollout_succeeded,
-    rollout_superseded,
     rollout_unverified,
     rolling_out,
     strategy_seen,
@@ -97,7 +96,6 @@ from vllm_autotuner.rollout.drain import drain_advice, drain_seconds
 from vllm_autotuner.rollout.patch import (
     TEMPLATE_HASH_LABEL,
     baseline_annotation,
-    changed_since_written,
     command_line_writer,
     unrecorded_write,
     written_baseline,
@@ -647,17 +645,6 @@ class Reconciler:
                          f"adopted as Manual and respected for the cooldown ({spec.rollout.cooldown})")
             return
         if not pending or rollout is None:
-            return
-        if changed_since_written(target.deployment):
-            # our knobs are there, but someone else wrote the template since (CI bumped the image, an env var, a
-            # restart): its pods run their template, and a crash of theirs is no verdict on our knobs, nor would a
-            # rollback of the knobs alone undo it; their rollout holds every change until it completes
-            message = (f"the pod template was changed by someone else during our rollout of {rollout.to_knobs}: it "
-                       f"is not the template the operator wrote (Deployment generation {rollout.deployment_generation}"
-                       f", now {target.deployment['metadata'].get('generation')}); our rollout is closed, not judged, "
-                       f"and changes wait until that rollout completes")
-            report.state = rollout_superseded(state, report.now, message)
-            report.event(events.ROLLOUT_SUPERSEDED, message)
             return
         pods: list[dict[str, Any]] = []
         if target.replicaset is not None and target.replicas > 0:

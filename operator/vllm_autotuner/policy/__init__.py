@@ -77,8 +77,6 @@ Rollout lifecycle (the operator calls these when the Deployment tells it):
     ``rollout_blocked(state, now, message) -> Decision`` no new pod started
     vLLM by the deadline (no free GPU, an image not pulled, a quota):
     nothing is blamed, and the Decision rolls back;
-    ``rollout_superseded(state, now, message)`` someone else changed the pod
-    template during it: closed unjudged, nothing blamed nor rolled back;
     ``rolling_out(state)`` our last rollout is in progress by the status;
     ``strategy_seen(state, unavailable, drain=...)`` the pods a rollout now
     stops at once, and how long each lets its requests in flight run as it
@@ -164,7 +162,6 @@ from vllm_autotuner.policy.lifecycle import (
     rollout_failed,
     rollout_progressed,
     rollout_succeeded,
-    rollout_superseded,
     rollout_unverified,
     strategy_seen,
     with_timed_restart,
@@ -188,7 +185,6 @@ __all__ = [
     "awaiting_verdict",
     "rollout_failed",
     "rollout_blocked",
-    "rollout_superseded",
     "strategy_seen",
     "rolling_out",
     "regression_measured",

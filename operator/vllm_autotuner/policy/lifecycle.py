@@ -186,19 +186,6 @@ def _stands(state: VllmTuningStatus, now: datetime, message: str, reason: str) -
     return Decision(action=DecisionAction.HOLD, knobs=rollout.to_knobs, reason=reason, state=state)
 
 
-def rollout_superseded(state: VllmTuningStatus, now: datetime, message: str) -> VllmTuningStatus:
-    """Someone else changed the pod template while the rollout awaiting its verdict ran, leaving its knobs
-    (``message``: how it was found). Its pods now run their template, not only our change, so whatever becomes of
-    them is no verdict on the config: the rollout is closed unjudged, nothing recorded as failed and nothing rolled
-    back (that would put our old knobs under their template and keep what broke it). The config stands as the
-    current one, as the template says (``_stands``), and the Deployment's rollout, theirs now, holds every change
-    until it completes (``observation.rollout_active``)."""
-    if not awaiting_verdict(state) or state.current is None:
-        raise ValueError("no rollout in progress to supersede")
-    assert state.last_rollout is not None
-    return _stands(state, now, message, f"{state.last_rollout.to_knobs} superseded, not judged: {message}").state
-
-
 def _goes_back(state: VllmTuningStatus) -> bool:
     """Whether the rollout awaiting its verdict puts back a config pods ran: a rollback, or after a rollout
     written at zero replicas, a change back to the config that ran before it."""

@@ -22,7 +22,6 @@ from datetime import datetime
 from typing import Any
 
 import copy
-import hashlib
 import json
 import math
 
@@ -48,11 +47,6 @@ VERDICT_ANNOTATION = f"{GROUP}/verdict"
 #: ``baselineRequestRate``). A status write lost after the change (an operator restarted, a write the apiserver
 #: committed after its timeout) is recovered with it, and the rollout checked for a regression all the same.
 BASELINE_ANNOTATION = f"{GROUP}/baseline"
-#: On each write, a digest of the pod template it leaves, our stamps aside (``_digest``). Someone else's write of the
-#: template since (an image bump, an env var, ``kubectl rollout restart``) changes it, and the pods of our rollout
-#: then run their template, not only our knobs: what becomes of them is no verdict on our config
-#: (``changed_since_written``).
-TEMPLATE_ANNOTATION = f"{GROUP}/template"
 #: Longest reason kept in the annotation; the full text is in status and Events.
 REASON_LIMIT = 512
 #: Longest baseline annotation read back (ours is under 200 characters), and longest regime name in it (a tier's).
@@ -65,7 +59,7 @@ def knobs_annotation(knobs: Knobs) -> str:
 
 
 _STAMP = (KNOBS_ANNOTATION, REASON_ANNOTATION, TUNING_ANNOTATION, SOURCE_ANNOTATION, WRITTEN_AT_ANNOTATION,
-          VERDICT_ANNOTATION, BASELINE_ANNOTATION, TEMPLATE_ANNOTATION)
+          VERDICT_ANNOTATION, BASELINE_ANNOTATION)
 #: The fields of the vLLM container a knob change rewrites.
 _COMMAND = ("command", "args")
 #: The label the Deployment controller adds to a ReplicaSet's copy of the pod template.
@@ -73,31 +67,11 @@ TEMPLATE_HASH_LABEL = "pod-template-hash"
 
 
 def _stamp(knobs: Knobs, reason: str, tuning: str, source: str, at: datetime, verdict: str | None,
-           baseline: str | None, written: dict[str, Any]) -> dict[str, str | None]:
-    """The annotations of a write of ours: which config, why, by whom, when, after which verdict, against which
-    baseline (None removes one a write before left) and the digest of the pod template ``written``."""
+           baseline: str | None = None) -> dict[str, str | None]:
+    """The annotations of a write of ours: which config, why, by whom, when, after which verdict and against which
+    baseline (None removes one a write before left)."""
     return dict(zip(_STAMP, (knobs_annotation(knobs), reason[:REASON_LIMIT], tuning, source, utc_timestamp(at),
-                             verdict, baseline, _digest(written)), strict=True))
-
-
-def _digest(template: dict[str, Any]) -> str:
-    """``TEMPLATE_ANNOTATION``'s value for a pod template: a hash of it as served (the watch's copy and a read's are
-    the same JSON), our stamps aside: each write of ours changes them, and its digest cannot hash itself."""
-    served = json.dumps(_without(template, "annotations", _STAMP), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(served.encode()).hexdigest()[:16]
-
-
-def _written(template: dict[str, Any], container: str, command: dict[str, Any]) -> dict[str, Any]:
-    """``template`` once a patch sets the ``command``/``args`` of its container named ``container`` (None deletes
-    one), as the apiserver's strategic merge leaves it."""
-    out = copy.deepcopy(template)
-    fields = next(c for c in out["spec"]["containers"] if c["name"] == container)
-    for key, value in command.items():
-        if value is None:
-            fields.pop(key, None)
-        else:
-            fields[key] = value
-    return out
+                             verdict, baseline), strict=True))
 
 
 def baseline_annotation(regime: str | None, attainment: float | None, request_rate: float | None) -> str | None:
@@ -130,9 +104,7 @@ def knob_patch(deployment: dict[str, Any], container_name: str | None, knobs: Kn
     container = find_vllm_container(deployment["spec"]["template"]["spec"], container_name)
     updated = set_knobs(container, knobs)
     command = {key: updated[key] for key in _COMMAND if key in updated}
-    written = _written(deployment["spec"]["template"], container["name"], command)
-    return _patch(deployment, container["name"], command,
-                  _stamp(knobs, reason, tuning, source, at, verdict, baseline, written))
+    return _patch(deployment, container["name"], command, _stamp(knobs, reason, tuning, source, at, verdict, baseline))
 
 
 def undo_patch(deployment: dict[str, Any], container_name: str | None, previous: dict[str, Any], knobs: Knobs,
@@ -153,14 +125,15 @@ def undo_patch(deployment: dict[str, Any], container_name: str | None, previous:
             None, knobs.max_num_seqs) or now.max_num_batched_tokens is None or now.max_num_seqs is None:
         return None  # a knob the old template sets (one it leaves to vLLM ran as the status knew) is not ``knobs``
     forward = set_knobs(old, Knobs(max_num_batched_tokens=now.max_num_batched_tokens, max_num_seqs=now.max_num_seqs))
-    redone = _written(before, old["name"], {key: value for key, value in forward.items() if key in _COMMAND})
+    redone = copy.deepcopy(before)
+    find_vllm_container(redone["spec"], container_name).update(
+        {key: value for key, value in forward.items() if key in _COMMAND})
     if _without(redone, "annotations", _STAMP) != _without(live, "annotations", _STAMP):
         return None
     command = {key: old.get(key) for key in _COMMAND if key in old or key in new}
     restored = (before.get("metadata") or {}).get("annotations") or {}
     return _patch(deployment, new["name"], command, {key: restored.get(key) for key in _STAMP},
-                  _stamp(knobs, reason, tuning, KnobSource.ROLLBACK, at, verdict, None,
-                         _written(live, new["name"], command)))
+                  _stamp(knobs, reason, tuning, KnobSource.ROLLBACK, at, verdict))
 
 
 def _without(template: dict[str, Any], field: str, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -218,13 +191,6 @@ def unrecorded_write(deployment: dict[str, Any], knobs: Knobs, tuning: str, afte
         return None
     written_at = _written_at(annotations)
     return written_at if written_at is not None and written_at > after else None
-
-
-def changed_since_written(deployment: dict[str, Any]) -> bool:
-    """Whether the pod template is no longer the one our last write left, our stamps aside: someone else wrote it
-    since. False when that write recorded no digest (an operator before ``TEMPLATE_ANNOTATION``): it cannot tell."""
-    written = _last_stamp(deployment).get(TEMPLATE_ANNOTATION)
-    return written is not None and written != _digest(deployment["spec"]["template"])
 
 
 def written_baseline(deployment: dict[str, Any]) -> dict[str, Any]:

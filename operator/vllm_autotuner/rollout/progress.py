@@ -309,11 +309,8 @@ def rollout_state(
     the rollout last made progress (``progress_mark`` rose), failing it past
     ``deadline_seconds``, the spec's deadline, or past a longer one where
     the Deployment gives its pods longer (``progress_deadline``). A
-    Deployment at a *later* generation whose template is still the one the
-    operator wrote (an autoscaler changed the replicas) is judged the same
-    way; one whose template someone else wrote since is not judged at all
-    (``patch.changed_since_written``: the caller closes the rollout first),
-    as its pods' fate says nothing of our knobs.
+    Deployment at a *later* generation (someone else changed it too) is
+    judged the same way: the question is whether the newest template runs.
     """
     if _complete(deployment, target_generation):
         return RolloutState(Progress.COMPLETE, "all replicas updated and available")

@@ -45,12 +45,10 @@ from vllm_autotuner.controller.conditions import condition
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler, Report, Target
 from vllm_autotuner.knobs import AssumedDefaults, EngineArgs
-from vllm_autotuner.policy import Observation, adopt_generation, awaiting_verdict, rolling_out, rollout_succeeded
+from vllm_autotuner.policy import adopt_generation, awaiting_verdict, rollout_succeeded
 from vllm_autotuner.policy.guardrails import DEFAULT_RESTART_SECONDS, failed_configs, restart_seconds
 from vllm_autotuner.policy.decision import with_rollout
-from vllm_autotuner.policy.observation import rollout_active
 from vllm_autotuner.rollout.patch import baseline_annotation, knob_patch
-from vllm_autotuner.rollout.progress import rollout_in_progress
 
 TUNING = "chat"
 SPEC = spec()
@@ -368,64 +366,6 @@ def crash_at_scale_up(
     two minutes later, and the API calls it made."""
     kube = Kube([crash_looping(message, at + timedelta(minutes=1))])
     return track(state, scaled(written, 1, 1, 0), at + timedelta(minutes=2), kube), kube
-
-
-def rolling_b(edit: Callable[[dict[str, Any]], object]) -> tuple[Report, Kube, dict[str, Any]]:
-    """Our rollout A -> B at T0, into one replica, while ``edit`` changes the Deployment (a new generation), its
-    new pod crash-looping: the evaluation five minutes later, the API calls it made, and the Deployment."""
-    state = status(A.max_num_batched_tokens, A.max_num_seqs, since=T0 - timedelta(hours=2))
-    state, written = write(state, scaled(deployment(A), 1, 1, 1), B, T0)
-    changed = copy.deepcopy(written)
-    edit(changed)
-    changed["metadata"]["generation"] += 1
-    changed["status"] = {"observedGeneration": changed["metadata"]["generation"], "replicas": 2,
-                         "updatedReplicas": 1, "availableReplicas": 1}
-    kube = Kube([crash_looping("ImportError: libcudart.so.13: cannot open shared object file",
-                               T0 + timedelta(minutes=4))])
-    return track(state, changed, T0 + timedelta(minutes=5), kube), kube, changed
-
-
-def test_a_template_someone_else_changed_during_our_rollout_closes_it_unjudged():
-    """CI bumps the image while our rollout runs, and the new image crash-loops: its pods run their template, not
-    only our knobs. Our config is not recorded as failed, and no rollback is written (it would put back our old
-    knobs under their broken image); the rollout is closed, and their rollout holds every change."""
-    def bump(dep: dict[str, Any]) -> None:
-        dep["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:v0.99-broken"
-
-    report, kube, changed = rolling_b(bump)
-
-    assert report.state.failed_configs == [] and kube.patches == []
-    rollout = report.state.last_rollout
-    assert rollout is not None and rollout.phase == RolloutPhase.FAILED and not awaiting_verdict(report.state)
-    assert "changed by someone else during our rollout" in rollout.message and "not judged" in rollout.message
-    assert report.state.current is not None and report.state.current.knobs == B  # the template holds it
-    assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_SUPERSEDED]
-    # the next look finds nothing to judge nor adopt, and no change of ours goes out until their rollout completes
-    later = track(report.state, changed, T0 + timedelta(minutes=6), Kube([]))
-    assert later.state == report.state and later.events == [] and rollout_in_progress(changed)
-    held = rollout_active(later.state, Observation(window_start=T0, window_end=T0, rollout_in_progress=True))
-    assert not rolling_out(later.state) and held is not None and "did not start" in held
-
-
-@pytest.mark.parametrize("edit", [
-    lambda dep: dep["spec"]["template"]["metadata"]["annotations"].update(
-        {"kubectl.kubernetes.io/restartedAt": "2024-05-01T12:02:00Z"}),  # `kubectl rollout restart`
-    lambda dep: dep["spec"]["template"]["spec"]["containers"][0]["args"].append("--enable-prefix-caching"),
-])
-def test_any_write_of_the_template_but_ours_closes_our_rollout_unjudged(edit):
-    report, kube, _ = rolling_b(edit)
-
-    assert report.state.failed_configs == [] and kube.patches == []
-    assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_SUPERSEDED]
-
-
-def test_a_scale_during_our_rollout_leaves_it_ours_to_judge():
-    """An autoscaler's write is a new generation too, but the template is ours: a crash is our config's."""
-    report, kube, _ = rolling_b(lambda dep: dep["spec"].update(replicas=2))
-
-    assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 512)]
-    (patch,) = kube.patches
-    assert patch["spec"]["template"]["spec"]["containers"][0]["args"] == args(A)
 
 
 def test_a_rollout_into_a_deployment_scaled_to_zero_waits_for_its_first_pod():

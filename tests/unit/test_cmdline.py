@@ -756,6 +756,9 @@ def test_the_xargs_check_reads_no_word_again_for_vllm(monkeypatch):
         # args alone that hold a vLLM command are read as a command, and refused alike
         ({"args": ["exec", "vllm", "serve", "M", "--max-num-seqs", "64"]}, "exec"),
         ({"args": ["command", "vllm", "serve", "M", "--max-num-seqs", "64"]}, "command"),
+        # the api_server module takes its model as --model: no positional to tell the args from a model
+        ({"args": ["exec", "python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "M"]}, "exec"),
+        ({"args": ["command", "python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "M"]}, "command"),
     ],
 )
 def test_a_shell_builtin_in_a_list_form_command_is_refused(command, builtin):

@@ -81,6 +81,31 @@ def reading(command: list[str]) -> Sigterm | None:
     (["sh", "-c", 'case "$R" in a) exec vllm serve M;; esac'], REACHES),  # a case pattern's ) is no subshell
     (["sh", "-c", 'case "$R" in (a|b) exec vllm serve M;; esac'], REACHES),
     (["dash", "-c", 'case "$R" in a) exec vllm serve M;; esac | tee log'], IGNORED),
+    # the and-or list vLLM's command starts runs in the background as a whole where it ends in &: exec or not
+    (["sh", "-c", "! exec vllm serve M --max-num-seqs 8 || exit 1 &\nwait"], IGNORED),
+    (["dash", "-c", "! exec vllm serve M --max-num-seqs 8 || exit 1 &\nwait"], IGNORED),
+    (["bash", "-c", "time exec vllm serve M --max-num-seqs 8 || exit 1 &\nwait"], IGNORED),
+    (["dash", "-c", "exec vllm serve M > /log 2>&1 || echo failed &\n"
+                    "until curl -sf localhost:8000/health; do sleep 1; done\nwait"], IGNORED),
+    (["dash", "-c", "exec vllm serve M || { echo x; exit 1; } &\nwait"], IGNORED),
+    (["dash", "-c", "exec vllm serve M ||\n  exit 1 &\nwait"], IGNORED),  # a newline after || goes on with it
+    (["dash", "-c", "exec vllm serve M || exit 1\nsleep 1 &"], REACHES),  # another list in the background
+    # a pipeline, background or subshell elsewhere in the script (a sibling branch, a block closed before, a
+    # function's ()) holds no compound command around vLLM's
+    (["/bin/bash", "-c", 'if [ "$LWS_WORKER_INDEX" = 0 ]; then\n  ray start --head --port=6379 &\n'
+                         '  exec vllm serve M --max-num-seqs 8 --tensor-parallel-size 8\nelse\n'
+                         '  exec ray start --address=$LWS_LEADER_ADDRESS:6379 --block\nfi\n'], REACHES),
+    (["sh", "-c", "f() {\n  exec vllm serve M --max-num-seqs 8\n}\nf"], REACHES),
+    (["bash", "-c", "function f {\n  exec vllm serve M\n}\nf"], REACHES),
+    (["sh", "-c", "echo a | cat\nif :; then\n  exec vllm serve M\nfi"], REACHES),
+    (["sh", "-c", "(cd /app)\n{\n  exec vllm serve M\n}"], REACHES),
+    # a compound command or function call in a pipeline, the background or a command substitution does
+    (["sh", "-c", "echo | {\n  exec vllm serve M\n}"], None),
+    (["sh", "-c", "true && {\n  exec vllm serve M\n} &\nwait"], None),
+    (["sh", "-c", "{\n  exec vllm serve M\n} || exit 1 &\nwait"], None),
+    (["sh", "-c", "f() {\n  exec vllm serve M\n}\nf &\nwait"], None),
+    (["sh", "-c", "f() {\n  exec vllm serve M\n}\nlog=$(f)"], None),
+    (["sh", "-c", "f() (\n  exec vllm serve M\n)\nf"], None),
     (["runuser", "-u", "vllm", "--", "vllm", "serve", "M"], CUT_SHORT),  # passes it on, kills vLLM 2 s later
     (["tini", "--", "/usr/sbin/runuser", "-u", "vllm", "--", "python3", "-m", "vllm.entrypoints.openai.api_server"],
      CUT_SHORT),
@@ -127,6 +152,9 @@ def test_what_the_sigterm_does_to_vllm_is_read_from_the_command(command, expecte
     ("registry.redhat.io/rhaiis/vllm-cuda-rhel9:3.1.0", "vllm serve M", REACHES),  # UBI 9: sh is bash
     ("registry.redhat.io/rhaiis/vllm-cuda-rhel9:3.1.0", "vllm serve M | tee log", IGNORED),
     ("registry.redhat.io/rhaiis/vllm-cuda-rhel9:3.1.0", "pip install x && vllm serve M", None),  # bash 5.1: forks?
+    # a pipeline in a block closed before vLLM's holds none of it
+    ("vllm/vllm-openai:v0.11.0", 'set -e\nif [ -n "$HF_TOKEN" ]; then\n  echo "$HF_TOKEN" | huggingface-cli login '
+     '--token-stdin\nfi\nif [ "$ROLE" = leader ]; then\n  exec vllm serve M --max-num-seqs 8\nfi\n', REACHES),
     ("registry.example.com/acme/vllm:1.0", "vllm serve M", None),  # an image the operator does not know
     ("registry.example.com/acme/vllm/vllm-openai-custom:1", "vllm serve M", None),  # a different repository
 ])
@@ -249,6 +277,10 @@ _PID_NAMESPACES = pytest.mark.skipif(not _unshare_works(), reason="needs unshare
     ["dash", "-c", "{\n  exec vllm serve M\n} | cat"],
     ["dash", "-c", 'if [ -n "$VLLM_UP" ]; then\n  exec vllm serve M\nfi &\nwait'],
     ["dash", "-c", 'case "$VLLM_UP" in (*/*) exec vllm serve M;; esac'],
+    ["dash", "-c", "exec vllm serve M || exit 1 &\nwait"],
+    ["bash", "-c", "exec vllm serve M || { echo x; exit 1; } &\nwait"],
+    ["dash", "-c", 'if [ -n "$VLLM_UP" ]; then\n  true | cat &\n  exec vllm serve M\nelse\n  exit 1\nfi'],
+    ["dash", "-c", "f() {\n  exec vllm serve M\n}\nf"],
     ["bash", "-c", "vllm serve M --max-num-seqs 64"],
     ["dash", "-c", "vllm serve M --max-num-seqs 64"],
     ["bash", "-c", "exec vllm serve M 2>&1 | cat"],

@@ -663,8 +663,9 @@ _SETUP = {"set", "cd", "export", "source", ".", "trap", "ulimit", "umask", "mkdi
 # that close a compound command, its last word: none is a program (flags written after ``done`` break the script).
 _RESERVED_WORDS = {"!", "{", "if", "then", "elif", "else", "while", "until", "do", "time", "done", "fi", "esac", "}"}
 # The reserved words that open a compound command at a command's start, and the word that closes each (bash's select
-# too: a loop, wherever the shell reads it).
-_COMPOUNDS = {"if": "fi", "while": "done", "until": "done", "for": "done", "select": "done", "case": "esac", "{": "}"}
+# too: a loop, wherever the shell reads it); for case, the word its patterns follow (``_compound_commands`` reads
+# its patterns and their commands to esac).
+_COMPOUNDS = {"if": "fi", "while": "done", "until": "done", "for": "done", "select": "done", "case": "in", "{": "}"}
 # A variable assignment before a command's name (``VAR=value vllm serve``).
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
 
@@ -769,8 +770,9 @@ class CommandLine:
         as kubelet expands them. Raises CommandLineError for a form that cannot be read with certainty."""
         cmd = cls._split(container)
         # args alone are the image entrypoint's: where their first is vLLM's model (they name no vLLM command), no
-        # program; where they hold one (exec vllm serve M), that is how they are read, and refused alike
-        if cmd.command or cmd._model_index() != 0:
+        # program; where they hold one (exec vllm serve M, exec python3 -m vllm.entrypoints.openai.api_server, whose
+        # model is no positional), that is how they are read, and refused alike
+        if cmd.command or cmd.runs_vllm() or cmd._model_index() != 0:
             _refuse_builtin([*cmd.command, *cmd.args])
         if cmd.shell_script is not None:  # the script's command that gets the flags
             _refuse_watcher_script(cmd._segment_argv())
@@ -959,7 +961,13 @@ class CommandLine:
         or by a ``-c`` script that replaces the shell with it (``exec vllm
         serve ...``, also in a compound command the shell runs itself, ``then
         exec vllm serve ...; fi``, or a bash script of that one command, which
-        bash runs without forking). Otherwise the shell runs vLLM as its child: in a
+        bash runs without forking). Not where a child of the shell runs it, exec
+        or not: a pipeline, the background or a subshell holds vLLM's command,
+        the and-or list it starts (``exec vllm serve ... || exit 1 &``) or a
+        compound command or function call around it (``{ newline exec vllm
+        serve ... newline } | tee log``, ``f &``, ``$(f)``), whose exec only
+        replaces that child; those elsewhere in the script leave it in the
+        shell's place. Otherwise the shell runs vLLM as its child: in a
         pipeline, the background or a subshell (``vllm serve ... | tee log``),
         or under dash (Debian's and Ubuntu's ``/bin/sh``), which forks for
         every command. Then it is IGNORED where the shell is the first
@@ -1001,25 +1009,76 @@ class CommandLine:
         child = Sigterm.KILLS if any(map(_is_init, argv[:start])) else Sigterm.IGNORED
         if self._traps_term():  # the shell may pass the signal on to its child, and may wait for it or not
             child = None
-        depths, patterns = self._compound
+        depths, patterns, _ = self._compound
         # a case pattern's ) before it (a) exec vllm serve M;;) opens no subshell
         around = {self.words[k].text for k in (first - 1, end) if 0 <= k < len(self.words) and k not in patterns}
-        if around & _CHILD_OPERATORS:  # a pipeline's or a background command runs in a child, exec or not
+        # a pipeline's or a background command runs in a child, exec or not; so does the whole and-or list vLLM's
+        # command starts when it ends in & (exec vllm serve M || exit 1 &)
+        if around & _CHILD_OPERATORS or self._forked(first, end, depths[vllm]):
             return child
         # exec puts vLLM in the shell's place, within a compound command or function too (then exec vllm serve),
-        # unless that runs in a child, which the operator does not follow: then any pipeline, background or subshell
-        # leaves it below
-        enclosed = depths[vllm] > 0 or self.words[vllm].function is not None
-        children = any(w.operator and w.text in _CHILD_OPERATORS and k not in patterns
-                       for k, w in enumerate(self.words))
-        if _command_words([w.text for w in self.words[first:vllm]])[:1] == ["exec"] and not (enclosed and children):
+        # unless one of those runs in a child, which the operator does not follow (_in_child)
+        if _command_words([w.text for w in self.words[first:vllm]])[:1] == ["exec"] and not self._in_child(vllm):
             return reaches
         if shell == "bash" and not any(w.operator for w in self.words):
             return reaches
         return child if shell == "dash" else None
 
+    def _forked(self, first: int, end: int, depth: int) -> bool:
+        """Whether the shell runs the command of words[first:end], at ``depth`` compound commands deep, in a child:
+        a pipeline's (a ``|`` or ``|&`` beside it, ``!`` or ``time`` before a compound command let through), or
+        the background's, where the and-or list it is in (``&&``, ``||``, with any pipeline and deeper words) ends
+        in ``&``. A case pattern's ``|`` is none."""
+        words, (depths, patterns, _) = self.words, self._compound
+        before = first - 1
+        while before >= 0 and not words[before].operator and words[before].text in ("!", "time"):
+            before -= 1
+        if before >= 0 and words[before].text in ("|", "|&") and words[before].operator and before not in patterns:
+            return True
+        chain = ("&&", "||", "|", "|&")
+        for k in range(end, len(words)):
+            if not words[k].operator or depths[k] > depth or k in patterns:
+                continue
+            if words[k].text in ("|", "|&", "&") and (k == end or words[k].text == "&"):
+                return True
+            # a newline after && or || (or a pipe's |) goes on with the list
+            if words[k].text not in chain and not (words[k].text == "\n" and words[k - 1].text in chain):
+                return False
+        return False
+
+    def _in_child(self, k: int) -> bool:
+        """Whether the shell runs word ``k`` in a child because of a compound command around it: a ``( )``
+        subshell, or one piped or in the background (``_forked``: ``{ newline exec vllm serve ... newline } | tee
+        log``); within a function, also where the script calls the function so (``f | tee log``, ``f &``), or in a
+        command substitution (``$(f)``), which the operator does not tell from a call of it in the shell itself. A
+        sibling compound command or function definition ``()`` elsewhere in the script leaves it where it is."""
+        depths, _, spans = self._compound
+        if any(opens < k < closes and (closer == ")" or self._forked(opens, closes + 1, depths[opens]))
+               for opens, closes, closer in spans):
+            return True
+        function = self.words[k].function
+        if function is None:
+            return False
+        substituted = re.compile(rf"(\$\(|`)\s*{re.escape(function)}\b")
+        for j, word in enumerate(self.words):
+            if word.operator or word.function == function:
+                continue
+            if substituted.search(word.text):
+                return True
+            first, end = self._command_at(j)
+            called = _command_words([w.text for w in self.words[first : j + 1]]) == [function]
+            # not its definition, name ( ) { ...; }
+            if called and all(w.text != "(" for w in self.words[j + 1 : j + 2]) and (
+                    self._forked(first, end, depths[j]) or self._in_child(j)):
+                return True
+        return False
+
+    def _command_at(self, k: int) -> tuple[int, int]:
+        """[start, end) word indices of the simple command that holds word ``k``."""
+        return next(c for c in self._simple_commands() if c[0] <= k < c[1])
+
     @functools.cached_property
-    def _compound(self) -> tuple[list[int], set[int]]:
+    def _compound(self) -> tuple[list[int], set[int], list[tuple[int, int, str]]]:
         """``_compound_commands`` of the words, read once."""
         return _compound_commands(list(self.words))
 
@@ -1290,47 +1349,57 @@ def _function_at(bodies: list[tuple[str, tuple[int, int]]], span: tuple[int, int
     return next((name for name, (a, b) in bodies if a <= span[0] and span[1] <= b), None)
 
 
-def _compound_commands(words: list[Word]) -> tuple[list[int], set[int]]:
+def _compound_commands(words: list[Word]) -> tuple[list[int], set[int], list[tuple[int, int, str]]]:
     """How many compound commands hold each of a script's words (``if``, a loop, ``case``, ``{ }``, a ``( )``
-    subshell), read from the words at a command's start that open and close them, however many lines they span; and
-    the indices of the words and operators of case patterns (``a|b)``), which are no command, pipeline or subshell.
-    ``sigterm`` reads from them whether exec puts vLLM in the shell's place: not where a pipeline, background or
-    subshell may hold the compound command it runs in (``{ newline exec vllm serve ... newline } | tee log``)."""
+    subshell), read from the words at a command's start that open and close them, however many lines they span; the
+    indices of the words and operators of case patterns (``a|b)``), which are no command, pipeline or subshell; and
+    where each compound command opens and closes (word indices) and what closed it (``)``: a subshell), not a
+    function's ``name ( )``. ``sigterm`` reads from them whether exec puts vLLM in the shell's place: not where the
+    compound command it runs in is a subshell, or is piped or in the background (``{ newline exec vllm serve ...
+    newline } | tee log``); a sibling one that is (``ray start &`` in another branch) leaves it there."""
     depths: list[int] = []
     patterns: set[int] = set()
-    stack: list[str] = []  # what closes each open one: its word; ")" a subshell, "()" a function's parentheses;
-    # a case's state: "in" (its word, then its patterns), "pattern" (to its ")"), "esac" (a pattern's commands)
+    spans: list[tuple[int, int, str]] = []
+    stack: list[tuple[str, int]] = []  # what closes each open one, and where it opened: its word; ")" a subshell,
+    # "()" a function's parentheses; a case's state: "in" (its word, then its patterns), "pattern" (to its ")"), "esac"
+    # (a pattern's commands)
     command = True  # the word is at a command's start, where the shell reads reserved words
+
+    def close(k: int) -> None:
+        closer, opens = stack.pop()
+        if closer != "()":
+            spans.append((opens, k, closer))
+
     for k, word in enumerate(words):
         depths.append(len(stack))
-        top = stack[-1] if stack else None
+        top = stack[-1][0] if stack else None
         if top == "in":
             if (word.text, word.operator) == ("in", False):
-                stack[-1] = "pattern"
+                stack[-1] = ("pattern", stack[-1][1])
         elif top == "pattern":
             patterns.add(k)
             if (word.text, word.operator) == (")", True):
-                stack[-1], command = "esac", True
+                stack[-1], command = ("esac", stack[-1][1]), True
             elif (word.text, word.operator) == ("esac", False):
-                stack.pop()
+                close(k)
                 command = False
         elif word.operator:
             if word.text == ";;" and top == "esac":
-                stack[-1] = "pattern"
+                stack[-1] = ("pattern", stack[-1][1])
             elif word.text == "(":  # a subshell at a command's start; after a name, a function's ``()``
-                stack.append(")" if command else "()")
+                stack.append((")" if command else "()", k))
             elif word.text == ")" and top in (")", "()"):
-                stack.pop()
+                close(k)
             command = True
         elif command and word.text in _COMPOUNDS:
-            stack.append("in" if word.text == "case" else _COMPOUNDS[word.text])
+            stack.append((_COMPOUNDS[word.text], k))
             command = word.text not in ("for", "select", "case")  # their name and words come first
         elif command and word.text == top:
-            stack.pop()
+            close(k)
             command = False
         else:
             command = command and (word.text in _RESERVED_WORDS or bool(_ASSIGNMENT.fullmatch(word.text)))
-    return depths, patterns
+    return depths, patterns, spans
 
 
 def _sets_positionals(words: list[Word], k: int) -> bool:

@@ -90,6 +90,11 @@ def reading(command: list[str]) -> Sigterm | None:
     (["dash", "-c", "exec vllm serve M || { echo x; exit 1; } &\nwait"], IGNORED),
     (["dash", "-c", "exec vllm serve M ||\n  exit 1 &\nwait"], IGNORED),  # a newline after || goes on with it
     (["dash", "-c", "exec vllm serve M || exit 1\nsleep 1 &"], REACHES),  # another list in the background
+    (["dash", "-c", "exec vllm serve M || (echo failed; exit 1) &\nwait"], IGNORED),  # a subshell in the list
+    (["dash", "-c", "exec vllm serve M || ( exit 1 ) | cat &\nwait"], IGNORED),
+    (["sh", "-c", "if true; then exec vllm serve M; fi || (echo failed; exit 1) &\nwait"], None),
+    (["sh", "-c", "{ exec vllm serve M; } || (echo failed) &\nwait"], None),
+    (["dash", "-c", "exec vllm serve M || (exit 1)\nsleep 1 &"], REACHES),
     # a pipeline, background or subshell elsewhere in the script (a sibling branch, a block closed before, a
     # function's ()) holds no compound command around vLLM's
     (["/bin/bash", "-c", 'if [ "$LWS_WORKER_INDEX" = 0 ]; then\n  ray start --head --port=6379 &\n'

@@ -1037,7 +1037,8 @@ class CommandLine:
             return True
         chain = ("&&", "||", "|", "|&")
         for k in range(end, len(words)):
-            if not words[k].operator or depths[k] > depth or k in patterns:
+            # a subshell's ( and ) within the list (``|| (echo failed; exit 1) &``) neither end it nor fork it
+            if not words[k].operator or depths[k] > depth or k in patterns or words[k].text in ("(", ")"):
                 continue
             if words[k].text in ("|", "|&", "&") and (k == end or words[k].text == "&"):
                 return True

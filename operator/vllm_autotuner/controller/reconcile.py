@@ -224,6 +224,9 @@ class Report:
     decision: Decision | None = None
     events: list[tuple[str, str, str]] = field(default_factory=list)  # on the VllmTuning: reason, message, type
     target_events: list[tuple[str, str, str]] = field(default_factory=list)  # on the Deployment
+    finished: list[str] = field(default_factory=list)
+    """The outcomes of the rollouts it judged, counted in ``rollouts_total`` once its status is written: a
+    refused write drops the verdict, which the evaluation redone judges again."""
 
     def condition(self, type_: ConditionType, status: bool | None, reason: str, message: str) -> None:
         self.state = self.state.model_copy(update={"conditions": set_condition(
@@ -675,7 +678,7 @@ class Reconciler:
                              f"started it: it is checked, and rolled back if it cannot start, when pods start")
         elif judged.progress is Progress.COMPLETE:
             report.state = rollout_succeeded(state, report.now)
-            self._rollout_finished(report, "Succeeded")
+            report.finished.append("Succeeded")
             if rollout.source == KnobSource.ROLLBACK:
                 report.condition(ConditionType.DEGRADED, False, "RecoveredByRollback",
                                  f"rolled back to {rollout.to_knobs}: {rollout.reason}")
@@ -697,7 +700,7 @@ class Reconciler:
                 decision = replace(decision, state=decision.state.model_copy(
                     update={"failed_configs": state.failed_configs}))
             if not again:
-                self._rollout_finished(report, judged.progress.value)
+                report.finished.append(judged.progress.value)
                 report.event(reason, message, warning=True)
             report.state = decision.state
             report.condition(ConditionType.DEGRADED, True, reason, message)
@@ -724,9 +727,6 @@ class Reconciler:
             report.condition(ConditionType.DEGRADED, True, reason, message)
         elif report.has(ConditionType.DEGRADED, True, reason):
             report.condition(ConditionType.DEGRADED, False, "AsExpected", cleared)
-
-    def _rollout_finished(self, report: Report, outcome: str) -> None:
-        self.metrics.rollouts.labels(report.namespace, report.name, outcome).inc()
 
     def _progress_condition(self, report: Report) -> None:
         rollout = report.state.last_rollout
@@ -1061,6 +1061,9 @@ class Reconciler:
         await self._send_events(meta, report, deployment)
         if _pruned(status) != _pruned(body.get("status") or {}):
             await self._write_status(meta, report, status)
+        if not report.refused:
+            for outcome in report.finished:
+                self.metrics.rollouts.labels(namespace, name, outcome).inc()
         self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
 
     async def _write_status(self, meta: dict[str, Any], report: Report, status: dict[str, Any]) -> None:

@@ -143,13 +143,13 @@ def target_of(deployment: dict[str, Any], watched: bool, defaults: AssumedDefaul
 
 
 def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, kube: Kube | None = None,
-          metrics: OperatorMetrics | None = None, generation: int = 1, the_spec: VllmTuningSpec = SPEC,
+          generation: int = 1, the_spec: VllmTuningSpec = SPEC,
           cache: ClusterCache | None = None, defaults: AssumedDefaults = ASSUMED) -> Report:
     """One evaluation's look at the target, by an operator that knows only ``state`` (and what ``cache`` holds),
     reading a knob flag the template lacks from ``defaults``."""
     report = Report("default", TUNING, state, generation, now, uid=TUNING_UID)
     reconciler = Reconciler(kube=kube, cache=cache or ClusterCache(), observations=None,  # type: ignore[arg-type]
-                            metrics=metrics or OperatorMetrics(), settings=OperatorSettings())
+                            metrics=OperatorMetrics(), settings=OperatorSettings())
     asyncio.run(reconciler._track_rollout(the_spec, target_of(deployment, kube is not None, defaults), report))
     return report
 
@@ -607,10 +607,9 @@ def test_a_rollback_that_cannot_be_written_is_retried_and_the_failure_said_once(
     up = T0 + timedelta(hours=3)
     kube = RefusingKube([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], refusals=2)
     pods = scaled(written, 1, 1, 0)
-    metrics = OperatorMetrics()
     reports = []
     for minute in (2, 3, 4):
-        reports.append(track(state, pods, up + timedelta(minutes=minute), kube, metrics))
+        reports.append(track(state, pods, up + timedelta(minutes=minute), kube))
         state = reports[-1].state
 
     first, second, third = ([reason for reason, _, _ in r.events] for r in reports)
@@ -627,8 +626,7 @@ def test_a_rollback_that_cannot_be_written_is_retried_and_the_failure_said_once(
     assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in state.failed_configs] == [(4096, 512)]
     assert state.failed_configs[0].at == utc_timestamp(up + timedelta(minutes=2))  # when it was found failing
     assert len(kube.patches) == 1
-    failed = metrics.rollouts.labels("default", TUNING, "Failed")._value.get()
-    assert failed == 1  # one failed rollout, judged three times
+    assert [r.finished for r in reports] == [["Failed"], [], []]  # one failed rollout, judged three times
 
 
 
@@ -669,7 +667,6 @@ class TimingOutKube(RefusingKube):
 
 def rollback_unanswered(
     lands: bool, error: Callable[[str], Exception], kube_type: type[TimingOutKube] = TimingOutKube,
-    metrics: OperatorMetrics | None = None,
 ) -> tuple[Report, TimingOutKube, dict[str, Any], datetime]:
     """An unverified config found crash-looping at a scale-up, the patch of its rollback answered with ``error``
     (it ``lands`` all the same, or not): the evaluation, its API calls, the Deployment and the scale-up's time."""
@@ -677,7 +674,7 @@ def rollback_unanswered(
     up = T0 + timedelta(hours=3)
     pods = scaled(written, 1, 1, 0)
     kube = kube_type([crash_looping("ValueError: not enough KV cache", up + timedelta(minutes=1))], pods, lands, error)
-    return track(state, pods, up + timedelta(minutes=2), kube, metrics), kube, pods, up
+    return track(state, pods, up + timedelta(minutes=2), kube), kube, pods, up
 
 
 @pytest.mark.parametrize("error, said", [(read_timeout, "read timed out"), (etcd_timeout, "Gateway Timeout")])
@@ -686,11 +683,10 @@ def test_a_patch_that_times_out_and_did_not_land_is_said_and_retried_like_a_refu
 ) -> None:
     """Not an evaluation that fails with a traceback, its status unwritten: the verdict and a PatchFailed Event
     that says the Deployment read back does not have the change, and the rollback written at the next evaluation."""
-    metrics = OperatorMetrics()
-    first, kube, pods, up = rollback_unanswered(False, error, metrics=metrics)
+    first, kube, pods, up = rollback_unanswered(False, error)
     assert [reason for reason, _, _ in first.events] == [events.ROLLOUT_FAILED, events.PATCH_FAILED]
     assert said in first.events[1][1] and "read back does not have" in first.events[1][1]
-    second = track(first.state, pods, up + timedelta(minutes=3), kube, metrics)
+    second = track(first.state, pods, up + timedelta(minutes=3), kube)
     assert [reason for reason, _, _ in second.events] == [events.ROLLED_BACK]
 
 
@@ -785,23 +781,18 @@ def test_a_spec_changed_while_a_rollback_is_refused_records_the_failed_config_un
     assert [reason for reason, _, _ in report.events] == [events.ROLLED_BACK]  # the failure was said before
 
 
-def outcomes(metrics: OperatorMetrics) -> dict[str, float]:
-    return {o: metrics.rollouts.labels("default", TUNING, o)._value.get() for o in ("Blocked", "Failed", "Succeeded")}
-
-
 def test_a_new_verdict_after_a_refused_rollback_is_said_and_recorded():
-    metrics = OperatorMetrics()
     state, written = surge_stuck(B)
     blocked = track(state, written, T0 + timedelta(minutes=11),
-                    RefusingKube([unschedulable("llama-7f8b-s1")], refusals=9), metrics)
+                    RefusingKube([unschedulable("llama-7f8b-s1")], refusals=9))
     # the GPU frees up before the rollback is let through: the surge pod starts vLLM, which crash-loops
     crash = crash_looping("ValueError: not enough KV cache", T0 + timedelta(minutes=15))
-    failed = track(blocked.state, written, T0 + timedelta(minutes=16), RefusingKube([crash], refusals=9), metrics)
+    failed = track(blocked.state, written, T0 + timedelta(minutes=16), RefusingKube([crash], refusals=9))
 
     assert [reason for reason, _, _ in blocked.events] == [events.ROLLOUT_BLOCKED, events.PATCH_FAILED]
     assert [reason for reason, _, _ in failed.events] == [events.ROLLOUT_FAILED, events.PATCH_FAILED]
     assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in failed.state.failed_configs] == [(4096, 512)]
-    assert outcomes(metrics) == {"Blocked": 1, "Failed": 1, "Succeeded": 0}
+    assert (blocked.finished, failed.finished) == (["Blocked"], ["Failed"])
 
 
 def test_a_failed_config_is_recorded_before_its_rollback_is_written():
@@ -817,14 +808,13 @@ def test_a_failed_config_is_recorded_before_its_rollback_is_written():
 
 
 def test_a_verdict_whose_rollback_was_refused_ends_when_the_pods_come_up():
-    metrics = OperatorMetrics()
     state, written = surge_stuck(B)
     blocked = track(state, written, T0 + timedelta(minutes=11),
-                    RefusingKube([unschedulable("llama-7f8b-s1")], refusals=9), metrics)
+                    RefusingKube([unschedulable("llama-7f8b-s1")], refusals=9))
     live = copy.deepcopy(written)
     live["status"].update({"replicas": 2, "updatedReplicas": 2, "availableReplicas": 2})
 
-    report = track(blocked.state, live, T0 + timedelta(minutes=20), RefusingKube([], refusals=9), metrics)
+    report = track(blocked.state, live, T0 + timedelta(minutes=20), RefusingKube([], refusals=9))
 
     rollout = report.state.last_rollout
     assert rollout is not None and (rollout.to_knobs, rollout.phase, rollout.message) == (

@@ -68,6 +68,26 @@ class Deadline:
     """Where ``seconds`` comes from, said with a verdict taken at it."""
 
 
+@dataclass(frozen=True)
+class ProbeSpec:
+    """A container's probe as the kubelet runs it, in seconds, with Kubernetes' defaults for the fields a spec leaves
+    out: the operator waits out a loading vLLM's startupProbe (``progress_deadline``) and the simulated kubelet runs
+    the probes (``sim.kubelet.Probe``), and both must read a spec alike."""
+
+    initial_delay: int
+    period: int
+    failure_threshold: int
+    timeout: int
+
+    @classmethod
+    def read(cls, spec: dict[str, Any] | None) -> ProbeSpec | None:
+        """The probe ``spec`` declares, or None where it declares none."""
+        if not spec:
+            return None
+        return cls(initial_delay=spec.get("initialDelaySeconds", 0), period=spec.get("periodSeconds", 10),
+                   failure_threshold=spec.get("failureThreshold", 3), timeout=spec.get("timeoutSeconds", 1))
+
+
 def progress_deadline(deployment: dict[str, Any], new_pods: list[dict[str, Any]], container: str | None,
                       spec_seconds: float) -> Deadline:
     """How long a rollout of ``deployment`` may go without progress: the spec's deadline, or longer where the
@@ -100,15 +120,13 @@ def progress_deadline(deployment: dict[str, Any], new_pods: list[dict[str, Any]]
     loading = any(_ran(s) and not _serving(s)
                   for pod in new_pods if not _gone(pod) for s in _vllm_statuses(pod, container))
     for c in pod_spec.get("containers") or []:
-        probe = c.get("startupProbe")
+        probe = ProbeSpec.read(c.get("startupProbe"))
         if loading and probe and (container is None or c.get("name") == container):
-            delay, period = probe.get("initialDelaySeconds", 0), probe.get("periodSeconds", 10)
-            threshold, timeout = probe.get("failureThreshold", 3), probe.get("timeoutSeconds", 1)
-            budget = delay + threshold * period + timeout
+            budget = probe.initial_delay + probe.failure_threshold * probe.period + probe.timeout
             candidates.append(Deadline(
                 float(budget + DEADLINE_MARGIN_S),
-                f"container {c.get('name')}'s startupProbe {delay}s + {threshold} x {period}s + {timeout}s"
-                f" + {DEADLINE_MARGIN_S}s"))
+                f"container {c.get('name')}'s startupProbe {probe.initial_delay}s + {probe.failure_threshold} x "
+                f"{probe.period}s + {probe.timeout}s + {DEADLINE_MARGIN_S}s"))
     longest = max(candidates, key=lambda d: d.seconds)
     drain = 0.0 if _surge(deployment) else termination_grace(pod_spec)
     if not drain:

@@ -39,6 +39,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from vllm_autotuner.rollout.drain import termination_grace
+from vllm_autotuner.rollout.progress import ProbeSpec
 
 BACKOFF_INITIAL_S = 10.0
 BACKOFF_MAX_S = 300.0
@@ -74,14 +75,12 @@ class Probe:
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any] | None, time_scale: float) -> Probe | None:
-        """The probe a container spec declares (API defaults filled in), or ``None``."""
-        if not spec:
+        """The probe a container spec declares (read as the operator reads it: ``ProbeSpec``), or ``None``."""
+        probe = ProbeSpec.read(spec)
+        if probe is None:
             return None
-        return cls(
-            initial_delay=spec.get("initialDelaySeconds", 0) * time_scale,
-            period=spec.get("periodSeconds", 10) * time_scale,
-            failure_threshold=spec.get("failureThreshold", 3),
-        )
+        return cls(initial_delay=probe.initial_delay * time_scale, period=probe.period * time_scale,
+                   failure_threshold=probe.failure_threshold)
 
     def first_success(self, not_before: float) -> float:
         """When the first probe at or after ``not_before`` runs."""

@@ -6,7 +6,7 @@ import pytest
 
 from vllm_autotuner.rollout.slots import RolloutSlots, node_pool
 
-A, B, C = ("ns", "a"), ("ns", "b"), ("ns", "c")
+A, B, C, D = ("ns", "a"), ("ns", "b"), ("ns", "c"), ("ns", "d")
 T0, T1, T2 = "2024-05-01T12:00:00Z", "2024-05-01T12:01:00Z", "2024-05-01T12:02:00Z"
 
 
@@ -21,10 +21,11 @@ def idle(tuning):
     return None
 
 
-def deployment(rolling=False, node_selector=None, affinity=None):
-    """A 2-replica Deployment, its rollout complete or not, its pods pinned to nodes as given."""
+def deployment(rolling=False, node_selector=None, affinity=None, paused=False):
+    """A 2-replica Deployment, its rollout complete or not, its pods pinned to nodes as given, paused or not."""
     pod = {"nodeSelector": node_selector or {}, **({"affinity": affinity} if affinity else {})}
-    return {"metadata": {"generation": 1}, "spec": {"replicas": 2, "template": {"spec": pod}},
+    return {"metadata": {"generation": 1},
+            "spec": {"replicas": 2, "template": {"spec": pod}, **({"paused": True} if paused else {})},
             "status": {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 1 if rolling else 2,
                        "availableReplicas": 2}}
 
@@ -67,7 +68,8 @@ def test_someone_elses_rollout_of_a_tuned_deployment_holds_a_slot_before_its_tun
 
 def test_a_pod_lost_or_added_after_a_rollout_completed_holds_no_slot():
     """A pod an autoscaler added that finds no GPU, or one lost with its node: the Deployment controller keeps
-    NewReplicaSetAvailable, and the other tunings of the pool do not wait for it; a paused Deployment neither."""
+    NewReplicaSetAvailable, and the other tunings of the pool do not wait for it. The reason a pause leaves until
+    the controller's next sync after it is resumed tells nothing: the replicas do."""
     slots = RolloutSlots(1)
     everyone = {A: {"spec": {"targetRef": {"name": "chat"}}}, B: {"spec": {"targetRef": {"name": "rag"}}}}
     slots.record(A, rolling=False, waiting_since=None)
@@ -81,8 +83,34 @@ def test_a_pod_lost_or_added_after_a_rollout_completed_holds_no_slot():
         return target
 
     assert slots.holders(B, None, everyone, short("NewReplicaSetAvailable")) == []
-    assert slots.holders(B, None, everyone, short("DeploymentPaused")) == ["ns/a (rolling out)"]  # 1 of 2 available
+    assert slots.holders(B, None, everyone, short("DeploymentPaused")) == ["ns/a (rolling out)"]  # resumed, 1 of 2 up
     assert slots.holders(B, None, everyone, short("ReplicaSetUpdated")) == ["ns/a (rolling out)"]
+
+
+def test_a_paused_deployment_holds_no_slot_until_it_is_resumed():
+    """`kubectl rollout pause` during a rollout, ours or anyone's: the Deployment controller starts no pod of it for
+    as long as it stays paused (hours, days), and the other tunings of the pool do not wait meanwhile; nor for a
+    change of it waiting for a slot, which is not made while paused. Resumed, it rolls again and holds its slot, and
+    the waiting change has kept its place."""
+    everyone = {k: {"spec": {"targetRef": {"name": k[1]}}, "status": status} for k, status in (
+        (A, {"lastRollout": {"phase": "InProgress"}}), (B, {}), (C, waiting_status(T0)), (D, {}))}
+    paused = {"a", "c", "d"}
+
+    def target(tuning):
+        name = tuning["spec"]["targetRef"]["name"]
+        halted = deployment(rolling=name in ("a", "d"), paused=name in paused)  # d: someone else's rollout
+        halted["status"]["conditions"] = [{"type": "Progressing", "reason": "DeploymentPaused"}]
+        return halted
+
+    slots = RolloutSlots(1)  # a new process: each tuning counts by its status
+    assert slots.holders(B, T1, everyone, target) == []
+    slots.record(A, rolling=True, waiting_since=None)  # seen rolling out by this process
+    slots.record(C, rolling=False, waiting_since=T0)
+    assert slots.holders(B, T1, everyone, target) == []
+    paused.clear()  # `kubectl rollout resume`: the condition says DeploymentPaused until the controller's next sync
+    resumed = ["ns/a (rolling out)", "ns/c (waiting since 2024-05-01T12:00:00Z)", "ns/d (rolling out)"]
+    assert slots.holders(B, T1, everyone, target) == resumed
+    assert RolloutSlots(1).holders(B, T1, everyone, target) == resumed
 
 
 def test_a_change_that_waited_longer_goes_first_whatever_the_order_of_evaluation():

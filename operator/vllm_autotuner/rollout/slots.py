@@ -8,10 +8,11 @@ hold) and holds the change (reason RolloutSlots) when none is left. A slot
 is held by a rollout of a tuned Deployment in progress, the operator's or
 anyone's (a ``kubectl rollout restart``, an image bump: its surge pods need
 spare GPUs too; seen in the Deployment as soon as it starts and no longer
-once it ends, not at its tuning's next evaluation), and also by a change
-that has waited longer for one: the tunings of a tick are evaluated in the
-same order every tick, so without the queue a slot freed would go to the
-same tuning each time, and one behind several others could wait for ever.
+once it ends, not at its tuning's next evaluation; not while the Deployment
+is paused, as no pod of it starts then), and also by a change that has
+waited longer for one: the tunings of a tick are evaluated in the same order
+every tick, so without the queue a slot freed would go to the same tuning
+each time, and one behind several others could wait for ever.
 
 Spare GPUs belong to a node pool: with ``--rollout-pool-label`` (the node
 label that names a pool: ``cloud.google.com/gke-nodepool``,
@@ -85,7 +86,9 @@ class RolloutSlots:
         by name). ``target`` gives a tuning's target Deployment as the caller last saw it (None: not seen): a
         rollout of it runs, anyone's, as soon as the Deployment shows it, not at that tuning's next evaluation,
         and its pod template says the pool. Tunings of another pool are passed over; one whose pool is unknown
-        shares every pool. None without a limit."""
+        shares every pool. Those whose Deployment is paused (``kubectl rollout pause``, for hours or days) are passed
+        over too: the Deployment controller starts no surge pod of theirs, whether of our rollout, someone else's or
+        a change waiting for a slot (not made while paused), until it is resumed. None without a limit."""
         if not self.limit:
             return []
         place = (_moment(since), key)
@@ -95,6 +98,8 @@ class RolloutSlots:
             if other == key:
                 continue
             deployment = target(body)
+            if deployment is not None and deployment["spec"].get("paused"):
+                continue  # starts no pod until resumed, then holds one again (its place in the queue kept)
             theirs = node_pool(deployment, self.pool_label)
             if pool is not None and theirs is not None and theirs != pool:
                 continue

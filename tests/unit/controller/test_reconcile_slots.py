@@ -1,4 +1,5 @@
-"""What an evaluation leaves for the rollout slots: the operator's rollout, not someone else's that has ended.
+"""What an evaluation leaves for the rollout slots: the operator's rollout, not someone else's that has ended, nor one
+its Deployment's pause halts.
 
 Someone else's rollout of a tuned Deployment (a ``kubectl rollout
 restart``, an image bump) holds a slot while the Deployment shows it; once
@@ -15,6 +16,8 @@ from datetime import timedelta
 
 from tests.unit.controller.test_reconcile_rollout import NEW, NOW, OLD, Kube, Windows, cache, window
 
+from vllm_autotuner.api import ConditionType, RolloutPhase
+from vllm_autotuner.controller import events
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
 
@@ -41,3 +44,30 @@ def test_someone_elses_rollout_holds_a_slot_while_it_runs_and_not_after_until_th
     assert holders() == ["llm/llama (rolling out)"]
     deployment["status"] = complete  # their rollout is done before the tuning is evaluated again
     assert holders() == []
+
+
+def test_our_rollout_holds_no_slot_while_someone_keeps_its_deployment_paused() -> None:
+    """`kubectl rollout pause` halfway through our rollout: the evaluation refuses to go on (TargetPaused) and the
+    rollout stays ours, in progress, its deadline halted; yet no pod of it starts until it is resumed, so the other
+    tunings of the pool do not wait for it meanwhile (for hours or days)."""
+    tuned = cache()
+    deployment = tuned.deployment("llm", "llama")
+    reconciler = Reconciler(Kube(), tuned, Windows(window((OLD, NEW))), OperatorMetrics(),  # type: ignore[arg-type]
+                            OperatorSettings(max_concurrent_rollouts=1))
+    tunings = {("llm", "llama"): tuned.tunings[("llm", "llama")],
+               OTHER: {"metadata": {"name": "rag", "namespace": "llm"}, "spec": {"targetRef": {"name": "rag"}}}}
+
+    def holders() -> list[str]:
+        return reconciler.slots.holders(OTHER, None, tunings, reconciler.cache.target)
+
+    report = asyncio.run(reconciler.evaluate(("llm", "llama"), NOW.timestamp(), write=False))
+    assert report is not None and report.decision.hold == "RolloutInProgress"
+    assert holders() == ["llm/llama (rolling out)"]
+    deployment["spec"]["paused"] = True
+    deployment["status"]["conditions"] = [{"type": "Progressing", "status": "Unknown", "reason": "DeploymentPaused"}]
+    report = asyncio.run(reconciler.evaluate(("llm", "llama"), (NOW + timedelta(minutes=1)).timestamp(), write=False))
+    assert report is not None and report.has(ConditionType.READY, False, events.TARGET_PAUSED)
+    assert report.state.last_rollout is not None and report.state.last_rollout.phase == RolloutPhase.IN_PROGRESS
+    assert holders() == []
+    del deployment["spec"]["paused"]  # resumed: the condition keeps its reason until the controller's next sync
+    assert holders() == ["llm/llama (rolling out)"]

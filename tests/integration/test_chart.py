@@ -27,13 +27,25 @@ SINGLE = ("--set", "replicaCount=1", "--set", "leaderElection.enabled=false", "-
 EXTRAS = ("--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
           "--set", "dashboard.namespace=monitoring", "--set", "verbose=true")
 DIGEST = "sha256:" + "0123456789abcdef" * 4
+# The NetworkPolicy, its scrapers named and its egress restricted (DNS, the apiserver, Prometheus).
+SCRAPERS = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+            {"ipBlock": {"cidr": "192.0.2.0/24"}}]
+EGRESS = [{"to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+           "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+          {"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}], "ports": [{"port": 6443, "protocol": "TCP"}]},
+          {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+           "ports": [{"port": 9090, "protocol": "TCP"}]}]
+NETWORK_POLICY = ("--set", "networkPolicy.enabled=true",
+                  "--set-json", f"networkPolicy.metricsFrom={json.dumps(SCRAPERS)}",
+                  "--set-json", f"networkPolicy.egress={json.dumps(EGRESS)}")
 # The image pinned by digest; names and a budget the apiserver takes that the schema must not refuse.
 PINNED = ("--set", f"image.digest={DIGEST}", "--set", "podDisruptionBudget.maxUnavailable=50%",
           "--set", "serviceAccount.name=operator.v1", "--set", "leaderElection.leaseName=lease.v1")
 
 
-@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, EXTRAS, PINNED],
-                         ids=["defaults", "namespaced", "single", "extras", "pinned"])
+@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, EXTRAS, PINNED, NETWORK_POLICY],
+                         ids=["defaults", "namespaced", "single", "extras", "pinned", "network-policy"])
 def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> None:
     out = helm("lint", "--strict", str(CHART), *values).stdout
     assert "1 chart(s) linted, 0 chart(s) failed" in out
@@ -63,10 +75,15 @@ def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> No
      "at '/prometheus/headers/X-Scope-OrgID'"),
     # NOTES.txt lists a grant's names with no fallback for an empty list: the schema must refuse one.
     (("--set-json", 'rbac.secrets=[{"namespace": "a", "names": []}]'), "at '/rbac/secrets/0/names': minItems"),
+    # A misspelt peer key would be dropped, and the peer widened to whatever its other keys allow.
+    (("--set-json", 'networkPolicy.metricsFrom=[{"namespaceSelecter": {}}]'),
+     "at '/networkPolicy/metricsFrom/0': additional properties 'namespaceSelecter' not allowed"),
+    (("--set-json", 'networkPolicy.egress=[{"port": 53}]'),
+     "at '/networkPolicy/egress/0': additional properties 'port' not allowed"),
 ], ids=["replicas-string", "log-format", "unknown-key", "two-leaders", "url", "namespace-name", "secret-grant",
         "secret-grant-without-names", "pull-policy", "negative-rollout-limit", "pool-label", "recommend-only",
         "fullname-with-dot", "name-with-leading-digit", "pdb-zero-percent", "digest", "authorization-header", "header-on-two-lines",
-        "secret-grant-of-no-names"])
+        "secret-grant-of-no-names", "network-policy-peer", "network-policy-egress-rule"])
 def test_bad_values_are_rejected_by_the_schema(helm: Helm, values: tuple[str, ...], complaint: str) -> None:
     result = helm("template", "x", str(CHART), *values, check=False)
     assert result.returncode != 0
@@ -302,7 +319,30 @@ def test_metrics_service_monitor_and_dashboard(helm: Helm) -> None:
     assert "ServiceMonitor" not in {o["kind"] for o in helm.template("rel", str(CHART))}
 
 
-@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, PINNED], ids=["defaults", "namespaced", "single", "pinned"])
+def test_the_network_policy_opens_only_the_metrics_port_and_restricts_egress_only_when_told(helm: Helm) -> None:
+    """Opt-in, for namespaces that deny by default: the operator's pods take scrapes on their one port, from any pod
+    unless scrapers are named; egress stays open (the apiserver's and Prometheus' addresses differ per cluster)
+    unless rules are given, and then only those."""
+    assert "NetworkPolicy" not in {o["kind"] for o in helm.template("rel", str(CHART))}
+    objects = helm.template("rel", str(CHART), "-n", "ops", "--set", "networkPolicy.enabled=true",
+                            "--set", "httpPort=9102")
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    deployment = _operator(objects)
+    assert policy["metadata"]["namespace"] == "ops"
+    assert policy["spec"]["podSelector"] == deployment["spec"]["selector"]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == 9102
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and "egress" not in policy["spec"]
+    assert policy["spec"]["ingress"] == [{"from": [{"namespaceSelector": {}}],
+                                          "ports": [{"port": 9102, "protocol": "TCP"}]}]
+
+    (policy,) = [o for o in helm.template("rel", str(CHART), *NETWORK_POLICY) if o["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["spec"]["ingress"] == [{"from": SCRAPERS, "ports": [{"port": 8080, "protocol": "TCP"}]}]
+    assert policy["spec"]["egress"] == EGRESS
+
+
+@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, PINNED, NETWORK_POLICY],
+                         ids=["defaults", "namespaced", "single", "pinned", "network-policy"])
 def test_rendered_manifests_pass_a_server_side_dry_run(cluster_with_crd: Cluster, helm: Helm, namespace: str,
                                                        values: tuple[str, ...]) -> None:
     with cluster_with_crd.fresh_namespace() as team_a, cluster_with_crd.fresh_namespace() as team_b:

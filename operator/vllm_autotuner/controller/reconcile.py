@@ -225,8 +225,9 @@ class Report:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # on the VllmTuning: reason, message, type
     target_events: list[tuple[str, str, str]] = field(default_factory=list)  # on the Deployment
     finished: list[str] = field(default_factory=list)
-    """The outcomes of the rollouts it judged, counted in ``rollouts_total`` once its status is written: a
-    refused write drops the verdict, which the evaluation redone judges again."""
+    """The outcomes of the rollouts it judged, counted in ``rollouts_total`` unless its status write is refused
+    (409): the refused write drops the verdict, which the evaluation redone judges again and counts then. A write
+    that times out may have landed, and is counted."""
 
     def condition(self, type_: ConditionType, status: bool | None, reason: str, message: str) -> None:
         self.state = self.state.model_copy(update={"conditions": set_condition(
@@ -620,8 +621,10 @@ class Reconciler:
                 # kept verdict waited for, its write refused, made by someone else (`kubectl rollout undo`).
                 # Record the verdict again (a config that failed to start is never tried twice; one whose pods
                 # found no GPU is not blamed, as our rollback's annotations say) and follow the rollback (the
-                # verdict's Events went out before; this process or the last one counted it); a person who only
-                # did what the operator was trying to do made no change to respect.
+                # verdict's Events went out before; counted when a status held it, else now: ``Report.finished``);
+                # a person who only did what the operator was trying to do made no change to respect.
+                if not kept:  # no status held this verdict (its write refused, the operator stopped before it)
+                    report.finished.append("Blocked" if written_verdict == events.ROLLOUT_BLOCKED else "Failed")
                 kept = kept or (written_verdict if ours else "")
                 at = written if ours else report.now
                 if kept == events.ROLLOUT_BLOCKED:

@@ -836,3 +836,22 @@ def test_a_persons_undo_of_a_rollout_whose_rollback_was_refused_is_that_rollback
     assert rollout is not None and (rollout.to_knobs, rollout.source) == (A, KnobSource.ROLLBACK)
     assert awaiting_verdict(report.state)  # followed to its end like the operator's own rollback
     assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 512)]
+
+
+def test_a_failed_verdict_whose_status_write_was_refused_after_its_rollback_landed_is_counted_when_redone():
+    """The evaluation that judged B failed wrote its rollback, and then its status write was refused (a person
+    edited the VllmTuning meanwhile), dropping its count. The redo finds our rollback in the template under the
+    status from before: it records the verdict, and counts it, once."""
+    state = status(A.max_num_batched_tokens, A.max_num_seqs, since=T0 - timedelta(hours=2))
+    state = with_rollout(state, T0, B, KnobSource.TRAFFIC, f"to {B}")
+    written = scaled(patched(deployment(A), B, T0), 1, 1, 0)
+    at = T0 + timedelta(minutes=5)
+    kube = Kube([crash_looping("ValueError: not enough KV cache", at - timedelta(minutes=1))])
+    first = track(state, written, at, kube)
+    assert first.finished == ["Failed"] and len(kube.patches) == 1  # the rollback landed
+
+    redo = track(state, patched(written, A, at, KnobSource.ROLLBACK), at + timedelta(seconds=1), Kube([]))
+
+    assert redo.finished == ["Failed"] and B in failed_configs(redo.state)
+    again = track(redo.state, patched(written, A, at, KnobSource.ROLLBACK), at + timedelta(minutes=1), Kube([]))
+    assert again.finished == []

@@ -113,6 +113,21 @@ def test_a_paused_deployment_holds_no_slot_until_it_is_resumed():
     assert RolloutSlots(1).holders(B, T1, everyone, target) == resumed
 
 
+@pytest.mark.parametrize("replicas, available", [(3, 2), (2, 1)])
+def test_a_deployment_paused_with_a_surge_pod_or_one_unavailable_still_holds_its_slot(replicas, available):
+    """Paused mid-rollout, the pods already created stay: a surge pod on its spare GPU (3 pods for 2 replicas), or
+    a pod not yet available (Pending: it takes the next GPU that frees). Another rollout of the pool would find no
+    spare GPU, so the slot stays held."""
+    everyone = {k: {"spec": {"targetRef": {"name": k[1]}}, "status": {}} for k in (A, B)}
+
+    def target(tuning):
+        halted = deployment(rolling=True, paused=True)
+        halted["status"].update(replicas=replicas, availableReplicas=available)
+        return halted
+
+    assert RolloutSlots(1).holders(B, T1, everyone, target) == ["ns/a (rolling out)"]
+
+
 def test_a_change_that_waited_longer_goes_first_whatever_the_order_of_evaluation():
     slots = RolloutSlots(1)
     everyone = tunings(A, B, C)

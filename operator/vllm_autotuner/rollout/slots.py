@@ -9,7 +9,8 @@ is held by a rollout of a tuned Deployment in progress, the operator's or
 anyone's (a ``kubectl rollout restart``, an image bump: its surge pods need
 spare GPUs too; seen in the Deployment as soon as it starts and no longer
 once it ends, not at its tuning's next evaluation; not while the Deployment
-is paused, as no pod of it starts then), and also by a change that has
+is paused with no surge pod and none unavailable, as no pod of it starts
+then), and also by a change that has
 waited longer for one: the tunings of a tick are evaluated in the same order
 every tick, so without the queue a slot freed would go to the same tuning
 each time, and one behind several others could wait for ever.
@@ -86,9 +87,10 @@ class RolloutSlots:
         by name). ``target`` gives a tuning's target Deployment as the caller last saw it (None: not seen): a
         rollout of it runs, anyone's, as soon as the Deployment shows it, not at that tuning's next evaluation,
         and its pod template says the pool. Tunings of another pool are passed over; one whose pool is unknown
-        shares every pool. Those whose Deployment is paused (``kubectl rollout pause``, for hours or days) are passed
-        over too: the Deployment controller starts no surge pod of theirs, whether of our rollout, someone else's or
-        a change waiting for a slot (not made while paused), until it is resumed. None without a limit."""
+        shares every pool. Those whose Deployment is paused (``kubectl rollout pause``, for hours or days) with
+        no pod waiting for a GPU or holding a spare one (``_parked``) are passed over too: the Deployment controller
+        starts no pod of theirs, whether of our rollout, someone else's or a change waiting for a slot (not made
+        while paused), until it is resumed. None without a limit."""
         if not self.limit:
             return []
         place = (_moment(since), key)
@@ -98,7 +100,7 @@ class RolloutSlots:
             if other == key:
                 continue
             deployment = target(body)
-            if deployment is not None and deployment["spec"].get("paused"):
+            if deployment is not None and _parked(deployment):
                 continue  # starts no pod until resumed, then holds one again (its place in the queue kept)
             theirs = node_pool(deployment, self.pool_label)
             if pool is not None and theirs is not None and theirs != pool:
@@ -121,6 +123,16 @@ class RolloutSlots:
     def forget(self, key: Key) -> None:
         """Drop a deleted tuning."""
         self._seen.pop(key, None)
+
+
+def _parked(deployment: Deployment) -> bool:
+    """Paused, with no pod beyond its replicas and none unavailable. A pause mid-rollout keeps the pods already
+    created: a surge pod runs on a spare GPU, and a pod not yet available (Pending, loading) holds or takes the next
+    GPU that frees; those still hold the slot while paused."""
+    spec, status = deployment["spec"], deployment.get("status") or {}
+    replicas = spec.get("replicas", 1)
+    return bool(spec.get("paused")) and status.get("replicas", 0) <= replicas and status.get(
+        "availableReplicas", 0) >= replicas
 
 
 def _from_status(status: Mapping[str, Any]) -> tuple[bool, datetime | None]:

@@ -49,7 +49,8 @@ def test_someone_elses_rollout_holds_a_slot_while_it_runs_and_not_after_until_th
 def test_our_rollout_holds_no_slot_while_someone_keeps_its_deployment_paused() -> None:
     """`kubectl rollout pause` halfway through our rollout: the evaluation refuses to go on (TargetPaused) and the
     rollout stays ours, in progress, its deadline halted; yet no pod of it starts until it is resumed, so the other
-    tunings of the pool do not wait for it meanwhile (for hours or days)."""
+    tunings of the pool do not wait for it meanwhile (for hours or days), as long as none of its pods waits for a
+    GPU (``test_a_deployment_paused_with_a_surge_pod_or_one_unavailable_still_holds_its_slot``)."""
     tuned = cache()
     deployment = tuned.deployment("llm", "llama")
     reconciler = Reconciler(Kube(), tuned, Windows(window((OLD, NEW))), OperatorMetrics(),  # type: ignore[arg-type]
@@ -63,7 +64,8 @@ def test_our_rollout_holds_no_slot_while_someone_keeps_its_deployment_paused() -
     report = asyncio.run(reconciler.evaluate(("llm", "llama"), NOW.timestamp(), write=False))
     assert report is not None and report.decision.hold == "RolloutInProgress"
     assert holders() == ["llm/llama (rolling out)"]
-    deployment["spec"]["paused"] = True
+    deployment["spec"]["paused"] = True  # between two steps: a pod of each revision, both serving
+    deployment["status"]["availableReplicas"] = 2
     deployment["status"]["conditions"] = [{"type": "Progressing", "status": "Unknown", "reason": "DeploymentPaused"}]
     report = asyncio.run(reconciler.evaluate(("llm", "llama"), (NOW + timedelta(minutes=1)).timestamp(), write=False))
     assert report is not None and report.has(ConditionType.READY, False, events.TARGET_PAUSED)

@@ -80,10 +80,17 @@ def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> No
      "at '/networkPolicy/metricsFrom/0': additional properties 'namespaceSelecter' not allowed"),
     (("--set-json", 'networkPolicy.egress=[{"port": 53}]'),
      "at '/networkPolicy/egress/0': additional properties 'port' not allowed"),
+    # ... and a misspelt selector key likewise: `podSelector: {}` selects every pod of the namespace
+    (("--set-json", 'networkPolicy.metricsFrom=[{"podSelector": {"matchLabel": {"app": "prometheus"}}}]'),
+     "at '/networkPolicy/metricsFrom/0/podSelector': additional properties 'matchLabel' not allowed"),
+    # the apiserver refuses an ipBlock beside a selector in one peer
+    (("--set-json", 'networkPolicy.metricsFrom=[{"ipBlock": {"cidr": "10.0.0.0/8"}, "namespaceSelector": {}}]'),
+     "at '/networkPolicy/metricsFrom/0'"),
 ], ids=["replicas-string", "log-format", "unknown-key", "two-leaders", "url", "namespace-name", "secret-grant",
         "secret-grant-without-names", "pull-policy", "negative-rollout-limit", "pool-label", "recommend-only",
         "fullname-with-dot", "name-with-leading-digit", "pdb-zero-percent", "digest", "authorization-header", "header-on-two-lines",
-        "secret-grant-of-no-names", "network-policy-peer", "network-policy-egress-rule"])
+        "secret-grant-of-no-names", "network-policy-peer", "network-policy-egress-rule",
+        "network-policy-selector", "network-policy-ipblock-and-selector"])
 def test_bad_values_are_rejected_by_the_schema(helm: Helm, values: tuple[str, ...], complaint: str) -> None:
     result = helm("template", "x", str(CHART), *values, check=False)
     assert result.returncode != 0

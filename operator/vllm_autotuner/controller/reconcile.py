@@ -651,6 +651,14 @@ class Reconciler:
                          f"adopted as Manual and respected for the cooldown ({spec.rollout.cooldown})")
             return
         if not pending or rollout is None:
+            if (rollout is not None and rollout.phase == RolloutPhase.FAILED and rollout.to_knobs == template
+                    and not rollout_in_progress(target.deployment)):
+                # a rollout that stood, closed for no fault of its config (its pods found no room, a rollback that
+                # could not start them), and then completed: every pod serves it, and nothing is degraded now
+                for reason in (events.ROLLOUT_BLOCKED, events.ROLLOUT_FAILED):
+                    if report.has(ConditionType.DEGRADED, True, reason):
+                        report.condition(ConditionType.DEGRADED, False, "AsExpected",
+                                         f"{rollout.to_knobs} is live on every pod (it stood after {reason})")
             return
         pods: list[dict[str, Any]] = []
         if target.replicaset is not None and target.replicas > 0:

@@ -563,6 +563,16 @@ def test_a_blocked_rollback_stands():
     rollout = report.state.last_rollout
     assert rollout is not None and (rollout.to_knobs, rollout.phase) == (A, RolloutPhase.FAILED)
     assert report.state.current is not None and report.state.current.knobs == A
+    assert report.has(ConditionType.DEGRADED, True, events.ROLLOUT_BLOCKED)
+    # the Deployment controller starts the pod when a GPU frees: once every pod runs A, nothing is degraded
+    assert track(report.state, back, T0 + timedelta(minutes=40), kube).has(
+        ConditionType.DEGRADED, True, events.ROLLOUT_BLOCKED)  # still short of a pod
+    done = copy.deepcopy(back)
+    done["status"].update({"replicas": 2, "updatedReplicas": 2, "availableReplicas": 2})
+    recovered = track(report.state, done, T0 + timedelta(hours=2), kube)
+    degraded = condition(recovered.state.conditions, ConditionType.DEGRADED)
+    assert degraded is not None and (degraded.status, degraded.reason) == ("False", "AsExpected")
+    assert degraded.message.startswith(f"{A} is live on every pod") and recovered.events == []
 
 
 def test_the_rollback_of_a_blocked_rollout_whose_status_write_was_lost_does_not_blame_the_config():

@@ -623,9 +623,12 @@ class Reconciler:
                 # found no GPU is not blamed, as our rollback's annotations say) and follow the rollback (the
                 # verdict's Events went out before; counted when a status held it, else now: ``Report.finished``);
                 # a person who only did what the operator was trying to do made no change to respect.
-                if not kept:  # no status held this verdict (its write refused, the operator stopped before it)
-                    report.finished.append("Blocked" if written_verdict == events.ROLLOUT_BLOCKED else "Failed")
-                kept = kept or (written_verdict if ours else "")
+                fresh = written_verdict if ours else ""
+                if not kept or (fresh and fresh != kept):
+                    # no status held this verdict (its write refused, the operator stopped before it), or one held
+                    # an older verdict, whose rollback was refused (Blocked, then the pod got a GPU and crash-looped)
+                    report.finished.append("Blocked" if fresh == events.ROLLOUT_BLOCKED else "Failed")
+                    kept, verdict = fresh, ""
                 at = written if ours else report.now
                 if kept == events.ROLLOUT_BLOCKED:
                     decision = rollout_blocked(state, at, verdict or reason)
@@ -652,7 +655,7 @@ class Reconciler:
             return
         if not pending or rollout is None:
             if (rollout is not None and rollout.phase == RolloutPhase.FAILED and rollout.to_knobs == template
-                    and not rollout_in_progress(target.deployment)):
+                    and target.replicas > 0 and not rollout_in_progress(target.deployment)):
                 # a rollout that stood, closed for no fault of its config (its pods found no room, a rollback that
                 # could not start them), and then completed: every pod serves it, and nothing is degraded now
                 for reason in (events.ROLLOUT_BLOCKED, events.ROLLOUT_FAILED):

@@ -457,6 +457,9 @@ def test_the_last_config_that_ran_failing_after_a_scale_up_is_not_its_fault():
     assert rollout is not None and (rollout.to_knobs, rollout.phase) == (A, RolloutPhase.FAILED)
     assert report.state.current is not None and report.state.current.knobs == A
     assert report.has(ConditionType.DEGRADED, True, "RolloutFailed")
+    # scaled to zero (to stop the crash loop, or by KEDA at night): no pod runs A, and nothing says it starts now
+    zero = track(report.state, scaled(written, 0, 0, 0), closes + timedelta(hours=2), Kube([]))
+    assert zero.has(ConditionType.DEGRADED, True, "RolloutFailed")
 
 
 def unschedulable(name: str) -> dict[str, Any]:
@@ -865,3 +868,22 @@ def test_a_failed_verdict_whose_status_write_was_refused_after_its_rollback_land
     assert redo.finished == ["Failed"] and B in failed_configs(redo.state)
     again = track(redo.state, patched(written, A, at, KnobSource.ROLLBACK), at + timedelta(minutes=1), Kube([]))
     assert again.finished == []
+
+
+def test_a_failed_verdict_after_a_kept_blocked_one_is_recorded_and_counted_when_its_status_write_was_refused():
+    """B is blocked and its rollback refused (the Blocked verdict kept, and counted); the surge pod then gets a GPU
+    and crash-loops: B fails and its rollback is written, but that status write is refused. The redo finds our
+    rollback in the template under the kept Blocked verdict: the newer Failed verdict, which our rollback's
+    annotations carry, is the one recorded (B never tried again) and counted."""
+    state, written = surge_stuck(B)
+    state = track(state, written, T0 + timedelta(minutes=11), RefusingKube([unschedulable("llama-7f8b-s1")], 1)).state
+    kube = Kube([crash_looping("ValueError: not enough KV cache", T0 + timedelta(minutes=12))])
+    judged = track(state, written, T0 + timedelta(minutes=13), kube)
+    assert judged.finished == ["Failed"] and len(kube.patches) == 1
+    back = merge(written, kube.patches[0])
+    back["metadata"]["generation"] += 1
+
+    redo = track(state, back, T0 + timedelta(minutes=13, seconds=1), Kube([]))
+
+    assert redo.finished == ["Failed"] and B in failed_configs(redo.state)
+    assert redo.has(ConditionType.DEGRADED, True, events.ROLLOUT_FAILED)

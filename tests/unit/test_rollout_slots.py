@@ -128,20 +128,6 @@ def test_a_deployment_paused_with_a_surge_pod_or_one_unavailable_still_holds_its
     assert RolloutSlots(1).holders(B, T1, everyone, target) == ["ns/a (rolling out)"]
 
 
-def test_a_paused_deployment_whose_rollout_completed_holds_no_slot_for_a_pod_unavailable_since():
-    """A pod lost with its node, or an autoscaler's with no GPU, after the rollout completed: no slot unpaused
-    (``template_rolling``), and none paused either."""
-    everyone = {k: {"spec": {"targetRef": {"name": k[1]}}, "status": {}} for k in (A, B)}
-
-    def target(tuning):
-        settled = deployment(paused=True)
-        settled["status"].update(availableReplicas=1,
-                                 conditions=[{"type": "Progressing", "reason": "DeploymentPaused"}])
-        return settled
-
-    assert RolloutSlots(1).holders(B, T1, everyone, target) == []
-
-
 def test_a_change_that_waited_longer_goes_first_whatever_the_order_of_evaluation():
     slots = RolloutSlots(1)
     everyone = tunings(A, B, C)

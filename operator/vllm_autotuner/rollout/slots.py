@@ -126,15 +126,13 @@ class RolloutSlots:
 
 
 def _parked(deployment: Deployment) -> bool:
-    """Paused, with no pod beyond its replicas and, where the pause caught a rollout half way, none unavailable. A
-    pause mid-rollout keeps the pods already created: a surge pod runs on a spare GPU, and a new pod not yet
-    available (Pending, loading) holds or takes the next GPU that frees; those still hold the slot while paused. A
-    pod unavailable after the rollout completed (lost with its node, an autoscaler's with no GPU) holds none, as it
-    holds none unpaused (``template_rolling``)."""
+    """Paused, with no pod beyond its replicas and none unavailable. A pause mid-rollout keeps the pods already
+    created: a surge pod runs on a spare GPU, and a pod not yet available (Pending, loading) holds or takes the next
+    GPU that frees; those still hold the slot while paused."""
     spec, status = deployment["spec"], deployment.get("status") or {}
     replicas = spec.get("replicas", 1)
-    midway = status.get("updatedReplicas", 0) < replicas and status.get("availableReplicas", 0) < replicas
-    return bool(spec.get("paused")) and status.get("replicas", 0) <= replicas and not midway
+    return bool(spec.get("paused")) and status.get("replicas", 0) <= replicas and status.get(
+        "availableReplicas", 0) >= replicas
 
 
 def _from_status(status: Mapping[str, Any]) -> tuple[bool, datetime | None]:

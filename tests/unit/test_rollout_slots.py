@@ -113,16 +113,16 @@ def test_a_paused_deployment_holds_no_slot_until_it_is_resumed():
     assert RolloutSlots(1).holders(B, T1, everyone, target) == resumed
 
 
-@pytest.mark.parametrize("replicas, available", [(3, 2), (2, 1)])
-def test_a_deployment_paused_with_a_surge_pod_or_one_unavailable_still_holds_its_slot(replicas, available):
+@pytest.mark.parametrize("replicas, updated, available", [(3, 1, 2), (2, 1, 1), (2, 2, 1), (2, 2, 0)])
+def test_a_deployment_paused_with_a_surge_pod_or_one_unavailable_still_holds_its_slot(replicas, updated, available):
     """Paused mid-rollout, the pods already created stay: a surge pod on its spare GPU (3 pods for 2 replicas), or
-    a pod not yet available (Pending: it takes the next GPU that frees). Another rollout of the pool would find no
-    spare GPU, so the slot stays held."""
+    a pod not yet available (Pending: it takes the next GPU that frees), the last new pod too (maxSurge 0, Recreate:
+    ``updatedReplicas`` counts it). Another rollout of the pool would find no spare GPU, so the slot stays held."""
     everyone = {k: {"spec": {"targetRef": {"name": k[1]}}, "status": {}} for k in (A, B)}
 
     def target(tuning):
         halted = deployment(rolling=True, paused=True)
-        halted["status"].update(replicas=replicas, availableReplicas=available)
+        halted["status"].update(replicas=replicas, updatedReplicas=updated, availableReplicas=available)
         return halted
 
     assert RolloutSlots(1).holders(B, T1, everyone, target) == ["ns/a (rolling out)"]

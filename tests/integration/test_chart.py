@@ -83,6 +83,10 @@ def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> No
     # ... and a misspelt selector key likewise: `podSelector: {}` selects every pod of the namespace
     (("--set-json", 'networkPolicy.metricsFrom=[{"podSelector": {"matchLabel": {"app": "prometheus"}}}]'),
      "at '/networkPolicy/metricsFrom/0/podSelector': additional properties 'matchLabel' not allowed"),
+    # `matchLabels:` emptied by commenting out its only label is null, which the apiserver reads as no
+    # requirement (every namespace): refused rather than widened; `{}` says "all" on purpose
+    (("--set-json", 'networkPolicy.metricsFrom=[{"namespaceSelector": {"matchLabels": null}}]'),
+     "at '/networkPolicy/metricsFrom/0/namespaceSelector/matchLabels': got null, want object"),
     # the apiserver refuses an ipBlock beside a selector in one peer
     (("--set-json", 'networkPolicy.metricsFrom=[{"ipBlock": {"cidr": "10.0.0.0/8"}, "namespaceSelector": {}}]'),
      "at '/networkPolicy/metricsFrom/0'"),
@@ -90,7 +94,7 @@ def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> No
         "secret-grant-without-names", "pull-policy", "negative-rollout-limit", "pool-label", "recommend-only",
         "fullname-with-dot", "name-with-leading-digit", "pdb-zero-percent", "digest", "authorization-header", "header-on-two-lines",
         "secret-grant-of-no-names", "network-policy-peer", "network-policy-egress-rule",
-        "network-policy-selector", "network-policy-ipblock-and-selector"])
+        "network-policy-selector", "network-policy-null-match-labels", "network-policy-ipblock-and-selector"])
 def test_bad_values_are_rejected_by_the_schema(helm: Helm, values: tuple[str, ...], complaint: str) -> None:
     result = helm("template", "x", str(CHART), *values, check=False)
     assert result.returncode != 0

@@ -204,6 +204,8 @@ class Rollout(StatusModel):
     """When a settled window after the rollout was compared with the baseline (RFC 3339)."""
     unverified_at: str | None = None
     """When the rollout completed with the Deployment scaled to zero, no pod restarted (RFC 3339). Its duration and the capacity lost after it are a scale-up's, not a restart's, so neither is taken as one."""
+    halted_at: str | None = None
+    """When its Deployment was first seen not rolling (paused, or scaled to zero) while the rollout awaited its verdict (RFC 3339). Its duration then counts the halt, hours perhaps, and the pods that started after it were no rolling restart's, so it is not taken as a restart's length (rolloutSeconds)."""
     lost_seconds: float = Field(default=0.0, ge=0)
     """SLO goodput lost while the pods restarted and their queue drained, in seconds of the whole target's goodput: the baseline attainment minus what the windows showed, over time."""
 
@@ -376,7 +378,7 @@ class VllmTuningStatus(StatusModel):
     restart_cost_seconds: float | None = Field(default=None, ge=0)
     """What a rollout of this target costs, in seconds of its whole SLO goodput: lostSeconds over the baseline attainment, averaged over the measured rollouts (none yet: estimated from the load)."""
     rollout_seconds: float | None = Field(default=None, ge=0)
-    """How long a rolling restart of the target takes: the last one the operator timed, from the patch to its last pod Ready (seconds). Only a change of its own that succeeded with pods running is timed: not a rollback (after a rollout whose new pods could not start, it only removes a pending pod), nor a config written while the Deployment was scaled to zero (it waited for a scale-up). Schedule pre-rolls, the lead before a change freeze and the price of a restart follow it; absent, 5 minutes ahead of a window or freeze, and 3 minutes out of service for each wave of pods a restart stops."""
+    """How long a rolling restart of the target takes: the last one the operator timed, from the patch to its last pod Ready (seconds). Only a change of its own that succeeded with pods running is timed: not a rollback (after a rollout whose new pods could not start, it only removes a pending pod), nor a config written while the Deployment was scaled to zero (it waited for a scale-up), nor a rollout its Deployment was seen paused or scaled to zero during (lastRollout.haltedAt: the halt is no restart's time). Schedule pre-rolls, the lead before a change freeze and the price of a restart follow it; absent, 5 minutes ahead of a window or freeze, and 3 minutes out of service for each wave of pods a restart stops."""
     rollout_times: list[str] = Field(default_factory=list, max_length=ROLLOUT_TIMES_LIMIT)
     """Start times of rollouts in the last 24 hours (the daily rollout budget)."""
     history: list[DecisionRecord] = Field(default_factory=list, max_length=HISTORY_LIMIT)

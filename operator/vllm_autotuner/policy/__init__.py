@@ -65,7 +65,7 @@ Rollout lifecycle (the operator calls these when the Deployment tells it):
     ``rollout_progressed(state, now, mark, halted)`` a pod of the new config
     was created or became available (``mark`` rose), or the Deployment does
     not roll (paused, scaled to zero): the progress deadline counts from
-    ``now`` again;
+    ``now`` again, and the rollout times no restart;
     ``rollout_unverified(state, now)`` the rollout completed with the
     Deployment scaled to zero: no pod started the config, which is judged
     when the Deployment scales up (``awaiting_verdict(state)`` is true until

@@ -50,7 +50,8 @@ def rollout_progressed(state: VllmTuningStatus, now: datetime, mark: int, halted
     """The rollout awaiting its verdict got further (``mark`` above the one last seen), or its Deployment does not
     roll (``halted``: paused, or scaled to zero): its progress deadline counts from ``now`` again. A slow rollout of
     many pods is not a failed one, and a paused Deployment does not roll (the Deployment controller does not count
-    paused time either); an unverified config's deadline counts from the scale-up that starts its first pod.
+    paused time either); an unverified config's deadline counts from the scale-up that starts its first pod. A
+    rollout seen halted keeps when it first was (``halted_at``) and times no restart (``timed_restart``).
 
     A mark below the last one (an autoscaler took replicas away, and the Deployment controller scaled the new
     ReplicaSet down with the old) is kept without restarting the clock, so the steps after it count: the Deployment
@@ -65,6 +66,8 @@ def rollout_progressed(state: VllmTuningStatus, now: datetime, mark: int, halted
     update: dict[str, object] = {"progress_mark": mark}
     if mark > last or halted:
         update["progressed_at"] = utc_timestamp(now)
+    if halted and state.last_rollout.halted_at is None:
+        update["halted_at"] = utc_timestamp(now)
     return state.model_copy(update={"last_rollout": state.last_rollout.model_copy(update=update)})
 
 
@@ -97,7 +100,8 @@ def rollout_succeeded(state: VllmTuningStatus, now: datetime) -> VllmTuningStatu
     restart price follow. A rollback does not: after a blocked rollout it only
     removes the pending surge pod, in seconds, and a freeze lead that short
     would let a long restart start just before a freeze and run in it. Nor
-    does a config written at zero replicas: it waited for a scale-up.
+    does a config written at zero replicas: it waited for a scale-up. Nor a
+    rollout seen halted (``rollout_progressed``): see ``timed_restart``.
     """
     if not awaiting_verdict(state) or state.current is None:
         return state
@@ -113,9 +117,15 @@ def rollout_succeeded(state: VllmTuningStatus, now: datetime) -> VllmTuningStatu
 def timed_restart(rollout: Rollout) -> float | None:
     """How long ``rollout`` took, when it timed a rolling restart of running pods: a change of ours that
     succeeded, not a rollback nor a config written at zero replicas (``rollout_succeeded``); None otherwise, and
-    when the wall clock stepped back during it (finished before it started: no duration the CRD could hold)."""
+    when the wall clock stepped back during it (finished before it started: no duration the CRD could hold).
+
+    Nor a rollout seen halted (``halted_at``: paused, or scaled to zero, while it awaited its verdict), rather than
+    timed less its halt: the halt is known only to an evaluation interval, and what ran around it was no rolling
+    restart's pace (pods created before a pause start during it; after a scale to zero, the pods that start are a
+    scale-up's, all at once). One measurement lost is the price; the last restart timed stands meanwhile.
+    """
     if (rollout.phase != RolloutPhase.SUCCEEDED or rollout.finished_at is None or rollout.source == KnobSource.ROLLBACK
-            or rollout.unverified_at is not None):
+            or rollout.unverified_at is not None or rollout.halted_at is not None):
         return None
     took = (datetime.fromisoformat(rollout.finished_at) - datetime.fromisoformat(rollout.started_at)).total_seconds()
     return took if took >= 0 else None
@@ -124,7 +134,7 @@ def timed_restart(rollout: Rollout) -> float | None:
 def with_timed_restart(state: VllmTuningStatus) -> VllmTuningStatus:
     """A status from before ``rolloutSeconds`` (chart 0.5.11 and older) takes it from its last rollout, as this
     version would have recorded it: after an upgrade, the freeze lead and pre-roll follow the restarts measured
-    before it, not their 5-minute default."""
+    before it, not their 5-minute default. Such a status has no ``haltedAt`` either: a halt it saw is not known."""
     if state.rollout_seconds is not None or state.last_rollout is None:
         return state
     took = timed_restart(state.last_rollout)

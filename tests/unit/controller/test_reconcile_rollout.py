@@ -245,3 +245,29 @@ def test_a_second_tuning_of_the_target_stops_changes_but_not_the_rollback_of_our
     copy = asyncio.run(reconciler.evaluate(("llm", "llama-copy"), NOW.timestamp(), write=False))
     assert copy is not None and copy.has(ConditionType.READY, False, events.TARGET_CONFLICT)
     assert len(kube.patches) == 1 and copy.state.current is None  # the copy neither changes nor adopts anything
+
+
+def test_a_rollout_someone_paused_half_way_times_no_restart() -> None:
+    """`kubectl rollout pause` half way through our rollout, resumed three hours later: its duration counts the
+    pause, no restart's length, so the rolloutSeconds timed before it stands (else the next pre-roll and freeze lead
+    would start three hours early, and every restart be priced at three hours)."""
+    key = ("llm", "llama")
+    halfway = cache()
+    halfway.tunings[key]["status"]["rolloutSeconds"] = 240.0
+    deployment = halfway.deployment(*key)
+    deployment["spec"]["paused"] = True
+    deployment["status"]["conditions"] = [{"type": "Progressing", "status": "Unknown", "reason": "DeploymentPaused"}]
+    reconciler = Reconciler(Kube(), halfway, Windows(window((OLD, NEW))), OperatorMetrics(),  # type: ignore[arg-type]
+                            OperatorSettings())
+    report = asyncio.run(reconciler.evaluate(key, NOW.timestamp(), write=False))
+    assert report is not None and report.has(ConditionType.READY, False, events.TARGET_PAUSED)
+    assert report.state.last_rollout.halted_at == utc_timestamp(NOW)
+    paused = report.state.model_dump(by_alias=True, mode="json")  # as its status write leaves it
+    for halted in (False, True):  # completed three hours later: its pause unseen (a control), and seen
+        resumed = cache(finished=timedelta(seconds=1))  # its Deployment and ReplicaSets, that is
+        resumed.tunings[key]["status"] = paused if halted else halfway.tunings[key]["status"]
+        reconciler = Reconciler(Kube(), resumed, Windows(window((OLD, NEW))),  # type: ignore[arg-type]
+                                OperatorMetrics(), OperatorSettings())
+        report = asyncio.run(reconciler.evaluate(key, (NOW + timedelta(hours=3)).timestamp(), write=False))
+        assert report is not None and report.state.last_rollout.phase == RolloutPhase.SUCCEEDED
+        assert report.state.rollout_seconds == (240.0 if halted else 3 * 3600 + 180.0)

@@ -10,6 +10,7 @@ from vllm_autotuner.api import KnobSource, Schedule, VllmTuningStatus
 from vllm_autotuner.policy import (
     manual_change_detected,
     rollout_blocked,
+    rollout_progressed,
     rollout_succeeded,
     rollout_unverified,
     with_timed_restart,
@@ -149,6 +150,24 @@ def test_a_rollback_or_a_superseded_rollout_leaves_the_lead_to_the_last_rolling_
         utc(2024, 5, 1, 10, 5),
     )
     assert rollout_lead_seconds(superseded) == 1500
+
+
+def test_a_rollout_seen_paused_or_at_zero_replicas_leaves_the_lead_to_the_last_rolling_restart():
+    restarted = rolled(status(rollout_unavailable=1), utc(2024, 5, 1, 8), 20)
+    assert rollout_lead_seconds(restarted) == 1500  # 20m * 1.25
+    for replicas in (1, 0):  # `kubectl rollout pause` half way, or scaled to zero, for three hours
+        started = with_rollout(restarted, utc(2024, 5, 1, 10), knobs(8192, 512), KnobSource.TRAFFIC, "r")
+        halfway = rollout_progressed(started, utc(2024, 5, 1, 10, 10), 3)
+        halted = rollout_progressed(halfway, utc(2024, 5, 1, 10, 11), replicas, halted=True)
+        halted = rollout_progressed(halted, utc(2024, 5, 1, 12), replicas, halted=True)
+        assert halted.last_rollout.halted_at == "2024-05-01T10:11:00Z"  # when first seen
+        resumed = rollout_progressed(halted, utc(2024, 5, 1, 13, 5), 5)
+        done = rollout_succeeded(resumed, utc(2024, 5, 1, 13, 15))
+        assert done.last_rollout.phase == "Succeeded"
+        assert done.rollout_seconds == 1200  # not the 3h15m it took
+        assert rollout_lead_seconds(done) == 1500 and restart_seconds(done, 4) == restart_seconds(restarted, 4)
+        assert with_timed_restart(done.model_copy(update={"rollout_seconds": None})).rollout_seconds is None
+        assert VllmTuningStatus.model_validate(done.model_dump(by_alias=True)).last_rollout.halted_at
 
 
 def test_a_status_from_before_rollout_seconds_takes_it_from_its_last_rollout():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -10,12 +11,13 @@ from pydantic import ValidationError
 from tests.bad_specs import BAD_SPECS
 
 from vllm_autotuner.api import VllmTuning, VllmTuningSpec
-from vllm_autotuner.api.crd import crd, crd_yaml, stale_fields
+from vllm_autotuner.api.crd import crd, crd_yaml, stale_fields, stale_in_openapi
 from vllm_autotuner.api.types import duration_seconds, format_duration, time_zone
 from vllm_autotuner.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "vllmtunings.autotuner.vllm-tuning.io.yaml"
+META = "io.k8s.apimachinery.pkg.apis.meta.v1"
 
 
 def _version(doc):
@@ -50,6 +52,37 @@ def test_an_installed_crd_older_than_the_operator_is_named_by_the_fields_it_lack
         "spec.engine.gpuMemoryGib", "status.lastRollout.phase (values Unverified)", "status.lastRollout.to"]
     _version(installed)["name"] = "v1alpha0"
     assert stale_fields(installed) == ["version v1alpha1"]
+
+
+def published(installed: dict) -> dict:
+    """The OpenAPI v3 document the apiserver publishes at /openapi/v3/apis/autotuner.vllm-tuning.io/v1alpha1 for
+    the CRD ``installed``, in what sets it apart from the CRD's schema (read from a real apiserver): metadata is a
+    $ref to ObjectMeta, the kinds are named by an extension, the List kind comes with it."""
+    schema = copy.deepcopy(_version(installed)["schema"]["openAPIV3Schema"])
+    schema["properties"]["metadata"] = {"allOf": [{"$ref": f"#/components/schemas/{META}.ObjectMeta"}]}
+    kind = {"group": "autotuner.vllm-tuning.io", "version": "v1alpha1"}
+    return {"openapi": "3.0.0", "components": {"schemas": {
+        f"{META}.ObjectMeta": {"type": "object", "properties": {"name": {"type": "string"}}},
+        "io.vllm-tuning.autotuner.v1alpha1.VllmTuning": {
+            **schema, "x-kubernetes-group-version-kind": [{**kind, "kind": "VllmTuning"}]},
+        "io.vllm-tuning.autotuner.v1alpha1.VllmTuningList": {
+            "type": "object", "required": ["items"], "properties": {"items": {"type": "array", "items": {
+                "$ref": "#/components/schemas/io.vllm-tuning.autotuner.v1alpha1.VllmTuning"}}},
+            "x-kubernetes-group-version-kind": [{**kind, "kind": "VllmTuningList"}]}}}}
+
+
+def test_an_older_crd_is_found_by_the_schema_the_apiserver_publishes_from_it():
+    """A client not allowed to read the CRD judges it by its published OpenAPI v3 schema, the same way."""
+    installed = yaml.safe_load(CRD_FILE.read_text())
+    assert stale_in_openapi(published(installed)) == []
+    status = _version(installed)["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    del status["learned"]
+    status["lastRollout"]["properties"]["phase"]["enum"].remove("Unverified")
+    assert stale_in_openapi(published(installed)) == stale_fields(installed) == [
+        "status.lastRollout.phase (values Unverified)", "status.learned"]
+    document = published(installed)
+    del document["components"]["schemas"]["io.vllm-tuning.autotuner.v1alpha1.VllmTuning"]
+    assert stale_in_openapi(document) == ["version v1alpha1"]
 
 
 def test_crd_identity_subresource_and_columns():

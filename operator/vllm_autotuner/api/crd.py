@@ -269,7 +269,26 @@ def stale_fields(installed: dict[str, Any]) -> list[str]:
     served = {v.get("name"): v for v in (installed.get("spec") or {}).get("versions") or []}
     if resource.VERSION not in served:
         return [f"version {resource.VERSION}"]
-    theirs = dict(_fields((served[resource.VERSION].get("schema") or {}).get("openAPIV3Schema") or {}, ""))
+    return _stale((served[resource.VERSION].get("schema") or {}).get("openAPIV3Schema") or {})
+
+
+def stale_in_openapi(document: dict[str, Any]) -> list[str]:
+    """``stale_fields`` of the CRD from the OpenAPI v3 document of its group-version, as the apiserver publishes it
+    at ``/openapi/v3/apis/<group>/<version>`` to every authenticated client, who may not be allowed to read the CRD.
+    The VllmTuning schema there (``io.vllm-tuning.autotuner.v1alpha1.VllmTuning``, found by the kind it names) is
+    the CRD's ``openAPIV3Schema`` as installed, extensions and defaults included, but for ``metadata`` (a ``$ref``
+    to ObjectMeta, which ours leaves unspecified) and the descriptions of ``apiVersion`` and ``kind``."""
+    kind = {"group": resource.GROUP, "version": resource.VERSION, "kind": resource.KIND}
+    for schema in ((document.get("components") or {}).get("schemas") or {}).values():
+        if kind in schema.get("x-kubernetes-group-version-kind", ()):
+            return _stale(schema)
+    return [f"version {resource.VERSION}"]
+
+
+def _stale(schema: dict[str, Any]) -> list[str]:
+    """``stale_fields`` of the installed VllmTuning ``schema``, from the CRD or as published: the two differ nowhere
+    it looks."""
+    theirs = dict(_fields(schema, ""))
     covered = [path for path, sub in theirs.items() if sub.get("x-kubernetes-preserve-unknown-fields")]
     stale: list[str] = []
     for path, ours in _fields(crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"], ""):

@@ -117,6 +117,18 @@ class Kube:
             return self._served(self.extensions.read_custom_resource_definition(
                 CRD_NAME, _preload_content=False, _request_timeout=TIMEOUT))
 
+    def tuning_openapi(self) -> dict[str, Any]:
+        """The OpenAPI v3 document of the VllmTunings' group-version (``crd.stale_in_openapi``): it publishes the
+        installed CRD's schema to every authenticated client (the default ``system:discovery`` ClusterRole grants
+        ``/openapi/*``), so it answers where ``tuning_crd`` is refused, under a Role of one's own."""
+        request = self.api_client.param_serialize("GET", f"/openapi/v3/apis/{GROUP}/{VERSION}",
+                                                  header_params={"Accept": "application/json"},
+                                                  auth_settings=["BearerToken"])
+        with self._call("get", "openapi"):
+            response = self.api_client.call_api(*request, _request_timeout=TIMEOUT)
+            response.read()
+        return self.api_client.response_deserialize(response, {"200": "object"}).data
+
     @staticmethod
     def _served(response: Any) -> dict[str, Any]:
         """An object as the apiserver served it (a call made with ``_preload_content=False``): the client's models

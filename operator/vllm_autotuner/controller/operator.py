@@ -34,7 +34,7 @@ from urllib3.exceptions import HTTPError
 
 from vllm_autotuner import USER_AGENT
 from vllm_autotuner.api import GROUP, PLURAL, VERSION
-from vllm_autotuner.api.crd import stale_fields
+from vllm_autotuner.api.crd import stale_fields, stale_in_openapi
 from vllm_autotuner.api.resource import CRD_NAME
 from vllm_autotuner.controller.cache import ClusterCache, deployment_index, replicaset_index
 from vllm_autotuner.controller.evaluator import Evaluator
@@ -237,14 +237,20 @@ async def _serves_tunings(kube: Kube) -> bool:
 async def _crd_current(kube: Kube) -> bool:
     """Whether the installed CRD takes every field of this version's (``crd.stale_fields``), what to do logged when
     not (the caller exits; the pod restarts until the CRD is applied, and no tuning is evaluated meanwhile). A
-    CRD that cannot be read (a Role of one's own without the chart's grant) is said and taken as current: nothing
-    worse than before the check."""
+    CRD that cannot be read (a Role of one's own without the chart's grant) is judged by the schema the apiserver
+    publishes from it (OpenAPI v3, which every authenticated client may read); when neither can be read, that is
+    said and the CRD taken as current: nothing worse than before the check."""
     try:
         stale = stale_fields(await asyncio.to_thread(kube.tuning_crd))
     except (ApiException, HTTPError) as exc:
-        log.warning("the installed CRD %s could not be read (%s), so whether it has this version's fields is not "
-                    "known; grant get on it, as the chart does", CRD_NAME, exc)
-        return True
+        try:
+            stale = stale_in_openapi(await asyncio.to_thread(kube.tuning_openapi))
+        except (ApiException, HTTPError) as published:
+            log.warning("neither the installed CRD %s (%s) nor its schema as the apiserver publishes it at "
+                        "/openapi/v3/apis/%s/%s (%s) could be read, so whether it has this version's fields is not "
+                        "known; grant get on the CRD, as the chart does (or get on /openapi/*, as the default "
+                        "ClusterRole system:discovery does)", CRD_NAME, exc, GROUP, VERSION, published)
+            return True
     if stale:
         log.error("the installed CRD %s is older than this operator: it lacks %s, which the apiserver would drop "
                   "from every write or refuse (Helm never upgrades a chart's crds/). Apply this version's CRD: "

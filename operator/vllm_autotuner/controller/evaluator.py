@@ -75,12 +75,12 @@ class Evaluator:
             body = self.cache.tunings.get(key)
             if body is None or (key in self.read and self.read[key][0] != body["metadata"].get("uid")):
                 # deleted, or deleted and created again under its name (kubectl replace --force): the old
-                # tuning's series and rollout slot go with it, and the new one is new
+                # tuning's series, rollout slot and counted verdict go with it, and the new one is new
                 del self.due[key]
                 self.read.pop(key, None)
                 self.refused.pop(key, None)
                 self.metrics.forget(*key)
-                self.reconciler.slots.forget(key)
+                self.reconciler.forget(key)
         for key, body in self.cache.tunings.items():
             version = body["metadata"].get("resourceVersion")
             if key not in self.due:  # a new tuning is evaluated at once

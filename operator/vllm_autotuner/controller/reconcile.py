@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
@@ -208,6 +208,15 @@ class Target:
         return int((self.replicaset or {}).get("status", {}).get("readyReplicas") or 0)
 
 
+class Verdict(NamedTuple):
+    """A rollout's outcome as an evaluation judged it, and which rollout that was: an evaluation redone judges the
+    same rollout again, and its verdict is counted once (``Reconciler._count``)."""
+
+    outcome: str  # Succeeded, Failed, Blocked
+    started_at: str
+    to_knobs: Knobs
+
+
 @dataclass
 class Report:
     """The status being built during one evaluation, and the Events to send with it."""
@@ -222,12 +231,20 @@ class Report:
     refused: bool = False
     """Its status write was refused (409), the VllmTuning changed since it was read: the result is dropped."""
     decision: Decision | None = None
+    patched: bool = False
+    """The decision's patch was written: a redo after a refused status write follows that rollout, and decides
+    anew, so the decision is counted although the write is refused."""
     events: list[tuple[str, str, str]] = field(default_factory=list)  # on the VllmTuning: reason, message, type
     target_events: list[tuple[str, str, str]] = field(default_factory=list)  # on the Deployment
-    finished: list[str] = field(default_factory=list)
-    """The outcomes of the rollouts it judged, counted in ``rollouts_total`` unless its status write is refused
-    (409): the refused write drops the verdict, which the evaluation redone judges again and counts then. A write
-    that times out may have landed, and is counted."""
+    finished: list[Verdict] = field(default_factory=list)
+    """The verdicts on the rollouts it judged, counted in ``rollouts_total`` unless its status write is refused
+    (a 4xx: 409, 422, 403): the refused write drops the verdict, which a later evaluation judges again and counts
+    once its write lands. A write that times out may have landed, and is counted; the evaluation that judges the
+    same rollout again, should it not have, counts nothing more (``Reconciler._count``)."""
+
+    def judged(self, rollout: Rollout, outcome: str) -> None:
+        """Record the verdict ``outcome`` on ``rollout``, to be counted."""
+        self.finished.append(Verdict(outcome, rollout.started_at, rollout.to_knobs))
 
     def condition(self, type_: ConditionType, status: bool | None, reason: str, message: str) -> None:
         self.state = self.state.model_copy(update={"conditions": set_condition(
@@ -281,6 +298,13 @@ class Reconciler:
         self._hardware_by_uid: dict[str, tuple[tuple[Any, ...], str | None, Hardware]] = {}
         self.slots = RolloutSlots(settings.max_concurrent_rollouts, settings.rollout_pool_label)
         self._slot_lock = asyncio.Lock()  # counting the slots taken and taking one is one step
+        # per tuning, the last rollout verdict counted in rollouts_total, with the tuning's uid (``_count``)
+        self._counted: dict[Key, tuple[str, Verdict]] = {}
+
+    def forget(self, key: Key) -> None:
+        """Drop what this process keeps of a deleted tuning: its rollout slot, and the last verdict it counted."""
+        self.slots.forget(key)
+        self._counted.pop(key, None)
 
     async def _call(self, fn, *args):  # noqa: ANN001, ANN202 - thin wrapper over blocking client calls
         return await asyncio.to_thread(fn, *args)
@@ -435,7 +459,7 @@ class Reconciler:
                 decision = decide(spec, before, observation, report.now, slot_holders=holders,
                                   max_concurrent_rollouts=self.slots.limit, controlled_by=controlled_by)
             report.decision = decision
-            self._count(report, decision)
+            self._recommended(report, decision)
             report.state = decision.state
             reverts, reverted_by = report.state.reverts, report.state.reverted_by
             self._withheld_condition(  # another writer keeps putting our changes back
@@ -455,7 +479,7 @@ class Reconciler:
                 self._warn_if_restarts_lose_requests(target, report, f"applying {decision.recommendation}")
             if decision.changes and (spec.mode == Mode.AUTO or decision.action == DecisionAction.ROLLBACK):
                 # the policy never changes outside Auto; the mode check is a second lock on the door
-                await self._patch(target, decision, report, before, during_rollout=False)
+                report.patched = await self._patch(target, decision, report, before, during_rollout=False)
             self._record_slot(key, report)
         ready_reason = {Mode.AUTO: "Tuning", Mode.RECOMMEND: "Recommending", Mode.PAUSED: "Paused"}[spec.mode]
         why = " (mode Auto, but the operator runs with --recommend-only)" if overridden else ""
@@ -627,7 +651,7 @@ class Reconciler:
                 if not kept or (fresh and fresh != kept):
                     # no status held this verdict (its write refused, the operator stopped before it), or one held
                     # an older verdict, whose rollback was refused (Blocked, then the pod got a GPU and crash-looped)
-                    report.finished.append("Blocked" if fresh == events.ROLLOUT_BLOCKED else "Failed")
+                    report.judged(rollout, "Blocked" if fresh == events.ROLLOUT_BLOCKED else "Failed")
                     kept, verdict = fresh, ""
                 at = written if ours else report.now
                 if kept == events.ROLLOUT_BLOCKED:
@@ -681,7 +705,9 @@ class Reconciler:
                                duration_seconds(spec.rollout.progress_deadline))
         if rollout.message and judged.progress not in (Progress.FAILED, Progress.BLOCKED):
             # a verdict kept while its rollback could not be written no longer stands: the pods came up, or
-            # start again (a surge pod found its GPU); a verdict from here on is a new one, and said
+            # start again (a surge pod found its GPU); a verdict from here on is a new one, said and counted
+            # (the same outcome again included: ``_count``)
+            self._counted.pop((report.namespace, report.name), None)
             rollout = rollout.model_copy(update={"message": ""})
             report.state = state = state.model_copy(update={"last_rollout": rollout})
         if judged.progress is Progress.COMPLETE and target.replicas == 0:
@@ -692,7 +718,7 @@ class Reconciler:
                              f"started it: it is checked, and rolled back if it cannot start, when pods start")
         elif judged.progress is Progress.COMPLETE:
             report.state = rollout_succeeded(state, report.now)
-            report.finished.append("Succeeded")
+            report.judged(rollout, "Succeeded")
             if rollout.source == KnobSource.ROLLBACK:
                 report.condition(ConditionType.DEGRADED, False, "RecoveredByRollback",
                                  f"rolled back to {rollout.to_knobs}: {rollout.reason}")
@@ -714,7 +740,7 @@ class Reconciler:
                 decision = replace(decision, state=decision.state.model_copy(
                     update={"failed_configs": state.failed_configs}))
             if not again:
-                report.finished.append(judged.progress.value)
+                report.judged(rollout, judged.progress.value)
                 report.event(reason, message, warning=True)
             report.state = decision.state
             report.condition(ConditionType.DEGRADED, True, reason, message)
@@ -764,8 +790,8 @@ class Reconciler:
         return state.model_copy(update={"last_rollout": rollout})
 
     async def _patch(self, target: Target, decision: Decision, report: Report, before: VllmTuningStatus,
-                     during_rollout: bool, again: bool = False, verdict: str | None = None) -> None:
-        """Patch the target to the decision's knobs.
+                     during_rollout: bool, again: bool = False, verdict: str | None = None) -> bool:
+        """Patch the target to the decision's knobs; whether it is written.
 
         ``report.state`` is the decision's state (a rollout in progress) with this
         evaluation's conditions; it stands when the patch does. ``before`` is the
@@ -780,7 +806,7 @@ class Reconciler:
         rollback = decision.action == DecisionAction.ROLLBACK
         if (moved := await self._tuning_moved(report, rollback)) is not None:
             self._not_patched(decision, report, before, *moved, again=again)
-            return
+            return False
         rollout = decision.state.last_rollout
         baseline = None if rollback or rollout is None else baseline_annotation(
             rollout.regime, rollout.baseline_attainment, rollout.baseline_request_rate)
@@ -795,12 +821,13 @@ class Reconciler:
                 landed, found = await self._landed(target, decision, report)
                 if landed is not None:  # the write got no answer, but the Deployment read back has it
                     self._started(target, decision, report, landed)
-                    return
+                    return True
                 detail += (f"; {found}: the next evaluation decides again (or follows the change, should the "
                            "apiserver commit it late)")
             self._not_patched(decision, report, before, detail, not isinstance(exc, RolloutBusy), again)
-            return
+            return False
         self._started(target, decision, report, patched)
+        return True
 
     @staticmethod
     def _not_patched(decision: Decision, report: Report, before: VllmTuningStatus, detail: str, warning: bool,
@@ -1044,8 +1071,8 @@ class Reconciler:
 
     # --- report ---------------------------------------------------------------------------------
 
-    def _count(self, report: Report, decision: Decision) -> None:
-        self.metrics.decisions.labels(report.namespace, report.name, decision.action, decision.hold or "").inc()
+    def _recommended(self, report: Report, decision: Decision) -> None:
+        """Export the decision's recommendation: a gauge, set again by an evaluation redone."""
         if decision.recommendation is not None:
             gauge = self.metrics.recommended
             gauge.labels(report.namespace, report.name, "max_num_batched_tokens").set(
@@ -1073,20 +1100,42 @@ class Reconciler:
         # an operator stopped between the two writes sends an Event twice rather than never (whether
         # to send one is judged from the status).
         await self._send_events(meta, report, deployment)
+        written = True  # nothing to write: the status already holds it
         if _pruned(status) != _pruned(body.get("status") or {}):
-            await self._write_status(meta, report, status)
-        if not report.refused:
-            for outcome in report.finished:
-                self.metrics.rollouts.labels(namespace, name, outcome).inc()
+            written = await self._write_status(meta, report, status)
+        self._count(report, written)
         self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
 
-    async def _write_status(self, meta: dict[str, Any], report: Report, status: dict[str, Any]) -> None:
+    def _count(self, report: Report, written: bool) -> None:
+        """Count the evaluation's decision and its verdicts, each once although the evaluation may be redone.
+
+        A status write refused with 409 has the evaluation redone at once, deciding again: its decision is counted
+        by the redo, unless its patch was written (the redo follows that rollout, and decides anew). A verdict is
+        counted once its status write may have landed (``written``): refused (a 4xx), it is judged again by the
+        evaluation whose write lands. One that timed out may not have landed either, and is judged again too: the
+        last verdict counted is kept per tuning, and the same verdict on the same rollout is not counted twice
+        (by this process: one that starts meanwhile counts it again), unless a kept verdict stopped standing in
+        between (``_track_rollout``)."""
+        namespace, name, decision = report.namespace, report.name, report.decision
+        if decision is not None and (not report.refused or report.patched):
+            self.metrics.decisions.labels(namespace, name, decision.action, decision.hold or "").inc()
+        if not written:
+            return
+        for verdict in report.finished:
+            if self._counted.get((namespace, name)) != (report.uid, verdict):
+                self.metrics.rollouts.labels(namespace, name, verdict.outcome).inc()
+                self._counted[namespace, name] = report.uid, verdict
+
+    async def _write_status(self, meta: dict[str, Any], report: Report, status: dict[str, Any]) -> bool:
         """Merge-patch ``status`` into the VllmTuning whose metadata an evaluation read, on condition that it is
         still that object as read (its resourceVersion): one deleted and created again under its name meanwhile
         (``kubectl replace --force``, a reinstall) must not take the old one's failed configs, rollout and target
         uid, nor one edited since (its spec, its status cleared by a person) a status worked out before. Refused
         so, this evaluation's result is dropped (``report.refused``), and the next evaluation reads the object
-        anew, as soon as the watch brings it (``Evaluator``)."""
+        anew, as soon as the watch brings it (``Evaluator``).
+
+        Whether the status may have been written: False when refused (a 4xx), True when written or when the
+        write got no answer (a timeout, a reset, a 5xx: the apiserver may have committed it)."""
         namespace, name = meta["namespace"], meta["name"]
         try:
             await self._call(self.kube.patch_tuning_status, namespace, name, status, meta.get("resourceVersion"))
@@ -1095,14 +1144,16 @@ class Reconciler:
                 log.info("the status of %s/%s is not written: the VllmTuning was changed, or deleted and created "
                          "again, since it was read; it is evaluated again once read anew", namespace, name)
                 report.refused = True
-                return
+                return False
             log.warning("writing the status of %s/%s failed: %s", namespace, name, exc.reason)
             if exc.status == 404:
                 # Deleted while the watch was down: a re-list after it brings no DELETED event, and the
                 # tuning would be evaluated, and act, for as long as the operator runs.
                 self.cache.forget_tuning(namespace, name)
+            return not 400 <= (exc.status or 0) < 500
         except HTTPError as exc:  # a timeout, a reset: written at the next evaluation
             log.warning("writing the status of %s/%s failed: %s", namespace, name, exc)
+        return True
 
     async def _send_events(self, meta: dict[str, Any], report: Report, deployment: dict[str, Any] | None) -> None:
         """Log the report's Events, then send them: on the VllmTuning, and on ``deployment`` (when known) those

@@ -19,15 +19,13 @@ class Reconciler:
         def forget(self) -> None:
             pass
 
-    class Slots:
-        def forget(self, key: Any) -> None:
-            pass
-
     def __init__(self, stop: asyncio.Event | None = None) -> None:
         self.stop = stop
         self.evaluated: list[tuple[Any, float]] = []
         self.observations = self.Observations()
-        self.slots = self.Slots()
+
+    def forget(self, key: Any) -> None:
+        pass
 
     async def evaluate(self, key: Any, at: float) -> None:
         self.evaluated.append((key, at))

@@ -1,20 +1,25 @@
 """An evaluation's writes fail one by one: an Event that times out does not lose the status after it, nor does a
 status write that times out stop the evaluations after it, and a refused one (409) counts
-nothing of what the evaluation redone judges again. The reconciler is driven with the stand-ins of
+nothing of what the evaluation redone judges again. A verdict whose status write did not land (refused, timed out)
+is judged again by the next evaluation, and counted once. The reconciler is driven with the stand-ins of
 ``test_reconcile_rollout``."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from tests.unit.controller import test_reconcile_rollout as harness
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ReadTimeoutError
 
+from vllm_autotuner.api import DecisionAction, VllmTuningStatus
 from vllm_autotuner.controller.metrics import OperatorMetrics
-from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
+from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler, Report
+from vllm_autotuner.policy import Decision
 
 
 class Kube(harness.Kube):
@@ -47,11 +52,12 @@ def test_events_that_time_out_leave_the_status_written_and_a_status_that_times_o
     assert [status["lastRollout"]["phase"] for status in kube.statuses] == ["Succeeded"]
 
 
-class Conflicted(harness.Kube):
-    """The first status write is refused (409: the VllmTuning changed since it was read), the next ones land."""
+class Refused(harness.Kube):
+    """The first status write fails with ``error`` (409: the VllmTuning changed since it was read), the next ones
+    land."""
 
-    def __init__(self) -> None:
-        self.refused = False
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error: Exception | None = error or ApiException(status=409, reason="Conflict")
         self.statuses: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
 
@@ -60,21 +66,97 @@ class Conflicted(harness.Kube):
 
     def patch_tuning_status(self, namespace: str, name: str, status: dict[str, Any],
                             resource_version: str | None) -> None:
-        if not self.refused:
-            self.refused = True
-            raise ApiException(status=409, reason="Conflict")
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
         self.statuses.append(status)
 
 
-def test_a_verdict_whose_status_write_is_refused_is_counted_once_when_the_evaluation_is_redone() -> None:
-    kube, metrics = Conflicted(), OperatorMetrics()
+def completed(kube: harness.Kube, metrics: OperatorMetrics) -> Reconciler:
+    """A reconciler of ``test_reconcile_rollout``'s tuning, whose rollout has just completed."""
     cache = harness.cache()
     reconciler = Reconciler(kube, cache, harness.Windows(harness.window((harness.OLD, harness.NEW))),  # type: ignore
                             metrics, OperatorSettings())
     cache.deployment("llm", "llama")["status"].update(updatedReplicas=2, availableReplicas=2)  # type: ignore[index]
+    return reconciler
+
+
+def succeeded(metrics: OperatorMetrics) -> float | None:
+    return metrics.registry.get_sample_value("vllm_autotuner_rollouts_total",
+                                             {"namespace": "llm", "tuning": "llama", "outcome": "Succeeded"})
+
+
+def test_a_verdict_whose_status_write_is_refused_is_counted_once_when_the_evaluation_is_redone() -> None:
+    kube, metrics = Refused(), OperatorMetrics()
+    reconciler = completed(kube, metrics)
     refused = asyncio.run(reconciler.evaluate(("llm", "llama"), harness.NOW.timestamp()))
-    assert refused is not None and refused.refused and refused.finished == ["Succeeded"]
+    assert refused is not None and refused.refused and [v.outcome for v in refused.finished] == ["Succeeded"]
     asyncio.run(reconciler.evaluate(("llm", "llama"), (harness.NOW + timedelta(seconds=5)).timestamp()))
     assert [status["lastRollout"]["phase"] for status in kube.statuses] == ["Succeeded"]
-    succeeded = {"namespace": "llm", "tuning": "llama", "outcome": "Succeeded"}
-    assert metrics.registry.get_sample_value("vllm_autotuner_rollouts_total", succeeded) == 1
+    assert succeeded(metrics) == 1
+
+
+def unprocessable() -> ApiException:
+    """The apiserver's refusal of a status its schema (or a webhook) does not take."""
+    return ApiException(status=422, reason="Unprocessable Entity")
+
+
+def forbidden() -> ApiException:
+    """The operator's Role no longer lets it write the status."""
+    return ApiException(status=403, reason="Forbidden")
+
+
+def unanswered() -> Exception:
+    """No answer in time: the write may or may not have landed."""
+    return ReadTimeoutError(None, "/apis", "read timed out")
+
+
+def etcd_timeout() -> ApiException:
+    """The apiserver's own timeout waiting on etcd, which may commit the write all the same."""
+    return ApiException(status=504, reason="Gateway Timeout")
+
+
+@pytest.mark.parametrize(("error", "at_once"), [(unprocessable, 0), (forbidden, 0), (unanswered, 1), (etcd_timeout, 1)])
+def test_a_verdict_judged_again_after_a_status_write_that_did_not_land_is_counted_once(
+    error: Callable[[], Exception], at_once: int
+) -> None:
+    """Refused (not a 409: the evaluation is not redone at once) or timed out, the write left the status without
+    the verdict: the next evaluation judges the rollout again, and its write lands. One rollout, counted once:
+    when the write lands, after a refusal; at once, after a timeout (it may have landed), and not again."""
+    kube, metrics = Refused(error()), OperatorMetrics()
+    reconciler = completed(kube, metrics)
+    for seconds, count in ((0, at_once), (30, 1)):
+        report = asyncio.run(reconciler.evaluate(("llm", "llama"), (harness.NOW + timedelta(seconds=seconds))
+                                                 .timestamp()))
+        assert report is not None and [v.outcome for v in report.finished] == ["Succeeded"]
+        assert (succeeded(metrics) or 0) == count
+    assert [status["lastRollout"]["phase"] for status in kube.statuses] == ["Succeeded"]
+
+
+def test_a_decision_whose_status_write_is_refused_is_counted_once_when_the_evaluation_is_redone() -> None:
+    kube, metrics = Refused(), OperatorMetrics()
+    reconciler = completed(kube, metrics)
+    for seconds in (0, 5):
+        report = asyncio.run(reconciler.evaluate(("llm", "llama"), (harness.NOW + timedelta(seconds=seconds))
+                                                 .timestamp()))
+        assert report is not None and report.decision is not None
+    assert decisions(metrics) == {(report.decision.action, report.decision.hold or ""): 1}
+
+
+def test_a_decision_whose_patch_was_written_is_counted_though_its_status_write_is_refused() -> None:
+    """The redo finds the change in the template, follows it and decides anew (a Hold): the change is counted by
+    the evaluation that made it."""
+    kube, metrics = Refused(), OperatorMetrics()
+    reconciler = completed(kube, metrics)
+    body = reconciler.cache.tunings[("llm", "llama")]
+    report = Report("llm", "llama", VllmTuningStatus(), 1, harness.NOW, uid=body["metadata"]["uid"],
+                    decision=Decision(DecisionAction.CHANGE, None, "TTFT", VllmTuningStatus()), patched=True)
+    asyncio.run(reconciler._finish(body, report, None, 0.0, write=True))
+    assert report.refused and decisions(metrics) == {("Change", ""): 1}
+
+
+def decisions(metrics: OperatorMetrics) -> dict[tuple[str, str], float]:
+    """decisions_total, by action and hold reason, where counted."""
+    return {(sample.labels["action"], sample.labels["reason"]): sample.value
+            for family in metrics.registry.collect() if family.name == "vllm_autotuner_decisions"
+            for sample in family.samples if sample.name.endswith("_total") and sample.value}

@@ -142,16 +142,28 @@ def target_of(deployment: dict[str, Any], watched: bool, defaults: AssumedDefaul
                   replicaset=replicaset if watched else None, replicasets=[])
 
 
+def process(cache: ClusterCache | None = None) -> Reconciler:
+    """The reconciler of an operator process that has judged nothing yet."""
+    return Reconciler(kube=None, cache=cache or ClusterCache(), observations=None,  # type: ignore[arg-type]
+                      metrics=OperatorMetrics(), settings=OperatorSettings())
+
+
 def track(state: VllmTuningStatus, deployment: dict[str, Any], now: datetime, kube: Kube | None = None,
           generation: int = 1, the_spec: VllmTuningSpec = SPEC,
-          cache: ClusterCache | None = None, defaults: AssumedDefaults = ASSUMED) -> Report:
+          cache: ClusterCache | None = None, defaults: AssumedDefaults = ASSUMED,
+          reconciler: Reconciler | None = None) -> Report:
     """One evaluation's look at the target, by an operator that knows only ``state`` (and what ``cache`` holds),
-    reading a knob flag the template lacks from ``defaults``."""
+    reading a knob flag the template lacks from ``defaults``; by ``reconciler``, one that has judged before."""
     report = Report("default", TUNING, state, generation, now, uid=TUNING_UID)
-    reconciler = Reconciler(kube=kube, cache=cache or ClusterCache(), observations=None,  # type: ignore[arg-type]
-                            metrics=OperatorMetrics(), settings=OperatorSettings())
+    reconciler = reconciler or process(cache)
+    reconciler.kube = kube  # type: ignore[assignment]
     asyncio.run(reconciler._track_rollout(the_spec, target_of(deployment, kube is not None, defaults), report))
     return report
+
+
+def outcomes(report: Report) -> list[str]:
+    """The outcomes of the verdicts an evaluation reached, to be counted in rollouts_total."""
+    return [verdict.outcome for verdict in report.finished]
 
 
 def two_rollouts() -> tuple[VllmTuningStatus, dict[str, Any], dict[str, Any]]:
@@ -639,7 +651,7 @@ def test_a_rollback_that_cannot_be_written_is_retried_and_the_failure_said_once(
     assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in state.failed_configs] == [(4096, 512)]
     assert state.failed_configs[0].at == utc_timestamp(up + timedelta(minutes=2))  # when it was found failing
     assert len(kube.patches) == 1
-    assert [r.finished for r in reports] == [["Failed"], [], []]  # one failed rollout, judged three times
+    assert [outcomes(r) for r in reports] == [["Failed"], [], []]  # one failed rollout, judged three times
 
 
 
@@ -805,7 +817,7 @@ def test_a_new_verdict_after_a_refused_rollback_is_said_and_recorded():
     assert [reason for reason, _, _ in blocked.events] == [events.ROLLOUT_BLOCKED, events.PATCH_FAILED]
     assert [reason for reason, _, _ in failed.events] == [events.ROLLOUT_FAILED, events.PATCH_FAILED]
     assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in failed.state.failed_configs] == [(4096, 512)]
-    assert (blocked.finished, failed.finished) == (["Blocked"], ["Failed"])
+    assert (outcomes(blocked), outcomes(failed)) == (["Blocked"], ["Failed"])
 
 
 def test_a_failed_config_is_recorded_before_its_rollback_is_written():
@@ -861,13 +873,13 @@ def test_a_failed_verdict_whose_status_write_was_refused_after_its_rollback_land
     at = T0 + timedelta(minutes=5)
     kube = Kube([crash_looping("ValueError: not enough KV cache", at - timedelta(minutes=1))])
     first = track(state, written, at, kube)
-    assert first.finished == ["Failed"] and len(kube.patches) == 1  # the rollback landed
+    assert outcomes(first) == ["Failed"] and len(kube.patches) == 1  # the rollback landed
 
     redo = track(state, patched(written, A, at, KnobSource.ROLLBACK), at + timedelta(seconds=1), Kube([]))
 
-    assert redo.finished == ["Failed"] and B in failed_configs(redo.state)
+    assert outcomes(redo) == ["Failed"] and B in failed_configs(redo.state)
     again = track(redo.state, patched(written, A, at, KnobSource.ROLLBACK), at + timedelta(minutes=1), Kube([]))
-    assert again.finished == []
+    assert outcomes(again) == []
 
 
 def test_a_failed_verdict_after_a_kept_blocked_one_is_recorded_and_counted_when_its_status_write_was_refused():
@@ -879,11 +891,59 @@ def test_a_failed_verdict_after_a_kept_blocked_one_is_recorded_and_counted_when_
     state = track(state, written, T0 + timedelta(minutes=11), RefusingKube([unschedulable("llama-7f8b-s1")], 1)).state
     kube = Kube([crash_looping("ValueError: not enough KV cache", T0 + timedelta(minutes=12))])
     judged = track(state, written, T0 + timedelta(minutes=13), kube)
-    assert judged.finished == ["Failed"] and len(kube.patches) == 1
+    assert outcomes(judged) == ["Failed"] and len(kube.patches) == 1
     back = merge(written, kube.patches[0])
     back["metadata"]["generation"] += 1
 
     redo = track(state, back, T0 + timedelta(minutes=13, seconds=1), Kube([]))
 
-    assert redo.finished == ["Failed"] and B in failed_configs(redo.state)
+    assert outcomes(redo) == ["Failed"] and B in failed_configs(redo.state)
     assert redo.has(ConditionType.DEGRADED, True, events.ROLLOUT_FAILED)
+
+
+def judged(reconciler: Reconciler, state: VllmTuningStatus, deployment: dict[str, Any], now: datetime,
+           kube: Kube) -> Report:
+    """``track`` by ``reconciler``, one operator process, which counts the verdicts as its status write lands."""
+    report = track(state, deployment, now, kube, reconciler=reconciler)
+    reconciler._count(report, written=True)
+    return report
+
+
+def counted(reconciler: Reconciler) -> dict[str, float]:
+    """rollouts_total by outcome, where counted."""
+    return {outcome: value for outcome in ("Succeeded", "Failed", "Blocked")
+            if (value := reconciler.metrics.registry.get_sample_value(
+                "vllm_autotuner_rollouts_total", {"namespace": "default", "tuning": TUNING, "outcome": outcome}))}
+
+
+def test_each_verdict_on_a_rollout_is_counted_once_however_often_it_is_judged():
+    """B is blocked (its rollback refused); the status write of that evaluation times out and did not land, so the
+    next judges B blocked again. Then its surge pod gets a GPU and crash-loops: a new verdict, judged twice the same
+    way. One Blocked and one Failed."""
+    reconciler = process()
+    state, written = surge_stuck(B)
+    for minute in (11, 12):  # the second from the status before the first: its write lost
+        blocked = judged(reconciler, state, written, T0 + timedelta(minutes=minute),
+                         RefusingKube([unschedulable("llama-7f8b-s1")], 9))
+        assert outcomes(blocked) == ["Blocked"]
+    crash = crash_looping("ValueError: not enough KV cache", T0 + timedelta(minutes=15))
+    for minute in (16, 17):
+        failed = judged(reconciler, blocked.state, written, T0 + timedelta(minutes=minute), RefusingKube([crash], 9))
+        assert outcomes(failed) == ["Failed"]
+    assert counted(reconciler) == {"Blocked": 1, "Failed": 1}
+
+
+def test_a_verdict_reached_again_once_the_kept_one_no_longer_stood_is_counted_again():
+    """B is blocked (its rollback refused); its surge pod then gets a GPU and the rollout moves on (the kept verdict
+    no longer stands), until the next surge pod finds none: blocked again, a new verdict, counted as one."""
+    reconciler = process()
+    state, written = surge_stuck(B)
+    blocked = judged(reconciler, state, written, T0 + timedelta(minutes=11),
+                     RefusingKube([unschedulable("llama-7f8b-s1")], 9))
+    moving = copy.deepcopy(written)
+    moving["status"]["updatedReplicas"] = 2
+    moved = judged(reconciler, blocked.state, moving, T0 + timedelta(minutes=13), RefusingKube([], 9))
+    assert outcomes(moved) == [] and moved.state.last_rollout is not None and not moved.state.last_rollout.message
+    again = judged(reconciler, moved.state, moving, T0 + timedelta(minutes=25),
+                   RefusingKube([unschedulable("llama-7f8b-s2")], 9))
+    assert outcomes(again) == ["Blocked"] and counted(reconciler) == {"Blocked": 2}

@@ -659,8 +659,10 @@ class Reconciler:
                 else:
                     decision = rollout_failed(state, at, verdict or reason or "rolled back", report.generation)
                 report.state = self._with_generation(decision.state, target.deployment)
+                # said as the evaluation that judged it said it: the decision's reason, which our rollback's
+                # annotations carry where no status kept what went wrong
                 report.condition(ConditionType.DEGRADED, True, kept or events.ROLLOUT_FAILED,
-                                 f"{rollout.to_knobs}: {verdict or reason}")
+                                 decision.reason if verdict else reason or decision.reason)
                 return
             if written and not rolling_out(state):
                 # our patch landed but its status write did not (operator restarted in between; an unverified
@@ -743,7 +745,8 @@ class Reconciler:
                 report.judged(rollout, judged.progress.value)
                 report.event(reason, message, warning=True)
             report.state = decision.state
-            report.condition(ConditionType.DEGRADED, True, reason, message)
+            # the decision's reason, as our rollback is annotated with it: a redo that finds the rollback says the same
+            report.condition(ConditionType.DEGRADED, True, reason, decision.reason)
             if decision.changes:
                 # our own rollout failed or is stuck: put the previous config back whatever the mode is now (if
                 # that patch fails, the rollout stays in progress, with its verdict and what the verdict

@@ -48,7 +48,7 @@ from vllm_autotuner.knobs import AssumedDefaults, EngineArgs
 from vllm_autotuner.policy import adopt_generation, awaiting_verdict, rollout_succeeded
 from vllm_autotuner.policy.guardrails import DEFAULT_RESTART_SECONDS, failed_configs, restart_seconds
 from vllm_autotuner.policy.decision import with_rollout
-from vllm_autotuner.rollout.patch import baseline_annotation, knob_patch
+from vllm_autotuner.rollout.patch import REASON_LIMIT, baseline_annotation, knob_patch
 
 TUNING = "chat"
 SPEC = spec()
@@ -605,6 +605,8 @@ def test_the_rollback_of_a_blocked_rollout_whose_status_write_was_lost_does_not_
     rollout = report.state.last_rollout
     assert rollout is not None and (rollout.to_knobs, rollout.source) == (A, KnobSource.ROLLBACK)
     assert report.has(ConditionType.DEGRADED, True, events.ROLLOUT_BLOCKED)
+    # said as the evaluation that judged it said it, as far as our rollback's annotation keeps it
+    assert degraded(report) == degraded(judged)[:REASON_LIMIT]
 
 
 REFUSAL = "deployments.apps \"llama\" is forbidden: ValidatingAdmissionPolicy 'freeze' denied request: frozen"
@@ -861,6 +863,7 @@ def test_a_persons_undo_of_a_rollout_whose_rollback_was_refused_is_that_rollback
     assert rollout is not None and (rollout.to_knobs, rollout.source) == (A, KnobSource.ROLLBACK)
     assert awaiting_verdict(report.state)  # followed to its end like the operator's own rollback
     assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 512)]
+    assert degraded(report) == degraded(refused)
 
 
 def test_a_failed_verdict_whose_status_write_was_refused_after_its_rollback_landed_is_counted_when_redone():
@@ -899,6 +902,16 @@ def test_a_failed_verdict_after_a_kept_blocked_one_is_recorded_and_counted_when_
 
     assert outcomes(redo) == ["Failed"] and B in failed_configs(redo.state)
     assert redo.has(ConditionType.DEGRADED, True, events.ROLLOUT_FAILED)
+    # said as the evaluation that judged it said it, in the words our rollback is annotated with
+    what = judged.state.failed_configs[0].reason
+    assert degraded(redo) == degraded(judged) == f"{B} failed to start ({what}); rolling back"
+
+
+def degraded(report: Report) -> str:
+    """What the Degraded condition says."""
+    found = condition(report.state.conditions, ConditionType.DEGRADED)
+    assert found is not None
+    return found.message
 
 
 def judged(reconciler: Reconciler, state: VllmTuningStatus, deployment: dict[str, Any], now: datetime,

@@ -696,9 +696,10 @@ class Reconciler:
                 pods = await self._owned_pods(target.deployment, {target.replicaset["metadata"]["uid"]},
                                               f"{TEMPLATE_HASH_LABEL}={hash_}")
         generation = rollout.deployment_generation or 0
+        # paused only once it completed (a CD tool batching its own edits), a rollout ran at its own pace
         report.state = state = rollout_progressed(
             state, report.now, progress_mark(target.deployment, target.replicaset, generation),
-            halted=target.paused or target.replicas == 0)
+            halted=(target.paused and rollout_in_progress(target.deployment)) or target.replicas == 0)
         rollout = state.last_rollout
         assert rollout is not None
         progressed = datetime.fromisoformat(rollout.progressed_at or rollout.started_at)

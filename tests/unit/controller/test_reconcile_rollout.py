@@ -271,3 +271,19 @@ def test_a_rollout_someone_paused_half_way_times_no_restart() -> None:
         report = asyncio.run(reconciler.evaluate(key, (NOW + timedelta(hours=3)).timestamp(), write=False))
         assert report is not None and report.state.last_rollout.phase == RolloutPhase.SUCCEEDED
         assert report.state.rollout_seconds == (240.0 if halted else 3 * 3600 + 180.0)
+
+
+
+def test_a_rollout_paused_only_once_it_completed_is_timed() -> None:
+    """A rollout that completed at its own pace, its Deployment paused before the next evaluation saw it (a CD tool
+    that pauses it to batch its own edits): no halt ran in it, so it times the restart."""
+    key = ("llm", "llama")
+    done = cache(finished=timedelta(seconds=1))
+    done.tunings[key]["status"] = cache().tunings[key]["status"]  # our rollout in progress, as last written
+    done.tunings[key]["status"]["rolloutSeconds"] = 240.0
+    done.deployment(*key)["spec"]["paused"] = True
+    reconciler = Reconciler(Kube(), done, Windows(window((OLD, NEW))), OperatorMetrics(),  # type: ignore[arg-type]
+                            OperatorSettings())
+    report = asyncio.run(reconciler.evaluate(key, (NOW + timedelta(minutes=2)).timestamp(), write=False))
+    assert report is not None and report.state.last_rollout.phase == RolloutPhase.SUCCEEDED
+    assert report.state.last_rollout.halted_at is None and report.state.rollout_seconds == 300.0

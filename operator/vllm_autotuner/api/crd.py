@@ -277,12 +277,17 @@ def stale_in_openapi(document: dict[str, Any]) -> list[str]:
     at ``/openapi/v3/apis/<group>/<version>`` to every authenticated client, who may not be allowed to read the CRD.
     The VllmTuning schema there (``io.vllm-tuning.autotuner.v1alpha1.VllmTuning``, found by the kind it names) is
     the CRD's ``openAPIV3Schema`` as installed, extensions and defaults included, but for ``metadata`` (a ``$ref``
-    to ObjectMeta, which ours leaves unspecified) and the descriptions of ``apiVersion`` and ``kind``."""
+    to ObjectMeta, which ours leaves unspecified) and the descriptions of ``apiVersion`` and ``kind``.
+
+    ``ValueError`` when the document holds no VllmTuning schema: the version is served (the caller asked discovery
+    first), so the apiserver has not published it yet, or what answered is no apiserver's OpenAPI (a proxy's page):
+    nothing is known of the CRD's fields, which a stale verdict would wrongly say to apply."""
     kind = {"group": resource.GROUP, "version": resource.VERSION, "kind": resource.KIND}
-    for schema in ((document.get("components") or {}).get("schemas") or {}).values():
-        if kind in schema.get("x-kubernetes-group-version-kind", ()):
+    schemas = (document.get("components") or {}).get("schemas") if isinstance(document, dict) else None
+    for schema in (schemas or {}).values() if isinstance(schemas, dict) else ():
+        if isinstance(schema, dict) and kind in schema.get("x-kubernetes-group-version-kind", ()):
             return _stale(schema)
-    return [f"version {resource.VERSION}"]
+    raise ValueError(f"the OpenAPI document published holds no {resource.KIND} schema")
 
 
 def _stale(schema: dict[str, Any]) -> list[str]:

@@ -32,9 +32,12 @@ STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 
 
-def api_error(exc: ApiException) -> str:
+def api_error(exc: Exception) -> str:
     """What the apiserver said of a refused call: the HTTP reason and its Status message (an admission policy's or
-    webhook's reason, the fields a validation refused), which says what to do about it."""
+    webhook's reason, the fields a validation refused), which says what to do about it; a call that got no answer
+    (a timeout, a reset), what failed."""
+    if not isinstance(exc, ApiException):
+        return str(exc)
     try:
         message = json.loads(exc.body or "{}").get("message")
     except (ValueError, AttributeError):  # not JSON, or not a Status object

@@ -38,7 +38,7 @@ from vllm_autotuner.api.crd import stale_fields, stale_in_openapi
 from vllm_autotuner.api.resource import CRD_NAME
 from vllm_autotuner.controller.cache import ClusterCache, deployment_index, replicaset_index
 from vllm_autotuner.controller.evaluator import Evaluator
-from vllm_autotuner.controller.kube import Kube
+from vllm_autotuner.controller.kube import Kube, api_error
 from vllm_autotuner.controller.leader import LeaderElector, LeaseConfig
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
@@ -245,11 +245,12 @@ async def _crd_current(kube: Kube) -> bool:
     except (ApiException, HTTPError) as exc:
         try:
             stale = stale_in_openapi(await asyncio.to_thread(kube.tuning_openapi))
-        except (ApiException, HTTPError) as published:
+        except (ApiException, HTTPError, ValueError) as published:  # ValueError: not JSON, or no VllmTuning in it
             log.warning("neither the installed CRD %s (%s) nor its schema as the apiserver publishes it at "
                         "/openapi/v3/apis/%s/%s (%s) could be read, so whether it has this version's fields is not "
                         "known; grant get on the CRD, as the chart does (or get on /openapi/*, as the default "
-                        "ClusterRole system:discovery does)", CRD_NAME, exc, GROUP, VERSION, published)
+                        "ClusterRole system:discovery does)", CRD_NAME, api_error(exc), GROUP, VERSION,
+                        api_error(published))
             return True
     if stale:
         log.error("the installed CRD %s is older than this operator: it lacks %s, which the apiserver would drop "

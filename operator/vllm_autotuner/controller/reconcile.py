@@ -820,7 +820,7 @@ class Reconciler:
                                        decision.knobs, decision.reason, report.name, str(decision.source),
                                        report.now, during_rollout, previous, verdict, baseline)
         except (RolloutBusy, ConflictUnread, ApiException, CommandLineError, HTTPError) as exc:
-            detail = api_error(exc) if isinstance(exc, ApiException) else str(exc)
+            detail = api_error(exc)
             if isinstance(exc, HTTPError) or (isinstance(exc, ApiException) and (exc.status or 0) >= 500):
                 landed, found = await self._landed(target, decision, report)
                 if landed is not None:  # the write got no answer, but the Deployment read back has it
@@ -861,7 +861,7 @@ class Reconciler:
             if isinstance(exc, ApiException) and exc.status == 404:
                 self.cache.forget_tuning(report.namespace, report.name)
                 return f"{what} was deleted (while the watch was down): nothing is done for it any more", False
-            why = api_error(exc) if isinstance(exc, ApiException) else str(exc)
+            why = api_error(exc)
             return f"{what} could not be read again before the patch ({why}): the next evaluation decides again", True
         meta = live["metadata"]
         if meta.get("deletionTimestamp"):
@@ -898,7 +898,7 @@ class Reconciler:
         try:
             read = await self._call(self.kube.read_deployment, meta["namespace"], meta["name"])
         except (ApiException, HTTPError) as exc:
-            why = api_error(exc) if isinstance(exc, ApiException) else str(exc)
+            why = api_error(exc)
             return None, f"the Deployment could not be read back ({why})"
         if unrecorded_write(read, decision.knobs, report.name, report.now - timedelta(seconds=1)) is None:
             return None, "the Deployment read back does not have the change"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 from kubernetes import client
@@ -16,6 +17,8 @@ from vllm_autotuner.api.crd import crd
 from vllm_autotuner.controller import operator
 from vllm_autotuner.controller.kube import Kube
 from vllm_autotuner.controller.reconcile import OperatorSettings
+
+from ..test_api import published
 
 from .test_leader import FakeLeases, Store
 
@@ -59,6 +62,29 @@ def test_a_replica_on_an_older_crd_exits_without_the_lease_even_while_another_le
         assert not store.commit_times("me")
         assert (store.lease.spec.holder_identity if store.lease else None) == leading
     assert "is older than this operator: it lacks status.learned," in caplog.text
+
+
+@pytest.mark.parametrize("answer", ["older", "current", "none", "a page", "refused"])
+def test_a_crd_it_may_not_read_is_judged_by_the_schema_the_apiserver_publishes(caplog, answer) -> None:
+    """Refused the CRD (a Role of one's own), the operator judges the schema the apiserver publishes: stale when
+    older; unknown, said with what it could not read, and taken as current when nothing tells (not published yet,
+    a proxy's page, refused too), rather than a crash or a stale verdict that would say to apply a CRD."""
+    older = crd()
+    del older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["learned"]
+
+    def refused() -> dict:
+        raise ApiException(status=403, reason="Forbidden")
+
+    def openapi() -> object:
+        if answer == "refused":
+            refused()
+        return {"older": published(older), "current": published(crd()), "none": {"components": {}},
+                "a page": "<html>sign in</html>"}[answer]
+
+    current = asyncio.run(operator._crd_current(SimpleNamespace(tuning_crd=refused, tuning_openapi=openapi)))
+    assert current == (answer != "older")
+    assert ("is older than this operator: it lacks status.learned," in caplog.text) == (answer == "older")
+    assert ("could be read" in caplog.text) == (answer not in ("older", "current")), caplog.text
 
 
 def test_a_crash_of_kopf_is_logged_and_exits_with_a_failure_after_releasing_the_lease(monkeypatch, caplog) -> None:

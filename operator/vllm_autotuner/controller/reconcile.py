@@ -238,9 +238,9 @@ class Report:
     target_events: list[tuple[str, str, str]] = field(default_factory=list)  # on the Deployment
     finished: list[Verdict] = field(default_factory=list)
     """The verdicts on the rollouts it judged, counted in ``rollouts_total`` unless its status write is refused
-    (a 4xx: 409, 422, 403): the refused write drops the verdict, which a later evaluation judges again and counts
-    once its write lands. A write that times out may have landed, and is counted; the evaluation that judges the
-    same rollout again, should it not have, counts nothing more (``Reconciler._count``)."""
+    with 409 (the evaluation redone at once judges them again, and counts them). A write that failed otherwise may
+    fail for long (a 403, a 422) or have landed (a timeout), and is counted; the evaluations that judge the same
+    rollout again, its status without the verdict, count nothing more (``Reconciler._count``)."""
 
     def judged(self, rollout: Rollout, outcome: str) -> None:
         """Record the verdict ``outcome`` on ``rollout``, to be counted."""
@@ -479,7 +479,7 @@ class Reconciler:
                 self._warn_if_restarts_lose_requests(target, report, f"applying {decision.recommendation}")
             if decision.changes and (spec.mode == Mode.AUTO or decision.action == DecisionAction.ROLLBACK):
                 # the policy never changes outside Auto; the mode check is a second lock on the door
-                report.patched = await self._patch(target, decision, report, before, during_rollout=False)
+                await self._patch(target, decision, report, before, during_rollout=False)
             self._record_slot(key, report)
         ready_reason = {Mode.AUTO: "Tuning", Mode.RECOMMEND: "Recommending", Mode.PAUSED: "Paused"}[spec.mode]
         why = " (mode Auto, but the operator runs with --recommend-only)" if overridden else ""
@@ -794,8 +794,8 @@ class Reconciler:
         return state.model_copy(update={"last_rollout": rollout})
 
     async def _patch(self, target: Target, decision: Decision, report: Report, before: VllmTuningStatus,
-                     during_rollout: bool, again: bool = False, verdict: str | None = None) -> bool:
-        """Patch the target to the decision's knobs; whether it is written.
+                     during_rollout: bool, again: bool = False, verdict: str | None = None) -> None:
+        """Patch the target to the decision's knobs.
 
         ``report.state`` is the decision's state (a rollout in progress) with this
         evaluation's conditions; it stands when the patch does. ``before`` is the
@@ -810,7 +810,7 @@ class Reconciler:
         rollback = decision.action == DecisionAction.ROLLBACK
         if (moved := await self._tuning_moved(report, rollback)) is not None:
             self._not_patched(decision, report, before, *moved, again=again)
-            return False
+            return
         rollout = decision.state.last_rollout
         baseline = None if rollback or rollout is None else baseline_annotation(
             rollout.regime, rollout.baseline_attainment, rollout.baseline_request_rate)
@@ -825,13 +825,12 @@ class Reconciler:
                 landed, found = await self._landed(target, decision, report)
                 if landed is not None:  # the write got no answer, but the Deployment read back has it
                     self._started(target, decision, report, landed)
-                    return True
+                    return
                 detail += (f"; {found}: the next evaluation decides again (or follows the change, should the "
                            "apiserver commit it late)")
             self._not_patched(decision, report, before, detail, not isinstance(exc, RolloutBusy), again)
-            return False
+            return
         self._started(target, decision, report, patched)
-        return True
 
     @staticmethod
     def _not_patched(decision: Decision, report: Report, before: VllmTuningStatus, detail: str, warning: bool,
@@ -879,6 +878,7 @@ class Reconciler:
         """The decision's rollout (or rollback) is in the Deployment ``patched``: the decision's state stands, said
         in Events."""
         rollback = decision.action == DecisionAction.ROLLBACK
+        report.patched = True
         report.state = self._with_generation(report.state, patched)
         report.event(events.ROLLED_BACK if rollback else events.ROLLOUT_STARTED, f"{decision.knobs}: {decision.reason}")
         report.target_event(events.KNOBS_ROLLED_BACK if rollback else events.KNOBS_CHANGED,
@@ -1104,42 +1104,36 @@ class Reconciler:
         # an operator stopped between the two writes sends an Event twice rather than never (whether
         # to send one is judged from the status).
         await self._send_events(meta, report, deployment)
-        written = True  # nothing to write: the status already holds it
         if _pruned(status) != _pruned(body.get("status") or {}):
-            written = await self._write_status(meta, report, status)
-        self._count(report, written)
+            await self._write_status(meta, report, status)
+        self._count(report)
         self.metrics.evaluation_seconds.observe(time.perf_counter() - started)
 
-    def _count(self, report: Report, written: bool) -> None:
+    def _count(self, report: Report) -> None:
         """Count the evaluation's decision and its verdicts, each once although the evaluation may be redone.
 
         A status write refused with 409 has the evaluation redone at once, deciding again: its decision is counted
-        by the redo, unless its patch was written (the redo follows that rollout, and decides anew). A verdict is
-        counted once its status write may have landed (``written``): refused (a 4xx), it is judged again by the
-        evaluation whose write lands. One that timed out may not have landed either, and is judged again too: the
-        last verdict counted is kept per tuning, and the same verdict on the same rollout is not counted twice
-        (by this process: one that starts meanwhile counts it again), unless a kept verdict stopped standing in
-        between (``_track_rollout``)."""
+        by the redo, unless its patch was written (the redo follows that rollout, and decides anew); its verdicts
+        are counted by the redo too. A status write that failed otherwise (refused with another 4xx, which may last
+        as long as a Role lacks a grant; timed out) has the same rollout judged again at the next evaluations: the
+        last verdict counted is kept per tuning, and the same verdict on the same rollout is counted once (by this
+        process: one that starts meanwhile counts it again), unless a kept verdict stopped standing in between
+        (``_track_rollout``)."""
         namespace, name, decision = report.namespace, report.name, report.decision
         if decision is not None and (not report.refused or report.patched):
             self.metrics.decisions.labels(namespace, name, decision.action, decision.hold or "").inc()
-        if not written:
-            return
-        for verdict in report.finished:
+        for verdict in () if report.refused else report.finished:
             if self._counted.get((namespace, name)) != (report.uid, verdict):
                 self.metrics.rollouts.labels(namespace, name, verdict.outcome).inc()
                 self._counted[namespace, name] = report.uid, verdict
 
-    async def _write_status(self, meta: dict[str, Any], report: Report, status: dict[str, Any]) -> bool:
+    async def _write_status(self, meta: dict[str, Any], report: Report, status: dict[str, Any]) -> None:
         """Merge-patch ``status`` into the VllmTuning whose metadata an evaluation read, on condition that it is
         still that object as read (its resourceVersion): one deleted and created again under its name meanwhile
         (``kubectl replace --force``, a reinstall) must not take the old one's failed configs, rollout and target
         uid, nor one edited since (its spec, its status cleared by a person) a status worked out before. Refused
         so, this evaluation's result is dropped (``report.refused``), and the next evaluation reads the object
-        anew, as soon as the watch brings it (``Evaluator``).
-
-        Whether the status may have been written: False when refused (a 4xx), True when written or when the
-        write got no answer (a timeout, a reset, a 5xx: the apiserver may have committed it)."""
+        anew, as soon as the watch brings it (``Evaluator``)."""
         namespace, name = meta["namespace"], meta["name"]
         try:
             await self._call(self.kube.patch_tuning_status, namespace, name, status, meta.get("resourceVersion"))
@@ -1148,16 +1142,14 @@ class Reconciler:
                 log.info("the status of %s/%s is not written: the VllmTuning was changed, or deleted and created "
                          "again, since it was read; it is evaluated again once read anew", namespace, name)
                 report.refused = True
-                return False
+                return
             log.warning("writing the status of %s/%s failed: %s", namespace, name, exc.reason)
             if exc.status == 404:
                 # Deleted while the watch was down: a re-list after it brings no DELETED event, and the
                 # tuning would be evaluated, and act, for as long as the operator runs.
                 self.cache.forget_tuning(namespace, name)
-            return not 400 <= (exc.status or 0) < 500
         except HTTPError as exc:  # a timeout, a reset: written at the next evaluation
             log.warning("writing the status of %s/%s failed: %s", namespace, name, exc)
-        return True
 
     async def _send_events(self, meta: dict[str, Any], report: Report, deployment: dict[str, Any] | None) -> None:
         """Log the report's Events, then send them: on the VllmTuning, and on ``deployment`` (when known) those

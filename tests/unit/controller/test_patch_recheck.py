@@ -97,7 +97,7 @@ def test_a_change_decided_under_a_spec_since_edited_waits_for_the_new_spec(gener
     report = Report("default", harness.TUNING, decision.state, 1, now, uid=harness.TUNING_UID)
     reconciler = Reconciler(kube, cached(), None, OperatorMetrics(), OperatorSettings())  # type: ignore[arg-type]
     asyncio.run(reconciler._patch(harness.target_of(deployment, True), decision, report, state, during_rollout=False))
-    assert bool(kube.patches) is patched
+    assert bool(kube.patches) is patched is report.patched  # a change written is counted though its status is not
     assert (report.state.last_rollout is not None) is patched
     if patched:  # the baseline goes into the template with the change: a lost status write is recovered with it
         written = written_baseline(merge(deployment, kube.patches[0]))

@@ -916,9 +916,9 @@ def degraded(report: Report) -> str:
 
 def judged(reconciler: Reconciler, state: VllmTuningStatus, deployment: dict[str, Any], now: datetime,
            kube: Kube) -> Report:
-    """``track`` by ``reconciler``, one operator process, which counts the verdicts as its status write lands."""
+    """``track`` by ``reconciler``, one operator process, which counts the verdicts after its status write."""
     report = track(state, deployment, now, kube, reconciler=reconciler)
-    reconciler._count(report, written=True)
+    reconciler._count(report)
     return report
 
 

@@ -34,6 +34,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from vllm_autotuner.controller.operator import RunOptions, run
     from vllm_autotuner.controller.reconcile import OperatorSettings
 
+    if bool(args.tls_cert_file) != bool(args.tls_key_file):
+        args.parser.error("give --tls-cert-file and --tls-key-file together")
+    if args.tls_cert_file and not args.metrics_auth:
+        args.parser.error("--tls-cert-file serves /metrics over HTTPS only with --metrics-auth")
+
     options = RunOptions(
         settings=OperatorSettings(prometheus_url=args.prometheus_url, **_prometheus_access(args),
                                   naive_queries=args.naive_queries,
@@ -46,6 +51,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         leader_election=not args.no_leader_election,
         lease_namespace=args.lease_namespace,
         lease_name=args.lease_name,
+        metrics_auth=args.metrics_auth,
+        tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_key_file,
         log_format=args.log_format,
         verbose=args.verbose,
     )
@@ -176,6 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--http-host", default=None,
                      help="address of /metrics and /healthz (default: every address, IPv4 and IPv6)")
     run.add_argument("--http-port", type=int, default=8080, help="port of /metrics and /healthz")
+    run.add_argument("--metrics-auth", action="store_true",
+                     help="serve HTTPS, and /metrics only to callers whose bearer token the apiserver authenticates "
+                          "(TokenReview) and lets get the non-resource URL /metrics (SubjectAccessReview); "
+                          "/healthz stays open")
+    run.add_argument("--tls-cert-file", metavar="PATH",
+                     help="PEM certificate of the HTTPS server (with --metrics-auth and --tls-key-file), e.g. "
+                          "cert-manager's tls.crt; default: a self-signed one made at start")
+    run.add_argument("--tls-key-file", metavar="PATH", help="PEM key of --tls-cert-file")
     run.add_argument("--no-leader-election", action="store_true", help="act without holding the leader Lease")
     run.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"),
                      help="namespace of the leader Lease (env POD_NAMESPACE)")
@@ -197,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--verbose", action="store_true", help="debug logging")
     run.add_argument("--naive-queries", action="store_true",
                      help="one query per metric per tuning instead of shared ones (benchmark baseline only)")
-    run.set_defaults(func=_cmd_run)
+    run.set_defaults(func=_cmd_run, parser=run)
 
     rec = sub.add_parser("recommend", help="print one recommendation from live data; changes nothing",
                          description="Evaluate once, as a VllmTuning in mode Recommend would, and print what it "

@@ -4,7 +4,8 @@ Watches (kopf) keep VllmTunings, Deployments and ReplicaSets in memory;
 what remains are a few direct calls: patching a Deployment, reading the
 ReplicaSet a rollback puts back, listing a rollout's pods (or those of a
 Deployment whose name is too long for its pods' names to tell its revisions
-apart), reading a Node's GPU labels, a Secret or the CRD, writing status and Events.
+apart), reading a Node's GPU labels, a Secret or the CRD, writing status and Events,
+and the reviews of a /metrics caller's token (``metricsauth``).
 They go through this one class so the scale benchmark can count and time
 them and every call has the same timeout. Objects come back as plain dicts
 in the API's own camelCase shape, which is what the pure modules work on.
@@ -74,6 +75,8 @@ class Kube:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.extensions = client.ApiextensionsV1Api(api_client)
+        self.authentication = client.AuthenticationV1Api(api_client)
+        self.authorization = client.AuthorizationV1Api(api_client)
         self.metrics = metrics
         self.write_seconds_left: Callable[[], float] | None = None
         """With leader election, how long a write sent now has to land while this replica leads
@@ -206,3 +209,22 @@ class Kube:
         timeout = self._write_timeout(f"the Event {body['reason']} of {body['involvedObject']['name']}")
         with self._call("create", "events"):
             self.core.create_namespaced_event(body["metadata"]["namespace"], body, _request_timeout=timeout)
+
+    def review_token(self, token: str) -> dict[str, Any]:
+        """The apiserver's TokenReview status of a bearer token: ``authenticated``, and the ``user`` it is."""
+        with self._call("create", "tokenreviews"):
+            return self._served(self.authentication.create_token_review(
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
+                _preload_content=False, _request_timeout=TIMEOUT))["status"]
+
+    def may_get_metrics(self, user: dict[str, Any]) -> bool:
+        """Whether RBAC lets ``user`` (a TokenReview's: username, uid, groups, extra) get the non-resource URL
+        /metrics (a SubjectAccessReview)."""
+        spec = {field: user[key] for field, key in (("user", "username"), ("uid", "uid"), ("groups", "groups"),
+                                                    ("extra", "extra")) if user.get(key)}
+        spec["nonResourceAttributes"] = {"path": "/metrics", "verb": "get"}
+        with self._call("create", "subjectaccessreviews"):
+            review = self._served(self.authorization.create_subject_access_review(
+                {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec},
+                _preload_content=False, _request_timeout=TIMEOUT))
+        return bool(review["status"].get("allowed"))

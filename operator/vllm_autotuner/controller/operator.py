@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,7 @@ from vllm_autotuner.controller.evaluator import Evaluator
 from vllm_autotuner.controller.kube import Kube, api_error
 from vllm_autotuner.controller.leader import LeaderElector, LeaseConfig
 from vllm_autotuner.controller.metrics import OperatorMetrics
+from vllm_autotuner.controller.metricsauth import MetricsAuth, tls_context
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
 from vllm_autotuner.observe.client import Connection, PrometheusClient
 from vllm_autotuner.observe.service import ObservationService
@@ -60,6 +62,9 @@ class RunOptions:
     lease_namespace: str = "default"
     lease_name: str = "vllm-autotuner"
     identity: str = ""
+    metrics_auth: bool = False  # /metrics for callers RBAC lets get it, over HTTPS (``metricsauth``)
+    tls_cert_file: str | None = None  # with metrics_auth; None: a self-signed certificate
+    tls_key_file: str | None = None
     log_format: str = "json"
     verbose: bool = False
 
@@ -124,14 +129,25 @@ def registry_for(cache: ClusterCache) -> kopf.OperatorRegistry:
 
 
 class HttpEndpoints:
-    """/healthz (process alive, on every replica) and /metrics (the operator's metrics)."""
+    """/healthz (process alive, on every replica) and /metrics (the operator's metrics).
 
-    def __init__(self, metrics: OperatorMetrics, host: str | None, port: int) -> None:
+    With ``auth`` (and then ``tls``: HTTPS), /metrics answers only callers the apiserver lets get it; /healthz
+    stays open, as the kubelet's probes carry no token.
+    """
+
+    def __init__(self, metrics: OperatorMetrics, host: str | None, port: int, auth: MetricsAuth | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.metrics = metrics
         self.host, self.port = host, port
+        self.auth, self.tls = auth, tls
         self._runner: web.AppRunner | None = None
 
-    async def _metrics(self, _: web.Request) -> web.Response:
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.auth is not None:
+            verdict = await self.auth.verdict(request.headers.get("Authorization"))
+            if verdict.status != 200:
+                return web.Response(status=verdict.status, text=verdict.reason + "\n",
+                                    headers={"WWW-Authenticate": "Bearer"} if verdict.status == 401 else None)
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, _: web.Request) -> web.Response:
@@ -143,8 +159,9 @@ class HttpEndpoints:
         app.router.add_get("/healthz", self._healthz)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-        log.info("serving /metrics and /healthz on %s:%d", self.host or "every address", self.port)
+        await web.TCPSite(self._runner, self.host, self.port, ssl_context=self.tls).start()
+        log.info("serving /metrics and /healthz on %s://%s:%d%s", "https" if self.tls else "http",
+                 self.host or "every address", self.port, " (/metrics: RBAC)" if self.auth else "")
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -275,10 +292,12 @@ async def run(options: RunOptions) -> int:
         # at 1000 tunings). Handler failures are warnings and errors, and still logged.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     metrics = OperatorMetrics()
-    http = HttpEndpoints(metrics, options.http_host, options.http_port)
-    await http.start()
     api_client = _load_kube_config()
     kube = Kube(api_client, metrics)
+    secure = options.metrics_auth
+    http = HttpEndpoints(metrics, options.http_host, options.http_port, MetricsAuth(kube) if secure else None,
+                         tls_context(options.tls_cert_file, options.tls_key_file) if secure else None)
+    await http.start()
     # Before the Lease, on every replica: one that could not act must not stand by either. In a `helm upgrade`
     # onto an older CRD the new replicas would stand by, Ready, until the rollout had stopped every old one, then
     # each exit in turn; failing here, the first new one stops the rollout while the old ones lead.

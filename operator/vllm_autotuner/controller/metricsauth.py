@@ -1,0 +1,165 @@
+"""Who may read /metrics (``vllm-autotuner run --metrics-auth``), and the HTTPS that carries their tokens.
+
+The operator's metrics name every tuned Deployment, its SLO and its traffic: with the flag only a caller the
+apiserver authenticates (a TokenReview of its bearer token) and authorizes (a SubjectAccessReview: ``get`` on the
+non-resource URL ``/metrics``) reads them, as controller-runtime's metrics server and kube-rbac-proxy do, so that
+a scraper is let in by an RBAC binding and nothing else. Verdicts are cached briefly, a scraper then costs the
+apiserver two reviews a minute, not two a scrape: an allow for ``ALLOWED_TTL``, a refusal for the shorter
+``DENIED_TTL`` (a binding just made takes effect soon), by a hash of the token, so that the cache holds none. An
+apiserver that does not answer gives 503 and is never cached: no answer lets nobody in.
+
+Tokens must not travel in clear, so the flag also serves HTTPS: with the given certificate (cert-manager's Secret),
+else one made at start, self-signed, as controller-runtime does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import hashlib
+import logging
+import ssl
+import tempfile
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from vllm_autotuner.controller.kube import Kube, api_error
+
+log = logging.getLogger(__name__)
+
+ALLOWED_TTL = 60.0
+DENIED_TTL = 10.0
+#: Tokens whose verdicts are kept: a few scrapers in practice; bounded, so that callers with made-up tokens cannot
+#: grow it without end (the least recently used goes first).
+CACHE_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An HTTP status for the caller (200, 401, 403, 503) and what to tell it when it is not let in."""
+
+    status: int
+    reason: str = ""
+
+
+ALLOWED = Verdict(200)
+NO_TOKEN = Verdict(401, "a bearer token is needed: Authorization: Bearer <token>")
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (the scheme is case-insensitive, RFC 7235), or
+    None when there is none."""
+    scheme, _, token = (header or "").strip().partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+class VerdictCache:
+    """Verdicts by the SHA-256 of their token, each until its TTL passes; at most ``size``, the least recently used
+    dropped first."""
+
+    def __init__(self, allowed_ttl: float = ALLOWED_TTL, denied_ttl: float = DENIED_TTL, size: int = CACHE_SIZE,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.allowed_ttl, self.denied_ttl, self.size, self.clock = allowed_ttl, denied_ttl, size, clock
+        self._entries: OrderedDict[bytes, tuple[float, Verdict]] = OrderedDict()
+
+    @staticmethod
+    def _key(token: str) -> bytes:
+        return hashlib.sha256(token.encode()).digest()
+
+    def get(self, token: str) -> Verdict | None:
+        key = self._key(token)
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if entry[0] <= self.clock():
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return entry[1]
+
+    def put(self, token: str, verdict: Verdict) -> None:
+        ttl = self.allowed_ttl if verdict.status == 200 else self.denied_ttl
+        if ttl <= 0:
+            return
+        key = self._key(token)
+        self._entries[key] = (self.clock() + ttl, verdict)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+
+class MetricsAuth:
+    """The verdict on a request's Authorization header: the apiserver's, through the cache."""
+
+    def __init__(self, kube: Kube, cache: VerdictCache | None = None) -> None:
+        self.kube = kube
+        self.cache = cache or VerdictCache()
+
+    async def verdict(self, authorization: str | None) -> Verdict:
+        token = bearer_token(authorization)
+        if token is None:
+            return NO_TOKEN
+        cached = self.cache.get(token)
+        if cached is not None:
+            return cached
+        try:
+            verdict = await asyncio.to_thread(self._review, token)
+        except (ApiException, HTTPError) as exc:  # refused (no grant to review), a 5xx, a timeout: not known
+            reason = api_error(exc) if isinstance(exc, ApiException) else str(exc)
+            log.warning("a /metrics caller was refused: the apiserver did not review its token (%s)", reason)
+            return Verdict(503, f"the apiserver could not be asked whether this token may read /metrics: {reason}")
+        self.cache.put(token, verdict)
+        return verdict
+
+    def _review(self, token: str) -> Verdict:
+        status = self.kube.review_token(token)
+        if not status.get("authenticated"):
+            return Verdict(401, "the apiserver does not authenticate this token")
+        user = status.get("user") or {}
+        if not self.kube.may_get_metrics(user):
+            return Verdict(403, f"{user.get('username')} may not get /metrics: bind it to a ClusterRole with "
+                                f"nonResourceURLs [/metrics], verbs [get]")
+        return ALLOWED
+
+
+def tls_context(cert_file: str | None, key_file: str | None) -> ssl.SSLContext:
+    """The HTTPS server's context: the given certificate and key, else a self-signed pair made now (the key never
+    leaves this process but for a private temporary directory, gone once loaded: ``ssl`` loads only from files)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert_file and key_file:
+        context.load_cert_chain(cert_file, key_file)
+        return context
+    cert, key = self_signed_certificate()
+    with tempfile.TemporaryDirectory() as scratch:  # mode 0700
+        (Path(scratch) / "tls.crt").write_bytes(cert)
+        (Path(scratch) / "tls.key").write_bytes(key)
+        context.load_cert_chain(Path(scratch) / "tls.crt", Path(scratch) / "tls.key")
+    return context
+
+
+def self_signed_certificate() -> tuple[bytes, bytes]:
+    """A PEM certificate for ``localhost``, valid for a year, and its PEM key: for the transport only, as no client
+    can verify it (the pod makes a new one at each start)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "vllm-autotuner")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=365))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .sign(key, hashes.SHA256()))
+    return (cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))

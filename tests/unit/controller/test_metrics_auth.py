@@ -1,0 +1,150 @@
+"""``--metrics-auth``'s pure parts: the bearer token of a header, the verdict cache (by a hash of the token,
+bounded, each verdict for its TTL), no verdict cached when the apiserver did not answer, and the flags it takes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ssl
+import urllib.error
+import urllib.request
+
+import pytest
+from kubernetes import client
+
+from vllm_autotuner.cli import main
+from vllm_autotuner.controller.kube import Kube
+from vllm_autotuner.controller.metrics import OperatorMetrics
+from vllm_autotuner.controller.metricsauth import (
+    ALLOWED,
+    NO_TOKEN,
+    MetricsAuth,
+    Verdict,
+    VerdictCache,
+    bearer_token,
+    tls_context,
+)
+from vllm_autotuner.controller.operator import HttpEndpoints
+from vllm_autotuner.sim import localenv
+
+DENIED = Verdict(403, "no")
+
+
+@pytest.mark.parametrize(("header", "token"), [
+    ("Bearer abc.def", "abc.def"), ("bearer abc", "abc"), ("  BEARER   abc  ", "abc"),
+    (None, None), ("", None), ("Bearer", None), ("Bearer   ", None), ("Basic dXNlcjpwYXNz", None), ("abc", None),
+])
+def test_the_bearer_token_of_an_authorization_header(header: str | None, token: str | None) -> None:
+    assert bearer_token(header) == token
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_verdict_is_kept_for_its_ttl_by_a_hash_of_the_token() -> None:
+    clock = Clock()
+    cache = VerdictCache(allowed_ttl=60, denied_ttl=10, clock=clock)
+    cache.put("allowed-token", ALLOWED)
+    cache.put("denied-token", DENIED)
+    assert (cache.get("allowed-token"), cache.get("denied-token"), cache.get("other")) == (ALLOWED, DENIED, None)
+    assert set(cache._entries) == {hashlib.sha256(t).digest() for t in (b"allowed-token", b"denied-token")}
+    clock.now += 10
+    assert (cache.get("allowed-token"), cache.get("denied-token")) == (ALLOWED, None)
+    clock.now += 50
+    assert cache.get("allowed-token") is None and not cache._entries
+
+
+def test_the_cache_keeps_the_most_recently_used_verdicts_up_to_its_size() -> None:
+    cache = VerdictCache(size=2, clock=Clock())
+    cache.put("a", ALLOWED)
+    cache.put("b", ALLOWED)
+    assert cache.get("a") == ALLOWED  # now more recent than b
+    cache.put("c", DENIED)
+    assert (cache.get("a"), cache.get("b"), cache.get("c")) == (ALLOWED, None, DENIED)
+
+
+class FakeKube:
+    """The apiserver's reviews: ``user`` authenticated, ``allowed`` its answer; ``failure`` raised instead."""
+
+    def __init__(self, allowed: bool, failure: Exception | None = None) -> None:
+        self.allowed, self.failure, self.reviews = allowed, failure, 0
+
+    def review_token(self, token: str) -> dict:
+        self.reviews += 1
+        if self.failure:
+            raise self.failure
+        return {"authenticated": token == "good", "user": {"username": "system:serviceaccount:mon:prometheus"}}
+
+    def may_get_metrics(self, user: dict) -> bool:
+        return self.allowed
+
+
+@pytest.mark.parametrize(("allowed", "token", "status"), [(True, "good", 200), (False, "good", 403),
+                                                         (True, "bad", 401)])
+def test_each_verdict_is_asked_once_then_cached(allowed: bool, token: str, status: int) -> None:
+    kube = FakeKube(allowed)
+    auth = MetricsAuth(kube)  # type: ignore[arg-type]
+    verdicts = [asyncio.run(auth.verdict(f"Bearer {token}")) for _ in range(2)]
+    assert [v.status for v in verdicts] == [status, status] and kube.reviews == 1
+    assert asyncio.run(auth.verdict(None)) == NO_TOKEN and kube.reviews == 1
+
+
+def test_an_apiserver_that_does_not_answer_lets_nobody_in_and_nothing_is_cached() -> None:
+    """503, said; asked again at the next request."""
+    port = localenv.free_port()  # nothing listens there
+    unreachable = client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}"))
+    auth = MetricsAuth(Kube(unreachable, OperatorMetrics()))
+    for _ in range(2):
+        verdict = asyncio.run(auth.verdict("Bearer good"))
+        assert verdict.status == 503 and "the apiserver could not be asked" in verdict.reason
+    assert not auth.cache._entries
+
+
+def test_the_endpoints_answer_with_the_verdict_over_https() -> None:
+    port = localenv.free_port()
+    unverified = ssl.create_default_context()
+    unverified.check_hostname, unverified.verify_mode = False, ssl.CERT_NONE
+
+    def get(path: str, token: str | None = None) -> tuple[int, str, str | None]:
+        request = urllib.request.Request(f"https://127.0.0.1:{port}{path}",
+                                         headers={"Authorization": f"Bearer {token}"} if token else {})
+        try:
+            with urllib.request.urlopen(request, timeout=10, context=unverified) as response:
+                return response.status, response.read().decode(), None
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(), exc.headers.get("WWW-Authenticate")
+
+    async def scenario(allowed: bool) -> list[tuple[int, str, str | None]]:
+        http = HttpEndpoints(OperatorMetrics(), "127.0.0.1", port, MetricsAuth(FakeKube(allowed)),  # type: ignore
+                             tls_context(None, None))
+        await http.start()
+        try:
+            return [await asyncio.to_thread(get, *request)
+                    for request in (("/healthz",), ("/metrics",), ("/metrics", "bad"), ("/metrics", "good"))]
+        finally:
+            await http.stop()
+
+    healthz, none, bad, good = asyncio.run(scenario(True))
+    assert healthz == (200, "ok", None)
+    assert none[0] == 401 and none[2] == "Bearer" and bad[0] == 401
+    assert good[0] == 200 and "vllm_autotuner_leader" in good[1]
+    assert asyncio.run(scenario(False))[3][:2] == (403, "system:serviceaccount:mon:prometheus may not get /metrics: "
+                                                        "bind it to a ClusterRole with nonResourceURLs [/metrics], "
+                                                        "verbs [get]\n")
+
+
+@pytest.mark.parametrize(("flags", "complaint"), [
+    (["--metrics-auth", "--tls-cert-file=c.pem"], "give --tls-cert-file and --tls-key-file together"),
+    (["--tls-cert-file=c.pem", "--tls-key-file=k.pem"], "--tls-cert-file serves /metrics over HTTPS only with "
+                                                         "--metrics-auth"),
+])
+def test_a_certificate_is_taken_only_whole_and_with_metrics_auth(capsys: pytest.CaptureFixture[str], flags: list[str],
+                                                                 complaint: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", *flags])
+    assert exited.value.code == 2 and complaint in capsys.readouterr().err

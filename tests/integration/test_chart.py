@@ -39,13 +39,15 @@ EGRESS = [{"to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s
 NETWORK_POLICY = ("--set", "networkPolicy.enabled=true",
                   "--set-json", f"networkPolicy.metricsFrom={json.dumps(SCRAPERS)}",
                   "--set-json", f"networkPolicy.egress={json.dumps(EGRESS)}")
+# /metrics behind the apiserver's authentication and RBAC, over HTTPS with a certificate of cert-manager's.
+SECURE = ("--set", "metricsAuth.enabled=true", "--set", "metricsAuth.tlsSecret=metrics-tls")
 # The image pinned by digest; names and a budget the apiserver takes that the schema must not refuse.
 PINNED = ("--set", f"image.digest={DIGEST}", "--set", "podDisruptionBudget.maxUnavailable=50%",
           "--set", "serviceAccount.name=operator.v1", "--set", "leaderElection.leaseName=lease.v1")
 
 
-@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, EXTRAS, PINNED, NETWORK_POLICY],
-                         ids=["defaults", "namespaced", "single", "extras", "pinned", "network-policy"])
+@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, EXTRAS, PINNED, NETWORK_POLICY, SECURE],
+                         ids=["defaults", "namespaced", "single", "extras", "pinned", "network-policy", "secure"])
 def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> None:
     out = helm("lint", "--strict", str(CHART), *values).stdout
     assert "1 chart(s) linted, 0 chart(s) failed" in out
@@ -90,11 +92,14 @@ def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> No
     # the apiserver refuses an ipBlock beside a selector in one peer
     (("--set-json", 'networkPolicy.metricsFrom=[{"ipBlock": {"cidr": "10.0.0.0/8"}, "namespaceSelector": {}}]'),
      "at '/networkPolicy/metricsFrom/0'"),
+    (("--set", "metricsAuth.enabled=yes"), "at '/metricsAuth/enabled': got string, want boolean"),
+    (("--set", "metricsAuth.tlsSecret=Metrics_TLS"), "at '/metricsAuth/tlsSecret'"),
 ], ids=["replicas-string", "log-format", "unknown-key", "two-leaders", "url", "namespace-name", "secret-grant",
         "secret-grant-without-names", "pull-policy", "negative-rollout-limit", "pool-label", "recommend-only",
         "fullname-with-dot", "name-with-leading-digit", "pdb-zero-percent", "digest", "authorization-header", "header-on-two-lines",
         "secret-grant-of-no-names", "network-policy-peer", "network-policy-egress-rule",
-        "network-policy-selector", "network-policy-null-match-labels", "network-policy-ipblock-and-selector"])
+        "network-policy-selector", "network-policy-null-match-labels", "network-policy-ipblock-and-selector",
+        "metrics-auth-string", "metrics-auth-secret-name"])
 def test_bad_values_are_rejected_by_the_schema(helm: Helm, values: tuple[str, ...], complaint: str) -> None:
     result = helm("template", "x", str(CHART), *values, check=False)
     assert result.returncode != 0
@@ -330,6 +335,49 @@ def test_metrics_service_monitor_and_dashboard(helm: Helm) -> None:
     assert "ServiceMonitor" not in {o["kind"] for o in helm.template("rel", str(CHART))}
 
 
+def test_metrics_auth_serves_https_grants_the_reviews_and_a_reader_role_and_scrapes_with_a_token(helm: Helm) -> None:
+    """Opt-in: by default /metrics is plain HTTP and open, as before, so that an upgrade keeps its scrapers."""
+    default = helm.template("rel", str(CHART), "-n", "ops", "--set", "serviceMonitor.enabled=true")
+    args = build_parser().parse_args(["run", *_operator(default)["spec"]["template"]["spec"]["containers"][0]["args"]])
+    assert (args.metrics_auth, args.tls_cert_file) == (False, None)
+    (role,) = [o for o in default if o["kind"] == "ClusterRole"]
+    assert not {"tokenreviews", "subjectaccessreviews"} & {r for rule in role["rules"] for r in rule["resources"]}
+    (monitor,) = [o for o in default if o["kind"] == "ServiceMonitor"]
+    assert not {"scheme", "bearerTokenFile", "tlsConfig"} & set(monitor["spec"]["endpoints"][0])
+    assert "scheme" not in _operator(default)["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGet"]
+
+    objects = helm.template("rel", str(CHART), "-n", "ops", "--set", "serviceMonitor.enabled=true", *SECURE)
+    pod = _operator(objects)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = build_parser().parse_args(["run", *container["args"]])
+    assert (args.metrics_auth, args.tls_cert_file, args.tls_key_file) == (
+        True, "/etc/vllm-autotuner/tls/tls.crt", "/etc/vllm-autotuner/tls/tls.key")
+    assert {"name": "tls", "mountPath": "/etc/vllm-autotuner/tls", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "tls", "secret": {"secretName": "metrics-tls"}} in pod["volumes"]
+    for probe in ("livenessProbe", "readinessProbe"):  # /healthz shares the port, now HTTPS
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTPS"}
+    roles = {o["metadata"]["name"]: o["rules"] for o in objects if o["kind"] == "ClusterRole"}
+    assert {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]} in roles[
+        "rel-vllm-autotuner:ops"]
+    assert {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]} in roles[
+        "rel-vllm-autotuner:ops"]
+    assert roles["rel-vllm-autotuner-metrics-reader:ops"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert (endpoint["scheme"], endpoint["bearerTokenFile"], endpoint["tlsConfig"]) == (
+        "https", "/var/run/secrets/kubernetes.io/serviceaccount/token", {"insecureSkipVerify": True})
+    tls = {"ca": {"secret": {"name": "metrics-tls", "key": "ca.crt"}}, "serverName": "rel-vllm-autotuner.ops.svc"}
+    verified = helm.template("rel", str(CHART), "-n", "ops", "--set", "serviceMonitor.enabled=true", *SECURE,
+                             "--set-json", f"serviceMonitor.tlsConfig={json.dumps(tls)}")
+    (monitor,) = [o for o in verified if o["kind"] == "ServiceMonitor"]
+    assert monitor["spec"]["endpoints"][0]["tlsConfig"] == tls
+
+    self_signed = _operator(helm.template("rel", str(CHART), "--set", "metricsAuth.enabled=true"))
+    (container,) = self_signed["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-auth" in container["args"] and not any(a.startswith("--tls-") for a in container["args"])
+    assert {m["name"] for m in container["volumeMounts"]} == {"tmp"}
+
+
 def test_the_network_policy_opens_only_the_metrics_port_and_restricts_egress_only_when_told(helm: Helm) -> None:
     """Opt-in, for namespaces that deny by default: the operator's pods take scrapes on their one port, from any pod
     unless scrapers are named; egress stays open (the apiserver's and Prometheus' addresses differ per cluster)
@@ -352,8 +400,8 @@ def test_the_network_policy_opens_only_the_metrics_port_and_restricts_egress_onl
     assert policy["spec"]["egress"] == EGRESS
 
 
-@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, PINNED, NETWORK_POLICY],
-                         ids=["defaults", "namespaced", "single", "pinned", "network-policy"])
+@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, PINNED, NETWORK_POLICY, SECURE],
+                         ids=["defaults", "namespaced", "single", "pinned", "network-policy", "secure"])
 def test_rendered_manifests_pass_a_server_side_dry_run(cluster_with_crd: Cluster, helm: Helm, namespace: str,
                                                        values: tuple[str, ...]) -> None:
     with cluster_with_crd.fresh_namespace() as team_a, cluster_with_crd.fresh_namespace() as team_b:

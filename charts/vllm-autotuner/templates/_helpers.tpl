@@ -154,7 +154,7 @@ watches all of them, a Role's in each namespace of watchNamespaces otherwise.
 {{- end }}
 
 {{/*
-Cluster-scoped reads, granted whatever the namespaces: a node's GPU labels, the VllmTuning CRD.
+Cluster-scoped grants, whatever the namespaces: a node's GPU labels, the VllmTuning CRD; the reviews of metricsAuth.
 */}}
 {{- define "vllm-autotuner.nodeRules" -}}
 # Nodes: the GPU product and memory labels of the node a vLLM pod runs on, to know vLLM's
@@ -168,4 +168,13 @@ Cluster-scoped reads, granted whatever the namespaces: a node's GPU labels, the 
   resources: [customresourcedefinitions]
   resourceNames: [vllmtunings.autotuner.vllm-tuning.io]
   verbs: [get]
+{{- if .Values.metricsAuth.enabled }}
+# metricsAuth: whether a /metrics caller's bearer token is valid, and whether RBAC lets it get /metrics.
+- apiGroups: [authentication.k8s.io]
+  resources: [tokenreviews]
+  verbs: [create]
+- apiGroups: [authorization.k8s.io]
+  resources: [subjectaccessreviews]
+  verbs: [create]
+{{- end }}
 {{- end }}

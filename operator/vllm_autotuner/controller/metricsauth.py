@@ -116,7 +116,7 @@ class MetricsAuth:
         try:
             verdict = await asyncio.to_thread(self._review, token)
         except (ApiException, HTTPError) as exc:  # refused (no grant to review), a 5xx, a timeout: not known
-            reason = api_error(exc) if isinstance(exc, ApiException) else str(exc)
+            reason = api_error(exc)
             log.warning("a /metrics caller was refused: the apiserver did not review its token (%s)", reason)
             return Verdict(503, f"the apiserver could not be asked whether this token may read /metrics: {reason}")
         self.cache.put(token, verdict)

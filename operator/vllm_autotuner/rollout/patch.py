@@ -38,9 +38,10 @@ SOURCE_ANNOTATION = f"{GROUP}/source"
 #: When the operator wrote them (the evaluation's clock, as the status's times are). It lives in the pod template
 #: with the others, so ``kubectl rollout undo`` or a GitOps revert puts back an old time with old knobs.
 WRITTEN_AT_ANNOTATION = f"{GROUP}/written-at"
-#: On the rollback of a rollout judged failed or unable to start its pods, that verdict (RolloutFailed,
-#: RolloutBlocked); absent on other writes. A status write lost after the rollback is recovered from it: a config
-#: whose pods found no GPU is not recorded as failed.
+#: On the rollback of a rollout judged failed or unable to start its pods, that verdict and what went wrong
+#: (``RolloutFailed: <the vLLM error>``, ``RolloutBlocked: <why no pod started>``; the reason alone before chart
+#: 0.5.56); absent on other writes. A status write lost after the rollback is recovered from it: a config whose
+#: pods found no GPU is not recorded as failed, and one that failed is recorded with its error.
 VERDICT_ANNOTATION = f"{GROUP}/verdict"
 #: On a change the decision core measured a baseline for, that baseline, as JSON: the regime, the attainment and
 #: the requests per second per pod of the window before it (``Rollout.regime``, ``baselineAttainment``,
@@ -71,7 +72,7 @@ def _stamp(knobs: Knobs, reason: str, tuning: str, source: str, at: datetime, ve
     """The annotations of a write of ours: which config, why, by whom, when, after which verdict and against which
     baseline (None removes one a write before left)."""
     return dict(zip(_STAMP, (knobs_annotation(knobs), reason[:REASON_LIMIT], tuning, source, utc_timestamp(at),
-                             verdict, baseline), strict=True))
+                             verdict and verdict[:REASON_LIMIT], baseline), strict=True))
 
 
 def baseline_annotation(regime: str | None, attainment: float | None, request_rate: float | None) -> str | None:

@@ -605,8 +605,9 @@ def test_the_rollback_of_a_blocked_rollout_whose_status_write_was_lost_does_not_
     rollout = report.state.last_rollout
     assert rollout is not None and (rollout.to_knobs, rollout.source) == (A, KnobSource.ROLLBACK)
     assert report.has(ConditionType.DEGRADED, True, events.ROLLOUT_BLOCKED)
-    # said as the evaluation that judged it said it, as far as our rollback's annotation keeps it
-    assert degraded(report) == degraded(judged)[:REASON_LIMIT]
+    # said as the evaluation that judged it said it, what went wrong as far as our rollback's annotation keeps it
+    assert degraded(judged).startswith(degraded(report)) and len(degraded(report)) > REASON_LIMIT
+    assert rollout.reason.count(str(B)) == 1  # the rollback's reason says the knobs once, as the first one did
 
 
 REFUSAL = "deployments.apps \"llama\" is forbidden: ValidatingAdmissionPolicy 'freeze' denied request: frozen"
@@ -905,6 +906,7 @@ def test_a_failed_verdict_after_a_kept_blocked_one_is_recorded_and_counted_when_
     # said as the evaluation that judged it said it, in the words our rollback is annotated with
     what = judged.state.failed_configs[0].reason
     assert degraded(redo) == degraded(judged) == f"{B} failed to start ({what}); rolling back"
+    assert redo.state.failed_configs[0].reason == what  # the vLLM error, as first recorded
 
 
 def degraded(report: Report) -> str:

@@ -282,6 +282,14 @@ def test_the_notes_name_the_dashboard_configmap_where_it_is(cluster: Cluster, he
     assert f"ConfigMap grafana/rel-vllm-autotuner-dashboard.{namespace} (" in shared
 
 
+def test_the_notes_say_how_metrics_are_read(cluster: Cluster, helm: Helm, namespace: str) -> None:
+    url = f"rel-vllm-autotuner.{namespace}.svc:8080/metrics"
+    assert f"Operator metrics: http://{url}\n" in _notes(cluster, helm, namespace)
+    secure = _notes(cluster, helm, namespace, "--set", "metricsAuth.enabled=true")
+    assert f"Operator metrics: https://{url}," in secure
+    assert f"ClusterRole\nrel-vllm-autotuner-metrics-reader:{namespace}." in secure
+
+
 def test_the_notes_say_what_the_operator_may_read_only_when_the_chart_grants_it(
         cluster: Cluster, helm: Helm, namespace: str) -> None:
     assert "It can read no Secret." in _notes(cluster, helm, namespace)

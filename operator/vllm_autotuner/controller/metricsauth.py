@@ -8,6 +8,11 @@ apiserver two reviews a minute, not two a scrape: an allow for ``ALLOWED_TTL``, 
 ``DENIED_TTL`` (a binding just made takes effect soon), by a hash of the token, so that the cache holds none. An
 apiserver that does not answer gives 503 and is never cached: no answer lets nobody in.
 
+Whoever reaches the port can send tokens: the reviews run in threads of their own (``REVIEWERS``), never in the
+default pool the Lease renewal and the reconciler's calls use, so that a flood of made-up tokens cannot cost the
+leader its Lease; at most ``IN_FLIGHT`` tokens are under review at once (a request beyond gets 503 at once), and
+requests with a token already under review wait for that review.
+
 Tokens must not travel in clear, so the flag also serves HTTPS: with the given certificate (cert-manager's Secret),
 else one made at start, self-signed, as controller-runtime does.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+from concurrent.futures import ThreadPoolExecutor
 import hashlib
 import logging
 import ssl
@@ -42,6 +48,10 @@ DENIED_TTL = 10.0
 #: Tokens whose verdicts are kept: a few scrapers in practice; bounded, so that callers with made-up tokens cannot
 #: grow it without end (the least recently used goes first).
 CACHE_SIZE = 1024
+#: Threads of the reviews, apart from the default pool; and tokens under review at once, beyond which a caller is
+#: answered 503 without one: a scraper or two need one each.
+REVIEWERS = 2
+IN_FLIGHT = 16
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,10 @@ class Verdict:
 
 ALLOWED = Verdict(200)
 NO_TOKEN = Verdict(401, "a bearer token is needed: Authorization: Bearer <token>")
+BUSY = Verdict(503, f"{IN_FLIGHT} tokens are under review already; retry")
+#: What a caller is told when the apiserver was not asked: the details (the operator's identity, the apiserver's
+#: address) go to the log, not to whoever sent a token.
+UNREVIEWED = Verdict(503, "the apiserver could not be asked whether this token may read /metrics")
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -73,12 +87,7 @@ class VerdictCache:
         self.allowed_ttl, self.denied_ttl, self.size, self.clock = allowed_ttl, denied_ttl, size, clock
         self._entries: OrderedDict[bytes, tuple[float, Verdict]] = OrderedDict()
 
-    @staticmethod
-    def _key(token: str) -> bytes:
-        return hashlib.sha256(token.encode()).digest()
-
-    def get(self, token: str) -> Verdict | None:
-        key = self._key(token)
+    def get(self, key: bytes) -> Verdict | None:
         entry = self._entries.get(key)
         if entry is None:
             return None
@@ -88,11 +97,10 @@ class VerdictCache:
         self._entries.move_to_end(key)
         return entry[1]
 
-    def put(self, token: str, verdict: Verdict) -> None:
+    def put(self, key: bytes, verdict: Verdict) -> None:
         ttl = self.allowed_ttl if verdict.status == 200 else self.denied_ttl
         if ttl <= 0:
             return
-        key = self._key(token)
         self._entries[key] = (self.clock() + ttl, verdict)
         self._entries.move_to_end(key)
         while len(self._entries) > self.size:
@@ -105,22 +113,37 @@ class MetricsAuth:
     def __init__(self, kube: Kube, cache: VerdictCache | None = None) -> None:
         self.kube = kube
         self.cache = cache or VerdictCache()
+        self._reviewers = ThreadPoolExecutor(REVIEWERS, thread_name_prefix="metrics-auth")
+        self._pending: dict[bytes, asyncio.Task[Verdict]] = {}  # by token hash: the reviews under way
 
     async def verdict(self, authorization: str | None) -> Verdict:
         token = bearer_token(authorization)
         if token is None:
             return NO_TOKEN
-        cached = self.cache.get(token)
+        key = hashlib.sha256(token.encode()).digest()  # the cache and the reviews under way hold no token
+        cached = self.cache.get(key)
         if cached is not None:
             return cached
+        review = self._pending.get(key)
+        if review is None:
+            if len(self._pending) >= IN_FLIGHT:
+                return BUSY
+            review = self._pending[key] = asyncio.create_task(self._reviewed(key, token))
+            review.add_done_callback(lambda _: self._pending.pop(key, None))
+        return await asyncio.shield(review)  # a caller gone does not cancel the review others wait for
+
+    async def _reviewed(self, key: bytes, token: str) -> Verdict:
         try:
-            verdict = await asyncio.to_thread(self._review, token)
+            verdict = await asyncio.get_running_loop().run_in_executor(self._reviewers, self._review, token)
         except (ApiException, HTTPError) as exc:  # refused (no grant to review), a 5xx, a timeout: not known
-            reason = api_error(exc)
-            log.warning("a /metrics caller was refused: the apiserver did not review its token (%s)", reason)
-            return Verdict(503, f"the apiserver could not be asked whether this token may read /metrics: {reason}")
-        self.cache.put(token, verdict)
+            log.warning("a /metrics caller was refused: the apiserver did not review its token (%s)", api_error(exc))
+            return UNREVIEWED
+        self.cache.put(key, verdict)
         return verdict
+
+    def close(self) -> None:
+        """Stop the review threads; a review under way ends with its call's timeout."""
+        self._reviewers.shutdown(wait=False, cancel_futures=True)
 
     def _review(self, token: str) -> Verdict:
         status = self.kube.review_token(token)

@@ -166,6 +166,8 @@ class HttpEndpoints:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.auth is not None:
+            self.auth.close()
 
 
 def _load_kube_config() -> client.ApiClient:
@@ -295,8 +297,14 @@ async def run(options: RunOptions) -> int:
     api_client = _load_kube_config()
     kube = Kube(api_client, metrics)
     secure = options.metrics_auth
-    http = HttpEndpoints(metrics, options.http_host, options.http_port, MetricsAuth(kube) if secure else None,
-                         tls_context(options.tls_cert_file, options.tls_key_file) if secure else None)
+    try:
+        tls = tls_context(options.tls_cert_file, options.tls_key_file) if secure else None
+    except OSError as exc:  # ssl.SSLError too: not PEM, or a key that is not the certificate's
+        log.error("the HTTPS certificate of /metrics could not be loaded (--tls-cert-file %s, --tls-key-file %s): %s; "
+                  "give a PEM certificate and its key, as a kubernetes.io/tls Secret holds them (tls.crt, tls.key)",
+                  options.tls_cert_file, options.tls_key_file, exc)
+        return 2
+    http = HttpEndpoints(metrics, options.http_host, options.http_port, MetricsAuth(kube) if secure else None, tls)
     await http.start()
     # Before the Lease, on every replica: one that could not act must not stand by either. In a `helm upgrade`
     # onto an older CRD the new replicas would stand by, Ready, until the rollout had stopped every old one, then

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import ssl
+import threading
 import urllib.error
 import urllib.request
 
@@ -17,6 +18,8 @@ from vllm_autotuner.controller.kube import Kube
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.metricsauth import (
     ALLOWED,
+    BUSY,
+    IN_FLIGHT,
     NO_TOKEN,
     MetricsAuth,
     Verdict,
@@ -49,33 +52,37 @@ class Clock:
 def test_a_verdict_is_kept_for_its_ttl_by_a_hash_of_the_token() -> None:
     clock = Clock()
     cache = VerdictCache(allowed_ttl=60, denied_ttl=10, clock=clock)
-    cache.put("allowed-token", ALLOWED)
-    cache.put("denied-token", DENIED)
-    assert (cache.get("allowed-token"), cache.get("denied-token"), cache.get("other")) == (ALLOWED, DENIED, None)
-    assert set(cache._entries) == {hashlib.sha256(t).digest() for t in (b"allowed-token", b"denied-token")}
+    cache.put(b"allowed", ALLOWED)
+    cache.put(b"denied", DENIED)
+    assert (cache.get(b"allowed"), cache.get(b"denied"), cache.get(b"other")) == (ALLOWED, DENIED, None)
     clock.now += 10
-    assert (cache.get("allowed-token"), cache.get("denied-token")) == (ALLOWED, None)
+    assert (cache.get(b"allowed"), cache.get(b"denied")) == (ALLOWED, None)
     clock.now += 50
-    assert cache.get("allowed-token") is None and not cache._entries
+    assert cache.get(b"allowed") is None and not cache._entries
 
 
 def test_the_cache_keeps_the_most_recently_used_verdicts_up_to_its_size() -> None:
     cache = VerdictCache(size=2, clock=Clock())
-    cache.put("a", ALLOWED)
-    cache.put("b", ALLOWED)
-    assert cache.get("a") == ALLOWED  # now more recent than b
-    cache.put("c", DENIED)
-    assert (cache.get("a"), cache.get("b"), cache.get("c")) == (ALLOWED, None, DENIED)
+    cache.put(b"a", ALLOWED)
+    cache.put(b"b", ALLOWED)
+    assert cache.get(b"a") == ALLOWED  # now more recent than b
+    cache.put(b"c", DENIED)
+    assert (cache.get(b"a"), cache.get(b"b"), cache.get(b"c")) == (ALLOWED, None, DENIED)
 
 
 class FakeKube:
     """The apiserver's reviews: ``user`` authenticated, ``allowed`` its answer; ``failure`` raised instead."""
 
-    def __init__(self, allowed: bool, failure: Exception | None = None) -> None:
+    def __init__(self, allowed: bool, failure: Exception | None = None, answer: threading.Event | None = None) -> None:
         self.allowed, self.failure, self.reviews = allowed, failure, 0
+        self.answer = answer  # set: the apiserver answers (else at once)
+        self.threads: set[str] = set()
 
     def review_token(self, token: str) -> dict:
         self.reviews += 1
+        self.threads.add(threading.current_thread().name)
+        if self.answer is not None:
+            self.answer.wait(10)
         if self.failure:
             raise self.failure
         return {"authenticated": token == "good", "user": {"username": "system:serviceaccount:mon:prometheus"}}
@@ -92,6 +99,32 @@ def test_each_verdict_is_asked_once_then_cached(allowed: bool, token: str, statu
     verdicts = [asyncio.run(auth.verdict(f"Bearer {token}")) for _ in range(2)]
     assert [v.status for v in verdicts] == [status, status] and kube.reviews == 1
     assert asyncio.run(auth.verdict(None)) == NO_TOKEN and kube.reviews == 1
+    assert set(auth.cache._entries) == {hashlib.sha256(token.encode()).digest()}  # the cache holds no token
+
+
+def test_a_flood_of_tokens_is_reviewed_apart_from_the_default_pool_a_few_at_a_time() -> None:
+    """Made-up tokens from whoever reaches the port: reviewed in threads of their own (the Lease renewal's pool
+    stays free), at most IN_FLIGHT at once (the rest answered 503 at once); a token already under review waits
+    for that review."""
+    answer = threading.Event()
+    kube = FakeKube(True, answer=answer)
+    auth = MetricsAuth(kube)  # type: ignore[arg-type]
+
+    async def flood() -> list[Verdict]:
+        asking = [asyncio.create_task(auth.verdict(f"Bearer made-up-{n}")) for n in range(IN_FLIGHT)]
+        asking += [asyncio.create_task(auth.verdict("Bearer made-up-0"))]  # the same token again
+        for _ in range(1000):  # let each ask, a turn of the loop each (no clock)
+            if len(auth._pending) == IN_FLIGHT:
+                break
+            await asyncio.sleep(0)
+        beyond = await auth.verdict("Bearer one-more")
+        answer.set()
+        return [beyond, *await asyncio.gather(*asking)]
+
+    verdicts = asyncio.run(flood())
+    auth.close()
+    assert verdicts[0] == BUSY and {v.status for v in verdicts[1:]} == {401}
+    assert kube.reviews == IN_FLIGHT and kube.threads and all(t.startswith("metrics-auth") for t in kube.threads)
 
 
 def test_an_apiserver_that_does_not_answer_lets_nobody_in_and_nothing_is_cached() -> None:

@@ -5,6 +5,7 @@ act must not stand by, Ready, for the leader it replaces to stop."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
@@ -16,6 +17,7 @@ from urllib3.exceptions import ReadTimeoutError
 from vllm_autotuner.api.crd import crd
 from vllm_autotuner.controller import operator
 from vllm_autotuner.controller.kube import Kube
+from vllm_autotuner.controller.metricsauth import self_signed_certificate
 from vllm_autotuner.controller.reconcile import OperatorSettings
 
 from ..test_api import published
@@ -85,6 +87,23 @@ def test_a_crd_it_may_not_read_is_judged_by_the_schema_the_apiserver_publishes(c
     assert current == (answer != "older")
     assert ("is older than this operator: it lacks status.learned," in caplog.text) == (answer == "older")
     assert ("could be read" in caplog.text) == (answer not in ("older", "current")), caplog.text
+
+
+@pytest.mark.parametrize("files", ["missing", "swapped"])
+def test_a_certificate_that_cannot_be_loaded_exits_saying_which_and_what_to_give(monkeypatch, caplog, tmp_path,
+                                                                                files) -> None:
+    cert, key = self_signed_certificate()
+    (tmp_path / "tls.crt").write_bytes(cert)
+    (tmp_path / "tls.key").write_bytes(key)
+    paths = {"missing": (tmp_path / "none.crt", tmp_path / "tls.key"),
+             "swapped": (tmp_path / "tls.key", tmp_path / "tls.crt")}[files]
+    store = Store()
+    options = replace(OPTIONS, metrics_auth=True, tls_cert_file=str(paths[0]), tls_key_file=str(paths[1]))
+    monkeypatch.setattr(operator, "_load_kube_config", client.ApiClient)
+    monkeypatch.setattr(operator.client, "CoordinationV1Api", lambda api: FakeLeases(store))
+    assert asyncio.run(operator.run(options)) == 2 and store.lease is None
+    assert f"the HTTPS certificate of /metrics could not be loaded (--tls-cert-file {paths[0]}" in caplog.text
+    assert "give a PEM certificate and its key" in caplog.text
 
 
 def test_a_crash_of_kopf_is_logged_and_exits_with_a_failure_after_releasing_the_lease(monkeypatch, caplog) -> None:

@@ -879,7 +879,8 @@ class Reconciler:
         """The decision's rollout (or rollback) is in the Deployment ``patched``: the decision's state stands, said
         in Events."""
         rollback = decision.action == DecisionAction.ROLLBACK
-        report.patched = True
+        if decision is report.decision:  # not the rollback of a failed rollout that ``_track_rollout`` writes
+            report.patched = True
         report.state = self._with_generation(report.state, patched)
         report.event(events.ROLLED_BACK if rollback else events.ROLLOUT_STARTED, f"{decision.knobs}: {decision.reason}")
         report.target_event(events.KNOBS_ROLLED_BACK if rollback else events.KNOBS_CHANGED,

@@ -94,7 +94,7 @@ def test_a_change_decided_under_a_spec_since_edited_waits_for_the_new_spec(gener
     decided = with_rollout(state, now, harness.B, KnobSource.TRAFFIC, "TTFT", "chat", baseline_attainment=0.93,
                            baseline_request_rate=2.5)
     decision = Decision(DecisionAction.CHANGE, harness.B, "TTFT", decided, KnobSource.TRAFFIC)
-    report = Report("default", harness.TUNING, decision.state, 1, now, uid=harness.TUNING_UID)
+    report = Report("default", harness.TUNING, decision.state, 1, now, uid=harness.TUNING_UID, decision=decision)
     reconciler = Reconciler(kube, cached(), None, OperatorMetrics(), OperatorSettings())  # type: ignore[arg-type]
     asyncio.run(reconciler._patch(harness.target_of(deployment, True), decision, report, state, during_rollout=False))
     assert bool(kube.patches) is patched is report.patched  # a change written is counted though its status is not

@@ -18,6 +18,7 @@ from urllib3.exceptions import ReadTimeoutError
 
 from vllm_autotuner.api import DecisionAction, VllmTuningStatus
 from vllm_autotuner.controller.metrics import OperatorMetrics
+from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler, Report
 from vllm_autotuner.policy import Decision
 
@@ -162,3 +163,37 @@ def decisions(metrics: OperatorMetrics) -> dict[tuple[str, str], float]:
     return {(sample.labels["action"], sample.labels["reason"]): sample.value
             for family in metrics.registry.collect() if family.name == "vllm_autotuner_decisions"
             for sample in family.samples if sample.name.endswith("_total") and sample.value}
+
+
+def test_the_decision_after_a_rollback_whose_status_write_is_refused_is_counted_once_by_the_redo() -> None:
+    """Our rollout crash-loops: the evaluation writes its rollback, then decides a Hold, and its status write gets
+    a 409. The rollback is no decision's patch: the Hold is counted by the redo alone."""
+    crashing = {"metadata": {"name": harness.NEW[1], "ownerReferences": [{"kind": "ReplicaSet",
+                                                                         "uid": "llama-7f8b-uid"}]},
+                "status": {"containerStatuses": [{
+                    "name": "vllm", "restartCount": 3, "ready": False,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"reason": "Error", "exitCode": 1, "message": "not enough KV cache",
+                                                 "finishedAt": utc_timestamp(harness.NOW - timedelta(seconds=30))}}}]}}
+
+    class Crashing(Refused):
+        def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+            return [crashing]
+
+        def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+            return {"metadata": {"generation": 3}}
+
+    metrics = OperatorMetrics()
+    cache = harness.cache()
+    cache.deployment("llm", "llama")["metadata"]["resourceVersion"] = "7"  # type: ignore[index]
+    windows = harness.Windows(harness.window((harness.OLD, harness.NEW)))
+    reconciler = Reconciler(Crashing(), cache, windows, metrics, OperatorSettings())  # type: ignore[arg-type]
+
+    async def no_replicaset_template(target: Any) -> None:
+        return None
+
+    reconciler._replaced_template = no_replicaset_template  # type: ignore[method-assign]
+    refused = asyncio.run(reconciler.evaluate(("llm", "llama"), harness.NOW.timestamp()))
+    assert refused is not None and refused.refused and refused.decision is not None and not refused.patched
+    assert decisions(metrics) == {}
+

@@ -208,6 +208,20 @@ def test_only_the_rollback_of_a_judged_rollout_carries_its_verdict():
     assert written_reason(later) == ("Traffic", "ITL breach", "")  # the next change's stamp leaves none behind
 
 
+def test_a_rollback_carries_what_went_wrong_beside_its_verdict_which_an_older_operator_reads_whole():
+    a, b = Knobs(max_num_batched_tokens=2048, max_num_seqs=64), Knobs(max_num_batched_tokens=512, max_num_seqs=64)
+    before = deployment(["--max-num-batched-tokens", "512", "--max-num-seqs", "64"])
+    why = "pod x cannot be scheduled: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu"
+    back = merge(before, knob_patch(before, None, a, "512 could not start its pods", "chat", "Rollback", WRITTEN,
+                                    f"RolloutBlocked: {why}"))
+    annotations = back["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["autotuner.vllm-tuning.io/verdict"] == "RolloutBlocked"  # as chart 0.5.55 compares it
+    assert written_reason(back) == ("Rollback", "512 could not start its pods", f"RolloutBlocked: {why}")
+    later = merge(back, knob_patch(back, None, b, "ITL breach", "chat", "Traffic", WRITTEN + timedelta(hours=1)))
+    assert written_reason(later) == ("Traffic", "ITL breach", "")
+    assert "autotuner.vllm-tuning.io/verdict-message" not in later["spec"]["template"]["metadata"]["annotations"]
+
+
 def test_a_rollback_puts_back_the_baseline_of_the_template_it_restores_and_has_none_of_its_own():
     """A change's baseline is in the template: a rollback puts back the old template exactly (its ReplicaSet, no new
     pods), the baseline of the change that wrote it too, and its own stamp (newer, on the Deployment) has none."""

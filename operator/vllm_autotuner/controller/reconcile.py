@@ -97,6 +97,7 @@ from vllm_autotuner.rollout.patch import (
     TEMPLATE_HASH_LABEL,
     baseline_annotation,
     command_line_writer,
+    split_verdict,
     unrecorded_write,
     written_baseline,
     written_reason,
@@ -639,7 +640,7 @@ class Reconciler:
             written = unrecorded_write(target.deployment, template, report.name, last_known_change(state))
             source, reason, written_verdict = written_reason(target.deployment)
             ours = bool(written) and source == KnobSource.ROLLBACK
-            kept, verdict = _verdict(rollout.message) if pending and rollout else ("", "")
+            kept, verdict = split_verdict(rollout.message) if pending and rollout else ("", "")
             if pending and rollout is not None and template == rollout.rollback_knobs and (ours or kept):
                 # the rollback of our rollout is in the template: ours, whose status write was lost, or the one a
                 # kept verdict waited for, its write refused, made by someone else (`kubectl rollout undo`).
@@ -647,7 +648,7 @@ class Reconciler:
                 # found no GPU is not blamed, as our rollback's annotations say) and follow the rollback (the
                 # verdict's Events went out before; counted when a status held it, else now: ``Report.finished``);
                 # a person who only did what the operator was trying to do made no change to respect.
-                fresh, why = _verdict(written_verdict) if ours else ("", "")
+                fresh, why = split_verdict(written_verdict) if ours else ("", "")
                 if not kept or (fresh and fresh != kept):
                     # no status held this verdict (its write refused, the operator stopped before it), or one held
                     # an older verdict, whose rollback was refused (Blocked, then the pod got a GPU and crash-looped)
@@ -738,7 +739,7 @@ class Reconciler:
             # judged so before, and the rollback could not be written then: said once, counted once, and the
             # failed config's record stands as first made (when it failed, and why), while the spec it was made
             # under is in force (a spec changed since forgets it: recorded again, under the new one)
-            again = _verdict(rollout.message)[0] == reason
+            again = split_verdict(rollout.message)[0] == reason
             if again and rollout.to_knobs in failed_configs(state):
                 decision = replace(decision, state=decision.state.model_copy(
                     update={"failed_configs": state.failed_configs}))
@@ -753,7 +754,7 @@ class Reconciler:
                 # that patch fails, the rollout stays in progress, with its verdict and what the verdict
                 # records, a failed config or the wait after a blocked rollout, and is judged again and the
                 # rollback retried at the next evaluation)
-                said = f"{reason}: {judged.message}"  # kept in the status, and with the rollback (``_verdict``)
+                said = f"{reason}: {judged.message}"  # kept in the status, and with the rollback (``split_verdict``)
                 judged_state = state.model_copy(update={
                     "last_rollout": rollout.model_copy(update={"message": said}),
                     "failed_configs": decision.state.failed_configs,
@@ -1171,15 +1172,6 @@ class Reconciler:
         except (ApiException, HTTPError) as exc:  # refused, or a timeout: the status is still written
             log.warning("sending the Events of %s/%s failed: %s", namespace, name,
                         exc.reason if isinstance(exc, ApiException) else exc)
-
-
-def _verdict(text: str) -> tuple[str, str]:
-    """A verdict as a rollout awaiting its verdict keeps it while its rollback cannot be written (its message), and
-    as our rollback is annotated with it (``patch.VERDICT_ANNOTATION``), ``<reason>: <what went wrong>``: the
-    reason (RolloutFailed, RolloutBlocked) and what went wrong; two empty strings for none (an annotation from
-    before chart 0.5.56, the reason alone: what went wrong unknown)."""
-    reason, _, message = text.partition(": ")
-    return reason, message
 
 
 def _defaults_known_better(state: VllmTuningStatus, target: Target) -> bool:

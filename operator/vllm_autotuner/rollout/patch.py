@@ -38,11 +38,13 @@ SOURCE_ANNOTATION = f"{GROUP}/source"
 #: When the operator wrote them (the evaluation's clock, as the status's times are). It lives in the pod template
 #: with the others, so ``kubectl rollout undo`` or a GitOps revert puts back an old time with old knobs.
 WRITTEN_AT_ANNOTATION = f"{GROUP}/written-at"
-#: On the rollback of a rollout judged failed or unable to start its pods, that verdict and what went wrong
-#: (``RolloutFailed: <the vLLM error>``, ``RolloutBlocked: <why no pod started>``; the reason alone before chart
-#: 0.5.56); absent on other writes. A status write lost after the rollback is recovered from it: a config whose
-#: pods found no GPU is not recorded as failed, and one that failed is recorded with its error.
+#: On the rollback of a rollout judged failed or unable to start its pods, that verdict (RolloutFailed,
+#: RolloutBlocked), and beside it what went wrong (the vLLM error, why no pod started; none before chart 0.5.56,
+#: and apart, as an operator before it reads the verdict whole); absent on other writes. A status write lost
+#: after the rollback is recovered from them: a config whose pods found no GPU is not recorded as failed, and one
+#: that failed is recorded with its error.
 VERDICT_ANNOTATION = f"{GROUP}/verdict"
+VERDICT_MESSAGE_ANNOTATION = f"{GROUP}/verdict-message"
 #: On a change the decision core measured a baseline for, that baseline, as JSON: the regime, the attainment and
 #: the requests per second per pod of the window before it (``Rollout.regime``, ``baselineAttainment``,
 #: ``baselineRequestRate``). A status write lost after the change (an operator restarted, a write the apiserver
@@ -60,19 +62,28 @@ def knobs_annotation(knobs: Knobs) -> str:
 
 
 _STAMP = (KNOBS_ANNOTATION, REASON_ANNOTATION, TUNING_ANNOTATION, SOURCE_ANNOTATION, WRITTEN_AT_ANNOTATION,
-          VERDICT_ANNOTATION, BASELINE_ANNOTATION)
+          VERDICT_ANNOTATION, VERDICT_MESSAGE_ANNOTATION, BASELINE_ANNOTATION)
 #: The fields of the vLLM container a knob change rewrites.
 _COMMAND = ("command", "args")
 #: The label the Deployment controller adds to a ReplicaSet's copy of the pod template.
 TEMPLATE_HASH_LABEL = "pod-template-hash"
 
 
+def split_verdict(text: str) -> tuple[str, str]:
+    """A verdict as written ``<reason>: <what went wrong>`` (as a rollout awaiting its verdict keeps it while its
+    rollback cannot be written, and as a rollback's annotations read back: ``written_reason``): the reason
+    (RolloutFailed, RolloutBlocked) and what went wrong, empty where unknown."""
+    reason, _, message = text.partition(": ")
+    return reason, message
+
+
 def _stamp(knobs: Knobs, reason: str, tuning: str, source: str, at: datetime, verdict: str | None,
            baseline: str | None = None) -> dict[str, str | None]:
-    """The annotations of a write of ours: which config, why, by whom, when, after which verdict and against which
-    baseline (None removes one a write before left)."""
+    """The annotations of a write of ours: which config, why, by whom, when, after which verdict (``split_verdict``'s
+    text) and against which baseline (None removes one a write before left)."""
+    judged, why = split_verdict(verdict or "")
     return dict(zip(_STAMP, (knobs_annotation(knobs), reason[:REASON_LIMIT], tuning, source, utc_timestamp(at),
-                             verdict and verdict[:REASON_LIMIT], baseline), strict=True))
+                             judged or None, why[:REASON_LIMIT] or None, baseline), strict=True))
 
 
 def baseline_annotation(regime: str | None, attainment: float | None, request_rate: float | None) -> str | None:
@@ -221,11 +232,13 @@ def written_baseline(deployment: dict[str, Any]) -> dict[str, Any]:
 
 
 def written_reason(deployment: dict[str, Any]) -> tuple[str, str, str]:
-    """(source, reason, verdict) the operator annotated its last change with; the verdict is empty but on the
-    rollback of a rollout judged failed or blocked."""
+    """(source, reason, verdict) the operator annotated its last change with; the verdict, ``<reason>: <what went
+    wrong>`` (``split_verdict``; the reason alone when written before chart 0.5.56), is empty but on the rollback of
+    a rollout judged failed or blocked."""
     annotations = _last_stamp(deployment)
+    verdict, why = annotations.get(VERDICT_ANNOTATION) or "", annotations.get(VERDICT_MESSAGE_ANNOTATION) or ""
     return (annotations.get(SOURCE_ANNOTATION, ""), annotations.get(REASON_ANNOTATION, ""),
-            annotations.get(VERDICT_ANNOTATION) or "")
+            f"{verdict}: {why}" if verdict and why else verdict)
 
 
 #: A container's fields that hold vLLM's command line, as ``metadata.managedFields`` names them.

@@ -142,7 +142,8 @@ class MetricsAuth:
         return verdict
 
     def close(self) -> None:
-        """Stop the review threads; a review under way ends with its call's timeout."""
+        """Stop the review threads, once the server stopped (``HttpEndpoints.stop``): no request waits for a review
+        then; one under way ends with its call's timeout, and none starts after."""
         self._reviewers.shutdown(wait=False, cancel_futures=True)
 
     def _review(self, token: str) -> Verdict:

@@ -14,7 +14,9 @@ leader its Lease; at most ``IN_FLIGHT`` tokens are under review at once (a reque
 requests with a token already under review wait for that review.
 
 Tokens must not travel in clear, so the flag also serves HTTPS: with the given certificate (cert-manager's Secret),
-else one made at start, self-signed, as controller-runtime does.
+else one made at start, self-signed, as controller-runtime does. A given certificate is loaded again when its files
+change (``CertificateWatch``), as controller-runtime's certwatcher does: cert-manager renews it, and the kubelet
+updates the Secret's volume, long before the old one expires.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import datetime
 from concurrent.futures import ThreadPoolExecutor
 import hashlib
 import logging
+import os
 import ssl
 import tempfile
 import time
@@ -155,6 +158,47 @@ class MetricsAuth:
             return Verdict(403, f"{user.get('username')} may not get /metrics: bind it to a ClusterRole with "
                                 f"nonResourceURLs [/metrics], verbs [get]")
         return ALLOWED
+
+
+#: How often a given certificate's files are looked at (``CertificateWatch``).
+CERT_CHECK_SECONDS = 30.0
+
+
+class CertificateWatch:
+    """The given certificate and key, loaded into the server's context again when either file changes: a new
+    connection is served the new one. A pair that cannot be loaded (the kubelet between its two files, a key that
+    is not the certificate's) is said, the one before kept, and tried again at the next look."""
+
+    def __init__(self, context: ssl.SSLContext, cert_file: str, key_file: str) -> None:
+        self.context, self.files = context, (cert_file, key_file)
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple[tuple[int, int, int], ...]:
+        # a Secret's volume swaps a symlink: stat follows it to a new file
+        return tuple((st.st_ino, st.st_mtime_ns, st.st_size) for st in map(os.stat, self.files))
+
+    def reload_if_changed(self) -> bool:
+        """Whether the files changed and were loaded."""
+        try:
+            stamp = self._stamp()
+            if stamp == self._seen:
+                return False
+            # a pair that fails half way (the certificate loaded, not its key) would leave the live context with a
+            # certificate and a key that do not match: tried on a scratch context first
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(*self.files)
+            self.context.load_cert_chain(*self.files)
+        except OSError as exc:  # ssl.SSLError too
+            log.warning("the HTTPS certificate of /metrics (%s, %s) changed but could not be loaded (%s): the one "
+                        "loaded before is served, and it is tried again in %gs", *self.files, exc, CERT_CHECK_SECONDS)
+            return False
+        self._seen = stamp
+        log.info("the HTTPS certificate of /metrics was loaded again from %s", self.files[0])
+        return True
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(CERT_CHECK_SECONDS)
+            self.reload_if_changed()
 
 
 def tls_context(cert_file: str | None, key_file: str | None) -> ssl.SSLContext:

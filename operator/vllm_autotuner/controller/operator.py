@@ -42,7 +42,7 @@ from vllm_autotuner.controller.evaluator import Evaluator
 from vllm_autotuner.controller.kube import Kube, api_error
 from vllm_autotuner.controller.leader import LeaderElector, LeaseConfig
 from vllm_autotuner.controller.metrics import OperatorMetrics
-from vllm_autotuner.controller.metricsauth import MetricsAuth, tls_context
+from vllm_autotuner.controller.metricsauth import CertificateWatch, MetricsAuth, tls_context
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
 from vllm_autotuner.observe.client import Connection, PrometheusClient
 from vllm_autotuner.observe.service import ObservationService
@@ -136,11 +136,12 @@ class HttpEndpoints:
     """
 
     def __init__(self, metrics: OperatorMetrics, host: str | None, port: int, auth: MetricsAuth | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, certificate: CertificateWatch | None = None) -> None:
         self.metrics = metrics
         self.host, self.port = host, port
-        self.auth, self.tls = auth, tls
+        self.auth, self.tls, self.certificate = auth, tls, certificate
         self._runner: web.AppRunner | None = None
+        self._watch: asyncio.Task[None] | None = None
 
     async def _metrics(self, request: web.Request) -> web.Response:
         if self.auth is not None:
@@ -162,8 +163,12 @@ class HttpEndpoints:
         await web.TCPSite(self._runner, self.host, self.port, ssl_context=self.tls).start()
         log.info("serving /metrics and /healthz on %s://%s:%d%s", "https" if self.tls else "http",
                  self.host or "every address", self.port, " (/metrics: RBAC)" if self.auth else "")
+        if self.certificate is not None:
+            self._watch = asyncio.create_task(self.certificate.run(), name="certificate")
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
         if self.auth is not None:
@@ -299,12 +304,15 @@ async def run(options: RunOptions) -> int:
     secure = options.metrics_auth
     try:
         tls = tls_context(options.tls_cert_file, options.tls_key_file) if secure else None
+        certificate = CertificateWatch(tls, options.tls_cert_file, options.tls_key_file) if (
+            tls and options.tls_cert_file and options.tls_key_file) else None
     except OSError as exc:  # ssl.SSLError too: not PEM, or a key that is not the certificate's
         log.error("the HTTPS certificate of /metrics could not be loaded (--tls-cert-file %s, --tls-key-file %s): %s; "
                   "give a PEM certificate and its key, as a kubernetes.io/tls Secret holds them (tls.crt, tls.key)",
                   options.tls_cert_file, options.tls_key_file, exc)
         return 2
-    http = HttpEndpoints(metrics, options.http_host, options.http_port, MetricsAuth(kube) if secure else None, tls)
+    http = HttpEndpoints(metrics, options.http_host, options.http_port, MetricsAuth(kube) if secure else None, tls,
+                         certificate)
     await http.start()
     # Before the Lease, on every replica: one that could not act must not stand by either. In a `helm upgrade`
     # onto an older CRD the new replicas would stand by, Ready, until the rollout had stopped every old one, then

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import ssl
 import threading
 import urllib.error
@@ -20,11 +21,13 @@ from vllm_autotuner.controller.metricsauth import (
     ALLOWED,
     BUSY,
     IN_FLIGHT,
+    CertificateWatch,
     NO_TOKEN,
     MetricsAuth,
     Verdict,
     VerdictCache,
     bearer_token,
+    self_signed_certificate,
     tls_context,
 )
 from vllm_autotuner.controller.operator import HttpEndpoints
@@ -169,6 +172,45 @@ def test_the_endpoints_answer_with_the_verdict_over_https() -> None:
     assert asyncio.run(scenario(False))[3][:2] == (403, "system:serviceaccount:mon:prometheus may not get /metrics: "
                                                         "bind it to a ClusterRole with nonResourceURLs [/metrics], "
                                                         "verbs [get]\n")
+
+
+def test_a_renewed_certificate_is_served_once_its_files_change_and_a_broken_pair_keeps_the_one_before(
+        tmp_path, caplog) -> None:
+    """cert-manager renews the Secret and the kubelet swaps the volume's files: new connections get the new
+    certificate without a restart; a pair caught half written is said, the one before served, and tried again."""
+    port = localenv.free_port()
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+
+    def write(pair: tuple[bytes, bytes]) -> None:
+        for path, content in zip((cert, key), pair, strict=True):  # a new file in place, as the kubelet swaps
+            (tmp_path / "new").write_bytes(content)
+            os.replace(tmp_path / "new", path)
+
+    def served() -> bytes:
+        return ssl.PEM_cert_to_DER_cert(ssl.get_server_certificate(("127.0.0.1", port), timeout=10))
+
+    first, renewed = self_signed_certificate(), self_signed_certificate()
+    write(first)
+    context = tls_context(str(cert), str(key))
+    watch = CertificateWatch(context, str(cert), str(key))
+
+    async def scenario() -> list[tuple[bool, bytes]]:
+        http = HttpEndpoints(OperatorMetrics(), "127.0.0.1", port, MetricsAuth(FakeKube(True)),  # type: ignore
+                             context, watch)
+        await http.start()
+        try:
+            seen = [(watch.reload_if_changed(), await asyncio.to_thread(served))]  # nothing changed
+            write(renewed)
+            seen.append((watch.reload_if_changed(), await asyncio.to_thread(served)))
+            write((first[0], renewed[1]))  # the certificate swapped, its key not yet
+            seen.append((watch.reload_if_changed(), await asyncio.to_thread(served)))
+            return seen
+        finally:
+            await http.stop()
+
+    der = [ssl.PEM_cert_to_DER_cert(pem.decode()) for pem, _ in (first, renewed)]
+    assert asyncio.run(scenario()) == [(False, der[0]), (True, der[1]), (False, der[1])]
+    assert "changed but could not be loaded" in caplog.text and "the one loaded before is served" in caplog.text
 
 
 @pytest.mark.parametrize(("flags", "complaint"), [

@@ -165,13 +165,23 @@ CERT_CHECK_SECONDS = 30.0
 
 
 class CertificateWatch:
-    """The given certificate and key, loaded into the server's context again when either file changes: a new
-    connection is served the new one. A pair that cannot be loaded (the kubelet between its two files, a key that
-    is not the certificate's) is said, the one before kept, and tried again at the next look."""
+    """The given certificate and key, loaded anew when either file changes (looked at every ``interval`` seconds):
+    each new connection is handed the newest pair loaded (``context``'s SNI callback, called for every client
+    hello, a name sent or not), as a fresh context, since loading into a live one keeps a pair of another key type
+    beside it (an RSA certificate renewed as ECDSA would still be served to clients that prefer RSA). A pair that
+    cannot be loaded (the kubelet between its two files, a key that is not the certificate's) is said once, the
+    one before served, and tried again at each look."""
 
-    def __init__(self, context: ssl.SSLContext, cert_file: str, key_file: str) -> None:
-        self.context, self.files = context, (cert_file, key_file)
-        self._seen = self._stamp()
+    def __init__(self, cert_file: str, key_file: str, interval: float = CERT_CHECK_SECONDS) -> None:
+        self.files, self.interval = (cert_file, key_file), interval
+        # stamped before the load: files swapped meanwhile are seen at the next look
+        self._seen: object = self._stamp()
+        self._failed: object = self._seen
+        self.context = self._current = tls_context(cert_file, key_file)
+        self.context.sni_callback = self._hand_out
+
+    def _hand_out(self, connection: ssl.SSLObject, server_name: str | None, context: ssl.SSLContext) -> None:
+        connection.context = self._current
 
     def _stamp(self) -> tuple[tuple[int, int, int], ...]:
         # a Secret's volume swaps a symlink: stat follows it to a new file
@@ -179,25 +189,26 @@ class CertificateWatch:
 
     def reload_if_changed(self) -> bool:
         """Whether the files changed and were loaded."""
+        stamp: object = None  # files that cannot be read
         try:
             stamp = self._stamp()
             if stamp == self._seen:
                 return False
-            # a pair that fails half way (the certificate loaded, not its key) would leave the live context with a
-            # certificate and a key that do not match: tried on a scratch context first
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(*self.files)
-            self.context.load_cert_chain(*self.files)
+            fresh = tls_context(*self.files)
         except OSError as exc:  # ssl.SSLError too
-            log.warning("the HTTPS certificate of /metrics (%s, %s) changed but could not be loaded (%s): the one "
-                        "loaded before is served, and it is tried again in %gs", *self.files, exc, CERT_CHECK_SECONDS)
+            if stamp != self._failed:
+                log.warning("the HTTPS certificate of /metrics (%s, %s) changed but could not be loaded (%s): the one "
+                            "loaded before is served, and it is tried again every %gs", *self.files, exc,
+                            self.interval)
+                self._failed = stamp
             return False
-        self._seen = stamp
+        self._seen, self._current = stamp, fresh
         log.info("the HTTPS certificate of /metrics was loaded again from %s", self.files[0])
         return True
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(CERT_CHECK_SECONDS)
+            await asyncio.sleep(self.interval)
             self.reload_if_changed()
 
 

@@ -303,9 +303,9 @@ async def run(options: RunOptions) -> int:
     kube = Kube(api_client, metrics)
     secure = options.metrics_auth
     try:
-        tls = tls_context(options.tls_cert_file, options.tls_key_file) if secure else None
-        certificate = CertificateWatch(tls, options.tls_cert_file, options.tls_key_file) if (
-            tls and options.tls_cert_file and options.tls_key_file) else None
+        certificate = CertificateWatch(options.tls_cert_file, options.tls_key_file) if (
+            secure and options.tls_cert_file and options.tls_key_file) else None
+        tls = certificate.context if certificate else tls_context(None, None) if secure else None
     except OSError as exc:  # ssl.SSLError too: not PEM, or a key that is not the certificate's
         log.error("the HTTPS certificate of /metrics could not be loaded (--tls-cert-file %s, --tls-key-file %s): %s; "
                   "give a PEM certificate and its key, as a kubernetes.io/tls Secret holds them (tls.crt, tls.key)",

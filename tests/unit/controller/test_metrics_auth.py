@@ -4,14 +4,20 @@ bounded, each verdict for its TTL), no verdict cached when the apiserver did not
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hashlib
 import os
+import socket
 import ssl
 import threading
 import urllib.error
 import urllib.request
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
 from kubernetes import client
 
 from vllm_autotuner.cli import main
@@ -174,10 +180,24 @@ def test_the_endpoints_answer_with_the_verdict_over_https() -> None:
                                                         "verbs [get]\n")
 
 
+def rsa_certificate() -> tuple[bytes, bytes]:
+    """A self-signed RSA pair: a renewal that changes the key type."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rsa")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256()))
+    return (cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))
+
+
 def test_a_renewed_certificate_is_served_once_its_files_change_and_a_broken_pair_keeps_the_one_before(
         tmp_path, caplog) -> None:
-    """cert-manager renews the Secret and the kubelet swaps the volume's files: new connections get the new
-    certificate without a restart; a pair caught half written is said, the one before served, and tried again."""
+    """cert-manager renews the Secret (here from RSA to ECDSA) and the kubelet swaps the volume's files: the
+    running server hands new connections the new certificate, whatever key types the client prefers, without a
+    restart; a pair caught half written is said once, the one before served, and tried again."""
     port = localenv.free_port()
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
 
@@ -186,31 +206,46 @@ def test_a_renewed_certificate_is_served_once_its_files_change_and_a_broken_pair
             (tmp_path / "new").write_bytes(content)
             os.replace(tmp_path / "new", path)
 
-    def served() -> bytes:
-        return ssl.PEM_cert_to_DER_cert(ssl.get_server_certificate(("127.0.0.1", port), timeout=10))
+    def served(ciphers: str | None = None) -> bytes | None:
+        """The certificate a client gets (to 127.0.0.1: no server name sent), with only ``ciphers`` if given; None
+        when no certificate the server has fits them."""
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        context.maximum_version = ssl.TLSVersion.TLSv1_2
+        if ciphers:
+            context.set_ciphers(ciphers)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            try:
+                with context.wrap_socket(raw) as tls:
+                    return tls.getpeercert(binary_form=True)
+            except ssl.SSLError:
+                return None
 
-    first, renewed = self_signed_certificate(), self_signed_certificate()
+    first, renewed = rsa_certificate(), self_signed_certificate()
+    der = [ssl.PEM_cert_to_DER_cert(pem.decode()) for pem, _ in (first, renewed)]
     write(first)
-    context = tls_context(str(cert), str(key))
-    watch = CertificateWatch(context, str(cert), str(key))
+    watch = CertificateWatch(str(cert), str(key), interval=0.05)
 
-    async def scenario() -> list[tuple[bool, bytes]]:
+    async def scenario() -> list[bytes | None]:
         http = HttpEndpoints(OperatorMetrics(), "127.0.0.1", port, MetricsAuth(FakeKube(True)),  # type: ignore
-                             context, watch)
+                             watch.context, watch)
         await http.start()
         try:
-            seen = [(watch.reload_if_changed(), await asyncio.to_thread(served))]  # nothing changed
+            before = await asyncio.to_thread(served)
             write(renewed)
-            seen.append((watch.reload_if_changed(), await asyncio.to_thread(served)))
+            deadline = asyncio.get_running_loop().time() + 10
+            while (now := await asyncio.to_thread(served)) != der[1] and asyncio.get_running_loop().time() < deadline:
+                pass  # each handshake a poll of what the watch, running in the server's loop, hands out
+            rsa_only = await asyncio.to_thread(served, "aRSA")  # the RSA pair is gone, not kept beside the new one
             write((first[0], renewed[1]))  # the certificate swapped, its key not yet
-            seen.append((watch.reload_if_changed(), await asyncio.to_thread(served)))
-            return seen
+            assert not watch.reload_if_changed() and not watch.reload_if_changed()
+            return [before, now, rsa_only, await asyncio.to_thread(served)]
         finally:
             await http.stop()
 
-    der = [ssl.PEM_cert_to_DER_cert(pem.decode()) for pem, _ in (first, renewed)]
-    assert asyncio.run(scenario()) == [(False, der[0]), (True, der[1]), (False, der[1])]
-    assert "changed but could not be loaded" in caplog.text and "the one loaded before is served" in caplog.text
+    assert asyncio.run(scenario()) == [der[0], der[1], None, der[1]]
+    assert caplog.text.count("changed but could not be loaded") == 1  # said once, however often tried
+    assert "the one loaded before is served" in caplog.text
 
 
 @pytest.mark.parametrize(("flags", "complaint"), [

@@ -202,7 +202,7 @@ class CertificateWatch:
                             self.interval)
                 self._failed = stamp
             return False
-        self._seen, self._current = stamp, fresh
+        self._seen, self._failed, self._current = stamp, stamp, fresh  # a later failure is said again
         log.info("the HTTPS certificate of /metrics was loaded again from %s", self.files[0])
         return True
 

@@ -209,7 +209,11 @@ class CertificateWatch:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            self.reload_if_changed()
+            try:
+                self.reload_if_changed()
+            except Exception:  # a bug: said, and the watch goes on rather than leave a renewal unserved unsaid
+                log.exception("looking at the HTTPS certificate of /metrics failed; tried again in %gs",
+                              self.interval)
 
 
 def tls_context(cert_file: str | None, key_file: str | None) -> ssl.SSLContext:

@@ -255,6 +255,32 @@ def test_a_renewed_certificate_is_served_once_its_files_change_and_a_broken_pair
     assert "the one loaded before is served" in caplog.text
 
 
+def test_a_failure_of_the_certificate_watch_is_said_and_the_watch_goes_on(tmp_path, caplog) -> None:
+    for path, content in zip((tmp_path / "tls.crt", tmp_path / "tls.key"), self_signed_certificate(), strict=True):
+        path.write_bytes(content)
+    watch = CertificateWatch(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), interval=0.01)
+    looks: list[int] = []
+
+    def look() -> bool:
+        looks.append(1)
+        if len(looks) == 1:
+            raise RuntimeError("a bug")
+        return False
+
+    watch.reload_if_changed = look  # type: ignore[method-assign]
+
+    async def scenario() -> int:
+        task = asyncio.create_task(watch.run())
+        deadline = asyncio.get_running_loop().time() + 10
+        while len(looks) < 2 and not task.done() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)  # the watch's own interval: a poll of its looks, with a deadline
+        task.cancel()
+        return len(looks)
+
+    assert asyncio.run(scenario()) >= 2
+    assert "looking at the HTTPS certificate of /metrics failed" in caplog.text and "a bug" in caplog.text
+
+
 @pytest.mark.parametrize(("flags", "complaint"), [
     (["--metrics-auth", "--tls-cert-file=c.pem"], "give --tls-cert-file and --tls-key-file together"),
     (["--tls-cert-file=c.pem", "--tls-key-file=k.pem"], "--tls-cert-file serves /metrics over HTTPS only with "

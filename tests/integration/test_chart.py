@@ -353,6 +353,8 @@ def test_metrics_auth_serves_https_grants_the_reviews_and_a_reader_role_and_scra
     (monitor,) = [o for o in default if o["kind"] == "ServiceMonitor"]
     assert not {"scheme", "bearerTokenFile", "tlsConfig"} & set(monitor["spec"]["endpoints"][0])
     assert "scheme" not in _operator(default)["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGet"]
+    (service,) = [o for o in default if o["kind"] == "Service"]
+    assert "appProtocol" not in service["spec"]["ports"][0]
 
     objects = helm.template("rel", str(CHART), "-n", "ops", "--set", "serviceMonitor.enabled=true", *SECURE)
     pod = _operator(objects)["spec"]["template"]["spec"]
@@ -364,6 +366,8 @@ def test_metrics_auth_serves_https_grants_the_reviews_and_a_reader_role_and_scra
     assert {"name": "tls", "secret": {"secretName": "metrics-tls"}} in pod["volumes"]
     for probe in ("livenessProbe", "readinessProbe"):  # /healthz shares the port, now HTTPS
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTPS"}
+    (service,) = [o for o in objects if o["kind"] == "Service"]
+    assert service["spec"]["ports"][0]["appProtocol"] == "https"  # a mesh must not take it for plain HTTP
     roles = {o["metadata"]["name"]: o["rules"] for o in objects if o["kind"] == "ClusterRole"}
     assert {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]} in roles[
         "rel-vllm-autotuner:ops"]

@@ -65,6 +65,8 @@ LEASE = {("coordination.k8s.io", "leases", "create"),  # LeaderElector: the firs
          ("coordination.k8s.io", "leases", "get", ACCOUNT),  # then reads and renews only its own Lease
          ("coordination.k8s.io", "leases", "update", ACCOUNT)}
 PROMETHEUS_SECRET = {("", "secrets", "get", SECRET)}  # Kube.secret_value, by name, only where granted
+METRICS_AUTH = {("authentication.k8s.io", "tokenreviews", "create"),  # Kube.review_token: who a scraper is
+                ("authorization.k8s.io", "subjectaccessreviews", "create")}  # Kube.may_get_metrics
 
 
 def rules(*groups: set[tuple[str, ...]]) -> set[tuple[str, str, str, str]]:
@@ -128,6 +130,24 @@ def install(request: pytest.FixtureRequest, cluster_with_crd: Cluster, helm: Hel
 def test_the_service_account_has_exactly_the_documented_permissions(install: Install) -> None:
     for namespace in (install.ops, install.tuned, install.other):
         assert install.granted(namespace) == install.expected(namespace), namespace
+
+
+def test_metrics_auth_adds_only_the_two_reviews(cluster_with_crd: Cluster, helm: Helm) -> None:
+    """metricsAuth.enabled grants what --metrics-auth calls, cluster-wide (the reviews are cluster-scoped), and
+    nothing else; tests/integration/test_metrics_auth.py shows it is enough."""
+    cluster, helm = cluster_with_crd, helm.on(cluster_with_crd)
+    with cluster.fresh_namespace() as ops, cluster.fresh_namespace() as other:
+        helm("install", RELEASE, str(CHART), "-n", ops, "--set", "metricsAuth.enabled=true")
+        client.CoreV1Api(cluster.api).create_namespaced_service_account(
+            ops, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="nobody")))
+        installed = Install(cluster, "all", ops, tuned="", other=other)
+        try:
+            for namespace in (ops, other):
+                expected = rules(EVERYWHERE, WATCHED_NAMESPACE, LEASE if namespace == ops else set(), METRICS_AUTH)
+                wait_for(lambda namespace=namespace, expected=expected: installed.granted(namespace) == expected, 30,
+                         f"the release's RBAC in {namespace} to be the documented rules and the two reviews")
+        finally:
+            helm("uninstall", RELEASE, "-n", ops, "--wait")
 
 
 @pytest.mark.parametrize(("question", "where", "answer"), [

@@ -288,6 +288,10 @@ def test_the_notes_say_how_metrics_are_read(cluster: Cluster, helm: Helm, namesp
     secure = _notes(cluster, helm, namespace, "--set", "metricsAuth.enabled=true")
     assert f"Operator metrics: https://{url}," in secure
     assert f"ClusterRole\nrel-vllm-autotuner-metrics-reader:{namespace}." in secure
+    # without rbac.create the chart made no reader role: the notes must not name one
+    unbound = _notes(cluster, helm, namespace, "--set", "metricsAuth.enabled=true", "--set", "rbac.create=false")
+    assert "metrics-reader" not in unbound and "with nonResourceURLs [/metrics], verbs [get]" in unbound
+    assert "grant them with rbac.secrets.\n\nOperator metrics" in _notes(cluster, helm, namespace)  # a line between
 
 
 def test_the_notes_say_what_the_operator_may_read_only_when_the_chart_grants_it(

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from concurrent.futures import ThreadPoolExecutor
 import hashlib
 import logging
 import os
@@ -32,6 +31,7 @@ import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 

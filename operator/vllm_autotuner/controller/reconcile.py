@@ -1170,8 +1170,7 @@ class Reconciler:
                 involved = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": deployment["metadata"]}
                 await self._call(self.kube.create_event, events.event_body(involved, reason, message, type_, report.now))
         except (ApiException, HTTPError) as exc:  # refused, or a timeout: the status is still written
-            log.warning("sending the Events of %s/%s failed: %s", namespace, name,
-                        exc.reason if isinstance(exc, ApiException) else exc)
+            log.warning("sending the Events of %s/%s failed: %s", namespace, name, api_error(exc))
 
 
 def _defaults_known_better(state: VllmTuningStatus, target: Target) -> bool:

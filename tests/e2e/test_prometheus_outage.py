@@ -23,6 +23,7 @@ it is not written either, only recommended.
 
 from __future__ import annotations
 
+import socket
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -81,13 +82,18 @@ def test_prometheus_stopped_mid_run_means_metrics_unavailable_and_no_patch_until
 
 def test_an_operator_that_cannot_reach_prometheus_raises_its_alerts_and_no_other_and_writes_no_preset(
         cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators,
-        tmp_path: Path) -> None:
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
     world = World(cluster_with_crd, namespace)
     world.create_deployment(H100, knob_args(512, 16), replicas=1)
     world.wait_rolled_out(knob_args(512, 16), 60)  # no rollout in progress: its decisions hold for want of data
     preset = {"maxNumBatchedTokens": 2048, "maxNumSeqs": 64}
     world.create_tuning(tuning_spec(world.name, schedules=[open_window("UTC", preset)]))
-    operator = operators.start(prometheus_url=f"http://127.0.0.1:{localenv.free_port()}")  # nothing listens
+    # a port bound here and never listened on: connections are refused at once, and no other socket can take it
+    # meanwhile (one that did, even as its own source port, made a query hang until its timeout, past the wait)
+    refusing = socket.socket()
+    refusing.bind(("127.0.0.1", 0))
+    request.addfinalizer(refusing.close)
+    operator = operators.start(prometheus_url=f"http://127.0.0.1:{refusing.getsockname()[1]}")
     expected = {"VllmAutotunerPrometheusErrors", "VllmTuningBlind", "VllmTuningRestartsCutRequests"}
     with alert_watcher(tmp_path / "watcher", operator.url) as watcher:
 

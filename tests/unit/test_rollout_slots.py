@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 import pytest
 
-from vllm_autotuner.rollout.slots import RolloutSlots, node_pool
+from vllm_autotuner.rollout.slots import DRAIN_MARGIN_S, RolloutSlots, node_pool
 
 A, B, C, D = ("ns", "a"), ("ns", "b"), ("ns", "c"), ("ns", "d")
 T0, T1, T2 = "2024-05-01T12:00:00Z", "2024-05-01T12:01:00Z", "2024-05-01T12:02:00Z"
@@ -85,6 +87,52 @@ def test_a_pod_lost_or_added_after_a_rollout_completed_holds_no_slot():
     assert slots.holders(B, None, everyone, short("NewReplicaSetAvailable")) == []
     assert slots.holders(B, None, everyone, short("DeploymentPaused")) == ["ns/a (rolling out)"]  # resumed, 1 of 2 up
     assert slots.holders(B, None, everyone, short("ReplicaSetUpdated")) == ["ns/a (rolling out)"]
+
+
+def completed(**status):
+    """A 2-replica Deployment whose rollout the Deployment controller has declared complete at T0, its old pods given
+    a 300 s grace period to drain in."""
+    done = deployment()
+    done["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 300
+    done["status"].update(conditions=[{"type": "Progressing", "reason": "NewReplicaSetAvailable",
+                                       "lastUpdateTime": T0}], **status)
+    return done
+
+
+@pytest.mark.parametrize("paused", [False, True])
+def test_a_completed_rollouts_old_pod_holds_the_slot_while_it_terminates(paused):
+    """The rollout is complete (and judged Succeeded: ``rollout_state`` does not wait), but its old pod drains its
+    requests on its GPU for up to its grace period: the next rollout of the pool would find no spare GPU until it is
+    gone. Paused meanwhile, it drains all the same. Where the apiserver counts the Deployment's terminating pods."""
+    everyone = {k: {"spec": {"targetRef": {"name": k[1]}}, "status": {}} for k in (A, B)}
+    slots = RolloutSlots(1)
+    slots.record(A, rolling=False, waiting_since=None)  # our rollout of it succeeded
+    terminating = 1
+
+    def target(tuning):
+        chat = completed(terminatingReplicas=terminating)
+        chat["spec"]["paused"] = paused
+        return chat
+
+    assert slots.holders(B, None, everyone, target) == ["ns/a (pods terminating)"]
+    terminating = 0  # the old pod is gone
+    assert slots.holders(B, None, everyone, target) == []
+
+
+def test_where_terminating_pods_are_not_counted_the_slot_is_held_for_the_grace_period_after_the_rollout():
+    """Before Kubernetes 1.35 (the DeploymentReplicaSetTerminatingReplicas feature gate off) the Deployment does not
+    say, and the pods are not watched: the last old pod was deleted by the time the rollout was declared complete,
+    and is gone within its grace period and a margin of it. A count of 0, where there is one, frees it at once."""
+    everyone = {k: {"spec": {"targetRef": {"name": k[1]}}, "status": {}} for k in (A, B)}
+    start = datetime.fromisoformat(T0)
+    slots = RolloutSlots(1)
+
+    def target(tuning):
+        return completed()
+
+    assert slots.holders(B, None, everyone, target, start + timedelta(seconds=299)) == ["ns/a (pods terminating)"]
+    assert slots.holders(B, None, everyone, target, start + timedelta(seconds=300 + DRAIN_MARGIN_S)) == []
+    assert slots.holders(B, None, everyone, lambda _: completed(terminatingReplicas=0), start) == []
 
 
 def test_a_paused_deployment_holds_no_slot_until_it_is_resumed():

@@ -456,7 +456,8 @@ class Reconciler:
             if self.slots.limit and decision.action == DecisionAction.CHANGE:
                 # Only a change waits for a slot, and what holds the slots is a walk over every tuning: asked for
                 # only then, the same decision as with the holders given at once (a pure function; see decide).
-                holders = self.slots.holders(key, before.slot_wait_since, self.cache.tunings, self.cache.target)
+                holders = self.slots.holders(key, before.slot_wait_since, self.cache.tunings, self.cache.target,
+                                             report.now)
                 decision = decide(spec, before, observation, report.now, slot_holders=holders,
                                   max_concurrent_rollouts=self.slots.limit, controlled_by=controlled_by)
             report.decision = decision

@@ -10,10 +10,13 @@ anyone's (a ``kubectl rollout restart``, an image bump: its surge pods need
 spare GPUs too; seen in the Deployment as soon as it starts and no longer
 once it ends, not at its tuning's next evaluation; not while the Deployment
 is paused with no surge pod and none unavailable, as no pod of it starts
-then), and also by a change that has
-waited longer for one: the tunings of a tick are evaluated in the same order
-every tick, so without the queue a slot freed would go to the same tuning
-each time, and one behind several others could wait for ever.
+then), by a tuned Deployment's pods that are still terminating, paused or
+not (``draining``: a rollout's old pods drain their requests in flight on
+their GPUs for up to their grace period, minutes for vLLM, after it is
+complete and judged so), and also by a change that has waited longer for
+one: the tunings of a tick are evaluated in the same order every tick, so
+without the queue a slot freed would go to the same tuning each time, and
+one behind several others could wait for ever.
 
 Spare GPUs belong to a node pool: with ``--rollout-pool-label`` (the node
 label that names a pool: ``cloud.google.com/gke-nodepool``,
@@ -32,16 +35,21 @@ and the wait its last decision records.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from vllm_autotuner.api.status import RolloutPhase
 from vllm_autotuner.api.types import utc_timestamp
 from vllm_autotuner.policy.observation import HoldReason
+from vllm_autotuner.rollout.drain import termination_grace
 from vllm_autotuner.rollout.progress import template_rolling
 
 Key = tuple[str, str]
 Deployment = dict[str, Any]
+
+#: Time past an old pod's grace period for the kubelet to kill it and delete the pod object, whose GPU the scheduler
+#: counts as taken until then (``draining``, where the Deployment does not count its terminating pods).
+DRAIN_MARGIN_S = 30
 
 
 def node_pool(deployment: Mapping[str, Any] | None, label: str) -> str | None:
@@ -80,9 +88,11 @@ class RolloutSlots:
         since: str | None,
         tunings: Mapping[Key, dict[str, Any]],
         target: Callable[[dict[str, Any]], Deployment | None],
+        now: datetime | None = None,
     ) -> list[str]:
         """What holds a slot of ``key``'s pool among ``tunings`` (the VllmTuning objects by key), one string each,
-        for ``decide``'s ``slot_holders``: the other tunings' rollouts in progress, and their changes that have
+        for ``decide``'s ``slot_holders``: the other tunings' rollouts in progress, their Deployments' pods still
+        terminating after one (``draining``, at ``now``: the clock by default), and their changes that have
         waited longer than ``key``'s (waiting since ``since``, its status' ``slotWaitSince``; the same second goes
         by name). ``target`` gives a tuning's target Deployment as the caller last saw it (None: not seen): a
         rollout of it runs, anyone's, as soon as the Deployment shows it, not at that tuning's next evaluation,
@@ -90,9 +100,11 @@ class RolloutSlots:
         shares every pool. Those whose Deployment is paused (``kubectl rollout pause``, for hours or days) with
         no pod waiting for a GPU or holding a spare one (``_parked``) are passed over too: the Deployment controller
         starts no pod of theirs, whether of our rollout, someone else's or a change waiting for a slot (not made
-        while paused), until it is resumed. None without a limit."""
+        while paused), until it is resumed; unless their pods still terminate, which hold their GPUs paused or not.
+        None without a limit."""
         if not self.limit:
             return []
+        now = now or datetime.now(UTC)
         place = (_moment(since), key)
         pool = node_pool(target(tunings[key]), self.pool_label) if key in tunings else None
         held = []
@@ -100,7 +112,8 @@ class RolloutSlots:
             if other == key:
                 continue
             deployment = target(body)
-            if deployment is not None and _parked(deployment):
+            drains = deployment is not None and draining(deployment, now)
+            if deployment is not None and _parked(deployment) and not drains:
                 continue  # starts no pod until resumed, then holds one again (its place in the queue kept)
             theirs = node_pool(deployment, self.pool_label)
             if pool is not None and theirs is not None and theirs != pool:
@@ -110,6 +123,8 @@ class RolloutSlots:
             rolling, queued = seen if seen is not None else _from_status(body.get("status") or {})
             if rolling or (deployment is not None and template_rolling(deployment)):
                 held.append(f"{other[0]}/{other[1]} (rolling out)")
+            elif drains:
+                held.append(f"{other[0]}/{other[1]} (pods terminating)")
             elif queued is not None and (place[0] is None or (queued, other) < place):
                 held.append(f"{other[0]}/{other[1]} (waiting since {utc_timestamp(queued)})")
         return held
@@ -123,6 +138,29 @@ class RolloutSlots:
     def forget(self, key: Key) -> None:
         """Drop a deleted tuning."""
         self._seen.pop(key, None)
+
+
+def draining(deployment: Deployment, now: datetime) -> bool:
+    """Whether pods of the Deployment may still be terminating (``deletionTimestamp`` set, not gone): a rollout's
+    old pods drain their requests in flight on their GPUs for up to their terminationGracePeriodSeconds after the
+    Deployment controller has declared it complete (it counts no terminating pod in ``status.replicas``), and the
+    next rollout's surge pod would find no spare GPU meanwhile. Told by ``status.terminatingReplicas`` where the
+    apiserver reports it (Kubernetes 1.35 on; 1.33 and 1.34 with the DeploymentReplicaSetTerminatingReplicas feature
+    gate). Elsewhere the pods, which the operator does not watch, are bounded from the rollout's end: the last old
+    pod was deleted by the time its Progressing condition turned ``NewReplicaSetAvailable``, and is gone within the
+    pod template's grace period and ``DRAIN_MARGIN_S`` after. That holds the slot for the whole grace period even
+    where the pods went sooner (a vLLM that aborts its requests exits in seconds), and after a scale-up as after a
+    rollout: it errs towards a slot held too long, not a surge pod sent for a GPU still taken, but for old pods
+    whose grace period the rollout itself shortened (the old template's is not kept)."""
+    status = deployment.get("status") or {}
+    if status.get("terminatingReplicas") is not None:
+        return int(status["terminatingReplicas"]) > 0
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "Progressing" and condition.get("reason") == "NewReplicaSetAvailable":
+            ended = _moment(condition.get("lastUpdateTime"))
+            grace = termination_grace(deployment["spec"].get("template", {}).get("spec") or {})
+            return ended is not None and now < ended + timedelta(seconds=grace + DRAIN_MARGIN_S)
+    return False
 
 
 def _parked(deployment: Deployment) -> bool:

@@ -1,5 +1,5 @@
 """What an evaluation leaves for the rollout slots: the operator's rollout, not someone else's that has ended, nor one
-its Deployment's pause halts.
+its Deployment's pause halts; the old pods of one that succeeded, while they drain.
 
 Someone else's rollout of a tuned Deployment (a ``kubectl rollout
 restart``, an image bump) holds a slot while the Deployment shows it; once
@@ -73,3 +73,27 @@ def test_our_rollout_holds_no_slot_while_someone_keeps_its_deployment_paused() -
     assert holders() == []
     del deployment["spec"]["paused"]  # resumed: the condition keeps its reason until the controller's next sync
     assert holders() == ["llm/llama (rolling out)"]
+
+
+def test_our_rollout_succeeds_while_its_old_pod_drains_and_holds_the_slot_until_it_is_gone() -> None:
+    """The rollout is complete, the old pod still drains its requests in flight on its GPU (terminatingReplicas):
+    the verdict does not wait for it, but the other tunings of the pool do, as their surge pods would find no GPU."""
+    key = ("llm", "llama")
+    done = cache(finished=timedelta(seconds=1))
+    done.tunings[key]["status"] = cache().tunings[key]["status"]  # our rollout in progress, as last written
+    deployment = done.deployment(*key)
+    deployment["status"]["terminatingReplicas"] = 1
+    reconciler = Reconciler(Kube(), done, Windows(window((OLD, NEW))), OperatorMetrics(),  # type: ignore[arg-type]
+                            OperatorSettings(max_concurrent_rollouts=1))
+    report = asyncio.run(reconciler.evaluate(key, NOW.timestamp(), write=False))
+    assert report is not None and report.state.last_rollout is not None
+    assert report.state.last_rollout.phase == RolloutPhase.SUCCEEDED
+    tunings = {key: done.tunings[key],
+               OTHER: {"metadata": {"name": "rag", "namespace": "llm"}, "spec": {"targetRef": {"name": "rag"}}}}
+
+    def holders() -> list[str]:
+        return reconciler.slots.holders(OTHER, None, tunings, reconciler.cache.target, NOW)
+
+    assert holders() == ["llm/llama (pods terminating)"]
+    deployment["status"]["terminatingReplicas"] = 0  # the old pod is gone
+    assert holders() == []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -10,6 +10,7 @@ from vllm_autotuner.rollout.slots import DRAIN_MARGIN_S, RolloutSlots, node_pool
 
 A, B, C, D = ("ns", "a"), ("ns", "b"), ("ns", "c"), ("ns", "d")
 T0, T1, T2 = "2024-05-01T12:00:00Z", "2024-05-01T12:01:00Z", "2024-05-01T12:02:00Z"
+NOW = datetime(2024, 5, 1, 12, 5, tzinfo=UTC)  # when the slots are counted
 
 
 def tunings(*keys, in_progress=(), statuses=None):
@@ -43,7 +44,7 @@ def waiting_status(since, hold="RolloutSlots"):
 def test_without_a_limit_no_slot_is_ever_held():
     slots = RolloutSlots(0)
     slots.record(A, rolling=True, waiting_since=None)
-    assert slots.holders(B, None, tunings(A, B, in_progress=[A]), idle) == []
+    assert slots.holders(B, None, tunings(A, B, in_progress=[A]), idle, NOW) == []
 
 
 def test_rollouts_of_other_tunings_hold_slots_by_what_was_seen_else_by_their_status():
@@ -51,9 +52,9 @@ def test_rollouts_of_other_tunings_hold_slots_by_what_was_seen_else_by_their_sta
     everyone = tunings(A, B, C, in_progress=[B, C])
     slots.record(A, rolling=True, waiting_since=None)
     slots.record(B, rolling=False, waiting_since=None)  # finished since its status was read
-    assert slots.holders(A, None, everyone, idle) == ["ns/c (rolling out)"]  # by its status; not A's own
-    assert slots.holders(C, None, everyone, idle) == ["ns/a (rolling out)"]
-    assert slots.holders(A, None, tunings(A, B), idle) == []  # C deleted: gone from the cache, it holds nothing
+    assert slots.holders(A, None, everyone, idle, NOW) == ["ns/c (rolling out)"]  # by its status; not A's own
+    assert slots.holders(C, None, everyone, idle, NOW) == ["ns/a (rolling out)"]
+    assert slots.holders(A, None, tunings(A, B), idle, NOW) == []  # C deleted: gone from the cache, it holds nothing
 
 
 def test_someone_elses_rollout_of_a_tuned_deployment_holds_a_slot_before_its_tuning_is_evaluated_again():
@@ -64,8 +65,8 @@ def test_someone_elses_rollout_of_a_tuned_deployment_holds_a_slot_before_its_tun
     def chat_rolls_out(tuning):
         return deployment(rolling=tuning["spec"]["targetRef"]["name"] == "chat")
 
-    assert slots.holders(B, None, everyone, chat_rolls_out) == ["ns/a (rolling out)"]
-    assert slots.holders(A, None, everyone, chat_rolls_out) == []
+    assert slots.holders(B, None, everyone, chat_rolls_out, NOW) == ["ns/a (rolling out)"]
+    assert slots.holders(A, None, everyone, chat_rolls_out, NOW) == []
 
 
 def test_a_pod_lost_or_added_after_a_rollout_completed_holds_no_slot():
@@ -84,9 +85,10 @@ def test_a_pod_lost_or_added_after_a_rollout_completed_holds_no_slot():
             return chat
         return target
 
-    assert slots.holders(B, None, everyone, short("NewReplicaSetAvailable")) == []
-    assert slots.holders(B, None, everyone, short("DeploymentPaused")) == ["ns/a (rolling out)"]  # resumed, 1 of 2 up
-    assert slots.holders(B, None, everyone, short("ReplicaSetUpdated")) == ["ns/a (rolling out)"]
+    assert slots.holders(B, None, everyone, short("NewReplicaSetAvailable"), NOW) == []
+    # resumed, 1 of 2 up
+    assert slots.holders(B, None, everyone, short("DeploymentPaused"), NOW) == ["ns/a (rolling out)"]
+    assert slots.holders(B, None, everyone, short("ReplicaSetUpdated"), NOW) == ["ns/a (rolling out)"]
 
 
 def completed(**status):
@@ -114,9 +116,9 @@ def test_a_completed_rollouts_old_pod_holds_the_slot_while_it_terminates(paused)
         chat["spec"]["paused"] = paused
         return chat
 
-    assert slots.holders(B, None, everyone, target) == ["ns/a (pods terminating)"]
+    assert slots.holders(B, None, everyone, target, NOW) == ["ns/a (pods terminating)"]
     terminating = 0  # the old pod is gone
-    assert slots.holders(B, None, everyone, target) == []
+    assert slots.holders(B, None, everyone, target, NOW) == []
 
 
 def test_where_terminating_pods_are_not_counted_the_slot_is_held_for_the_grace_period_after_the_rollout():
@@ -151,14 +153,14 @@ def test_a_paused_deployment_holds_no_slot_until_it_is_resumed():
         return halted
 
     slots = RolloutSlots(1)  # a new process: each tuning counts by its status
-    assert slots.holders(B, T1, everyone, target) == []
+    assert slots.holders(B, T1, everyone, target, NOW) == []
     slots.record(A, rolling=True, waiting_since=None)  # seen rolling out by this process
     slots.record(C, rolling=False, waiting_since=T0)
-    assert slots.holders(B, T1, everyone, target) == []
+    assert slots.holders(B, T1, everyone, target, NOW) == []
     paused.clear()  # `kubectl rollout resume`: the condition says DeploymentPaused until the controller's next sync
     resumed = ["ns/a (rolling out)", "ns/c (waiting since 2024-05-01T12:00:00Z)", "ns/d (rolling out)"]
-    assert slots.holders(B, T1, everyone, target) == resumed
-    assert RolloutSlots(1).holders(B, T1, everyone, target) == resumed
+    assert slots.holders(B, T1, everyone, target, NOW) == resumed
+    assert RolloutSlots(1).holders(B, T1, everyone, target, NOW) == resumed
 
 
 @pytest.mark.parametrize("replicas, updated, available", [(3, 1, 2), (2, 1, 1), (2, 2, 1), (2, 2, 0)])
@@ -173,7 +175,7 @@ def test_a_deployment_paused_with_a_surge_pod_or_one_unavailable_still_holds_its
         halted["status"].update(replicas=replicas, updatedReplicas=updated, availableReplicas=available)
         return halted
 
-    assert RolloutSlots(1).holders(B, T1, everyone, target) == ["ns/a (rolling out)"]
+    assert RolloutSlots(1).holders(B, T1, everyone, target, NOW) == ["ns/a (rolling out)"]
 
 
 def test_a_change_that_waited_longer_goes_first_whatever_the_order_of_evaluation():
@@ -184,12 +186,12 @@ def test_a_change_that_waited_longer_goes_first_whatever_the_order_of_evaluation
     slots.record(B, rolling=False, waiting_since=T1)
     slots.record(A, rolling=False, waiting_since=None)  # the rollout is complete
     # B, evaluated first, waits
-    assert slots.holders(B, T1, everyone, idle) == ["ns/c (waiting since 2024-05-01T12:00:00Z)"]
-    assert slots.holders(C, T0, everyone, idle) == []
+    assert slots.holders(B, T1, everyone, idle, NOW) == ["ns/c (waiting since 2024-05-01T12:00:00Z)"]
+    assert slots.holders(C, T0, everyone, idle, NOW) == []
     slots.record(C, rolling=True, waiting_since=None)  # C took it
-    assert slots.holders(B, T1, everyone, idle) == ["ns/c (rolling out)"]
+    assert slots.holders(B, T1, everyone, idle, NOW) == ["ns/c (rolling out)"]
     slots.record(C, rolling=False, waiting_since=None)
-    assert slots.holders(B, T1, everyone, idle) == []
+    assert slots.holders(B, T1, everyone, idle, NOW) == []
 
 
 def test_changes_that_began_waiting_in_the_same_second_go_by_name():
@@ -197,8 +199,8 @@ def test_changes_that_began_waiting_in_the_same_second_go_by_name():
     everyone = tunings(A, B)
     slots.record(A, rolling=False, waiting_since=T0)
     slots.record(B, rolling=False, waiting_since=T0)
-    assert slots.holders(A, T0, everyone, idle) == []
-    assert slots.holders(B, T0, everyone, idle) == ["ns/a (waiting since 2024-05-01T12:00:00Z)"]
+    assert slots.holders(A, T0, everyone, idle, NOW) == []
+    assert slots.holders(B, T0, everyone, idle, NOW) == ["ns/a (waiting since 2024-05-01T12:00:00Z)"]
 
 
 def test_a_change_that_stops_waiting_or_a_deleted_tuning_leaves_the_queue():
@@ -206,14 +208,14 @@ def test_a_change_that_stops_waiting_or_a_deleted_tuning_leaves_the_queue():
     everyone = tunings(A, B, C)
     slots.record(A, rolling=False, waiting_since=T0)
     slots.record(B, rolling=False, waiting_since=T1)
-    assert len(slots.holders(B, T1, everyone, idle)) == 1
+    assert len(slots.holders(B, T1, everyone, idle, NOW)) == 1
     slots.record(A, rolling=False, waiting_since=None)  # e.g. a freeze opened, Paused, or a data gap
-    assert slots.holders(B, T1, everyone, idle) == []
+    assert slots.holders(B, T1, everyone, idle, NOW) == []
     slots.record(A, rolling=False, waiting_since=T2)  # back, and its place was not kept: behind B now
-    assert slots.holders(B, T1, everyone, idle) == []
-    assert slots.holders(A, T2, everyone, idle) == ["ns/b (waiting since 2024-05-01T12:01:00Z)"]
+    assert slots.holders(B, T1, everyone, idle, NOW) == []
+    assert slots.holders(A, T2, everyone, idle, NOW) == ["ns/b (waiting since 2024-05-01T12:01:00Z)"]
     slots.forget(B)
-    assert slots.holders(A, T2, everyone, idle) == []
+    assert slots.holders(A, T2, everyone, idle, NOW) == []
 
 
 def test_after_a_restart_or_a_leader_change_the_queue_is_read_from_the_statuses():
@@ -223,13 +225,13 @@ def test_after_a_restart_or_a_leader_change_the_queue_is_read_from_the_statuses(
         B: waiting_status(T0, hold="NoData"),  # its place is kept through a data gap, but it does not wait now
         C: waiting_status(T2),
     })
-    assert slots.holders(C, T2, everyone, idle) == ["ns/a (waiting since 2024-05-01T12:01:00Z)"]
-    assert slots.holders(A, T1, everyone, idle) == []  # the earliest waiting change goes first
+    assert slots.holders(C, T2, everyone, idle, NOW) == ["ns/a (waiting since 2024-05-01T12:01:00Z)"]
+    assert slots.holders(A, T1, everyone, idle, NOW) == []  # the earliest waiting change goes first
     # B's data is back and it still wants its change: it goes before A, whose change came later
-    assert slots.holders(B, T0, everyone, idle) == []
-    assert slots.holders(A, T1, tunings(A, B, statuses={B: waiting_status(T0)}), idle) == [
+    assert slots.holders(B, T0, everyone, idle, NOW) == []
+    assert slots.holders(A, T1, tunings(A, B, statuses={B: waiting_status(T0)}), idle, NOW) == [
         "ns/b (waiting since 2024-05-01T12:00:00Z)"]
-    assert slots.holders(A, T1, tunings(A, B, statuses={B: waiting_status("not a time")}), idle) == []
+    assert slots.holders(A, T1, tunings(A, B, statuses={B: waiting_status("not a time")}), idle, NOW) == []
 
 
 def required(*terms):
@@ -263,9 +265,9 @@ def test_with_a_pool_label_the_limit_holds_per_pool_and_an_unpinned_target_share
         return targets[tuning["spec"]["targetRef"]["name"]]
 
     slots.record(A, rolling=True, waiting_since=None)
-    assert slots.holders(B, None, everyone, target) == []  # another pool's surge pods take no GPU of b's
-    assert slots.holders(C, None, everyone, target) == ["ns/a (rolling out)"]
-    assert slots.holders(("ns", "d"), None, everyone, target) == ["ns/a (rolling out)"]  # d's pods may go anywhere
+    assert slots.holders(B, None, everyone, target, NOW) == []  # another pool's surge pods take no GPU of b's
+    assert slots.holders(C, None, everyone, target, NOW) == ["ns/a (rolling out)"]
+    assert slots.holders(("ns", "d"), None, everyone, target, NOW) == ["ns/a (rolling out)"]  # d's pods may go anywhere
     slots.record(("ns", "d"), rolling=False, waiting_since=T0)
-    assert slots.holders(B, T1, everyone, target) == ["ns/d (waiting since 2024-05-01T12:00:00Z)"]
-    assert RolloutSlots(1).holders(B, None, everyone, target) == ["ns/a (rolling out)"]  # no label: one pool
+    assert slots.holders(B, T1, everyone, target, NOW) == ["ns/d (waiting since 2024-05-01T12:00:00Z)"]
+    assert RolloutSlots(1).holders(B, None, everyone, target, NOW) == ["ns/a (rolling out)"]  # no label: one pool

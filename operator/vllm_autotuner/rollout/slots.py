@@ -35,7 +35,7 @@ and the wait its last decision records.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from vllm_autotuner.api.status import RolloutPhase
@@ -88,11 +88,11 @@ class RolloutSlots:
         since: str | None,
         tunings: Mapping[Key, dict[str, Any]],
         target: Callable[[dict[str, Any]], Deployment | None],
-        now: datetime | None = None,
+        now: datetime,
     ) -> list[str]:
         """What holds a slot of ``key``'s pool among ``tunings`` (the VllmTuning objects by key), one string each,
         for ``decide``'s ``slot_holders``: the other tunings' rollouts in progress, their Deployments' pods still
-        terminating after one (``draining``, at ``now``: the clock by default), and their changes that have
+        terminating after one (``draining``, at ``now``), and their changes that have
         waited longer than ``key``'s (waiting since ``since``, its status' ``slotWaitSince``; the same second goes
         by name). ``target`` gives a tuning's target Deployment as the caller last saw it (None: not seen): a
         rollout of it runs, anyone's, as soon as the Deployment shows it, not at that tuning's next evaluation,
@@ -104,7 +104,6 @@ class RolloutSlots:
         None without a limit."""
         if not self.limit:
             return []
-        now = now or datetime.now(UTC)
         place = (_moment(since), key)
         pool = node_pool(target(tunings[key]), self.pool_label) if key in tunings else None
         held = []

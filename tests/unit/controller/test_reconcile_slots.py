@@ -39,7 +39,7 @@ def test_someone_elses_rollout_holds_a_slot_while_it_runs_and_not_after_until_th
                OTHER: {"metadata": {"name": "rag", "namespace": "llm"}, "spec": {"targetRef": {"name": "rag"}}}}
 
     def holders() -> list[str]:
-        return reconciler.slots.holders(OTHER, None, tunings, reconciler.cache.target)
+        return reconciler.slots.holders(OTHER, None, tunings, reconciler.cache.target, NOW)
 
     assert holders() == ["llm/llama (rolling out)"]
     deployment["status"] = complete  # their rollout is done before the tuning is evaluated again
@@ -59,7 +59,7 @@ def test_our_rollout_holds_no_slot_while_someone_keeps_its_deployment_paused() -
                OTHER: {"metadata": {"name": "rag", "namespace": "llm"}, "spec": {"targetRef": {"name": "rag"}}}}
 
     def holders() -> list[str]:
-        return reconciler.slots.holders(OTHER, None, tunings, reconciler.cache.target)
+        return reconciler.slots.holders(OTHER, None, tunings, reconciler.cache.target, NOW)
 
     report = asyncio.run(reconciler.evaluate(("llm", "llama"), NOW.timestamp(), write=False))
     assert report is not None and report.decision.hold == "RolloutInProgress"

@@ -40,6 +40,20 @@ same namespace; RBAC names are path segments, with no length limit, so nothing i
 {{- end }}
 
 {{/*
+Name of metricsAuth's ClusterRole that lets a scraper get /metrics: "<fullname>-metrics-reader:<release namespace>".
+*/}}
+{{- define "vllm-autotuner.metricsReaderName" -}}
+{{- printf "%s-metrics-reader:%s" (include "vllm-autotuner.fullname" .) .Release.Namespace }}
+{{- end }}
+
+{{/*
+Name of the scraper's ServiceAccount and of its token Secret (serviceMonitor.scraperServiceAccount.create).
+*/}}
+{{- define "vllm-autotuner.scraperName" -}}
+{{- printf "%s-metrics-scraper" (include "vllm-autotuner.fullname" .) }}
+{{- end }}
+
+{{/*
 Name of the dashboard ConfigMap: "<fullname>-dashboard" in the release namespace;
 "<fullname>-dashboard.<release namespace>" in another (dashboard.namespace), which releases
 of other namespaces may share. A namespace holds no dot and a full name none either, so the

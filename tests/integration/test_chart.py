@@ -8,14 +8,18 @@ Standard, so the operator's pods exist only if the apiserver let them in.
 
 from __future__ import annotations
 
+import base64
 import json
+from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
 from tests.integration.packaging import INSTALLED, readme_command
-from tests.support import CHART, CRD_NAME, Cluster, Helm, documents, wait_for
+from tests.support import CHART, CRD_NAME, Cluster, Helm, documents, token_client, wait_for
 
 from vllm_autotuner.cli import build_parser
+from vllm_autotuner.controller.kube import Kube
+from vllm_autotuner.controller.metrics import OperatorMetrics
 
 pytestmark = pytest.mark.integration
 
@@ -41,13 +45,16 @@ NETWORK_POLICY = ("--set", "networkPolicy.enabled=true",
                   "--set-json", f"networkPolicy.egress={json.dumps(EGRESS)}")
 # /metrics behind the apiserver's authentication and RBAC, over HTTPS with a certificate of cert-manager's.
 SECURE = ("--set", "metricsAuth.enabled=true", "--set", "metricsAuth.tlsSecret=metrics-tls")
+# ... scraped by a ServiceMonitor as a ServiceAccount of the chart's, its token from a Secret, not Prometheus' own.
+SCRAPER = (*SECURE, "--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.scraperServiceAccount.create=true")
 # The image pinned by digest; names and a budget the apiserver takes that the schema must not refuse.
 PINNED = ("--set", f"image.digest={DIGEST}", "--set", "podDisruptionBudget.maxUnavailable=50%",
           "--set", "serviceAccount.name=operator.v1", "--set", "leaderElection.leaseName=lease.v1")
 
 
-@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, EXTRAS, PINNED, NETWORK_POLICY, SECURE],
-                         ids=["defaults", "namespaced", "single", "extras", "pinned", "network-policy", "secure"])
+@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, EXTRAS, PINNED, NETWORK_POLICY, SECURE, SCRAPER],
+                         ids=["defaults", "namespaced", "single", "extras", "pinned", "network-policy", "secure",
+                              "scraper"])
 def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> None:
     out = helm("lint", "--strict", str(CHART), *values).stdout
     assert "1 chart(s) linted, 0 chart(s) failed" in out
@@ -94,12 +101,32 @@ def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> No
      "at '/networkPolicy/metricsFrom/0'"),
     (("--set", "metricsAuth.enabled=yes"), "at '/metricsAuth/enabled': got string, want boolean"),
     (("--set", "metricsAuth.tlsSecret=Metrics_TLS"), "at '/metricsAuth/tlsSecret'"),
+    # A token for the ServiceMonitor means nothing without metricsAuth (plain HTTP: it would go in the clear) or
+    # without the ServiceMonitor; the chart's scraper binds the reader role, which only rbac.create makes; and
+    # the chart's token Secret and one of the user's cannot both be presented.
+    (("--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.scraperServiceAccount.create=true"),
+     "at '/metricsAuth/enabled': value must be true"),
+    (("--set", "metricsAuth.enabled=true", "--set", "serviceMonitor.scraperServiceAccount.create=true"),
+     "at '/serviceMonitor/enabled': value must be true"),
+    ((*SCRAPER, "--set", "rbac.create=false"), "at '/rbac/create': value must be true"),
+    ((*SCRAPER, "--set", "serviceMonitor.tokenSecret.name=mine"),
+     "at '/serviceMonitor/tokenSecret/name': value must be ''"),
+    (("--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.tokenSecret.name=mine"),
+     "at '/metricsAuth/enabled': value must be true"),
+    (("--set", "metricsAuth.enabled=true", "--set", "serviceMonitor.tokenSecret.name=mine"),
+     "at '/serviceMonitor/enabled': value must be true"),
+    (("--set", "serviceMonitor.tokenSecret.name=My_Token"), "at '/serviceMonitor/tokenSecret/name'"),
+    (("--set", "serviceMonitor.scraperServiceAccount.create=yes"),
+     "at '/serviceMonitor/scraperServiceAccount/create': got string, want boolean"),
 ], ids=["replicas-string", "log-format", "unknown-key", "two-leaders", "url", "namespace-name", "secret-grant",
         "secret-grant-without-names", "pull-policy", "negative-rollout-limit", "pool-label", "recommend-only",
         "fullname-with-dot", "name-with-leading-digit", "pdb-zero-percent", "digest", "authorization-header", "header-on-two-lines",
         "secret-grant-of-no-names", "network-policy-peer", "network-policy-egress-rule",
         "network-policy-selector", "network-policy-null-match-labels", "network-policy-ipblock-and-selector",
-        "metrics-auth-string", "metrics-auth-secret-name"])
+        "metrics-auth-string", "metrics-auth-secret-name", "scraper-without-metrics-auth",
+        "scraper-without-service-monitor", "scraper-without-rbac", "scraper-and-token-secret",
+        "token-secret-without-metrics-auth", "token-secret-without-service-monitor", "token-secret-name",
+        "scraper-string"])
 def test_bad_values_are_rejected_by_the_schema(helm: Helm, values: tuple[str, ...], complaint: str) -> None:
     result = helm("template", "x", str(CHART), *values, check=False)
     assert result.returncode != 0
@@ -294,6 +321,35 @@ def test_the_notes_say_how_metrics_are_read(cluster: Cluster, helm: Helm, namesp
     assert "grant them with rbac.secrets.\n\nOperator metrics" in _notes(cluster, helm, namespace)  # a line between
 
 
+@pytest.fixture(scope="module")
+def service_monitor_kind(cluster: Cluster) -> Iterator[None]:
+    """The ServiceMonitor kind, from a stand-in for prometheus-operator's CRD (the testenv has none) that takes any
+    spec: enough for Helm, whose dry run maps every kind it renders, to build a release with a ServiceMonitor."""
+    name = "servicemonitors.monitoring.coreos.com"
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": name},
+           "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                    "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor",
+                              "listKind": "ServiceMonitorList"},
+                    "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                        "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(crd))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    try:
+        yield
+    finally:
+        cluster.kubectl("delete", "crd", name)
+
+
+@pytest.mark.usefixtures("service_monitor_kind")
+def test_the_notes_say_whose_token_the_service_monitor_presents(cluster: Cluster, helm: Helm, namespace: str) -> None:
+    scraped = _notes(cluster, helm, namespace, *SCRAPER)
+    assert f"presents the token of\nServiceAccount {namespace}/rel-vllm-autotuner-metrics-scraper (" in scraped
+    assert f"bound to ClusterRole\nrel-vllm-autotuner-metrics-reader:{namespace}." in scraped
+    owned = _notes(cluster, helm, namespace, *SECURE, "--set", "serviceMonitor.enabled=true",
+                   "--set", "serviceMonitor.tokenSecret.name=mine")
+    assert f"bind the ServiceAccount whose token the\nServiceMonitor presents (Secret {namespace}/mine) to" in owned
+
+
 def test_the_notes_say_what_the_operator_may_read_only_when_the_chart_grants_it(
         cluster: Cluster, helm: Helm, namespace: str) -> None:
     assert "It can read no Secret." in _notes(cluster, helm, namespace)
@@ -394,6 +450,40 @@ def test_metrics_auth_serves_https_grants_the_reviews_and_a_reader_role_and_scra
     assert {m["name"] for m in container["volumeMounts"]} == {"tmp"}
 
 
+def _scrape_endpoint(objects: list[dict]) -> dict:
+    (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    return endpoint
+
+
+def test_the_service_monitor_presents_a_scraper_s_token_from_a_secret_when_told(helm: Helm) -> None:
+    """Prometheus' own token (bearerTokenFile) is deprecated by prometheus-operator and refused by a Prometheus with
+    arbitraryFSAccessThroughSMs.deny: the ServiceMonitor may instead present, with `authorization`, the token of a
+    ServiceAccount the chart makes and binds to the reader role alone, or the token in a Secret of the user's."""
+    scraper = "rel-vllm-autotuner-metrics-scraper"
+    objects = helm.template("rel", str(CHART), "-n", "ops", *SCRAPER)
+    made = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    assert made["ServiceAccount", scraper]["metadata"]["namespace"] == "ops"
+    secret = made["Secret", scraper]
+    assert secret["metadata"]["namespace"] == "ops" and secret["type"] == "kubernetes.io/service-account-token"
+    assert secret["metadata"]["annotations"] == {"kubernetes.io/service-account.name": scraper}
+    binding = made["ClusterRoleBinding", f"{scraper}:ops"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": "rel-vllm-autotuner-metrics-reader:ops"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": scraper, "namespace": "ops"}]
+    endpoint = _scrape_endpoint(objects)
+    assert "bearerTokenFile" not in endpoint and endpoint["scheme"] == "https"
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": scraper, "key": "token"}}
+
+    own = helm.template("rel", str(CHART), "-n", "ops", *SECURE, "--set", "serviceMonitor.enabled=true",
+                        "--set", "serviceMonitor.tokenSecret.name=prometheus-scraper",
+                        "--set", "serviceMonitor.tokenSecret.key=jwt")
+    endpoint = _scrape_endpoint(own)
+    assert "bearerTokenFile" not in endpoint
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": "prometheus-scraper", "key": "jwt"}}
+    assert not {name for kind, name in made if name.startswith(scraper)} & {o["metadata"]["name"] for o in own}
+
+
 def test_the_network_policy_opens_only_the_metrics_port_and_restricts_egress_only_when_told(helm: Helm) -> None:
     """Opt-in, for namespaces that deny by default: the operator's pods take scrapes on their one port, from any pod
     unless scrapers are named; egress stays open (the apiserver's and Prometheus' addresses differ per cluster)
@@ -414,6 +504,33 @@ def test_the_network_policy_opens_only_the_metrics_port_and_restricts_egress_onl
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert policy["spec"]["ingress"] == [{"from": SCRAPERS, "ports": [{"port": 8080, "protocol": "TCP"}]}]
     assert policy["spec"]["egress"] == EGRESS
+
+
+def test_the_scraper_s_token_secret_is_filled_and_lets_it_get_metrics(cluster: Cluster, helm: Helm,
+                                                                     namespace: str) -> None:
+    """serviceMonitor.scraperServiceAccount.create on the real apiserver: the token controller fills the chart's
+    Secret with a token of the scraper's ServiceAccount, which the operator's reviews, made with its own token and
+    the chart's grants, take for a user RBAC lets get /metrics. The testenv has no prometheus-operator CRDs, so
+    only the ServiceAccounts, their RBAC and the Secret are applied; the ServiceMonitor's `authorization` is
+    checked as rendered (test_the_service_monitor_presents_a_scraper_s_token_from_a_secret_when_told)."""
+    rendered = helm("template", "rel", str(CHART), "-n", namespace, *SCRAPER,
+                    "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
+                    "--show-only", "templates/metrics-scraper.yaml").stdout
+    cluster.kubectl("apply", "-f", "-", stdin=rendered)
+    try:
+        core = client.CoreV1Api(cluster.api)
+        token = wait_for(lambda: (core.read_namespaced_secret("rel-vllm-autotuner-metrics-scraper", namespace).data
+                                  or {}).get("token"), 60, "the token controller to fill the scraper's Secret")
+        with token_client(cluster, namespace, "rel-vllm-autotuner") as operator_api:
+            kube = Kube(operator_api, OperatorMetrics())
+            # the grants (the operator's reviews, the scraper's binding) reach the authorizer through a watch
+            user = wait_for(lambda: kube.review_token(base64.b64decode(token).decode()), 30,
+                            "the operator's grant of TokenReviews to be in force")
+            assert user["authenticated"] is True
+            assert user["user"]["username"] == f"system:serviceaccount:{namespace}:rel-vllm-autotuner-metrics-scraper"
+            wait_for(lambda: kube.may_get_metrics(user["user"]), 30, "the scraper's binding to let it get /metrics")
+    finally:
+        cluster.kubectl("delete", "-f", "-", "--ignore-not-found", stdin=rendered)
 
 
 @pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, PINNED, NETWORK_POLICY, SECURE],

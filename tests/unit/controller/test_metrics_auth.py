@@ -4,7 +4,6 @@ bounded, each verdict for its TTL), no verdict cached when the apiserver did not
 from __future__ import annotations
 
 import asyncio
-import datetime
 import hashlib
 import os
 import socket
@@ -14,10 +13,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import NameOID
 from kubernetes import client
 
 from vllm_autotuner.cli import main
@@ -180,19 +176,6 @@ def test_the_endpoints_answer_with_the_verdict_over_https() -> None:
                                                         "verbs [get]\n")
 
 
-def rsa_certificate() -> tuple[bytes, bytes]:
-    """A self-signed RSA pair: a renewal that changes the key type."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rsa")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256()))
-    return (cert.public_bytes(serialization.Encoding.PEM),
-            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                              serialization.NoEncryption()))
-
-
 def test_a_renewed_certificate_is_served_once_its_files_change_and_a_broken_pair_keeps_the_one_before(
         tmp_path, caplog) -> None:
     """cert-manager renews the Secret (here from RSA to ECDSA) and the kubelet swaps the volume's files: the
@@ -221,7 +204,8 @@ def test_a_renewed_certificate_is_served_once_its_files_change_and_a_broken_pair
             except ssl.SSLError:
                 return None
 
-    first, renewed = rsa_certificate(), self_signed_certificate()
+    first = self_signed_certificate(rsa.generate_private_key(public_exponent=65537, key_size=2048))
+    renewed = self_signed_certificate()
     der = [ssl.PEM_cert_to_DER_cert(pem.decode()) for pem, _ in (first, renewed)]
     write(first)
     watch = CertificateWatch(str(cert), str(key), interval=0.05)

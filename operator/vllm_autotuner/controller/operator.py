@@ -132,14 +132,15 @@ class HttpEndpoints:
     """/healthz (process alive, on every replica) and /metrics (the operator's metrics).
 
     With ``auth`` (and then ``tls``: HTTPS), /metrics answers only callers the apiserver lets get it; /healthz
-    stays open, as the kubelet's probes carry no token.
+    stays open, as the kubelet's probes carry no token. ``tls`` is a context, or a given certificate's watch, whose
+    context is served and kept current while the server runs.
     """
 
     def __init__(self, metrics: OperatorMetrics, host: str | None, port: int, auth: MetricsAuth | None = None,
-                 tls: ssl.SSLContext | None = None, certificate: CertificateWatch | None = None) -> None:
+                 tls: ssl.SSLContext | CertificateWatch | None = None) -> None:
         self.metrics = metrics
         self.host, self.port = host, port
-        self.auth, self.tls, self.certificate = auth, tls, certificate
+        self.auth, self.tls = auth, tls
         self._runner: web.AppRunner | None = None
         self._watch: asyncio.Task[None] | None = None
 
@@ -160,11 +161,13 @@ class HttpEndpoints:
         app.router.add_get("/healthz", self._healthz)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port, ssl_context=self.tls).start()
-        log.info("serving /metrics and /healthz on %s://%s:%d%s", "https" if self.tls else "http",
+        watch = self.tls if isinstance(self.tls, CertificateWatch) else None
+        context = watch.context if watch else self.tls
+        await web.TCPSite(self._runner, self.host, self.port, ssl_context=context).start()
+        log.info("serving /metrics and /healthz on %s://%s:%d%s", "https" if context else "http",
                  self.host or "every address", self.port, " (/metrics: RBAC)" if self.auth else "")
-        if self.certificate is not None:
-            self._watch = asyncio.create_task(self.certificate.run(), name="certificate")
+        if watch is not None:
+            self._watch = asyncio.create_task(watch.run(), name="certificate")
 
     async def stop(self) -> None:
         if self._watch is not None:
@@ -303,16 +306,14 @@ async def run(options: RunOptions) -> int:
     kube = Kube(api_client, metrics)
     secure = options.metrics_auth
     try:
-        certificate = CertificateWatch(options.tls_cert_file, options.tls_key_file) if (
-            secure and options.tls_cert_file and options.tls_key_file) else None
-        tls = certificate.context if certificate else tls_context(None, None) if secure else None
+        tls = (CertificateWatch(options.tls_cert_file, options.tls_key_file)
+               if options.tls_cert_file and options.tls_key_file else tls_context(None, None)) if secure else None
     except OSError as exc:  # ssl.SSLError too: not PEM, or a key that is not the certificate's
         log.error("the HTTPS certificate of /metrics could not be loaded (--tls-cert-file %s, --tls-key-file %s): %s; "
                   "give a PEM certificate and its key, as a kubernetes.io/tls Secret holds them (tls.crt, tls.key)",
                   options.tls_cert_file, options.tls_key_file, exc)
         return 2
-    http = HttpEndpoints(metrics, options.http_host, options.http_port, MetricsAuth(kube) if secure else None, tls,
-                         certificate)
+    http = HttpEndpoints(metrics, options.http_host, options.http_port, MetricsAuth(kube) if secure else None, tls)
     await http.start()
     # Before the Lease, on every replica: one that could not act must not stand by either. In a `helm upgrade`
     # onto an older CRD the new replicas would stand by, Ready, until the rollout had stopped every old one, then

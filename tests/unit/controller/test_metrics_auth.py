@@ -212,7 +212,7 @@ def test_a_renewed_certificate_is_served_once_its_files_change_and_a_broken_pair
 
     async def scenario() -> list[bytes | None]:
         http = HttpEndpoints(OperatorMetrics(), "127.0.0.1", port, MetricsAuth(FakeKube(True)),  # type: ignore
-                             watch.context, watch)
+                             watch)
         await http.start()
         try:
             before = await asyncio.to_thread(served)

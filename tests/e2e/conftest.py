@@ -11,21 +11,13 @@ the servers' logs, since that is where the reason usually is.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import kept_logs
-from tests.support import Cluster, wait_for
+from tests.support import Cluster, Operators
 
 from vllm_autotuner.sim import localenv
 
@@ -42,103 +34,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 
 def _failed(request: pytest.FixtureRequest) -> bool:
     return any(r.failed for r in request.node.stash.get(PHASE_REPORTS, {}).values())
-
-
-@dataclass
-class OperatorProcess:
-    """One ``vllm-autotuner run`` process and what can be seen of it from outside."""
-
-    name: str
-    port: int
-    log: Path
-    process: subprocess.Popen = field(repr=False)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def identity(self) -> str:
-        """Its leader-election identity (``run``'s default: host name and pid)."""
-        return f"{socket.gethostname()}-{self.process.pid}"
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/healthz", timeout=5) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
-        """Its /metrics: samples by sample name, each as (labels, value)."""
-        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as response:
-            text = response.read().decode()
-        samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                samples.setdefault(sample.name, []).append((sample.labels, sample.value))
-        return samples
-
-    def metric(self, name: str, **labels: str) -> float:
-        """Sum of the samples of ``name`` whose labels include ``labels`` (0 when there are none)."""
-        return sum(value for found, value in self.metrics().get(name, [])
-                   if all(found.get(k) == v for k, v in labels.items()))
-
-    def kill(self) -> None:
-        """SIGKILL: no clean-up, no Lease release, as when its node dies."""
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-    def stop(self) -> int:
-        """SIGTERM, as Kubernetes stops a pod; returns the exit status."""
-        if self.alive():
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=60)
-
-
-class Operators:
-    """Starts operator processes for one test and stops them after it."""
-
-    def __init__(self, cluster: Cluster, prometheus_url: str, namespace: str, workdir: Path) -> None:
-        self.cluster = cluster
-        self.prometheus_url = prometheus_url
-        self.namespace = namespace
-        self.workdir = workdir
-        self.started: list[OperatorProcess] = []
-
-    def start(self, name: str = "operator", prometheus_url: str | None = None, *flags: str) -> OperatorProcess:
-        """Run ``vllm-autotuner run`` for the test's namespace (with ``flags`` added) and return once it serves
-        /healthz.
-
-        It may still be waiting for the leader Lease then; a standby is healthy too.
-        """
-        port = localenv.free_port()
-        log = self.workdir / f"{name}-{len(self.started)}.log"
-        env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig))
-        args = [sys.executable, "-m", "vllm_autotuner.cli", "run",
-                f"--prometheus-url={prometheus_url or self.prometheus_url}", f"--namespace={self.namespace}",
-                "--http-host=127.0.0.1", f"--http-port={port}", f"--lease-namespace={self.namespace}", *flags]
-        with log.open("wb") as out:
-            process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
-        operator = OperatorProcess(name, port, log, process)
-        self.started.append(operator)
-
-        def serving() -> bool:
-            if not operator.alive():
-                pytest.fail(f"{name} exited with {process.returncode} while starting:\n"
-                            f"{log.read_text(errors='replace')[-3000:]}", pytrace=False)
-            return operator.healthy()
-
-        wait_for(serving, 60, f"{name} to serve /healthz")
-        return operator
-
-    def stop_all(self) -> None:
-        for operator in self.started:
-            if operator.alive():
-                operator.stop()
 
 
 @pytest.fixture

@@ -25,9 +25,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from tests.e2e.conftest import Operators
 from tests.e2e.world import World, knob_args, knobs_of, open_window, parse_time, tuning_spec
-from tests.support import L4, Cluster, NotYet, alert_watcher, expected_startup, vllm_deployment, wait_for
+from tests.support import L4, Cluster, NotYet, Operators, alert_watcher, expected_startup, vllm_deployment, wait_for
 
 from vllm_autotuner.sim import localenv
 

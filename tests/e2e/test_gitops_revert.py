@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from tests.e2e.conftest import Operators
 from tests.e2e.world import World, knob_args, knobs_of, open_window, tuning_spec
-from tests.support import H100, Cluster, NotYet, alert_watcher, wait_for
+from tests.support import H100, Cluster, NotYet, Operators, alert_watcher, wait_for
 
 from vllm_autotuner.sim import localenv
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import kubernetes
 import pytest
-from tests.e2e.conftest import OperatorProcess, Operators
 from tests.e2e.world import World, knob_args, open_window, tuning_spec
-from tests.support import H100, Cluster, wait_for
+from tests.support import H100, Cluster, OperatorProcess, Operators, wait_for
 
 from vllm_autotuner.sim import localenv
 

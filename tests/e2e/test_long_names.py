@@ -13,10 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.e2e.conftest import Operators
 from tests.e2e.test_traffic import settled_window
 from tests.e2e.world import Load, World, knob_args, tuning_spec
-from tests.support import H100, Cluster, wait_for
+from tests.support import H100, Cluster, Operators, wait_for
 
 from vllm_autotuner.controller.reconcile import pod_prefix
 from vllm_autotuner.sim import localenv

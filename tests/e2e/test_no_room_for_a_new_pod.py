@@ -18,9 +18,8 @@ than after the cooldown, and succeeds.
 from __future__ import annotations
 
 import pytest
-from tests.e2e.conftest import Operators
 from tests.e2e.world import World, knob_args, knobs_of, open_window, tuning_spec
-from tests.support import L4, Cluster, NotYet, expected_startup, is_ready, wait_for
+from tests.support import L4, Cluster, NotYet, Operators, expected_startup, is_ready, wait_for
 
 from vllm_autotuner.sim import localenv
 

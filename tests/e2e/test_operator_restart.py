@@ -13,9 +13,8 @@ ReplicaSet, revision 2, one patch, one RolloutStarted Event.
 from __future__ import annotations
 
 import pytest
-from tests.e2e.conftest import Operators
 from tests.e2e.world import REVISION, World, knob_args, open_window, tuning_spec
-from tests.support import H100, Cluster, wait_for
+from tests.support import H100, Cluster, Operators, wait_for
 
 from vllm_autotuner.sim import localenv
 

@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e.conftest import Operators
 from tests.e2e.test_traffic import settled_window
 from tests.e2e.world import Load, World, fleet_targets_of, knob_args, knobs_of, open_window, parse_time, tuning_spec
-from tests.support import H100, Cluster, NotYet, alert_rules, alert_watcher, wait_for
+from tests.support import H100, Cluster, NotYet, Operators, alert_rules, alert_watcher, wait_for
 
 from vllm_autotuner.sim import localenv
 

@@ -24,9 +24,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.e2e.conftest import Operators
 from tests.e2e.world import Load, World, knob_args, knobs_of, open_window, parse_time, tuning_spec
-from tests.support import H100, Cluster, NotYet, wait_for
+from tests.support import H100, Cluster, NotYet, Operators, wait_for
 
 from vllm_autotuner.api import API_VERSION, KIND
 from vllm_autotuner.sim import localenv

@@ -15,9 +15,8 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
-from tests.e2e.conftest import Operators
 from tests.e2e.world import World, knob_args, knobs_of, open_window, tuning_spec
-from tests.support import H100, L4, Cluster, NotYet, wait_for
+from tests.support import H100, L4, Cluster, NotYet, Operators, wait_for
 
 from vllm_autotuner.sim import localenv
 from vllm_autotuner.sim.fleet import PROFILE_LABEL

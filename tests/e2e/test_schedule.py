@@ -16,9 +16,8 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from tests.e2e.conftest import Operators
 from tests.e2e.world import World, daily_cron, knob_args, knobs_of, open_window, parse_time, tuning_spec
-from tests.support import H100, Cluster, NotYet, call_vllm, wait_for
+from tests.support import H100, Cluster, NotYet, Operators, call_vllm, wait_for
 
 from vllm_autotuner.observe.client import Connection, PrometheusClient
 from vllm_autotuner.sim import localenv

@@ -13,9 +13,8 @@ nothing is patched until they are resolved.
 from __future__ import annotations
 
 import pytest
-from tests.e2e.conftest import Operators
 from tests.e2e.world import World, knob_args, open_window, tuning_spec
-from tests.support import H100, Cluster, wait_for
+from tests.support import H100, Cluster, Operators, wait_for
 
 from vllm_autotuner.api import GROUP, PLURAL, VERSION
 

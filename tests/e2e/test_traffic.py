@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e.conftest import Operators
 from tests.e2e.world import REVISION, WINDOW, Load, World, knob_args, knobs_of, parse_time, promql, tuning_spec
-from tests.support import H100, Cluster, NotYet, alert_watcher, wait_for
+from tests.support import H100, Cluster, NotYet, Operators, alert_watcher, wait_for
 
 from vllm_autotuner.sim import localenv
 

@@ -137,6 +137,27 @@ def test_where_terminating_pods_are_not_counted_the_slot_is_held_for_the_grace_p
     assert slots.holders(B, None, everyone, lambda _: completed(terminatingReplicas=0), start) == []
 
 
+def test_under_a_revision_history_limit_of_0_a_count_of_none_does_not_free_the_slot():
+    """``revisionHistoryLimit: 0``: the Deployment controller deletes the old ReplicaSet as soon as the rollout is
+    complete, its pods still terminating, and ``terminatingReplicas`` counts them no more (0): the grace period after
+    the rollout holds the slot, as where nothing is counted. A count of some still holds it past that."""
+    everyone = {k: {"spec": {"targetRef": {"name": k[1]}}, "status": {}} for k in (A, B)}
+    start = datetime.fromisoformat(T0)
+    slots = RolloutSlots(1)
+
+    def target(terminating):
+        def of(tuning):
+            done = completed(terminatingReplicas=terminating)
+            done["spec"]["revisionHistoryLimit"] = 0
+            return done
+        return of
+
+    assert slots.holders(B, None, everyone, target(0), start + timedelta(seconds=299)) == ["ns/a (pods terminating)"]
+    assert slots.holders(B, None, everyone, target(0), start + timedelta(seconds=300 + DRAIN_MARGIN_S)) == []
+    assert slots.holders(B, None, everyone, target(1), start + timedelta(seconds=300 + DRAIN_MARGIN_S)) == [
+        "ns/a (pods terminating)"]
+
+
 def test_a_paused_deployment_holds_no_slot_until_it_is_resumed():
     """`kubectl rollout pause` during a rollout, ours or anyone's: the Deployment controller starts no pod of it for
     as long as it stays paused (hours, days), and the other tunings of the pool do not wait meanwhile; nor for a

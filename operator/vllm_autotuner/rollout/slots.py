@@ -145,15 +145,18 @@ def draining(deployment: Deployment, now: datetime) -> bool:
     Deployment controller has declared it complete (it counts no terminating pod in ``status.replicas``), and the
     next rollout's surge pod would find no spare GPU meanwhile. Told by ``status.terminatingReplicas`` where the
     apiserver reports it (Kubernetes 1.35 on; 1.33 and 1.34 with the DeploymentReplicaSetTerminatingReplicas feature
-    gate). Elsewhere the pods, which the operator does not watch, are bounded from the rollout's end: the last old
-    pod was deleted by the time its Progressing condition turned ``NewReplicaSetAvailable``, and is gone within the
-    pod template's grace period and ``DRAIN_MARGIN_S`` after. That holds the slot for the whole grace period even
+    gate), but for a count of none under ``revisionHistoryLimit: 0``: the controller deletes the old ReplicaSet as
+    soon as the rollout is complete, its pods still terminating, and counts them no more. Elsewhere the pods, which
+    the operator does not watch, are bounded from the rollout's end: the last old pod was deleted by the time its
+    Progressing condition turned ``NewReplicaSetAvailable``, and is gone within the pod template's grace period and
+    ``DRAIN_MARGIN_S`` after. That holds the slot for the whole grace period even
     where the pods went sooner (a vLLM that aborts its requests exits in seconds), and after a scale-up as after a
     rollout: it errs towards a slot held too long, not a surge pod sent for a GPU still taken, but for old pods
     whose grace period the rollout itself shortened (the old template's is not kept)."""
     status = deployment.get("status") or {}
-    if status.get("terminatingReplicas") is not None:
-        return int(status["terminatingReplicas"]) > 0
+    counted = status.get("terminatingReplicas")
+    if counted is not None and (int(counted) > 0 or deployment["spec"].get("revisionHistoryLimit") != 0):
+        return int(counted) > 0
     for condition in status.get("conditions") or []:
         if condition.get("type") == "Progressing" and condition.get("reason") == "NewReplicaSetAvailable":
             ended = _moment(condition.get("lastUpdateTime"))

@@ -149,10 +149,13 @@ def draining(deployment: Deployment, now: datetime) -> bool:
     soon as the rollout is complete, its pods still terminating, and counts them no more. Elsewhere the pods, which
     the operator does not watch, are bounded from the rollout's end: the last old pod was deleted by the time its
     Progressing condition turned ``NewReplicaSetAvailable``, and is gone within the pod template's grace period and
-    ``DRAIN_MARGIN_S`` after. That holds the slot for the whole grace period even
-    where the pods went sooner (a vLLM that aborts its requests exits in seconds), and after a scale-up as after a
-    rollout: it errs towards a slot held too long, not a surge pod sent for a GPU still taken, but for old pods
-    whose grace period the rollout itself shortened (the old template's is not kept)."""
+    ``DRAIN_MARGIN_S`` after. That holds the slot for the whole grace period even where the pods went sooner (a vLLM
+    that aborts its requests exits in seconds): it errs towards a slot held too long, not a surge pod sent for a GPU
+    still taken, but for old pods whose grace period the rollout itself shortened (the old template's is not kept),
+    and for pods the condition does not date, which only the count tells: those of a later scale-down or deletion
+    (a scale-up or a lost pod keeps the reason and its time too), and those of a paused Deployment
+    (``DeploymentPaused``, whose time bounds nothing: a paused controller still scales the old ReplicaSet down once
+    the new one is fully available)."""
     status = deployment.get("status") or {}
     counted = status.get("terminatingReplicas")
     if counted is not None and (int(counted) > 0 or deployment["spec"].get("revisionHistoryLimit") != 0):

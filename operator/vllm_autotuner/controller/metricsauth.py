@@ -37,8 +37,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
@@ -233,9 +232,10 @@ def tls_context(cert_file: str | None, key_file: str | None) -> ssl.SSLContext:
     return context
 
 
-def self_signed_certificate(key: CertificateIssuerPrivateKeyTypes | None = None) -> tuple[bytes, bytes]:
+def self_signed_certificate(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | None = None) -> tuple[bytes, bytes]:
     """A PEM certificate for ``localhost``, valid for a year, and its PEM key (``key``, else a new ECDSA P-256 one):
-    for the transport only, as no client can verify it (the pod makes a new one at each start)."""
+    for the transport only, as no client can verify it (the pod makes a new one at each start). Signed with SHA-256,
+    hence an ECDSA or RSA key only (Ed25519 and Ed448 sign with no hash)."""
     key = key or ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "vllm-autotuner")])
     now = datetime.datetime.now(datetime.UTC)

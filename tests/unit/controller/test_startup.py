@@ -17,7 +17,7 @@ from urllib3.exceptions import ReadTimeoutError
 from vllm_autotuner.api.crd import crd
 from vllm_autotuner.controller import operator
 from vllm_autotuner.controller.kube import Kube
-from vllm_autotuner.controller.metricsauth import self_signed_certificate
+from vllm_autotuner.controller.metricsauth import CertificateWatch, self_signed_certificate
 from vllm_autotuner.controller.reconcile import OperatorSettings
 
 from ..test_api import published
@@ -28,14 +28,15 @@ OPTIONS = operator.RunOptions(settings=OperatorSettings(), http_host="127.0.0.1"
                               log_format="text")
 
 
-def start(monkeypatch: pytest.MonkeyPatch, store: Store, discovery, installed: dict | None = None) -> int:
-    """Run the operator on ``store``'s Lease, the apiserver answering discovery with ``discovery`` and the CRD read
-    with ``installed`` (default: this version's)."""
+def start(monkeypatch: pytest.MonkeyPatch, store: Store, discovery, installed: dict | None = None,
+          options: operator.RunOptions = OPTIONS) -> int:
+    """Run the operator with ``options`` on ``store``'s Lease, the apiserver answering discovery with ``discovery``
+    and the CRD read with ``installed`` (default: this version's)."""
     monkeypatch.setattr(operator, "_load_kube_config", client.ApiClient)
     monkeypatch.setattr(operator.client, "CoordinationV1Api", lambda api: FakeLeases(store))
     monkeypatch.setattr(Kube, "serves_tunings", discovery)
     monkeypatch.setattr(Kube, "tuning_crd", lambda kube: installed or crd())
-    return asyncio.run(operator.run(OPTIONS))
+    return asyncio.run(operator.run(options))
 
 
 @pytest.mark.parametrize("failure", [ApiException(status=503, reason="Service Unavailable"),
@@ -104,6 +105,24 @@ def test_a_certificate_that_cannot_be_loaded_exits_saying_which_and_what_to_give
     assert asyncio.run(operator.run(options)) == 2 and store.lease is None
     assert f"the HTTPS certificate of /metrics could not be loaded (--tls-cert-file {paths[0]}" in caplog.text
     assert "give a PEM certificate and its key" in caplog.text
+
+
+def test_a_given_certificate_is_watched_while_the_https_server_runs(monkeypatch, tmp_path) -> None:
+    """--tls-cert-file's watch runs beside the HTTPS server from its start: served the watch's context alone, the
+    server would keep the first certificate for the pod's life, renewals unseen."""
+    cert, key = self_signed_certificate()
+    (tmp_path / "tls.crt").write_bytes(cert)
+    (tmp_path / "tls.key").write_bytes(key)
+    watched: list[tuple[str, str]] = []
+
+    async def watch(self: CertificateWatch) -> None:
+        watched.append(self.files)
+
+    monkeypatch.setattr(CertificateWatch, "run", watch)
+    options = replace(OPTIONS, metrics_auth=True, tls_cert_file=str(tmp_path / "tls.crt"),
+                      tls_key_file=str(tmp_path / "tls.key"))
+    assert start(monkeypatch, Store(), lambda kube: False, options=options) == 2  # no VllmTunings: a failed start
+    assert watched == [(options.tls_cert_file, options.tls_key_file)]
 
 
 def test_a_crash_of_kopf_is_logged_and_exits_with_a_failure_after_releasing_the_lease(monkeypatch, caplog) -> None:

@@ -306,7 +306,8 @@ class OperatorProcess:
             return False
 
     def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
-        """Its /metrics: samples by sample name, each as (labels, value)."""
+        """Its /metrics, asked with no token (so of an operator run without --metrics-auth): samples by sample name,
+        each as (labels, value)."""
         with urllib.request.urlopen(self.url + "/metrics", timeout=5) as response:
             text = response.read().decode()
         samples: dict[str, list[tuple[dict[str, str], float]]] = {}
@@ -333,7 +334,7 @@ class OperatorProcess:
 
 
 class Operators:
-    """Starts operator processes for one test and stops them after it."""
+    """Starts operator processes for one test; :meth:`stop_all`, called by its teardown, stops them."""
 
     def __init__(self, cluster: Cluster, prometheus_url: str, namespace: str, workdir: Path) -> None:
         self.cluster = cluster

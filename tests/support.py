@@ -370,6 +370,14 @@ class Operators:
         return operator
 
     def stop_all(self) -> None:
+        """SIGTERM to each still running; one that is still running 60 s later is killed, the others stopped all the
+        same (none outlives its test), and the test fails: Kubernetes would have killed it too."""
+        stuck = []
         for operator in self.started:
             if operator.alive():
-                operator.stop()
+                try:
+                    operator.stop()
+                except subprocess.TimeoutExpired:
+                    operator.kill()
+                    stuck.append(operator.process.args)
+        assert not stuck, f"operators still running 60 s after SIGTERM, killed: {stuck}"

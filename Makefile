@@ -61,16 +61,24 @@ $(SETUP_STAMP): pyproject.toml
 	@$(PY) -m pip install -q -e '.[test]'
 	@touch $@
 
-testenv: bin/testenv bin/kubectl bin/helm ## Build the local control plane (+ kubectl) and helm into bin/
+# prometheus-operator's CRDs of the kinds the chart renders, at the version hack/monitoring-crds/go.mod pins: the
+# tests validate the chart's ServiceMonitor and PrometheusRule against them on the testenv's apiserver.
+MONITORING_CRDS := $(addprefix bin/crds/monitoring.coreos.com_,servicemonitors.yaml prometheusrules.yaml)
 
-bin/testenv: hack/go-build.sh hack/testenv/go.mod hack/testenv/go.sum $(wildcard hack/testenv/*.go)
+testenv: bin/testenv bin/kubectl bin/helm $(MONITORING_CRDS) ## Build the local control plane (+ kubectl) and helm, and copy prometheus-operator's CRDs, into bin/
+
+$(MONITORING_CRDS) &: hack/go-env.sh hack/go-module-files.sh hack/monitoring-crds/go.mod hack/monitoring-crds/go.sum
+	@GO=$(GO) hack/go-module-files.sh hack/monitoring-crds github.com/prometheus-operator/prometheus-operator \
+		example/prometheus-operator-crd $(MONITORING_CRDS)
+
+bin/testenv: hack/go-env.sh hack/go-build.sh hack/testenv/go.mod hack/testenv/go.sum $(wildcard hack/testenv/*.go)
 	@GO=$(GO) hack/go-build.sh hack/testenv . $@ '$(TESTENV_LDFLAGS)'
 
 # bin/testenv is also kubectl when called by that name.
 bin/kubectl: bin/testenv
 	@ln -sfn testenv $@
 
-bin/helm: hack/go-build.sh hack/helm/go.mod hack/helm/go.sum
+bin/helm: hack/go-env.sh hack/go-build.sh hack/helm/go.mod hack/helm/go.sum
 	@GO=$(GO) hack/go-build.sh hack/helm helm.sh/helm/v3/cmd/helm $@ '$(HELM_LDFLAGS)'
 
 up: setup testenv ## Start the control plane, Prometheus and the simulated GPU fleet in the background; settings in .local/env

@@ -7,19 +7,9 @@
 # usage: hack/go-build.sh MODULE_DIR PACKAGE OUTPUT [LDFLAGS]
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/go-env.sh"
 module_dir=$1 package=$2 output=$3 ldflags=${4:-}
-go=${GO:-go}
 name=$(basename "$output")
-
-command -v "$go" >/dev/null || {
-    echo "go-build: no Go toolchain at '$go': install Go (see go.mod for the version) or run make GO=/path/to/go" >&2
-    exit 1
-}
-export GOMODCACHE=$root/.cache/gomod GOCACHE=$root/.cache/gobuild GOPATH=$root/.cache/gopath
-# Static binaries as in the upstream release builds; VCS stamping is off
-# because the versions are stamped explicitly through LDFLAGS.
-export CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
 
 start=$SECONDS
 cd "$root/$module_dir"

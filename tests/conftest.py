@@ -16,7 +16,8 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-from tests.support import CRD_FILE, CRD_NAME, FLEET_POOLS, FLEET_TIME_SCALE, Cluster, Helm, wait_for
+import yaml
+from tests.support import CRD_FILE, FLEET_POOLS, FLEET_TIME_SCALE, MONITORING_CRDS, Cluster, Helm, wait_for
 
 from vllm_autotuner.sim import localenv
 
@@ -59,18 +60,34 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         _stop(request, control_plane, workdir)
 
 
-@pytest.fixture(scope="session")
-def cluster_with_crd(cluster: Cluster) -> Cluster:
-    """The cluster with the committed VllmTuning CRD applied and Established."""
-    cluster.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
+def _establish(cluster: Cluster, crd_file: Path) -> None:
+    """Apply the CRD in ``crd_file`` and wait until its kind is served."""
+    name = yaml.safe_load(crd_file.read_text())["metadata"]["name"]
+    cluster.kubectl("apply", "--server-side", "-f", str(crd_file))
     extensions = kubernetes.client.ApiextensionsV1Api(cluster.api)
 
     def established() -> bool:
-        conditions = extensions.read_custom_resource_definition(CRD_NAME).status.conditions or []
+        conditions = extensions.read_custom_resource_definition(name).status.conditions or []
         return any(c.type == "Established" and c.status == "True" for c in conditions)
 
-    wait_for(established, 60, f"CRD {CRD_NAME} to be Established")
+    wait_for(established, 60, f"CRD {name} to be Established")
+
+
+@pytest.fixture(scope="session")
+def cluster_with_crd(cluster: Cluster) -> Cluster:
+    """The cluster with the committed VllmTuning CRD applied and Established."""
+    _establish(cluster, CRD_FILE)
     return cluster
+
+
+@pytest.fixture(scope="session")
+def monitoring_crds(cluster: Cluster) -> None:
+    """prometheus-operator's own ServiceMonitor and PrometheusRule CRDs on the cluster, so that the apiserver
+    validates the chart's objects of those kinds by their real schemas (unknown fields refused when strict)."""
+    for crd_file in MONITORING_CRDS:
+        if not crd_file.exists():
+            pytest.fail(f"{crd_file.relative_to(localenv.ROOT)} missing: run `make testenv`", pytrace=False)
+        _establish(cluster, crd_file)
 
 
 @pytest.fixture(scope="session")

@@ -42,6 +42,9 @@ CRD_FILE = localenv.ROOT / "crds" / f"{CRD_NAME}.yaml"
 CHART = localenv.ROOT / "charts" / "vllm-autotuner"
 ALERTS = CHART / "files" / "alerts.yaml"
 HELM = localenv.BIN / "helm"
+MONITORING_CRDS = tuple(localenv.BIN / "crds" / f"monitoring.coreos.com_{plural}.yaml"
+                        for plural in ("servicemonitors", "prometheusrules"))
+"""prometheus-operator's CRDs of the kinds the chart renders, as `make testenv` copies them from its Go module."""
 FLEET_POOLS = ("llama3-8b-h100:4", "llama3-8b-l4:1")
 """The session fleet's nodes: H100s for rollouts with a surge pod, an L4 for
 budgets that do not fit its memory."""

@@ -47,6 +47,13 @@ NETWORK_POLICY = ("--set", "networkPolicy.enabled=true",
 SECURE = ("--set", "metricsAuth.enabled=true", "--set", "metricsAuth.tlsSecret=metrics-tls")
 # ... scraped by a ServiceMonitor as a ServiceAccount of the chart's, its token from a Secret, not Prometheus' own.
 SCRAPER = (*SECURE, "--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.scraperServiceAccount.create=true")
+# The ServiceMonitor's other ways to scrape: plain HTTP (with the PrometheusRule), Prometheus' own token over HTTPS
+# (bearerTokenFile), a Secret of the user's (`authorization`), the certificate verified with its CA.
+MONITORED = ("--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true")
+BEARER_FILE = (*SECURE, "--set", "serviceMonitor.enabled=true")
+TOKEN_SECRET = (*BEARER_FILE, "--set", "serviceMonitor.tokenSecret.name=prometheus-scraper")
+CA_TLS = {"ca": {"secret": {"name": "metrics-tls", "key": "ca.crt"}}, "serverName": "rel-vllm-autotuner.ops.svc"}
+VERIFIED = (*BEARER_FILE, "--set-json", f"serviceMonitor.tlsConfig={json.dumps(CA_TLS)}")
 # The image pinned by digest; names and a budget the apiserver takes that the schema must not refuse.
 PINNED = ("--set", f"image.digest={DIGEST}", "--set", "podDisruptionBudget.maxUnavailable=50%",
           "--set", "serviceAccount.name=operator.v1", "--set", "leaderElection.leaseName=lease.v1")
@@ -321,33 +328,13 @@ def test_the_notes_say_how_metrics_are_read(cluster: Cluster, helm: Helm, namesp
     assert "grant them with rbac.secrets.\n\nOperator metrics" in _notes(cluster, helm, namespace)  # a line between
 
 
-@pytest.fixture(scope="module")
-def service_monitor_kind(cluster: Cluster) -> Iterator[None]:
-    """The ServiceMonitor kind, from a stand-in for prometheus-operator's CRD (the testenv has none) that takes any
-    spec: enough for Helm, whose dry run maps every kind it renders, to build a release with a ServiceMonitor."""
-    name = "servicemonitors.monitoring.coreos.com"
-    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": name},
-           "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-                    "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor",
-                              "listKind": "ServiceMonitorList"},
-                    "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-                        "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(crd))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
-    try:
-        yield
-    finally:
-        cluster.kubectl("delete", "crd", name)
-
-
-@pytest.mark.usefixtures("service_monitor_kind")
+@pytest.mark.usefixtures("monitoring_crds")
 def test_the_notes_say_whose_token_the_service_monitor_presents(cluster: Cluster, helm: Helm, namespace: str) -> None:
     scraped = _notes(cluster, helm, namespace, *SCRAPER)
     assert f"presents the token of\nServiceAccount {namespace}/rel-vllm-autotuner-metrics-scraper (" in scraped
     assert f"bound to ClusterRole\nrel-vllm-autotuner-metrics-reader:{namespace}." in scraped
-    owned = _notes(cluster, helm, namespace, *SECURE, "--set", "serviceMonitor.enabled=true",
-                   "--set", "serviceMonitor.tokenSecret.name=mine")
-    assert f"bind the ServiceAccount whose token the\nServiceMonitor presents (Secret {namespace}/mine) to" in owned
+    owned = _notes(cluster, helm, namespace, *TOKEN_SECRET)
+    assert f"bind the ServiceAccount whose token the\nServiceMonitor presents (Secret {namespace}/prometheus-scraper)" in owned
 
 
 def test_the_notes_say_what_the_operator_may_read_only_when_the_chart_grants_it(
@@ -438,11 +425,8 @@ def test_metrics_auth_serves_https_grants_the_reviews_and_a_reader_role_and_scra
     (endpoint,) = monitor["spec"]["endpoints"]
     assert (endpoint["scheme"], endpoint["bearerTokenFile"], endpoint["tlsConfig"]) == (
         "https", "/var/run/secrets/kubernetes.io/serviceaccount/token", {"insecureSkipVerify": True})
-    tls = {"ca": {"secret": {"name": "metrics-tls", "key": "ca.crt"}}, "serverName": "rel-vllm-autotuner.ops.svc"}
-    verified = helm.template("rel", str(CHART), "-n", "ops", "--set", "serviceMonitor.enabled=true", *SECURE,
-                             "--set-json", f"serviceMonitor.tlsConfig={json.dumps(tls)}")
-    (monitor,) = [o for o in verified if o["kind"] == "ServiceMonitor"]
-    assert monitor["spec"]["endpoints"][0]["tlsConfig"] == tls
+    (monitor,) = [o for o in helm.template("rel", str(CHART), "-n", "ops", *VERIFIED) if o["kind"] == "ServiceMonitor"]
+    assert monitor["spec"]["endpoints"][0]["tlsConfig"] == CA_TLS
 
     self_signed = _operator(helm.template("rel", str(CHART), "--set", "metricsAuth.enabled=true"))
     (container,) = self_signed["spec"]["template"]["spec"]["containers"]
@@ -475,9 +459,7 @@ def test_the_service_monitor_presents_a_scraper_s_token_from_a_secret_when_told(
     assert "bearerTokenFile" not in endpoint and endpoint["scheme"] == "https"
     assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": scraper, "key": "token"}}
 
-    own = helm.template("rel", str(CHART), "-n", "ops", *SECURE, "--set", "serviceMonitor.enabled=true",
-                        "--set", "serviceMonitor.tokenSecret.name=prometheus-scraper",
-                        "--set", "serviceMonitor.tokenSecret.key=jwt")
+    own = helm.template("rel", str(CHART), "-n", "ops", *TOKEN_SECRET, "--set", "serviceMonitor.tokenSecret.key=jwt")
     endpoint = _scrape_endpoint(own)
     assert "bearerTokenFile" not in endpoint
     assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": "prometheus-scraper", "key": "jwt"}}
@@ -510,9 +492,10 @@ def test_the_scraper_s_token_secret_is_filled_and_lets_it_get_metrics(cluster: C
                                                                      namespace: str) -> None:
     """serviceMonitor.scraperServiceAccount.create on the real apiserver: the token controller fills the chart's
     Secret with a token of the scraper's ServiceAccount, which the operator's reviews, made with its own token and
-    the chart's grants, take for a user RBAC lets get /metrics. The testenv has no prometheus-operator CRDs, so
-    only the ServiceAccounts, their RBAC and the Secret are applied; the ServiceMonitor's `authorization` is
-    checked as rendered (test_the_service_monitor_presents_a_scraper_s_token_from_a_secret_when_told)."""
+    the chart's grants, take for a user RBAC lets get /metrics. Only the ServiceAccounts, their RBAC and the Secret
+    are applied: the testenv has no prometheus-operator to read the ServiceMonitor, whose `authorization` is
+    checked as rendered (test_the_service_monitor_presents_a_scraper_s_token_from_a_secret_when_told) and by its
+    CRD (test_rendered_manifests_pass_a_server_side_dry_run)."""
     rendered = helm("template", "rel", str(CHART), "-n", namespace, *SCRAPER,
                     "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
                     "--show-only", "templates/metrics-scraper.yaml").stdout
@@ -533,17 +516,39 @@ def test_the_scraper_s_token_secret_is_filled_and_lets_it_get_metrics(cluster: C
         cluster.kubectl("delete", "-f", "-", "--ignore-not-found", stdin=rendered)
 
 
-@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, PINNED, NETWORK_POLICY, SECURE],
-                         ids=["defaults", "namespaced", "single", "pinned", "network-policy", "secure"])
+@pytest.mark.usefixtures("monitoring_crds")
+@pytest.mark.parametrize("values", [(), NAMESPACED, SINGLE, PINNED, NETWORK_POLICY, SECURE, MONITORED, BEARER_FILE,
+                                    SCRAPER, TOKEN_SECRET, VERIFIED],
+                         ids=["defaults", "namespaced", "single", "pinned", "network-policy", "secure", "monitored",
+                              "bearer-file", "scraper", "token-secret", "verified"])
 def test_rendered_manifests_pass_a_server_side_dry_run(cluster_with_crd: Cluster, helm: Helm, namespace: str,
                                                        values: tuple[str, ...]) -> None:
+    """Every object as the apiserver would store it, the ServiceMonitor and PrometheusRule by prometheus-operator's
+    own CRDs: strict field validation refuses a field their schemas lack (a misspelling, one of another version)."""
     with cluster_with_crd.fresh_namespace() as team_a, cluster_with_crd.fresh_namespace() as team_b:
         values = tuple(v.replace("team-a", team_a).replace("team-b", team_b) for v in values)
         rendered = helm("template", "dry", str(CHART), "-n", namespace, "--include-crds", *values).stdout
-        applied = cluster_with_crd.kubectl("apply", "--dry-run=server", "-f", "-", stdin=rendered).stdout
+        applied = cluster_with_crd.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-",
+                                           stdin=rendered).stdout
     assert f"customresourcedefinition.apiextensions.k8s.io/{CRD_NAME}" in applied
     assert "deployment.apps/dry-vllm-autotuner created (server dry run)" in applied
     assert applied.count("(server dry run)") == len([line for line in rendered.splitlines() if line.startswith("kind:")])
+
+
+@pytest.mark.usefixtures("monitoring_crds")
+@pytest.mark.parametrize(("template", "field", "misspelt", "complaint"), [
+    ("servicemonitor.yaml", "authorization:", "authorisation:", 'unknown field "spec.endpoints[0].authorisation"'),
+    ("prometheusrule.yaml", "for:", "fore:", 'unknown field "spec.groups[0].rules[0].fore"'),
+], ids=["service-monitor", "prometheus-rule"])
+def test_the_dry_run_refuses_a_field_prometheus_operator_does_not_know(
+        cluster: Cluster, helm: Helm, namespace: str, template: str, field: str, misspelt: str, complaint: str) -> None:
+    """What the dry run above is worth for these kinds: a CRD that kept any field would pass a misspelt one."""
+    rendered = helm("template", "dry", str(CHART), "-n", namespace, *SCRAPER, "--set", "prometheusRule.enabled=true",
+                    "--show-only", f"templates/{template}").stdout
+    assert field in rendered
+    refused = cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-", check=False,
+                              stdin=rendered.replace(field, misspelt, 1))
+    assert refused.returncode != 0 and complaint in refused.stderr
 
 
 @pytest.fixture

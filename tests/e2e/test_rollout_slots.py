@@ -5,9 +5,10 @@ each starts a surge pod that needs a spare GPU. Changes of many tunings
 that fall due together (two schedule windows opening, a change freeze
 ending) would all surge at once. With ``--max-concurrent-rollouts 1`` the
 second tuning's change holds (reason RolloutSlots) until the first rollout
-is complete, then runs. A rollout someone else started on a tuned
-Deployment holds a slot just as well. The change that has waited longest
-goes first, also after the operator restarted: its place is in its status.
+is complete and its old pods, which hold their GPUs while they drain, are
+gone, then runs. A rollout someone else started on a tuned Deployment holds
+a slot just as well. The change that has waited longest goes first, also
+after the operator restarted: its place is in its status.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from datetime import datetime
 
 import pytest
 from tests.e2e.world import World, knob_args, knobs_of, open_window, tuning_spec
-from tests.support import H100, L4, Cluster, NotYet, Operators, wait_for
+from tests.support import FLEET_TIME_SCALE, H100, L4, Cluster, NotYet, Operators, vllm_deployment, wait_for
 
 from vllm_autotuner.sim import localenv
 from vllm_autotuner.sim.fleet import PROFILE_LABEL
@@ -24,6 +25,9 @@ from vllm_autotuner.sim.fleet import PROFILE_LABEL
 pytestmark = pytest.mark.e2e
 
 BEFORE, PRESET = (2048, 64), (8192, 128)
+PRE_STOP_S = 800
+"""A preStop sleep the fleet scales to 40 s (``FLEET_TIME_SCALE``): long enough for a tuning to be evaluated while
+a pod drains, on a loaded machine."""
 
 
 def stuck_rollout(world: World) -> None:
@@ -70,6 +74,59 @@ def test_with_one_rollout_slot_the_second_tunings_change_waits_for_the_first_rol
     held = f"a rollout slot, all 1 of --max-concurrent-rollouts held by {namespace}/{went.name} (rolling out)"
     assert any(held in h["reason"] for h in waited.history()), waited.history()
     assert operator.metric("vllm_autotuner_decisions_total", reason="RolloutSlots") >= 1
+
+
+def slow_to_stop(name: str) -> dict:
+    """The pod template of a Deployment whose pods take long to stop: a preStop sleep (what people give vLLM for the
+    endpoints to stop sending it requests), within a grace period that covers it; the simulated kubelet honours it."""
+    template = vllm_deployment(name, H100, knob_args(*BEFORE), replicas=1)["spec"]["template"]
+    template["spec"]["terminationGracePeriodSeconds"] = PRE_STOP_S + 60
+    template["spec"]["containers"][0]["lifecycle"] = {"preStop": {"sleep": {"seconds": PRE_STOP_S}}}
+    return template
+
+
+def test_a_rollouts_old_pod_still_terminating_holds_the_slot_until_it_is_gone(
+        cluster_with_crd: Cluster, namespace: str, fleet: localenv.Fleet, operators: Operators) -> None:
+    """The Deployment controller declares the first rollout complete, and the operator judges it a success, while the
+    old pod still drains on its GPU; the second change, due meanwhile, waits for it (seen in the Deployment's
+    terminatingReplicas), or its surge pod would find no GPU in a full pool."""
+    first, second = World(cluster_with_crd, namespace, "first"), World(cluster_with_crd, namespace, "second")
+    first.create_deployment(H100, knob_args(*BEFORE), replicas=1, template=slow_to_stop(first.name))
+    second.create_deployment(H100, knob_args(*BEFORE), replicas=1)  # two of the four H100s: room for a surge pod
+    for world in (first, second):
+        world.create_tuning(tuning_spec(world.name))
+    operators.start("operator", None, "--max-concurrent-rollouts=1")
+    preset = [open_window("Europe/Berlin", {"maxNumBatchedTokens": PRESET[0], "maxNumSeqs": PRESET[1]})]
+    first.patch_tuning({"schedules": preset})
+
+    def complete_and_draining() -> str | NotYet:
+        status = first.deployment().status
+        old = [p.metadata.name for p in first.pods() if p.metadata.deletion_timestamp]
+        done = status.updated_replicas == status.available_replicas == status.replicas == 1
+        return old[0] if done and old and status.terminating_replicas else NotYet(f"{status}, terminating {old}")
+
+    old = wait_for(complete_and_draining, 90, "the first rollout complete, its old pod still terminating")
+    second.patch_tuning({"schedules": preset})  # due now, while the old pod holds its GPU
+
+    def held() -> list[str] | NotYet:
+        reasons = [h["reason"] for h in second.history()]
+        return reasons if any(f"held by {namespace}/{first.name} (pods terminating)" in r for r in reasons) else (
+            NotYet(f"{reasons}, first's lastRollout {first.status().get('lastRollout')}"))
+
+    wait_for(held, 30, "the second preset to wait for the slot the terminating pod holds")
+
+    meanwhile = []  # the second's knobs while the old pod still terminated
+
+    def gone() -> bool | NotYet:
+        knobs = knobs_of(second.template_args())  # read first: a change seen here came before the pod seen below
+        if old in {p.metadata.name for p in first.pods()}:
+            meanwhile.append(knobs)
+            return NotYet(f"{old} still terminating")
+        return True
+
+    wait_for(gone, 2 * PRE_STOP_S * FLEET_TIME_SCALE + 30, f"{old} gone")
+    assert set(meanwhile) <= {BEFORE}, f"the second rollout started while {old} still terminated: {meanwhile}"
+    second.wait_rolled_out(knob_args(*PRESET), 90)
 
 
 def test_someone_elses_rollout_of_a_tuned_deployment_holds_the_slot(

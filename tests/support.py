@@ -59,7 +59,9 @@ def wait_for(predicate: Callable[[], T], timeout: float, description: str) -> T:
     """Poll ``predicate`` until it returns something truthy, and return that.
 
     On timeout the test fails with ``description`` and the last value (or
-    exception) the predicate produced.
+    exception) the predicate produced. An exception, an AssertionError
+    included, counts as "not yet": an invariant that must hold at every poll
+    is collected in the predicate and asserted after the wait.
     """
     try:
         return localenv.wait_until(predicate, timeout, description)

@@ -70,3 +70,11 @@ def event_body(involved: dict[str, Any], reason: str, message: str, type_: str, 
         "lastTimestamp": stamp,
         "count": 1,
     }
+
+
+def sameness(body: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes an Event (an ``event_body``) the same as another: the object it is about (its uid, not the version
+    read) and what it says; not when it was sent."""
+    involved = body["involvedObject"]
+    return (involved["kind"], involved["namespace"], involved["name"], involved["uid"], body["reason"],
+            body["message"], body["type"])

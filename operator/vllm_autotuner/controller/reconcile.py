@@ -235,8 +235,16 @@ class Report:
     patched: bool = False
     """The decision's patch was written: a redo after a refused status write follows that rollout, and decides
     anew, so the decision is counted although the write is refused."""
-    events: list[tuple[str, str, str]] = field(default_factory=list)  # on the VllmTuning: reason, message, type
-    target_events: list[tuple[str, str, str]] = field(default_factory=list)  # on the Deployment
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    """Events on the VllmTuning: reason, message, type. Sent, and logged, unless ``sent_before`` has them."""
+    target_events: list[tuple[str, str, str]] = field(default_factory=list)  # on the Deployment, the same way
+    sent_before: frozenset[tuple[Any, ...]] = frozenset()
+    """The Events (``events.sameness``) the evaluation before sent, its status write refused with 409: this one, its
+    redo, reads the status without that write and judges the same again; what it has to say, said, is not sent
+    twice. A different Event is sent."""
+    sent: set[tuple[Any, ...]] = field(default_factory=set)
+    """Its Events sent, now or by the evaluation before (``sent_before``): kept for the redo should its status
+    write be refused with 409."""
     finished: list[Verdict] = field(default_factory=list)
     """The verdicts on the rollouts it judged, counted in ``rollouts_total`` unless its status write is refused
     with 409 (the evaluation redone at once judges them again, and counts them). A write that failed otherwise may
@@ -286,7 +294,12 @@ def spec_problems(spec: VllmTuningSpec) -> list[str]:
 
 
 class Reconciler:
-    """Evaluates tunings against the cluster and Prometheus."""
+    """Evaluates tunings against the cluster and Prometheus.
+
+    An evaluation whose status write is refused with 409 is redone at once, on the VllmTuning as it is now, whose
+    status lacks that write: what the refused one counted (``_count``) and the Events it sent (``_send_events``)
+    are kept per tuning, so that the redo, judging the same again, neither counts nor sends them twice.
+    """
 
     def __init__(self, kube: Kube, cache: ClusterCache, observations: ObservationService,
                  metrics: OperatorMetrics, settings: OperatorSettings) -> None:
@@ -301,11 +314,15 @@ class Reconciler:
         self._slot_lock = asyncio.Lock()  # counting the slots taken and taking one is one step
         # per tuning, the last rollout verdict counted in rollouts_total, with the tuning's uid (``_count``)
         self._counted: dict[Key, tuple[str, Verdict]] = {}
+        # per tuning, the Events sent by an evaluation whose status write was refused with 409, for its redo alone
+        self._unwritten: dict[Key, frozenset[tuple[Any, ...]]] = {}
 
     def forget(self, key: Key) -> None:
-        """Drop what this process keeps of a deleted tuning: its rollout slot, and the last verdict it counted."""
+        """Drop what this process keeps of a deleted tuning: its rollout slot, the last verdict it counted, and the
+        Events of an evaluation whose status write was refused."""
         self.slots.forget(key)
         self._counted.pop(key, None)
+        self._unwritten.pop(key, None)
 
     async def _call(self, fn, *args):  # noqa: ANN001, ANN202 - thin wrapper over blocking client calls
         return await asyncio.to_thread(fn, *args)
@@ -326,11 +343,13 @@ class Reconciler:
         started = time.perf_counter()
         generation = int(body["metadata"].get("generation") or 0)
         now = datetime.fromtimestamp(at, UTC)
+        # the Events of a refused evaluation are kept for the one after it, its redo, alone
+        report = Report(key[0], key[1], VllmTuningStatus(), generation, now, uid=body["metadata"].get("uid", ""),
+                        sent_before=self._unwritten.pop(key, frozenset()))
         try:
-            state = with_timed_restart(VllmTuningStatus.model_validate(body.get("status") or {}))
+            report.state = with_timed_restart(VllmTuningStatus.model_validate(body.get("status") or {}))
         except ValidationError as exc:
-            return await self._unreadable_status(body, generation, now, exc, write)
-        report = Report(key[0], key[1], state, generation, now, uid=body["metadata"].get("uid", ""))
+            return await self._unreadable_status(body, report, exc, write)
         try:
             spec = VllmTuningSpec.model_validate(body["spec"])
         except ValidationError as exc:
@@ -363,9 +382,10 @@ class Reconciler:
         await self._finish(body, report, spec, started, write)
         return report
 
-    async def _unreadable_status(self, body: dict[str, Any], generation: int, now: datetime, exc: ValidationError,
+    async def _unreadable_status(self, body: dict[str, Any], report: Report, exc: ValidationError,
                                  write: bool) -> Report:
-        """Hold, and say so in the Ready condition alone, when the status cannot be read.
+        """Hold, and say so in the Ready condition alone (in ``report``, of an empty status), when the status cannot
+        be read.
 
         The status is the operator's memory: the configs that failed to start, a
         rollout in flight to roll back if it fails. Rebuilt from nothing, it would
@@ -380,7 +400,6 @@ class Reconciler:
                    "again, or clear the status to start afresh, forgetting failed configs and what was learned "
                    f"(kubectl patch vllmtuning {name} -n {namespace} --subresource=status --type=merge "
                    "-p '{\"status\":null}').")
-        report = Report(namespace, name, VllmTuningStatus(), generation, now)
         report.condition(ConditionType.READY, False, events.STATUS_UNREADABLE, message)
         written = [c for c in (body.get("status") or {}).get("conditions") or [] if isinstance(c, dict)]
         ready = next((c for c in written if c.get("type") == ConditionType.READY), {})
@@ -1106,7 +1125,8 @@ class Reconciler:
         self._record_slot((namespace, name), report)  # also after evaluations that stopped early
         # Events before the status: whoever sees a condition in the status finds its Event too, and
         # an operator stopped between the two writes sends an Event twice rather than never (whether
-        # to send one is judged from the status).
+        # to send one is judged from the status). A write refused with 409 has its evaluation redone at
+        # once, judging the same again: those the refused one sent are not sent twice (``Report.sent_before``).
         await self._send_events(meta, report, deployment)
         if _pruned(status) != _pruned(body.get("status") or {}):
             await self._write_status(meta, report, status)
@@ -1136,8 +1156,9 @@ class Reconciler:
         still that object as read (its resourceVersion): one deleted and created again under its name meanwhile
         (``kubectl replace --force``, a reinstall) must not take the old one's failed configs, rollout and target
         uid, nor one edited since (its spec, its status cleared by a person) a status worked out before. Refused
-        so, this evaluation's result is dropped (``report.refused``), and the next evaluation reads the object
-        anew, as soon as the watch brings it (``Evaluator``)."""
+        so, this evaluation's result is dropped (``report.refused``), but for the Events it sent, kept for the next
+        evaluation (``Report.sent_before``), which reads the object anew as soon as the watch brings it
+        (``Evaluator``)."""
         namespace, name = meta["namespace"], meta["name"]
         try:
             await self._call(self.kube.patch_tuning_status, namespace, name, status, meta.get("resourceVersion"))
@@ -1146,6 +1167,7 @@ class Reconciler:
                 log.info("the status of %s/%s is not written: the VllmTuning was changed, or deleted and created "
                          "again, since it was read; it is evaluated again once read anew", namespace, name)
                 report.refused = True
+                self._unwritten[namespace, name] = frozenset(report.sent)
                 return
             log.warning("writing the status of %s/%s failed: %s", namespace, name, exc.reason)
             if exc.status == 404:
@@ -1157,19 +1179,27 @@ class Reconciler:
 
     async def _send_events(self, meta: dict[str, Any], report: Report, deployment: dict[str, Any] | None) -> None:
         """Log the report's Events, then send them: on the VllmTuning, and on ``deployment`` (when known) those
-        about the target."""
+        about the target. Those the refused evaluation before sent (``Report.sent_before``) are neither: the log
+        has them from it, once, as the Events do."""
         namespace, name = meta["namespace"], meta["name"]
-        for reason, message, type_ in report.events + report.target_events:
-            # what the Events say goes to the log too: the one record that outlives their TTL
-            log.log(logging.WARNING if type_ == events.WARNING else logging.INFO, "%s: %s", reason, message,
-                    extra={"namespace": namespace, "tuning": name, "reason": reason})
+        tuning = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
+        target = None if deployment is None else {"apiVersion": "apps/v1", "kind": "Deployment",
+                                                  "metadata": deployment["metadata"]}
+        bodies: list[dict[str, Any]] = []
+        for involved, listed in ((tuning, report.events), (target, report.target_events)):
+            for reason, message, type_ in listed:
+                body = events.event_body(involved, reason, message, type_, report.now) if involved else None
+                if body is not None and events.sameness(body) in report.sent_before:
+                    report.sent.add(events.sameness(body))  # kept, should this redo's write be refused too
+                    continue
+                # what the Events say goes to the log too: the one record that outlives their TTL
+                log.log(logging.WARNING if type_ == events.WARNING else logging.INFO, "%s: %s", reason, message,
+                        extra={"namespace": namespace, "tuning": name, "reason": reason})
+                bodies += [body] if body is not None else []
         try:
-            tuning = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
-            for reason, message, type_ in report.events:
-                await self._call(self.kube.create_event, events.event_body(tuning, reason, message, type_, report.now))
-            for reason, message, type_ in report.target_events if deployment else ():
-                involved = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": deployment["metadata"]}
-                await self._call(self.kube.create_event, events.event_body(involved, reason, message, type_, report.now))
+            for body in bodies:
+                await self._call(self.kube.create_event, body)
+                report.sent.add(events.sameness(body))
         except (ApiException, HTTPError) as exc:  # refused, or a timeout: the status is still written
             log.warning("sending the Events of %s/%s failed: %s", namespace, name, api_error(exc))
 

@@ -1,8 +1,8 @@
 """An evaluation's writes fail one by one: an Event that times out does not lose the status after it, nor does a
-status write that times out stop the evaluations after it, and a refused one (409) counts
-nothing of what the evaluation redone judges again. A verdict whose status write did not land (refused, timed out)
-is judged again by the next evaluation, and counted once. The reconciler is driven with the stand-ins of
-``test_reconcile_rollout``."""
+status write that times out stop the evaluations after it, and a refused one (409) counts nothing of what the
+evaluation redone judges again, nor has the Events it sent sent again. A verdict whose status write did not land
+(refused, timed out) is judged again by the next evaluation, and counted once. The reconciler is driven with the
+stand-ins of ``test_reconcile_rollout``."""
 
 from __future__ import annotations
 
@@ -197,3 +197,42 @@ def test_the_decision_after_a_rollback_whose_status_write_is_refused_is_counted_
     assert refused is not None and refused.refused and refused.decision is not None and not refused.patched
     assert decisions(metrics) == {}
 
+
+
+def sent(kube: Refused) -> list[tuple[str, str, str, str]]:
+    """The Events sent: about what, and what they say."""
+    return [(event["involvedObject"]["kind"], event["reason"], event["message"], event["type"])
+            for event in kube.events]
+
+
+def test_the_events_of_an_evaluation_whose_status_write_is_refused_are_not_sent_again_by_its_redo() -> None:
+    """The redo reads a status without the refused write, judges the same rollout again and has the same Events
+    to send: they were sent, and go once, however many redos are refused. Not once the write lands: an evaluation
+    after it that sends the same Events again (here its status reads as before) sends them."""
+    kube = Refused(times=2)
+    reconciler = completed(kube, OperatorMetrics())
+    verdict = [("VllmTuning", "RolloutSucceeded", "tokens=4096 seqs=64 is live: all replicas updated and available",
+                "Normal")]
+    for seconds, refused, events in ((0, True, verdict), (5, True, verdict), (10, False, verdict),
+                                     (15, False, verdict * 2)):
+        report = asyncio.run(reconciler.evaluate(("llm", "llama"), (harness.NOW + timedelta(seconds=seconds))
+                                                 .timestamp()))
+        assert report is not None and report.refused == refused and report.events == [verdict[0][1:]]
+        assert sent(kube) == events
+    assert [status["lastRollout"]["phase"] for status in kube.statuses] == ["Succeeded"] * 2
+
+
+def test_an_event_the_redo_of_a_refused_status_write_has_anew_is_sent() -> None:
+    """A person's edit refused the write: it names a time zone that does not exist. The redo sends InvalidSpec,
+    not the verdict on the rollout again."""
+    kube = Refused()
+    reconciler = completed(kube, OperatorMetrics())
+    report = asyncio.run(reconciler.evaluate(("llm", "llama"), harness.NOW.timestamp()))
+    assert report is not None and report.refused
+    reconciler.cache.tunings[("llm", "llama")]["spec"]["schedules"] = [
+        {"name": "night", "timeZone": "Mars/Olympus", "start": "0 22 * * *", "end": "0 6 * * *",
+         "knobs": {"maxNumBatchedTokens": 8192, "maxNumSeqs": 64}}]
+    report = asyncio.run(reconciler.evaluate(("llm", "llama"), (harness.NOW + timedelta(seconds=5)).timestamp()))
+    assert report is not None and not report.refused
+    assert [reason for reason, _, _ in report.events] == ["InvalidSpec", "RolloutSucceeded"]
+    assert [reason for _, reason, _, _ in sent(kube)] == ["RolloutSucceeded", "InvalidSpec"]

@@ -239,12 +239,12 @@ class Report:
     """Events on the VllmTuning: reason, message, type. Sent, and logged, unless ``sent_before`` has them."""
     target_events: list[tuple[str, str, str]] = field(default_factory=list)  # on the Deployment, the same way
     sent_before: frozenset[tuple[Any, ...]] = frozenset()
-    """The Events (``events.sameness``) the evaluation before sent, its status write refused with 409: this one, its
-    redo, reads the status without that write and judges the same again; what it has to say, said, is not sent
-    twice. A different Event is sent."""
+    """The Events (``events.sameness``) the evaluation before sent, its status write not landed (refused with 409:
+    this one is its redo; refused otherwise, or not answered): this one reads the status without that write and
+    judges the same again; what it has to say, said, is not sent twice. A different Event is sent."""
     sent: set[tuple[Any, ...]] = field(default_factory=set)
-    """Its Events sent, now or by the evaluation before (``sent_before``): kept for the redo should its status
-    write be refused with 409."""
+    """Its Events sent, now or by the evaluation before (``sent_before``): kept for the next evaluation should its
+    status write not land."""
     finished: list[Verdict] = field(default_factory=list)
     """The verdicts on the rollouts it judged, counted in ``rollouts_total`` unless its status write is refused
     with 409 (the evaluation redone at once judges them again, and counts them). A write that failed otherwise may
@@ -296,9 +296,10 @@ def spec_problems(spec: VllmTuningSpec) -> list[str]:
 class Reconciler:
     """Evaluates tunings against the cluster and Prometheus.
 
-    An evaluation whose status write is refused with 409 is redone at once, on the VllmTuning as it is now, whose
-    status lacks that write: what the refused one counted (``_count``) and the Events it sent (``_send_events``)
-    are kept per tuning, so that the redo, judging the same again, neither counts nor sends them twice.
+    An evaluation whose status write does not land leaves the next one a status without it (at once after a 409,
+    which has it redone on the VllmTuning as it is now; at each evaluation while a Role lacks the grant): what it
+    counted (``_count``) and the Events it sent (``_send_events``) are kept per tuning, so that the next one,
+    judging the same again, neither counts nor sends them twice.
     """
 
     def __init__(self, kube: Kube, cache: ClusterCache, observations: ObservationService,
@@ -314,7 +315,7 @@ class Reconciler:
         self._slot_lock = asyncio.Lock()  # counting the slots taken and taking one is one step
         # per tuning, the last rollout verdict counted in rollouts_total, with the tuning's uid (``_count``)
         self._counted: dict[Key, tuple[str, Verdict]] = {}
-        # per tuning, the Events sent by an evaluation whose status write was refused with 409, for its redo alone
+        # per tuning, the Events sent by an evaluation whose status write did not land, for the next one alone
         self._unwritten: dict[Key, frozenset[tuple[Any, ...]]] = {}
 
     def forget(self, key: Key) -> None:
@@ -343,7 +344,7 @@ class Reconciler:
         started = time.perf_counter()
         generation = int(body["metadata"].get("generation") or 0)
         now = datetime.fromtimestamp(at, UTC)
-        # the Events of a refused evaluation are kept for the one after it, its redo, alone
+        # the Events of an evaluation whose status write did not land are kept for the one after it alone
         report = Report(key[0], key[1], VllmTuningStatus(), generation, now, uid=body["metadata"].get("uid", ""),
                         sent_before=self._unwritten.pop(key, frozenset()))
         try:
@@ -1125,8 +1126,8 @@ class Reconciler:
         self._record_slot((namespace, name), report)  # also after evaluations that stopped early
         # Events before the status: whoever sees a condition in the status finds its Event too, and
         # an operator stopped between the two writes sends an Event twice rather than never (whether
-        # to send one is judged from the status). A write refused with 409 has its evaluation redone at
-        # once, judging the same again: those the refused one sent are not sent twice (``Report.sent_before``).
+        # to send one is judged from the status). A write that does not land leaves the next evaluation to
+        # judge the same again: those this one sent are not sent twice (``Report.sent_before``).
         await self._send_events(meta, report, deployment)
         if _pruned(status) != _pruned(body.get("status") or {}):
             await self._write_status(meta, report, status)
@@ -1156,31 +1157,36 @@ class Reconciler:
         still that object as read (its resourceVersion): one deleted and created again under its name meanwhile
         (``kubectl replace --force``, a reinstall) must not take the old one's failed configs, rollout and target
         uid, nor one edited since (its spec, its status cleared by a person) a status worked out before. Refused
-        so, this evaluation's result is dropped (``report.refused``), but for the Events it sent, kept for the next
-        evaluation (``Report.sent_before``), which reads the object anew as soon as the watch brings it
-        (``Evaluator``)."""
+        so, this evaluation's result is dropped (``report.refused``), and the next evaluation reads the object anew,
+        as soon as the watch brings it (``Evaluator``). A write that did not land, refused so or otherwise, leaves
+        the Events this evaluation sent to the next one (``Report.sent_before``)."""
         namespace, name = meta["namespace"], meta["name"]
         try:
             await self._call(self.kube.patch_tuning_status, namespace, name, status, meta.get("resourceVersion"))
+            return
         except ApiException as exc:
+            if exc.status == 404:
+                # Deleted while the watch was down: a re-list after it brings no DELETED event, and the
+                # tuning would be evaluated, and act, for as long as the operator runs.
+                log.warning("writing the status of %s/%s failed: %s", namespace, name, exc.reason)
+                self.cache.forget_tuning(namespace, name)
+                return
             if exc.status == 409:
                 log.info("the status of %s/%s is not written: the VllmTuning was changed, or deleted and created "
                          "again, since it was read; it is evaluated again once read anew", namespace, name)
                 report.refused = True
-                self._unwritten[namespace, name] = frozenset(report.sent)
-                return
-            log.warning("writing the status of %s/%s failed: %s", namespace, name, exc.reason)
-            if exc.status == 404:
-                # Deleted while the watch was down: a re-list after it brings no DELETED event, and the
-                # tuning would be evaluated, and act, for as long as the operator runs.
-                self.cache.forget_tuning(namespace, name)
+            else:  # refused for as long as a Role lacks the grant, or a webhook refuses: tried at each evaluation
+                log.warning("writing the status of %s/%s failed: %s", namespace, name, exc.reason)
         except HTTPError as exc:  # a timeout, a reset: written at the next evaluation
             log.warning("writing the status of %s/%s failed: %s", namespace, name, exc)
+        # the next evaluation reads a status without this write (one that timed out may have landed) and judges
+        # the same again: what this one said is not said again (``Report.sent_before``)
+        self._unwritten[namespace, name] = frozenset(report.sent)
 
     async def _send_events(self, meta: dict[str, Any], report: Report, deployment: dict[str, Any] | None) -> None:
         """Log the report's Events, then send them: on the VllmTuning, and on ``deployment`` (when known) those
-        about the target. Those the refused evaluation before sent (``Report.sent_before``) are neither: the log
-        has them from it, once, as the Events do."""
+        about the target. Those the evaluation before sent, its status write not landed (``Report.sent_before``),
+        are neither: the log has them from it, once, as the Events do."""
         namespace, name = meta["namespace"], meta["name"]
         tuning = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
         target = None if deployment is None else {"apiVersion": "apps/v1", "kind": "Deployment",

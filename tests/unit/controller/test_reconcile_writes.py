@@ -134,6 +134,8 @@ def test_a_verdict_judged_again_after_a_status_write_that_did_not_land_is_counte
         assert report is not None and [v.outcome for v in report.finished] == ["Succeeded"]
         assert succeeded(metrics) == 1
     assert [status["lastRollout"]["phase"] for status in kube.statuses] == ["Succeeded"]
+    # and its Event is sent once, not at each evaluation until a write lands
+    assert [reason for _, reason, _, _ in sent(kube)] == ["RolloutSucceeded"]
 
 
 def test_a_decision_whose_status_write_is_refused_is_counted_once_when_the_evaluation_is_redone() -> None:

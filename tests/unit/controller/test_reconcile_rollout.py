@@ -205,38 +205,51 @@ def test_a_deployment_watched_before_our_own_write_lands_is_not_judged() -> None
     assert current is not None and current.source == KnobSource.INITIAL
 
 
-def test_a_second_tuning_of_the_target_stops_changes_but_not_the_rollback_of_our_crash_looping_rollout() -> None:
-    """A copy of the tuning (a GitOps duplicate) appears while our rollout's new pod crash-loops: neither tuning may
-    change the Deployment, but the rollout already made is still judged and rolled back (the config was ours)."""
-    owner = [{"kind": "ReplicaSet", "uid": "llama-7f8b-uid"}]
-    crashing = {"metadata": {"name": NEW[1], "ownerReferences": owner}, "status": {"containerStatuses": [{
-        "name": "vllm", "restartCount": 3, "ready": False, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-        "lastState": {"terminated": {"reason": "Error", "exitCode": 1, "message": "not enough KV cache",
-                                     "finishedAt": utc_timestamp(NOW - timedelta(seconds=30))}}}]}}
+#: A pod of the new ReplicaSet whose vLLM crash-loops since 30 s before NOW.
+CRASHING = {"metadata": {"name": NEW[1], "ownerReferences": [{"kind": "ReplicaSet", "uid": "llama-7f8b-uid"}]},
+            "status": {"containerStatuses": [{
+                "name": "vllm", "restartCount": 3, "ready": False, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {"reason": "Error", "exitCode": 1, "message": "not enough KV cache",
+                                             "finishedAt": utc_timestamp(NOW - timedelta(seconds=30))}}}]}}
+#: The apiserver's answer to a patch.
+PATCHED = {"metadata": {"generation": 3}}
 
-    class Crashing(Kube):
-        def __init__(self) -> None:
-            self.patches: list[dict[str, Any]] = []
 
-        def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-            return [crashing]
+class Crashing(Kube):
+    """The new ReplicaSet's pod crash-loops; the patches written (a rollback) are kept."""
 
-        def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-            self.patches.append(patch)
-            return {"metadata": {"generation": 3}}
+    def __init__(self) -> None:
+        self.patches: list[dict[str, Any]] = []
 
-    both = cache()
-    both.deployment("llm", "llama")["metadata"]["resourceVersion"] = "7"  # type: ignore[index]
-    both.on_tuning_event(None, {"metadata": {"name": "llama-copy", "namespace": "llm", "generation": 1},
-                                "spec": {"targetRef": {"name": "llama"}, "prometheus": {"url": "http://p:9090"}}})
-    kube = Crashing()
-    reconciler = Reconciler(kube, both, Windows(window((OLD, NEW))), OperatorMetrics(),  # type: ignore[arg-type]
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return [CRASHING]
+
+    def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.patches.append(patch)
+        return PATCHED
+
+
+def rolling_back(kube: Kube, tunings: ClusterCache) -> Reconciler:
+    """A reconciler over ``tunings`` whose rollback reads no ReplicaSet's template (a rollback by a new template)."""
+    reconciler = Reconciler(kube, tunings, Windows(window((OLD, NEW))), OperatorMetrics(),  # type: ignore[arg-type]
                             OperatorSettings())
 
     async def no_replicaset_template(target: Any) -> None:
         return None
 
     reconciler._replaced_template = no_replicaset_template  # type: ignore[method-assign]
+    return reconciler
+
+
+def test_a_second_tuning_of_the_target_stops_changes_but_not_the_rollback_of_our_crash_looping_rollout() -> None:
+    """A copy of the tuning (a GitOps duplicate) appears while our rollout's new pod crash-loops: neither tuning may
+    change the Deployment, but the rollout already made is still judged and rolled back (the config was ours)."""
+    both = cache()
+    both.deployment("llm", "llama")["metadata"]["resourceVersion"] = "7"  # type: ignore[index]
+    both.on_tuning_event(None, {"metadata": {"name": "llama-copy", "namespace": "llm", "generation": 1},
+                                "spec": {"targetRef": {"name": "llama"}, "prometheus": {"url": "http://p:9090"}}})
+    kube = Crashing()
+    reconciler = rolling_back(kube, both)
     ours = asyncio.run(reconciler.evaluate(("llm", "llama"), NOW.timestamp(), write=False))
     assert ours is not None and ours.has(ConditionType.READY, False, events.TARGET_CONFLICT)
     assert [patch["spec"]["template"]["spec"]["containers"][0]["args"] for patch in kube.patches] == [

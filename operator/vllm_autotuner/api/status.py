@@ -185,9 +185,11 @@ class Rollout(StatusModel):
     finished_at: str | None = None
     """When the rollout completed, failed or was rolled back (RFC 3339)."""
     phase: RolloutPhase
-    """InProgress, Unverified (complete while the Deployment is scaled to zero: no pod has started the config yet; it is judged like a rollout in progress once the Deployment scales up), Succeeded, Failed (did not become Ready; rolled back) or RolledBack (measured regression)."""
+    """InProgress, Unverified (complete while the Deployment is scaled to zero: no pod has started the config yet; it is judged like a rollout in progress once the Deployment scales up), Succeeded, Failed (did not become Ready, rolled back; or closed without a verdict on its config, as message says: superseded by a person's change, overtaken by someone else's template change) or RolledBack (measured regression)."""
     deployment_generation: int | None = None
     """metadata.generation of the Deployment after the patch; the rollout is complete when status.observedGeneration reaches it and all replicas are updated and available."""
+    template_digest: str | None = Field(default=None, max_length=64)
+    """SHA-256 of the Deployment's pod template as the apiserver returned it after the patch. A template that differs from it while it still holds `to` was changed by someone else during the rollout (an image bump, an env var): the Deployment then rolls out their change and ours together, whose outcome is theirs, so the rollout is closed (Failed, with a message saying so) without a verdict on `to`. Absent (written by an operator before chart 0.5.58): every template holding `to` is judged as this rollout."""
     progressed_at: str | None = None
     """When the rollout last made progress, a pod of the new config created or become available (RFC 3339): spec.rollout.progressDeadline counts from here (from startedAt before any), as the Deployment controller's progressDeadlineSeconds does."""
     progress_mark: int = Field(default=0, ge=0)

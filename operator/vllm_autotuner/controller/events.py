@@ -22,6 +22,7 @@ ROLLOUT_UNVERIFIED = "RolloutUnverified"  # written while the Deployment is scal
 ROLLOUT_FAILED = "RolloutFailed"
 ROLLOUT_BLOCKED = "RolloutBlocked"  # no new pod started vLLM (no free GPU, no image...): rolled back, not blamed
 BLOCK_LIFTED = "RolloutUnblocked"  # the strategy now stops a pod first: changes need not wait out the block
+ROLLOUT_OVERTAKEN = "RolloutOvertaken"  # someone else changed the template during ours: no verdict on our knobs
 ROLLED_BACK = "RolledBack"
 REGRESSION = "RegressionDetected"
 MANUAL_CHANGE = "ManualChangeAdopted"

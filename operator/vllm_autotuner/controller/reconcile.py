@@ -81,6 +81,7 @@ from vllm_autotuner.policy import (
     reverted_advice,
     rollout_blocked,
     rollout_failed,
+    rollout_overtaken,
     rollout_progressed,
     rollout_succeeded,
     rollout_unverified,
@@ -107,6 +108,7 @@ from vllm_autotuner.rollout.progress import (
     progress_mark,
     rollout_in_progress,
     rollout_state,
+    template_digest,
     unavailable_at_once,
 )
 from vllm_autotuner.rollout.slots import RolloutSlots
@@ -647,7 +649,8 @@ class Reconciler:
 
     async def _track_rollout(self, spec: VllmTuningSpec, target: Target, report: Report) -> None:
         """Follow our rollout in progress (or unverified, at zero replicas), or notice a change someone else (or our
-        past self) made."""
+        past self) made: of the knobs, or of the rest of the template during our rollout, which makes that rollout
+        theirs (``policy.rollout_overtaken``)."""
         state = report.state
         rollout = state.last_rollout
         pending = awaiting_verdict(state)
@@ -710,6 +713,18 @@ class Reconciler:
                     if report.has(ConditionType.DEGRADED, True, reason):
                         report.condition(ConditionType.DEGRADED, False, "AsExpected",
                                          f"{rollout.to_knobs} is live on every pod (it stood after {reason})")
+            return
+        if rollout.template_digest not in (None, template_digest(target.deployment)):
+            # someone else changed the template since our patch (an image bump), keeping our knobs: a new
+            # ReplicaSet rolls out their change with ours, and whether it starts, or how long it takes, is theirs
+            seen = target.deployment["metadata"].get("generation")
+            message = (f"the Deployment's pod template was changed by someone else during this rollout (at "
+                       f"generation {seen}, after the operator's patch at generation {rollout.deployment_generation}"
+                       f"), keeping {rollout.to_knobs}: its rollout is theirs, and its outcome too; {rollout.to_knobs} "
+                       f"is not judged by it (not failed, not rolled back, not timed), and changes wait until it "
+                       f"completes")
+            report.state = rollout_overtaken(state, report.now, message)
+            report.event(events.ROLLOUT_OVERTAKEN, message)
             return
         pods: list[dict[str, Any]] = []
         if target.replicaset is not None and target.replicas > 0:
@@ -811,9 +826,13 @@ class Reconciler:
 
     @staticmethod
     def _with_generation(state: VllmTuningStatus, deployment: dict[str, Any]) -> VllmTuningStatus:
+        """``state`` with its last rollout bound to ``deployment`` as our write left it: its generation (the rollout
+        is judged once the watch has it) and its pod template's digest (a template changed since is someone
+        else's rollout: ``_track_rollout``)."""
         assert state.last_rollout is not None
         rollout = state.last_rollout.model_copy(
-            update={"deployment_generation": int(deployment["metadata"].get("generation") or 0)})
+            update={"deployment_generation": int(deployment["metadata"].get("generation") or 0),
+                    "template_digest": template_digest(deployment)})
         return state.model_copy(update={"last_rollout": rollout})
 
     async def _patch(self, target: Target, decision: Decision, report: Report, before: VllmTuningStatus,

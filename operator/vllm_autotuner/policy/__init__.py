@@ -77,6 +77,8 @@ Rollout lifecycle (the operator calls these when the Deployment tells it):
     ``rollout_blocked(state, now, message) -> Decision`` no new pod started
     vLLM by the deadline (no free GPU, an image not pulled, a quota):
     nothing is blamed, and the Decision rolls back;
+    ``rollout_overtaken(state, now, message)`` someone else changed the pod
+    template during the rollout, keeping its config: closed with no verdict;
     ``rolling_out(state)`` our last rollout is in progress by the status;
     ``strategy_seen(state, unavailable, drain=...)`` the pods a rollout now
     stops at once, and how long each lets its requests in flight run as it
@@ -160,6 +162,7 @@ from vllm_autotuner.policy.lifecycle import (
     resumed_write,
     rollout_blocked,
     rollout_failed,
+    rollout_overtaken,
     rollout_progressed,
     rollout_succeeded,
     rollout_unverified,
@@ -185,6 +188,7 @@ __all__ = [
     "awaiting_verdict",
     "rollout_failed",
     "rollout_blocked",
+    "rollout_overtaken",
     "strategy_seen",
     "rolling_out",
     "regression_measured",

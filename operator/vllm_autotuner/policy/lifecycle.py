@@ -262,6 +262,19 @@ def rollout_blocked(state: VllmTuningStatus, now: datetime, message: str) -> Dec
                       f"{to} could not start its pods; rolling back, the config is not blamed: {message}")
 
 
+def rollout_overtaken(state: VllmTuningStatus, now: datetime, message: str) -> VllmTuningStatus:
+    """Someone else changed the pod template while the rollout awaiting its verdict ran (an image bump, an env
+    var), keeping its config: the Deployment rolls out their change and ours together, and how that goes says
+    nothing of the config (their image may not start; their change's restart is no measure of ours). Closed
+    without a verdict, ``message`` saying why: no failed config, no rollback, no restart timed, and its config is
+    the current one from now on, as the template holds it (not taken for a patch of ours whose status write was
+    lost)."""
+    if not awaiting_verdict(state) or state.current is None:
+        raise ValueError("no rollout in progress to close")
+    assert state.last_rollout is not None
+    return _stands(state, now, message, f"{state.last_rollout.to_knobs} stands, no verdict on it: {message}").state
+
+
 def strategy_seen(state: VllmTuningStatus, unavailable: int,
                   drain: float | None | EllipsisType = ...) -> VllmTuningStatus:
     """The pods a rollout of the target now stops at once (``rollout.progress.unavailable_at_once``), and how long

@@ -24,6 +24,8 @@ there are GPUs, stops it after the config has shown that it starts.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
@@ -370,6 +372,15 @@ def rollout_in_progress(deployment: dict[str, Any]) -> bool:
     loading or finding no GPU; a pod lost with its node). The tuning of that Deployment holds its changes
     meanwhile: a restart while its capacity is short costs more, and a window of it says less."""
     return not _complete(deployment)
+
+
+def template_digest(deployment: dict[str, Any]) -> str:
+    """SHA-256 (hex) of the Deployment's pod template as the apiserver serves it: taken from the answer to our patch
+    (defaults and admission webhooks' changes in), it reads the same from every later copy of that template, and
+    differs once anyone changes the template (``Rollout.template_digest``). The rest of the spec is left out: an
+    autoscaler's scaling, a pause, change no pod."""
+    text = json.dumps(deployment["spec"]["template"], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 #: Reasons of the Progressing condition that say nothing of a rollout: set while the Deployment is paused, and

@@ -6,7 +6,10 @@ which prices the next change). The window then takes every pod of the
 Deployment that still reports, the old revision's and the new one's:
 the new ReplicaSet's pods alone are too few, and refusing the window as
 partial would leave the restart's cost unmeasured. So do the windows after
-the rollout that still reach back into it. The reconciler is
+the rollout that still reach back into it. What our rollout is, too: a
+template someone else changed during it (an image bump) rolls out their
+change, whose outcome is theirs, while an autoscaler's scaling leaves it
+ours. The reconciler is
 driven here with a stand-in for the API server calls and the Prometheus
 window; what it reads and writes is the real code's.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,6 +31,8 @@ from vllm_autotuner.controller.cache import ClusterCache, deployment_index, repl
 from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
 from vllm_autotuner.observe.window import WindowData
+from vllm_autotuner.policy import HoldReason
+from vllm_autotuner.rollout.progress import template_digest
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 OLD, NEW = ("llm", "llama-6c9d-x2x4q"), ("llm", "llama-7f8b-k9j2w")
@@ -211,8 +217,8 @@ CRASHING = {"metadata": {"name": NEW[1], "ownerReferences": [{"kind": "ReplicaSe
                 "name": "vllm", "restartCount": 3, "ready": False, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
                 "lastState": {"terminated": {"reason": "Error", "exitCode": 1, "message": "not enough KV cache",
                                              "finishedAt": utc_timestamp(NOW - timedelta(seconds=30))}}}]}}
-#: The apiserver's answer to a patch.
-PATCHED = {"metadata": {"generation": 3}}
+#: The apiserver's answer to a patch: its template is not read back in these tests.
+PATCHED = {"metadata": {"generation": 3}, "spec": {"template": {}}}
 
 
 class Crashing(Kube):
@@ -300,3 +306,86 @@ def test_a_rollout_paused_only_once_it_completed_is_timed() -> None:
     report = asyncio.run(reconciler.evaluate(key, (NOW + timedelta(minutes=2)).timestamp(), write=False))
     assert report is not None and report.state.last_rollout.phase == RolloutPhase.SUCCEEDED
     assert report.state.last_rollout.halted_at is None and report.state.rollout_seconds == 300.0
+
+
+def during_our_rollout(change: Callable[[dict[str, Any]], None], done: bool, digest: bool = True) -> ClusterCache:
+    """``cache()``, our rollout in progress recorded with the digest of the template our patch left (not where
+    ``digest`` is False: a status written before it was), and the Deployment then edited by ``change`` (a new
+    generation), the Deployment controller caught up with the edit, its rollout ``done`` or half way. The
+    ReplicaSets stay as ``cache()`` has them, llama-7f8b the newest."""
+    result = cache()
+    deployment = result.deployment("llm", "llama")
+    assert deployment is not None
+    if digest:
+        result.tunings["llm", "llama"]["status"]["lastRollout"]["templateDigest"] = template_digest(deployment)
+    change(deployment)
+    deployment["metadata"].update(generation=3, resourceVersion="7")
+    replicas = deployment["spec"]["replicas"]
+    deployment["status"].update(observedGeneration=3, replicas=replicas, updatedReplicas=replicas if done else 1,
+                                availableReplicas=replicas if done else 1)
+    return result
+
+
+def image_bump(deployment: dict[str, Any]) -> None:
+    """A CD tool's new image for the vLLM container, our knobs left in its args."""
+    deployment["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:v0.12.0"
+
+
+def hpa_scale(deployment: dict[str, Any]) -> None:
+    """An autoscaler's scale-up (the scale subresource): spec.replicas, and so the generation, but no template."""
+    deployment["spec"]["replicas"] = 3
+
+
+def judged(changed: ClusterCache, kube: Kube) -> Any:
+    """An evaluation at NOW of the tuning in ``changed``."""
+    report = asyncio.run(rolling_back(kube, changed).evaluate(("llm", "llama"), NOW.timestamp(), write=False))
+    assert report is not None
+    return report
+
+
+def test_an_image_bump_during_our_rollout_that_crash_loops_is_theirs_not_our_configs_failure() -> None:
+    """A CD tool bumps the image while our rollout to 4096/64 runs, and the new pods (their image, our knobs)
+    crash-loop: the template is no longer the one our patch left, so its outcome is theirs. 4096/64 is not recorded
+    as failed (it would never be tried again), nothing is rolled back (a restart that would not help), and the
+    status and an Event say why; changes wait while their rollout runs, as for any rollout not ours."""
+    kube = Crashing()
+    report = judged(during_our_rollout(image_bump, done=False), kube)
+    rollout, current = report.state.last_rollout, report.state.current
+    assert kube.patches == [] and report.state.failed_configs == [] and report.finished == []
+    assert rollout.phase == RolloutPhase.FAILED and rollout.finished_at == utc_timestamp(NOW)
+    assert "changed by someone else during this rollout (at generation 3" in rollout.message
+    assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_OVERTAKEN]
+    assert rollout.message in report.events[0][1]
+    assert (current.max_num_batched_tokens, current.max_num_seqs) == (4096, 64)  # as the template has them
+    assert report.decision.hold == HoldReason.ROLLOUT_IN_PROGRESS and "did not start" in report.decision.reason
+    assert not report.has(ConditionType.DEGRADED, True, events.ROLLOUT_FAILED)
+
+
+def test_an_image_bump_during_our_rollout_that_completes_is_not_timed_as_our_restart() -> None:
+    """The same bump, its rollout complete: how long it took counts their restart too, so it is no measure of
+    ours (rolloutSeconds prices every later restart), and it is no success of 4096/64 to check for a regression."""
+    report = judged(during_our_rollout(image_bump, done=True), Kube())
+    rollout = report.state.last_rollout
+    assert report.state.rollout_seconds is None and report.finished == []
+    assert rollout.phase == RolloutPhase.FAILED and rollout.message.startswith("the Deployment's pod template was")
+    assert [reason for reason, _, _ in report.events] == [events.ROLLOUT_OVERTAKEN]
+
+
+def test_an_autoscaler_scaling_during_our_rollout_leaves_it_ours() -> None:
+    """An HPA scales the Deployment up during our rollout: a new generation, the same template. The rollout is
+    still ours, timed when it completes."""
+    report = judged(during_our_rollout(hpa_scale, done=True), Kube())
+    assert report.state.last_rollout.phase == RolloutPhase.SUCCEEDED and report.state.rollout_seconds == 180.0
+    assert [verdict.outcome for verdict in report.finished] == ["Succeeded"]
+
+
+def test_a_rollout_recorded_without_a_template_digest_is_judged_as_before() -> None:
+    """A rollout an operator before the digest started: every template with its knobs is judged as its rollout, a
+    crash loop failing its config and rolling it back, as it was. The rollback records the digest of its own
+    patch, so a change of the template during it is told apart."""
+    kube = Crashing()
+    report = judged(during_our_rollout(image_bump, done=False, digest=False), kube)
+    assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 64)]
+    assert len(kube.patches) == 1 and [verdict.outcome for verdict in report.finished] == ["Failed"]
+    rollback = report.state.last_rollout
+    assert rollback.source == KnobSource.ROLLBACK and rollback.template_digest == template_digest(PATCHED)

@@ -183,7 +183,7 @@ def test_the_decision_after_a_rollback_whose_status_write_is_refused_is_counted_
             return [crashing]
 
         def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-            return {"metadata": {"generation": 3}}
+            return {"metadata": {"generation": 3}, "spec": {"template": {}}}
 
     metrics = OperatorMetrics()
     cache = harness.cache()

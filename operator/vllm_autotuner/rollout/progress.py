@@ -374,12 +374,22 @@ def rollout_in_progress(deployment: dict[str, Any]) -> bool:
     return not _complete(deployment)
 
 
+#: The pod template annotation of ``kubectl rollout restart`` (and of the tools that restart the same way): the
+#: pods it starts run the template they ran, so a restart during our rollout leaves its outcome ours.
+RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
+
+
 def template_digest(deployment: dict[str, Any]) -> str:
     """SHA-256 (hex) of the Deployment's pod template as the apiserver serves it: taken from the answer to our patch
     (defaults and admission webhooks' changes in), it reads the same from every later copy of that template, and
     differs once anyone changes the template (``Rollout.template_digest``). The rest of the spec is left out: an
-    autoscaler's scaling, a pause, change no pod."""
-    text = json.dumps(deployment["spec"]["template"], sort_keys=True, separators=(",", ":"))
+    autoscaler's scaling, a pause, change no pod; so is a restart's stamp (``RESTARTED_AT``), which changes none
+    either: a person restarting our crash-looping rollout does not spare its config the verdict and rollback."""
+    template = dict(deployment["spec"]["template"])
+    metadata = dict(template.pop("metadata", None) or {})
+    annotations = {key: value for key, value in (metadata.pop("annotations", None) or {}).items()
+                   if key != RESTARTED_AT}
+    text = json.dumps([template, metadata, annotations], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 

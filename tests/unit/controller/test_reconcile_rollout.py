@@ -389,3 +389,20 @@ def test_a_rollout_recorded_without_a_template_digest_is_judged_as_before() -> N
     assert len(kube.patches) == 1 and [verdict.outcome for verdict in report.finished] == ["Failed"]
     rollback = report.state.last_rollout
     assert rollback.source == KnobSource.ROLLBACK and rollback.template_digest == template_digest(PATCHED)
+
+
+def restart(deployment: dict[str, Any]) -> None:
+    """``kubectl rollout restart``: the pod template stamped with the time, nothing else of it changed."""
+    metadata = deployment["spec"]["template"].setdefault("metadata", {})
+    metadata.setdefault("annotations", {})["kubectl.kubernetes.io/restartedAt"] = utc_timestamp(NOW)
+
+
+def test_a_restart_during_our_crash_looping_rollout_leaves_it_ours_failed_and_rolled_back() -> None:
+    """A person restarts our rollout to 4096/64, whose new pod crash-loops (`kubectl rollout restart`): the new pods
+    run the template our patch left, only stamped, so the crash loop is still our config's: 4096/64 fails and is
+    rolled back, as without the restart, rather than left crash-looping with no verdict."""
+    kube = Crashing()
+    report = judged(during_our_rollout(restart, done=False), kube)
+    assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 64)]
+    assert len(kube.patches) == 1 and [verdict.outcome for verdict in report.finished] == ["Failed"]
+    assert events.ROLLOUT_OVERTAKEN not in [reason for reason, _, _ in report.events]

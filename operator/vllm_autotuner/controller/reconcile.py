@@ -108,7 +108,8 @@ from vllm_autotuner.rollout.progress import (
     progress_mark,
     rollout_in_progress,
     rollout_state,
-    template_digest,
+    template_overtaken,
+    template_record,
     unavailable_at_once,
 )
 from vllm_autotuner.rollout.slots import RolloutSlots
@@ -714,7 +715,7 @@ class Reconciler:
                         report.condition(ConditionType.DEGRADED, False, "AsExpected",
                                          f"{rollout.to_knobs} is live on every pod (it stood after {reason})")
             return
-        if rollout.template_digest not in (None, template_digest(target.deployment)):
+        if template_overtaken(rollout.template_digest, rollout.deployment_generation, target.deployment):
             # someone else changed the template since our patch (an image bump), keeping our knobs: a new
             # ReplicaSet rolls out their change with ours, and whether it starts, or how long it takes, is theirs
             seen = target.deployment["metadata"].get("generation")
@@ -832,7 +833,7 @@ class Reconciler:
         assert state.last_rollout is not None
         rollout = state.last_rollout.model_copy(
             update={"deployment_generation": int(deployment["metadata"].get("generation") or 0),
-                    "template_digest": template_digest(deployment)})
+                    "template_digest": template_record(deployment)})
         return state.model_copy(update={"last_rollout": rollout})
 
     async def _patch(self, target: Target, decision: Decision, report: Report, before: VllmTuningStatus,

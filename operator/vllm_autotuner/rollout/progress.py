@@ -379,12 +379,28 @@ def rollout_in_progress(deployment: dict[str, Any]) -> bool:
 RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
 
 
-def template_digest(deployment: dict[str, Any]) -> str:
-    """SHA-256 (hex) of the Deployment's pod template as the apiserver serves it: taken from the answer to our patch
-    (defaults and admission webhooks' changes in), it reads the same from every later copy of that template, and
-    differs once anyone changes the template (``Rollout.template_digest``). The rest of the spec is left out: an
+def template_record(deployment: dict[str, Any]) -> str:
+    """What a rollout keeps of the Deployment our write left (``Rollout.template_digest``), ``<generation>:<digest>``:
+    the SHA-256 (hex) of its pod template as the apiserver serves it, and the generation it is that of. Taken from
+    the answer to our patch (defaults and admission webhooks' changes in), the digest reads the same from every
+    later copy of that template, and differs once anyone changes the template. The rest of the spec is left out: an
     autoscaler's scaling, a pause, change no pod; so is a restart's stamp (``RESTARTED_AT``), which changes none
     either: a person restarting our crash-looping rollout does not spare its config the verdict and rollback."""
+    return f"{int(deployment['metadata'].get('generation') or 0)}:{_digest(deployment)}"
+
+
+def template_overtaken(record: str | None, generation: int | None, deployment: dict[str, Any]) -> bool:
+    """Whether someone else changed the pod template since our write at ``generation`` left the one ``record``
+    (``template_record``) holds: not where there is no record (written by an operator before it), nor where the
+    record is of another generation's template: an earlier rollout's, which an operator before it left in the
+    status when it wrote this one (its merge patch keeps what it does not know)."""
+    written, _, digest = (record or "").partition(":")
+    return written == str(generation) and digest != _digest(deployment)
+
+
+def _digest(deployment: dict[str, Any]) -> str:
+    """``template_record``'s SHA-256 (hex): the pod template less its restart stamp (whose annotations, or metadata,
+    then empty read as none)."""
     template = dict(deployment["spec"]["template"])
     metadata = dict(template.pop("metadata", None) or {})
     annotations = {key: value for key, value in (metadata.pop("annotations", None) or {}).items()

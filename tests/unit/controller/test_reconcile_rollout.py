@@ -32,7 +32,7 @@ from vllm_autotuner.controller.metrics import OperatorMetrics
 from vllm_autotuner.controller.reconcile import OperatorSettings, Reconciler
 from vllm_autotuner.observe.window import WindowData
 from vllm_autotuner.policy import HoldReason
-from vllm_autotuner.rollout.progress import template_digest
+from vllm_autotuner.rollout.progress import template_record
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 OLD, NEW = ("llm", "llama-6c9d-x2x4q"), ("llm", "llama-7f8b-k9j2w")
@@ -317,7 +317,7 @@ def during_our_rollout(change: Callable[[dict[str, Any]], None], done: bool, dig
     deployment = result.deployment("llm", "llama")
     assert deployment is not None
     if digest:
-        result.tunings["llm", "llama"]["status"]["lastRollout"]["templateDigest"] = template_digest(deployment)
+        result.tunings["llm", "llama"]["status"]["lastRollout"]["templateDigest"] = template_record(deployment)
     change(deployment)
     deployment["metadata"].update(generation=3, resourceVersion="7")
     replicas = deployment["spec"]["replicas"]
@@ -388,7 +388,7 @@ def test_a_rollout_recorded_without_a_template_digest_is_judged_as_before() -> N
     assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 64)]
     assert len(kube.patches) == 1 and [verdict.outcome for verdict in report.finished] == ["Failed"]
     rollback = report.state.last_rollout
-    assert rollback.source == KnobSource.ROLLBACK and rollback.template_digest == template_digest(PATCHED)
+    assert rollback.source == KnobSource.ROLLBACK and rollback.template_digest == template_record(PATCHED)
 
 
 def restart(deployment: dict[str, Any]) -> None:
@@ -406,3 +406,18 @@ def test_a_restart_during_our_crash_looping_rollout_leaves_it_ours_failed_and_ro
     assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 64)]
     assert len(kube.patches) == 1 and [verdict.outcome for verdict in report.finished] == ["Failed"]
     assert events.ROLLOUT_OVERTAKEN not in [reason for reason, _, _ in report.events]
+
+
+def test_a_digest_left_by_an_earlier_rollout_is_not_this_rollouts() -> None:
+    """Our rollout to 4096/64 was written by an operator before the digest (a downgrade), over a status whose
+    lastRollout an operator with it wrote for an earlier rollout: the merge patch of the older operator, which does
+    not know the field, left that rollout's digest. It is no record of this rollout's template, so the crash loop is
+    judged as before, failed and rolled back, not taken for someone else's change."""
+    stale = cache()
+    stale.deployment("llm", "llama")["metadata"]["resourceVersion"] = "7"  # type: ignore[index]
+    earlier = {"metadata": {"generation": 1}, "spec": {"template": {"spec": {"containers": []}}}}
+    stale.tunings["llm", "llama"]["status"]["lastRollout"]["templateDigest"] = template_record(earlier)
+    kube = Crashing()
+    report = judged(stale, kube)
+    assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 64)]
+    assert len(kube.patches) == 1 and [verdict.outcome for verdict in report.finished] == ["Failed"]

@@ -66,6 +66,8 @@ def test_a_config_that_cannot_start_is_rolled_back_recorded_and_never_tried_agai
     assert (failed["maxNumBatchedTokens"], failed["maxNumSeqs"]) == TOO_BIG and "KV cache" in failed["reason"]
     rollback = status["lastRollout"]
     assert rollback["source"] == "Rollback" and rollback["phase"] == "Succeeded"
+    # judged against the template its patch's answer held, which every watched copy of it matched (not overtaken)
+    assert rollback["templateDigest"].startswith(f"{rollback['deploymentGeneration']}:"), rollback
     assert (rollback["from"]["maxNumBatchedTokens"], rollback["to"]["maxNumBatchedTokens"]) == (TOO_BIG[0], START[0])
     change = next(h for h in world.history() if h["action"] == "Change")
     rolled_back = next(h for h in world.history() if h["action"] == "Rollback")

@@ -323,7 +323,7 @@ class Reconciler:
 
     def forget(self, key: Key) -> None:
         """Drop what this process keeps of a deleted tuning: its rollout slot, the last verdict it counted, and the
-        Events of an evaluation whose status write was refused."""
+        Events of an evaluation whose status write did not land."""
         self.slots.forget(key)
         self._counted.pop(key, None)
         self._unwritten.pop(key, None)

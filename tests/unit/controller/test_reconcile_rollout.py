@@ -423,10 +423,10 @@ def test_a_digest_left_by_an_earlier_rollout_is_not_this_rollouts() -> None:
     assert len(kube.patches) == 1 and [verdict.outcome for verdict in report.finished] == ["Failed"]
 
 
-def test_a_bare_digest_as_chart_0_5_58_wrote_it_is_judged_as_no_digest() -> None:
-    """Chart 0.5.58 recorded the template's digest without the generation it is of, so it cannot tell its own
-    rollout's from an earlier one's: read by this operator as no record, the rollout it started is judged as before
-    (an image bump during it does not take the crash loop's verdict away), not closed as overtaken."""
+def test_a_digest_naming_no_generation_is_judged_as_no_digest() -> None:
+    """A digest without the generation it is of cannot tell this rollout's from an earlier one's: read as no
+    record, the rollout is judged as before (an image bump during it does not take the crash loop's verdict
+    away), not closed as overtaken."""
     bare = during_our_rollout(image_bump, done=False)
     rollout = bare.tunings["llm", "llama"]["status"]["lastRollout"]
     rollout["templateDigest"] = rollout["templateDigest"].partition(":")[2]

@@ -715,9 +715,12 @@ class Reconciler:
                         report.condition(ConditionType.DEGRADED, False, "AsExpected",
                                          f"{rollout.to_knobs} is live on every pod (it stood after {reason})")
             return
-        if template_overtaken(rollout.template_digest, rollout.deployment_generation, target.deployment):
+        if (template_overtaken(rollout.template_digest, rollout.deployment_generation, target.deployment)
+                and not split_verdict(rollout.message)[0]):
             # someone else changed the template since our patch (an image bump), keeping our knobs: a new
-            # ReplicaSet rolls out their change with ours, and whether it starts, or how long it takes, is theirs
+            # ReplicaSet rolls out their change with ours, and whether it starts, or how long it takes, is theirs.
+            # Not once our rollout was judged, its rollback not written yet (a verdict kept): the verdict came
+            # before their change, and the rollback is tried again, as the config it rolls back failed as ours
             seen = target.deployment["metadata"].get("generation")
             message = (f"the Deployment's pod template was changed by someone else during this rollout (at "
                        f"generation {seen}, after the operator's patch at generation {rollout.deployment_generation}"

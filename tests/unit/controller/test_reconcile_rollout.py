@@ -435,3 +435,16 @@ def test_a_digest_naming_no_generation_is_judged_as_no_digest() -> None:
     assert [(f.max_num_batched_tokens, f.max_num_seqs) for f in report.state.failed_configs] == [(4096, 64)]
     assert len(kube.patches) == 1 and [verdict.outcome for verdict in report.finished] == ["Failed"]
     assert events.ROLLOUT_OVERTAKEN not in [reason for reason, _, _ in report.events]
+
+
+def test_a_template_change_after_our_rollout_was_judged_failed_leaves_its_rollback_to_be_tried_again() -> None:
+    """Our rollout to 4096/64 was judged Failed, but its rollback could not be written (a verdict kept in the
+    rollout's message), and then a CD tool bumps the image, our knobs left in: the verdict came before their
+    change, so the rollback is tried again rather than the crash-looping config left live with no verdict."""
+    judged_before = during_our_rollout(image_bump, done=False)
+    judged_before.tunings["llm", "llama"]["status"]["lastRollout"]["message"] = (
+        f"{events.ROLLOUT_FAILED}: tokens=4096 seqs=64 failed: not enough KV cache")
+    kube = Crashing()
+    report = judged(judged_before, kube)
+    assert len(kube.patches) == 1 and report.state.last_rollout.source == KnobSource.ROLLBACK
+    assert events.ROLLOUT_OVERTAKEN not in [reason for reason, _, _ in report.events]
